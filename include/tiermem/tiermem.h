@@ -1,0 +1,279 @@
+/* tiermem.h: the stable C API of tiermem, a three-tier (HBM, pinned DRAM, NVMe) tensor memory.
+ *
+ * Conventions
+ *  - Every function returns a tm_status (TM_OK == 0), except tm_status_string, tm_last_error and
+ *    tm_version_string, which return strings that live for the whole process.
+ *  - On failure, tm_last_error() gives a thread-local message naming what was wrong (the tensor,
+ *    the file, the errno, the variable). It is only meaningful right after a failed call.
+ *  - Handles are opaque values. A zero, destroyed or stale handle is detected and answered with
+ *    TM_ERR_INVALID_HANDLE; it is never dereferenced.
+ *  - Structs passed in carry their own size in their first field and are filled by an _INIT
+ *    macro, so that callers compiled against an older header keep working.
+ *  - No exception, abort or exit crosses this boundary on bad input.
+ *  - All functions may be called from several threads at once.
+ */
+#ifndef TIERMEM_TIERMEM_H_
+#define TIERMEM_TIERMEM_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define TM_API
+#else
+#define TM_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Version of the headers this code was compiled against. */
+#define TM_VERSION_MAJOR 0
+#define TM_VERSION_MINOR 1
+#define TM_VERSION_PATCH 0
+/** A single comparable number: major * 10000 + minor * 100 + patch. */
+#define TM_VERSION (TM_VERSION_MAJOR * 10000 + TM_VERSION_MINOR * 100 + TM_VERSION_PATCH)
+
+/** Result of every call. New codes are only ever added before TM_STATUS_COUNT. */
+typedef enum tm_status {
+  TM_OK = 0,
+  TM_ERR_INVALID_ARGUMENT = 1, /**< a NULL pointer, an out-of-range value, a bad struct_size */
+  TM_ERR_INVALID_HANDLE = 2,   /**< a zero, destroyed or stale runtime or tensor handle */
+  TM_ERR_OUT_OF_MEMORY = 3,    /**< the HBM or DRAM tier's budget cannot hold the request */
+  TM_ERR_NO_SPACE = 4,         /**< the NVMe tier or its file system is full */
+  TM_ERR_IO = 5,               /**< a read or write on a swap file failed (errno in the message) */
+  TM_ERR_DEVICE = 6,           /**< the device backend failed or is unavailable (CUDA error) */
+  TM_ERR_CONFIG = 7,           /**< a configuration value or TIERMEM_* variable is invalid */
+  TM_ERR_BUSY = 8,             /**< the tensor is pinned by an acquire and cannot be moved */
+  TM_ERR_UNSUPPORTED = 9,      /**< the operation is not possible on this machine or tier */
+  TM_ERR_INTERNAL = 10,        /**< a bug in tiermem: please report the message */
+  TM_STATUS_COUNT
+} tm_status;
+
+/** The three tiers, fastest first. */
+typedef enum tm_tier {
+  TM_TIER_HBM = 0,  /**< device memory (or the emulated device) */
+  TM_TIER_DRAM = 1, /**< pinned host memory, NUMA-local to the device */
+  TM_TIER_NVME = 2, /**< swap files on NVMe (or any file system) */
+  TM_TIER_COUNT
+} tm_tier;
+
+/** In a tm_tensor_desc: let the placement policy choose the home tier. */
+#define TM_TIER_BY_PLACEMENT (-1)
+
+/** Bit of a tier in a residency mask. */
+#define TM_TIER_BIT(tier) (1u << (unsigned)(tier))
+
+/** What a tensor holds; drives placement. */
+typedef enum tm_tensor_class {
+  TM_CLASS_OTHER = 0,
+  TM_CLASS_PARAM = 1,
+  TM_CLASS_GRAD = 2,
+  TM_CLASS_OPTIMIZER_STATE = 3,
+  TM_CLASS_ACTIVATION = 4,
+  TM_CLASS_COUNT
+} tm_tensor_class;
+
+/** How an acquire will use the memory it returns. */
+typedef enum tm_access {
+  TM_ACCESS_READ = 0,       /**< contents are brought in; other copies stay valid */
+  TM_ACCESS_WRITE = 1,      /**< contents will be overwritten whole: nothing is brought in */
+  TM_ACCESS_READ_WRITE = 2, /**< contents are brought in and modified */
+  TM_ACCESS_COUNT
+} tm_access;
+
+/** Device backend selection. */
+typedef enum tm_device_kind {
+  TM_DEVICE_DEFAULT = 0,  /**< from TIERMEM_DEVICE, else auto */
+  TM_DEVICE_AUTO = 1,     /**< CUDA when a device is present, else emulated (with a log line) */
+  TM_DEVICE_CUDA = 2,     /**< a real CUDA device; fails when there is none */
+  TM_DEVICE_EMULATED = 3, /**< host memory with its own budget and an emulated copy engine */
+  TM_DEVICE_KIND_COUNT
+} tm_device_kind;
+
+/** I/O engine selection for the NVMe tier. */
+typedef enum tm_io_engine {
+  TM_IO_ENGINE_DEFAULT = 0, /**< from TIERMEM_IO_ENGINE, else auto */
+  TM_IO_ENGINE_AUTO = 1,    /**< io_uring, falling back to POSIX (with a log line) */
+  TM_IO_ENGINE_URING = 2,   /**< io_uring; fails when it cannot be set up */
+  TM_IO_ENGINE_POSIX = 3,   /**< pread/pwrite */
+  TM_IO_ENGINE_COUNT
+} tm_io_engine;
+
+/** Log verbosity. */
+typedef enum tm_log_level {
+  TM_LOG_DEFAULT = 0, /**< from TIERMEM_LOG_LEVEL, else warn */
+  TM_LOG_ERROR = 1,
+  TM_LOG_WARN = 2,
+  TM_LOG_INFO = 3,
+  TM_LOG_DEBUG = 4,
+  TM_LOG_LEVEL_COUNT
+} tm_log_level;
+
+/** In tm_config.cuda_device: take TIERMEM_CUDA_DEVICE, else device 0. */
+#define TM_CUDA_DEVICE_DEFAULT (-1)
+/** In tm_config.numa_node: take TIERMEM_NUMA, else auto. */
+#define TM_NUMA_DEFAULT (-1)
+/** In tm_config.numa_node: the GPU's node with CUDA, else the calling thread's node. */
+#define TM_NUMA_AUTO (-2)
+/** In tm_config.numa_node: do not bind host memory. */
+#define TM_NUMA_OFF (-3)
+
+/**
+ * Runtime configuration. Fill with TM_CONFIG_INIT, then set what you want: every field left at
+ * its _INIT value comes from the TIERMEM_* environment variable of the same name, then from the
+ * documented default (docs/environment.md).
+ */
+typedef struct tm_config {
+  size_t struct_size;       /**< sizeof(tm_config), set by TM_CONFIG_INIT */
+  uint32_t api_version;     /**< TM_VERSION, set by TM_CONFIG_INIT */
+  tm_device_kind device;    /**< TIERMEM_DEVICE */
+  int32_t cuda_device;      /**< TIERMEM_CUDA_DEVICE; TM_CUDA_DEVICE_DEFAULT to leave unset */
+  uint64_t hbm_bytes;       /**< TIERMEM_HBM_BYTES: the HBM tier's budget */
+  uint64_t dram_bytes;      /**< TIERMEM_DRAM_BYTES: the pinned DRAM tier's budget */
+  const char* nvme_paths;   /**< TIERMEM_NVME_PATHS: colon-separated directories for swap files */
+  uint64_t nvme_bytes;      /**< TIERMEM_NVME_BYTES: the NVMe tier's budget, over all paths */
+  tm_io_engine io_engine;   /**< TIERMEM_IO_ENGINE */
+  uint32_t io_block_size;   /**< TIERMEM_IO_BLOCK_SIZE: bytes per I/O request */
+  uint32_t io_queue_depth;  /**< TIERMEM_IO_QUEUE_DEPTH: requests in flight per ring */
+  int32_t numa_node;        /**< TIERMEM_NUMA; TM_NUMA_DEFAULT to leave unset */
+  tm_log_level log_level;   /**< TIERMEM_LOG_LEVEL */
+  double emu_link_gbps;     /**< TIERMEM_EMU_LINK_GBPS: emulated link cap in GB/s; 0 = none */
+} tm_config;
+
+#define TM_CONFIG_INIT                                                                         \
+  {                                                                                            \
+    sizeof(tm_config), TM_VERSION, TM_DEVICE_DEFAULT, TM_CUDA_DEVICE_DEFAULT, 0, 0, NULL, 0,   \
+        TM_IO_ENGINE_DEFAULT, 0, 0, TM_NUMA_DEFAULT, TM_LOG_DEFAULT, 0.0                       \
+  }
+
+/** Describes a tensor to create. Fill with TM_TENSOR_DESC_INIT. */
+typedef struct tm_tensor_desc {
+  size_t struct_size;      /**< sizeof(tm_tensor_desc), set by TM_TENSOR_DESC_INIT */
+  uint64_t bytes;          /**< size in bytes, at least 1 */
+  tm_tensor_class cls;     /**< what it holds */
+  int32_t home_tier;       /**< a tm_tier, or TM_TIER_BY_PLACEMENT */
+  const char* name;        /**< optional, copied; used in messages and traces */
+} tm_tensor_desc;
+
+#define TM_TENSOR_DESC_INIT \
+  { sizeof(tm_tensor_desc), 0, TM_CLASS_OTHER, TM_TIER_BY_PLACEMENT, NULL }
+
+/** Counters of one tier. */
+typedef struct tm_tier_stats {
+  uint64_t capacity; /**< budget in bytes */
+  uint64_t used;     /**< bytes allocated now (rounded up to the tier's granule) */
+  uint64_t peak;     /**< largest value of used so far */
+} tm_tier_stats;
+
+/** Runtime counters. Set struct_size (or use TM_STATS_INIT) before calling tm_runtime_stats. */
+typedef struct tm_stats {
+  size_t struct_size;
+  tm_tier_stats tiers[TM_TIER_COUNT];
+  /** bytes_moved[from][to]: tensor bytes copied between tiers (HBM<->DRAM, DRAM<->NVMe). */
+  uint64_t bytes_moved[TM_TIER_COUNT][TM_TIER_COUNT];
+  uint64_t tensors; /**< tensors alive */
+} tm_stats;
+
+#define TM_STATS_INIT \
+  { sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0 }
+
+/** A runtime: the tiers, the engines and the tensors. Zero is never a valid handle. */
+typedef struct tm_runtime {
+  uint64_t bits;
+} tm_runtime;
+
+/** A tensor of a runtime. Zero is never a valid handle. */
+typedef struct tm_tensor {
+  uint64_t bits;
+} tm_tensor;
+
+/** Name of a status code ("TM_OK", "TM_ERR_IO", ...); "TM_STATUS_UNKNOWN" when out of range. */
+TM_API const char* tm_status_string(tm_status status);
+
+/** Detail of the most recent failure on the calling thread ("" when none). */
+TM_API const char* tm_last_error(void);
+
+/** Version of the library loaded at run time. Any pointer may be NULL. */
+TM_API tm_status tm_get_version(int* major, int* minor, int* patch);
+
+/** "major.minor.patch" of the library loaded at run time. */
+TM_API const char* tm_version_string(void);
+
+/** Name of a tier ("hbm", "dram", "nvme"); "unknown" when out of range. */
+TM_API const char* tm_tier_name(tm_tier tier);
+
+/**
+ * Creates a runtime: reads the environment, sets up the device, pins the DRAM pool, creates and
+ * reserves the swap files. config may be NULL (everything from the environment).
+ * Returns TM_ERR_CONFIG for an invalid setting, TM_ERR_DEVICE, TM_ERR_OUT_OF_MEMORY,
+ * TM_ERR_NO_SPACE (the swap files could not be reserved) or TM_ERR_IO.
+ */
+TM_API tm_status tm_runtime_create(const tm_config* config, tm_runtime* out);
+
+/** Destroys a runtime and every tensor it still holds; its swap files vanish. */
+TM_API tm_status tm_runtime_destroy(tm_runtime runtime);
+
+/** Fills *out with the runtime's counters. out->struct_size must be set. */
+TM_API tm_status tm_runtime_stats(tm_runtime runtime, tm_stats* out);
+
+/**
+ * Effective value of a configuration setting by its variable name, e.g. "TIERMEM_HBM_BYTES",
+ * written to buf as text (NUL-terminated). *needed receives the length including the NUL.
+ */
+TM_API tm_status tm_runtime_config_value(tm_runtime runtime, const char* name, char* buf,
+                                         size_t buf_size, size_t* needed);
+
+/**
+ * Creates a tensor. It holds no copy yet and reads as zeros until written; its first acquire or
+ * write materializes it.
+ */
+TM_API tm_status tm_tensor_create(tm_runtime runtime, const tm_tensor_desc* desc, tm_tensor* out);
+
+/** Destroys a tensor and frees its copies. TM_ERR_BUSY while it is acquired. */
+TM_API tm_status tm_tensor_destroy(tm_runtime runtime, tm_tensor tensor);
+
+/** Size in bytes of a tensor. */
+TM_API tm_status tm_tensor_bytes(tm_runtime runtime, tm_tensor tensor, uint64_t* bytes);
+
+/**
+ * Copies bytes [offset, offset + bytes) from host memory src into the tensor. The write lands in
+ * the fastest tier holding a valid copy (the home tier, or DRAM for an NVMe home, when none);
+ * every other copy becomes stale and is freed.
+ */
+TM_API tm_status tm_tensor_write(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
+                                 const void* src, uint64_t bytes);
+
+/** Copies bytes [offset, offset + bytes) of the tensor into host memory dst. */
+TM_API tm_status tm_tensor_read(tm_runtime runtime, tm_tensor tensor, uint64_t offset, void* dst,
+                                uint64_t bytes);
+
+/**
+ * Makes the tensor resident in tier (HBM or DRAM), pins it there and returns its address
+ * (a device pointer for HBM). With TM_ACCESS_WRITE or TM_ACCESS_READ_WRITE every other copy
+ * becomes stale and is freed. stream is a cudaStream_t or NULL; in this version the call returns
+ * when the data is in place, which is correctly ordered for any stream. Each acquire needs one
+ * tm_tensor_release of the same tier.
+ */
+TM_API tm_status tm_tensor_acquire(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
+                                   tm_access access, void* stream, void** ptr);
+
+/** Unpins one acquire of the tensor in tier. */
+TM_API tm_status tm_tensor_release(tm_runtime runtime, tm_tensor tensor, tm_tier tier);
+
+/**
+ * Moves the tensor down to tier (DRAM or NVMe): a valid copy is written there, then the copies
+ * above it are freed. Returns when done. A failure leaves the tensor valid where it was.
+ * TM_ERR_BUSY when a copy that would be freed is acquired.
+ */
+TM_API tm_status tm_tensor_offload(tm_runtime runtime, tm_tensor tensor, tm_tier tier);
+
+/** Bit mask (TM_TIER_BIT) of the tiers holding a valid copy; 0 for a never-written tensor. */
+TM_API tm_status tm_tensor_residency(tm_runtime runtime, tm_tensor tensor, uint32_t* mask);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* TIERMEM_TIERMEM_H_ */

@@ -1,0 +1,53 @@
+// A device backend for the HBM tier: device memory, host pinning and a copy engine.
+// Two implementations: CUDA (a real GPU) and emulated (host memory, for machines without one).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "absl/status/statusor.h"
+#include "io/copy_engine.h"
+
+namespace tiermem::io {
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  // "emulated" or "cuda".
+  virtual absl::string_view kind() const = 0;
+  // A line for humans: model, memory, link.
+  virtual std::string Describe() const = 0;
+  // Physical memory of the device: what percentages of TIERMEM_HBM_BYTES refer to.
+  virtual uint64_t physical_bytes() const = 0;
+  // Budget when TIERMEM_HBM_BYTES is not set.
+  virtual uint64_t default_budget() const = 0;
+  // PCI bus id of the device, for NUMA locality; nullopt for the emulated device.
+  virtual std::optional<std::string> pci_bus_id() const = 0;
+
+  // One large device allocation, sub-allocated by the HBM tier. ResourceExhausted when short.
+  virtual absl::StatusOr<void*> AllocateSlab(uint64_t bytes) = 0;
+  virtual void FreeSlab(void* slab, uint64_t bytes) = 0;
+  // Pins host memory for DMA (cudaHostRegister); a no-op for the emulated device.
+  virtual absl::Status RegisterHost(void* addr, uint64_t bytes) = 0;
+  virtual void UnregisterHost(void* addr) = 0;
+  // Sets device memory to a byte value; returns when done.
+  virtual absl::Status Fill(void* device_addr, int value, uint64_t bytes) = 0;
+
+  virtual CopyEngine& copy_engine() = 0;
+};
+
+struct EmulatedDeviceOptions {
+  uint64_t physical_bytes = 0;  // 0: the machine's RAM
+  double link_gbps = 0;         // per direction; 0: no cap
+};
+std::unique_ptr<Device> CreateEmulatedDevice(const EmulatedDeviceOptions& options);
+
+// Whether this build contains the CUDA backend.
+bool CudaBackendCompiled();
+// Unavailable when the build has no CUDA backend, there is no driver or no device.
+absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int device_index);
+
+}  // namespace tiermem::io

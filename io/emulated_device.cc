@@ -1,0 +1,166 @@
+// The emulated device: host memory with its own budget, and a copy engine with one worker
+// thread per direction that can be throttled to a link bandwidth, so that overlap and
+// prefetching behave as on a PCIe link.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <thread>
+
+#include "absl/strings/string_view.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "io/device.h"
+
+namespace tiermem::io {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class EmulatedCopyEngine final : public CopyEngine {
+ public:
+  explicit EmulatedCopyEngine(double link_gbps) : bytes_per_second_(link_gbps * 1e9) {
+    for (int d = 0; d < 2; ++d) lanes_[d].worker = std::thread([this, d] { Work(lanes_[d]); });
+  }
+  ~EmulatedCopyEngine() override {
+    for (Lane& lane : lanes_) {
+      {
+        absl::MutexLock lock(&lane.mu);
+        lane.stop = true;
+        lane.work.Signal();
+      }
+      lane.worker.join();
+    }
+  }
+
+  absl::StatusOr<CopyTicket> Enqueue(CopyDirection dir, void* dst, const void* src,
+                                     uint64_t bytes) override {
+    Lane& lane = lanes_[static_cast<int>(dir)];
+    absl::MutexLock lock(&lane.mu);
+    uint64_t seq = ++lane.enqueued;
+    lane.queue.push_back(Job{seq, dst, src, bytes});
+    lane.work.Signal();
+    return CopyTicket{seq << 1 | static_cast<uint64_t>(dir)};
+  }
+
+  absl::Status Wait(CopyTicket ticket) override {
+    Lane& lane = lanes_[ticket.id & 1];
+    uint64_t seq = ticket.id >> 1;
+    absl::MutexLock lock(&lane.mu);
+    if (seq == 0 || seq > lane.enqueued) {
+      return absl::InvalidArgumentError("waiting for a copy that was never enqueued");
+    }
+    while (lane.completed < seq) lane.done.Wait(&lane.mu);
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Job {
+    uint64_t seq;
+    void* dst;
+    const void* src;
+    uint64_t bytes;
+  };
+  // One direction of the link. Copies complete in the order they were enqueued.
+  struct Lane {
+    absl::Mutex mu;
+    std::deque<Job> queue ABSL_GUARDED_BY(mu);
+    uint64_t enqueued ABSL_GUARDED_BY(mu) = 0;
+    uint64_t completed ABSL_GUARDED_BY(mu) = 0;
+    bool stop ABSL_GUARDED_BY(mu) = false;
+    absl::CondVar work;  // signalled on enqueue and stop
+    absl::CondVar done;  // signalled when `completed` advances
+    std::thread worker;
+  };
+
+  void Work(Lane& lane) {
+    // The time at which the emulated link is next free: each slice occupies it for
+    // slice / bandwidth seconds, so a busy lane runs at the cap and an idle one does not bank
+    // credit.
+    Clock::time_point link_free = Clock::now();
+    constexpr uint64_t kSlice = 1u << 20;
+    for (;;) {
+      Job job;
+      {
+        absl::MutexLock lock(&lane.mu);
+        while (!lane.stop && lane.queue.empty()) lane.work.Wait(&lane.mu);
+        if (lane.queue.empty()) return;  // stop requested and nothing left
+        job = lane.queue.front();
+        lane.queue.pop_front();
+      }
+      for (uint64_t off = 0; off < job.bytes; off += kSlice) {
+        uint64_t n = std::min(kSlice, job.bytes - off);
+        std::memcpy(static_cast<char*>(job.dst) + off, static_cast<const char*>(job.src) + off, n);
+        if (bytes_per_second_ > 0) {
+          link_free = std::max(link_free, Clock::now() - std::chrono::microseconds(50)) +
+                      std::chrono::duration_cast<Clock::duration>(
+                          std::chrono::duration<double>(static_cast<double>(n) / bytes_per_second_));
+          std::this_thread::sleep_until(link_free);
+        }
+      }
+      absl::MutexLock lock(&lane.mu);
+      lane.completed = job.seq;
+      lane.done.SignalAll();
+    }
+  }
+
+  double bytes_per_second_;
+  Lane lanes_[2];
+};
+
+class EmulatedDevice final : public Device {
+ public:
+  explicit EmulatedDevice(const EmulatedDeviceOptions& o)
+      : physical_(o.physical_bytes), link_gbps_(o.link_gbps), engine_(o.link_gbps) {
+    if (physical_ == 0) {
+      physical_ = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                  static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    }
+  }
+
+  absl::string_view kind() const override { return "emulated"; }
+  std::string Describe() const override {
+    return link_gbps_ > 0 ? absl::StrFormat("emulated device (host memory, link capped at %.3g GB/s)",
+                                            link_gbps_)
+                          : std::string("emulated device (host memory, link uncapped)");
+  }
+  uint64_t physical_bytes() const override { return physical_; }
+  uint64_t default_budget() const override { return std::min<uint64_t>(1ull << 30, physical_ / 4); }
+  std::optional<std::string> pci_bus_id() const override { return std::nullopt; }
+
+  absl::StatusOr<void*> AllocateSlab(uint64_t bytes) override {
+    // Reserved, not touched: the budget is enforced by the HBM tier's allocator.
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("emulated device: cannot map %llu bytes: %s",
+                          static_cast<unsigned long long>(bytes), std::strerror(errno)));
+    }
+    return p;
+  }
+  void FreeSlab(void* slab, uint64_t bytes) override { munmap(slab, bytes); }
+  absl::Status RegisterHost(void*, uint64_t) override { return absl::OkStatus(); }
+  void UnregisterHost(void*) override {}
+  absl::Status Fill(void* addr, int value, uint64_t bytes) override {
+    std::memset(addr, value, bytes);
+    return absl::OkStatus();
+  }
+  CopyEngine& copy_engine() override { return engine_; }
+
+ private:
+  uint64_t physical_;
+  double link_gbps_;
+  EmulatedCopyEngine engine_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> CreateEmulatedDevice(const EmulatedDeviceOptions& options) {
+  return std::make_unique<EmulatedDevice>(options);
+}
+
+}  // namespace tiermem::io

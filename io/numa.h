@@ -1,0 +1,32 @@
+// NUMA topology (hwloc): which node is local to a GPU or to this thread, and binding memory.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace tiermem::io {
+
+class Topology {
+ public:
+  static absl::StatusOr<std::unique_ptr<Topology>> Load();
+  ~Topology();
+  Topology(const Topology&) = delete;
+  Topology& operator=(const Topology&) = delete;
+
+  int NodeCount() const;
+  // Node local to a PCI device ("0000:17:00.0"), or -1 when unknown.
+  int NodeOfPciDevice(const std::string& bus_id) const;
+  // Node of the CPU the calling thread runs on, or -1.
+  int NodeOfCallingThread() const;
+  // Binds [addr, addr+len) to `node` before first touch. Fails when the node does not exist.
+  absl::Status BindArea(void* addr, size_t len, int node) const;
+
+ private:
+  Topology() = default;
+  struct Handle;
+  std::unique_ptr<Handle> handle_;
+};
+
+}  // namespace tiermem::io

@@ -1,0 +1,111 @@
+// Swap file creation: O_TMPFILE (or unlink right after mkstemp), O_DIRECT probing, fallocate.
+#include "io/swap_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "io/log.h"
+
+namespace tiermem::io {
+namespace {
+
+absl::Status ErrnoError(int err, const std::string& what) {
+  return absl::ErrnoToStatus(err, absl::StrFormat("%s: %s (errno %d)", what, std::strerror(err), err));
+}
+
+// One aligned write and read back: some file systems accept O_DIRECT at open and refuse it on I/O.
+bool DirectIoWorks(int fd, uint32_t align) {
+  void* buf = nullptr;
+  if (posix_memalign(&buf, align, align) != 0) return false;
+  std::memset(buf, 0, align);
+  bool ok = pwrite(fd, buf, align, 0) == static_cast<ssize_t>(align) &&
+            pread(fd, buf, align, 0) == static_cast<ssize_t>(align);
+  std::free(buf);
+  return ok;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SwapFile>> SwapFile::Create(const std::string& dir, uint64_t bytes) {
+  struct stat st = {};
+  if (stat(dir.c_str(), &st) != 0) {
+    int err = errno;
+    return ErrnoError(err, absl::StrFormat("NVMe path \"%s\"", dir));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrFormat("NVMe path \"%s\" is not a directory", dir));
+  }
+  std::unique_ptr<SwapFile> f(new SwapFile());
+  f->dir_ = dir;
+  f->size_ = bytes;
+
+  // An unnamed file: nothing is left behind, whatever way the process ends.
+  int fd = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC | O_DIRECT, 0600);
+  bool direct = fd >= 0;
+  if (fd < 0 && errno == EINVAL) {
+    fd = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  }
+  if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+    // No O_TMPFILE here: a named file, unlinked at once, is the next best thing.
+    std::string templ = dir + "/.tiermem-swap-XXXXXX";
+    std::vector<char> name(templ.begin(), templ.end());
+    name.push_back('\0');
+    fd = mkostemp(name.data(), O_CLOEXEC);
+    if (fd >= 0) {
+      unlink(name.data());
+      fchmod(fd, 0600);
+      direct = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_DIRECT) == 0;
+    }
+  }
+  if (fd < 0) {
+    int err = errno;
+    return ErrnoError(err, absl::StrFormat("cannot create a swap file in \"%s\"", dir));
+  }
+  f->fd_ = fd;
+
+  if (bytes > 0) {
+    if (fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0) {
+      int err = errno;
+      if (err == EOPNOTSUPP) {
+        Log(LogSeverity::kInfo, "%s does not support fallocate; space is not reserved ahead",
+            dir.c_str());
+        if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+          err = errno;
+          return ErrnoError(err, absl::StrFormat("cannot size the swap file in \"%s\"", dir));
+        }
+      } else {
+        return ErrnoError(err, absl::StrFormat("cannot reserve %llu bytes for the swap file in \"%s\"",
+                                               static_cast<unsigned long long>(bytes), dir));
+      }
+    }
+  }
+
+  if (direct) {
+    f->alignment_ = ProbeDirectIoAlignment(fd, &f->alignment_source_);
+    if (bytes >= f->alignment_ && !DirectIoWorks(fd, f->alignment_)) {
+      direct = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_DIRECT) != 0;
+    }
+  }
+  f->direct_ = direct;
+  if (!direct) {
+    f->alignment_ = 1;
+    f->alignment_source_ = "buffered";
+    Log(LogSeverity::kWarn,
+        "the file system of \"%s\" refuses O_DIRECT: NVMe tier I/O goes through the page cache",
+        dir.c_str());
+  }
+  return f;
+}
+
+SwapFile::~SwapFile() {
+  if (fd_ >= 0) close(fd_);
+}
+
+}  // namespace tiermem::io

@@ -1,0 +1,332 @@
+// The extern "C" boundary: handles checked, statuses converted, no exception crosses it.
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "lib/config.h"
+#include "lib/runtime.h"
+#include "lib/status.h"
+#include "tiermem/tiermem.h"
+
+namespace tiermem {
+namespace {
+
+thread_local std::string t_last_error;
+
+tm_status Fail(tm_status code, absl::string_view message) {
+  t_last_error.assign(message.data(), message.size());
+  return code;
+}
+
+tm_status Report(const absl::Status& s) {
+  if (s.ok()) return TM_OK;
+  return Fail(ToTmStatus(s), s.message());
+}
+
+// Runtimes live in a process-wide table of generation-checked slots. Calls hold a shared_ptr,
+// so a destroy racing with a call frees the runtime only after that call returns.
+class RuntimeRegistry {
+ public:
+  uint64_t Add(std::shared_ptr<Runtime> rt) {
+    absl::MutexLock lock(&mu_);
+    uint32_t index;
+    if (!free_.empty()) {
+      index = free_.back();
+      free_.pop_back();
+    } else {
+      index = static_cast<uint32_t>(slots_.size());
+      slots_.emplace_back();
+    }
+    if (++next_generation_ == 0) ++next_generation_;
+    slots_[index] = {next_generation_, std::move(rt)};
+    return uint64_t{next_generation_} << 32 | index;
+  }
+  std::shared_ptr<Runtime> Get(uint64_t bits) {
+    absl::MutexLock lock(&mu_);
+    Slot* s = Find(bits);
+    return s != nullptr ? s->runtime : nullptr;
+  }
+  std::shared_ptr<Runtime> Remove(uint64_t bits) {
+    absl::MutexLock lock(&mu_);
+    Slot* s = Find(bits);
+    if (s == nullptr) return nullptr;
+    std::shared_ptr<Runtime> rt = std::move(s->runtime);
+    s->generation = 0;
+    free_.push_back(static_cast<uint32_t>(bits));
+    return rt;
+  }
+
+ private:
+  struct Slot {
+    uint32_t generation = 0;
+    std::shared_ptr<Runtime> runtime;
+  };
+  Slot* Find(uint64_t bits) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint32_t index = static_cast<uint32_t>(bits);
+    uint32_t gen = static_cast<uint32_t>(bits >> 32);
+    if (gen == 0 || index >= slots_.size() || slots_[index].generation != gen) return nullptr;
+    return &slots_[index];
+  }
+  absl::Mutex mu_;
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
+  uint32_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+RuntimeRegistry& Registry() {
+  static RuntimeRegistry* r = new RuntimeRegistry();  // never destroyed: safe at exit
+  return *r;
+}
+
+// Runs `body` with the runtime of `rt`, turning a bad handle or an exception into a status.
+template <typename Body>
+tm_status WithRuntime(tm_runtime rt, Body&& body) {
+  std::shared_ptr<Runtime> r = Registry().Get(rt.bits);
+  if (r == nullptr) {
+    return Fail(TM_ERR_INVALID_HANDLE,
+                absl::StrFormat("runtime handle 0x%016x is zero, destroyed or invalid", rt.bits));
+  }
+  try {
+    return Report(body(*r));
+  } catch (const std::bad_alloc&) {
+    return Fail(TM_ERR_OUT_OF_MEMORY, "host memory exhausted (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    return Fail(TM_ERR_INTERNAL, absl::StrFormat("unexpected exception: %s", e.what()));
+  } catch (...) {
+    return Fail(TM_ERR_INTERNAL, "unexpected exception");
+  }
+}
+
+tm_status NullArgument(const char* function, const char* argument) {
+  return Fail(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("%s: %s is NULL", function, argument));
+}
+
+absl::StatusOr<ConfigOverrides> OverridesFrom(const tm_config* c) {
+  ConfigOverrides o;
+  if (c == nullptr) return o;
+  // Older callers pass a smaller struct: only the fields it contains are read.
+  const size_t size = c->struct_size;
+  if (size < offsetof(tm_config, device) || size > (1u << 16)) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("tm_config.struct_size is %zu: fill the struct with TM_CONFIG_INIT",
+                                 size));
+  }
+#define TM_HAS(field) (size >= offsetof(tm_config, field) + sizeof(c->field))
+  if (TM_HAS(device) && c->device != TM_DEVICE_DEFAULT) {
+    switch (c->device) {
+      case TM_DEVICE_AUTO: o.device = DeviceKind::kAuto; break;
+      case TM_DEVICE_CUDA: o.device = DeviceKind::kCuda; break;
+      case TM_DEVICE_EMULATED: o.device = DeviceKind::kEmulated; break;
+      default:
+        return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.device=%d is out of range",
+                                                    static_cast<int>(c->device)));
+    }
+  }
+  if (TM_HAS(cuda_device) && c->cuda_device != TM_CUDA_DEVICE_DEFAULT) {
+    if (c->cuda_device < 0) {
+      return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.cuda_device=%d is negative", c->cuda_device));
+    }
+    o.cuda_device = c->cuda_device;
+  }
+  if (TM_HAS(hbm_bytes) && c->hbm_bytes != 0) o.hbm_bytes = SizeSetting{c->hbm_bytes, 0};
+  if (TM_HAS(dram_bytes) && c->dram_bytes != 0) o.dram_bytes = SizeSetting{c->dram_bytes, 0};
+  if (TM_HAS(nvme_paths) && c->nvme_paths != nullptr) o.nvme_paths = std::string(c->nvme_paths);
+  if (TM_HAS(nvme_bytes) && c->nvme_bytes != 0) o.nvme_bytes = SizeSetting{c->nvme_bytes, 0};
+  if (TM_HAS(io_engine) && c->io_engine != TM_IO_ENGINE_DEFAULT) {
+    switch (c->io_engine) {
+      case TM_IO_ENGINE_AUTO: o.io_engine = IoEngineKind::kAuto; break;
+      case TM_IO_ENGINE_URING: o.io_engine = IoEngineKind::kUring; break;
+      case TM_IO_ENGINE_POSIX: o.io_engine = IoEngineKind::kPosix; break;
+      default:
+        return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.io_engine=%d is out of range",
+                                                    static_cast<int>(c->io_engine)));
+    }
+  }
+  if (TM_HAS(io_block_size) && c->io_block_size != 0) o.io_block_size = c->io_block_size;
+  if (TM_HAS(io_queue_depth) && c->io_queue_depth != 0) o.io_queue_depth = c->io_queue_depth;
+  if (TM_HAS(numa_node) && c->numa_node != TM_NUMA_DEFAULT) {
+    if (c->numa_node == TM_NUMA_AUTO) {
+      o.numa = std::pair{NumaMode::kAuto, -1};
+    } else if (c->numa_node == TM_NUMA_OFF) {
+      o.numa = std::pair{NumaMode::kOff, -1};
+    } else if (c->numa_node >= 0) {
+      o.numa = std::pair{NumaMode::kNode, static_cast<int>(c->numa_node)};
+    } else {
+      return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.numa_node=%d is out of range", c->numa_node));
+    }
+  }
+  if (TM_HAS(log_level) && c->log_level != TM_LOG_DEFAULT) {
+    if (c->log_level < TM_LOG_ERROR || c->log_level >= TM_LOG_LEVEL_COUNT) {
+      return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.log_level=%d is out of range",
+                                                  static_cast<int>(c->log_level)));
+    }
+    o.log_level = static_cast<LogLevel>(c->log_level);
+  }
+  if (TM_HAS(emu_link_gbps) && c->emu_link_gbps != 0) o.emu_link_gbps = c->emu_link_gbps;
+#undef TM_HAS
+  return o;
+}
+
+}  // namespace
+}  // namespace tiermem
+
+using namespace tiermem;  // NOLINT: the C entry points below implement the tm_* ABI
+
+extern "C" {
+
+TM_API const char* tm_last_error(void) { return t_last_error.c_str(); }
+
+TM_API tm_status tm_runtime_create(const tm_config* config, tm_runtime* out) {
+  if (out == nullptr) return NullArgument("tm_runtime_create", "out");
+  out->bits = 0;
+  try {
+    auto overrides = OverridesFrom(config);
+    if (!overrides.ok()) return Report(overrides.status());
+    auto cfg = LoadConfig(*overrides, ProcessEnvironment(), ProcessTiermemVariables());
+    if (!cfg.ok()) return Fail(TM_ERR_CONFIG, cfg.status().message());
+    auto rt = Runtime::Create(*cfg);
+    if (!rt.ok()) return Report(rt.status());
+    out->bits = Registry().Add(std::shared_ptr<Runtime>(std::move(*rt)));
+    return TM_OK;
+  } catch (const std::bad_alloc&) {
+    return Fail(TM_ERR_OUT_OF_MEMORY, "host memory exhausted (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    return Fail(TM_ERR_INTERNAL, absl::StrFormat("unexpected exception: %s", e.what()));
+  }
+}
+
+TM_API tm_status tm_runtime_destroy(tm_runtime runtime) {
+  std::shared_ptr<Runtime> r = Registry().Remove(runtime.bits);
+  if (r == nullptr) {
+    return Fail(TM_ERR_INVALID_HANDLE, absl::StrFormat(
+                                           "runtime handle 0x%016x is zero, destroyed or invalid",
+                                           runtime.bits));
+  }
+  return TM_OK;  // freed when the last call using it returns
+}
+
+TM_API tm_status tm_runtime_stats(tm_runtime runtime, tm_stats* out) {
+  if (out == nullptr) return NullArgument("tm_runtime_stats", "out");
+  if (out->struct_size < sizeof(size_t) + sizeof(tm_tier_stats) * TM_TIER_COUNT ||
+      out->struct_size > (1u << 16)) {
+    return Fail(TM_ERR_INVALID_ARGUMENT,
+                absl::StrFormat("tm_stats.struct_size is %zu: initialize it with TM_STATS_INIT",
+                                out->struct_size));
+  }
+  return WithRuntime(runtime, [&](Runtime& rt) {
+    tm_stats s = rt.Stats();
+    size_t n = out->struct_size < sizeof s ? out->struct_size : sizeof s;
+    size_t keep = out->struct_size;
+    std::memcpy(out, &s, n);
+    out->struct_size = keep;
+    return absl::OkStatus();
+  });
+}
+
+TM_API tm_status tm_runtime_config_value(tm_runtime runtime, const char* name, char* buf,
+                                         size_t buf_size, size_t* needed) {
+  if (name == nullptr) return NullArgument("tm_runtime_config_value", "name");
+  if (buf == nullptr && buf_size > 0) return NullArgument("tm_runtime_config_value", "buf");
+  return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
+    auto v = rt.config().Value(name);
+    if (!v.has_value()) {
+      return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("\"%s\" is not a tiermem setting", name));
+    }
+    if (needed != nullptr) *needed = v->size() + 1;
+    if (buf_size < v->size() + 1) {
+      if (buf_size > 0) buf[0] = '\0';
+      return Error(TM_ERR_INVALID_ARGUMENT,
+                   absl::StrFormat("buffer of %zu bytes is too small for %s (needs %zu)", buf_size,
+                                   name, v->size() + 1));
+    }
+    std::memcpy(buf, v->c_str(), v->size() + 1);
+    return absl::OkStatus();
+  });
+}
+
+TM_API tm_status tm_tensor_create(tm_runtime runtime, const tm_tensor_desc* desc, tm_tensor* out) {
+  if (desc == nullptr) return NullArgument("tm_tensor_create", "desc");
+  if (out == nullptr) return NullArgument("tm_tensor_create", "out");
+  out->bits = 0;
+  if (desc->struct_size < offsetof(tm_tensor_desc, name) + sizeof(desc->name) ||
+      desc->struct_size > (1u << 16)) {
+    return Fail(TM_ERR_INVALID_ARGUMENT,
+                absl::StrFormat("tm_tensor_desc.struct_size is %zu: fill it with TM_TENSOR_DESC_INIT",
+                                desc->struct_size));
+  }
+  return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
+    TensorDesc d;
+    d.bytes = desc->bytes;
+    d.cls = desc->cls;
+    d.home_tier = desc->home_tier;
+    if (desc->name != nullptr) d.name = std::string(desc->name, strnlen(desc->name, 256));
+    auto h = rt.CreateTensor(d);
+    if (!h.ok()) return h.status();
+    out->bits = *h;
+    return absl::OkStatus();
+  });
+}
+
+TM_API tm_status tm_tensor_destroy(tm_runtime runtime, tm_tensor tensor) {
+  return WithRuntime(runtime, [&](Runtime& rt) { return rt.DestroyTensor(tensor.bits); });
+}
+
+TM_API tm_status tm_tensor_bytes(tm_runtime runtime, tm_tensor tensor, uint64_t* bytes) {
+  if (bytes == nullptr) return NullArgument("tm_tensor_bytes", "bytes");
+  return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
+    auto b = rt.TensorBytes(tensor.bits);
+    if (!b.ok()) return b.status();
+    *bytes = *b;
+    return absl::OkStatus();
+  });
+}
+
+TM_API tm_status tm_tensor_write(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
+                                 const void* src, uint64_t bytes) {
+  if (src == nullptr && bytes > 0) return NullArgument("tm_tensor_write", "src");
+  return WithRuntime(runtime, [&](Runtime& rt) { return rt.Write(tensor.bits, offset, src, bytes); });
+}
+
+TM_API tm_status tm_tensor_read(tm_runtime runtime, tm_tensor tensor, uint64_t offset, void* dst,
+                                uint64_t bytes) {
+  if (dst == nullptr && bytes > 0) return NullArgument("tm_tensor_read", "dst");
+  return WithRuntime(runtime, [&](Runtime& rt) { return rt.Read(tensor.bits, offset, dst, bytes); });
+}
+
+TM_API tm_status tm_tensor_acquire(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
+                                   tm_access access, void* stream, void** ptr) {
+  if (ptr == nullptr) return NullArgument("tm_tensor_acquire", "ptr");
+  *ptr = nullptr;
+  return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
+    auto p = rt.Acquire(tensor.bits, tier, access, stream);
+    if (!p.ok()) return p.status();
+    *ptr = *p;
+    return absl::OkStatus();
+  });
+}
+
+TM_API tm_status tm_tensor_release(tm_runtime runtime, tm_tensor tensor, tm_tier tier) {
+  return WithRuntime(runtime, [&](Runtime& rt) { return rt.Release(tensor.bits, tier); });
+}
+
+TM_API tm_status tm_tensor_offload(tm_runtime runtime, tm_tensor tensor, tm_tier tier) {
+  return WithRuntime(runtime, [&](Runtime& rt) { return rt.Offload(tensor.bits, tier); });
+}
+
+TM_API tm_status tm_tensor_residency(tm_runtime runtime, tm_tensor tensor, uint32_t* mask) {
+  if (mask == nullptr) return NullArgument("tm_tensor_residency", "mask");
+  return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
+    auto m = rt.Residency(tensor.bits);
+    if (!m.ok()) return m.status();
+    *mask = *m;
+    return absl::OkStatus();
+  });
+}
+
+}  // extern "C"

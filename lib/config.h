@@ -1,0 +1,94 @@
+// Every TIERMEM_* setting: parsed once, validated, with the source of each value recorded.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/status/statusor.h"
+
+namespace tiermem {
+
+enum class DeviceKind { kAuto, kCuda, kEmulated };
+enum class IoEngineKind { kAuto, kUring, kPosix };
+enum class NumaMode { kAuto, kOff, kNode };
+enum class LogLevel { kError = 1, kWarn = 2, kInfo = 3, kDebug = 4 };
+
+// A byte size given either absolutely or as a percentage of a tier's physical size.
+struct SizeSetting {
+  uint64_t bytes = 0;
+  double percent = 0;  // > 0 when given as "N%"
+  // Bytes for a tier whose physical size is `physical`.
+  uint64_t Resolve(uint64_t physical) const;
+  std::string ToString() const;
+};
+
+// Values set in code (the C config struct); each wins over the environment.
+struct ConfigOverrides {
+  std::optional<DeviceKind> device;
+  std::optional<int> cuda_device;
+  std::optional<SizeSetting> hbm_bytes, dram_bytes, nvme_bytes;
+  std::optional<std::string> nvme_paths;
+  std::optional<IoEngineKind> io_engine;
+  std::optional<uint32_t> io_block_size, io_queue_depth;
+  std::optional<std::pair<NumaMode, int>> numa;
+  std::optional<LogLevel> log_level;
+  std::optional<double> emu_link_gbps;
+};
+
+struct Config {
+  DeviceKind device = DeviceKind::kAuto;
+  int cuda_device = 0;
+  SizeSetting hbm_bytes;   // zero means the backend's default
+  SizeSetting dram_bytes;  // default 2 GiB
+  SizeSetting nvme_bytes;  // default 4 GiB
+  std::vector<std::string> nvme_paths;
+  IoEngineKind io_engine = IoEngineKind::kAuto;
+  uint32_t io_block_size = 1u << 20;
+  uint32_t io_queue_depth = 32;
+  NumaMode numa = NumaMode::kAuto;
+  int numa_node = -1;
+  LogLevel log_level = LogLevel::kWarn;
+  double emu_link_gbps = 0;
+
+  // One row per setting: variable name, effective value as text, and where it came from
+  // ("config", "environment" or "default").
+  struct Entry {
+    std::string name, value, source;
+  };
+  std::vector<Entry> entries;
+  // TIERMEM_* variables in the environment that tiermem does not know (likely typos).
+  std::vector<std::string> unknown_variables;
+
+  // The effective value of `name` as text, or nullopt for an unknown name.
+  std::optional<std::string> Value(absl::string_view name) const;
+};
+
+// Reads an environment variable; nullopt when unset. Tests substitute their own.
+using EnvLookup = std::function<std::optional<std::string>(const char*)>;
+EnvLookup ProcessEnvironment();
+// Names of all TIERMEM_* variables set in the process environment.
+std::vector<std::string> ProcessTiermemVariables();
+
+// Builds the effective configuration: overrides, then environment, then defaults. An invalid
+// value is an InvalidArgument error naming the variable and the value.
+absl::StatusOr<Config> LoadConfig(const ConfigOverrides& overrides, const EnvLookup& env,
+                                  const std::vector<std::string>& env_names);
+
+// Parsers, exposed for tests. `what` names the setting in error messages.
+absl::StatusOr<SizeSetting> ParseSize(absl::string_view what, absl::string_view text);
+absl::StatusOr<uint64_t> ParseUnsigned(absl::string_view what, absl::string_view text);
+
+absl::string_view DeviceKindName(DeviceKind k);
+absl::string_view IoEngineKindName(IoEngineKind k);
+absl::string_view LogLevelName(LogLevel l);
+
+// The variables tiermem reads, in documentation order.
+const std::vector<absl::string_view>& KnownVariables();
+
+}  // namespace tiermem

@@ -1,0 +1,52 @@
+// Setting up and tearing down the HBM slab and the pinned DRAM region.
+#include "lib/memory_tier.h"
+
+#include "absl/strings/str_format.h"
+#include "lib/status.h"
+
+namespace tiermem {
+
+absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateHbm(io::Device& device,
+                                                                  uint64_t bytes) {
+  if (bytes == 0) return Error(TM_ERR_CONFIG, "TIERMEM_HBM_BYTES resolves to 0 bytes");
+  std::unique_ptr<MemoryTier> t(new MemoryTier(TM_TIER_HBM, device, bytes, 256));
+  auto slab = device.AllocateSlab(bytes);
+  if (!slab.ok()) {
+    return Error(absl::IsResourceExhausted(slab.status()) ? TM_ERR_OUT_OF_MEMORY : TM_ERR_DEVICE,
+                 absl::StrFormat("allocating the HBM tier (TIERMEM_HBM_BYTES=%s): %s",
+                                 HumanBytes(bytes), slab.status().message()));
+  }
+  t->base_ = static_cast<char*>(*slab);
+  t->slab_bytes_ = bytes;
+  return t;
+}
+
+absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateDram(io::Device& device,
+                                                                   const io::Topology* topo,
+                                                                   uint64_t bytes, int numa_node,
+                                                                   uint64_t granule) {
+  if (bytes == 0) return Error(TM_ERR_CONFIG, "TIERMEM_DRAM_BYTES resolves to 0 bytes");
+  std::unique_ptr<MemoryTier> t(new MemoryTier(TM_TIER_DRAM, device, bytes, granule));
+  auto region = io::HostRegion::Create(bytes, topo, numa_node);
+  if (!region.ok()) {
+    tm_status code = absl::IsInvalidArgument(region.status()) ? TM_ERR_CONFIG : TM_ERR_OUT_OF_MEMORY;
+    return Error(code, region.status().message());
+  }
+  t->host_ = std::move(*region);
+  t->base_ = static_cast<char*>(t->host_->data());
+  t->numa_node_ = numa_node;
+  // Pinned once, at start-up and whole: registration is slow and must stay off the hot path.
+  if (auto s = device.RegisterHost(t->base_, t->host_->size()); !s.ok()) {
+    return Error(TM_ERR_DEVICE, absl::StrFormat("pinning the DRAM tier (%s) for the device: %s",
+                                                HumanBytes(bytes), s.message()));
+  }
+  t->registered_ = true;
+  return t;
+}
+
+MemoryTier::~MemoryTier() {
+  if (registered_) device_.UnregisterHost(base_);
+  if (slab_bytes_ > 0) device_.FreeSlab(base_, slab_bytes_);
+}
+
+}  // namespace tiermem

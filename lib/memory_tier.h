@@ -1,0 +1,48 @@
+// An addressable tier: HBM (one device slab) or pinned DRAM (one NUMA-bound host region),
+// sub-allocated by a TierSpace.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "io/device.h"
+#include "io/host_memory.h"
+#include "io/numa.h"
+#include "lib/tier_space.h"
+
+namespace tiermem {
+
+class MemoryTier {
+ public:
+  // A slab of `bytes` of device memory.
+  static absl::StatusOr<std::unique_ptr<MemoryTier>> CreateHbm(io::Device& device, uint64_t bytes);
+  // `bytes` of host memory bound to `numa_node` (-1: unbound), pinned with the device.
+  // `granule` is the O_DIRECT alignment that every copy must keep.
+  static absl::StatusOr<std::unique_ptr<MemoryTier>> CreateDram(io::Device& device,
+                                                                const io::Topology* topo,
+                                                                uint64_t bytes, int numa_node,
+                                                                uint64_t granule);
+  ~MemoryTier();
+  MemoryTier(const MemoryTier&) = delete;
+  MemoryTier& operator=(const MemoryTier&) = delete;
+
+  TierSpace& space() { return space_; }
+  const TierSpace& space() const { return space_; }
+  char* Address(const Extent& e) const { return base_ + e.offset; }
+  int numa_node() const { return numa_node_; }
+
+ private:
+  MemoryTier(tm_tier tier, io::Device& device, uint64_t capacity, uint64_t granule)
+      : device_(device), space_(tier, capacity, granule) {}
+
+  io::Device& device_;
+  TierSpace space_;
+  char* base_ = nullptr;
+  uint64_t slab_bytes_ = 0;                // HBM: the device slab
+  std::unique_ptr<io::HostRegion> host_;   // DRAM: the host region
+  bool registered_ = false;
+  int numa_node_ = -1;
+};
+
+}  // namespace tiermem

@@ -1,0 +1,77 @@
+// A TLSF-style (two-level segregated fit) allocator of offsets in [0, capacity): O(1) allocate and
+// free, alignment, immediate coalescing, metadata kept outside the managed range (HBM and NVMe
+// are not addressable by the CPU). Not thread-safe: the owning tier locks.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace tiermem {
+
+class OffsetAllocator {
+ public:
+  static constexpr uint32_t kNone = UINT32_MAX;
+
+  struct Allocation {
+    uint64_t offset = 0;      // bytes from the start of the range, aligned as requested
+    uint64_t size = 0;        // bytes reserved, a multiple of the granule
+    uint32_t block = kNone;   // handle to pass to Free
+  };
+
+  // `granule` (a power of two) is the unit of every offset and size: 4096 keeps O_DIRECT happy.
+  OffsetAllocator(uint64_t capacity, uint64_t granule);
+
+  // Reserves at least `bytes` (> 0) at an offset that is a multiple of `alignment` (a power of
+  // two; 0 means the granule). nullopt when no free block is large enough. A failure means no
+  // free block of size >= the request rounded up to its size class (plus alignment slack).
+  std::optional<Allocation> Allocate(uint64_t bytes, uint64_t alignment = 0);
+
+  // Returns a block. The handle must come from Allocate and not have been freed.
+  void Free(uint32_t block);
+
+  uint64_t capacity() const { return capacity_; }
+  uint64_t granule() const { return granule_; }
+  uint64_t used() const { return used_ * granule_; }
+  uint64_t peak() const { return peak_ * granule_; }
+  // Size of the largest free block, in bytes (walks one size class: for messages and tests).
+  uint64_t LargestFree() const;
+  // Smallest request size (in bytes) that Allocate rounds `bytes` up to when searching.
+  uint64_t SearchSize(uint64_t bytes) const;
+
+ private:
+  static constexpr int kSlBits = 4;
+  static constexpr uint32_t kSlCount = 1u << kSlBits;
+  static constexpr int kFlCount = 64;
+
+  // A run of granules. Physical neighbours link every block in offset order; free blocks are
+  // also on the list of their size class. Invariant: two free blocks are never neighbours.
+  struct Block {
+    uint64_t offset = 0;  // granules
+    uint64_t size = 0;    // granules
+    uint32_t prev_phys = kNone, next_phys = kNone;
+    uint32_t prev_free = kNone, next_free = kNone;
+    bool free = false;
+  };
+
+  static void Mapping(uint64_t n, uint32_t& fl, uint32_t& sl);
+  uint32_t NewBlock();
+  void ReleaseBlock(uint32_t b);
+  void InsertFree(uint32_t b);
+  void RemoveFree(uint32_t b);
+  // First free block of size class >= (fl, sl), or kNone.
+  uint32_t FindFree(uint32_t fl, uint32_t sl) const;
+
+  uint64_t capacity_;
+  uint64_t granule_;
+  uint64_t used_ = 0;  // granules
+  uint64_t peak_ = 0;  // granules
+  std::vector<Block> blocks_;
+  std::vector<uint32_t> spare_;  // unused indices of blocks_
+  uint64_t fl_bitmap_ = 0;       // bit f: some class (f, *) is non-empty
+  std::array<uint32_t, kFlCount> sl_bitmap_{};
+  std::array<std::array<uint32_t, kSlCount>, kFlCount> heads_;
+};
+
+}  // namespace tiermem

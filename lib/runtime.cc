@@ -1,0 +1,374 @@
+// Runtime set-up and the tensor operations of the C API.
+#include "lib/runtime.h"
+
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "absl/strings/string_view.h"
+#include "absl/strings/str_format.h"
+#include "io/log.h"
+#include "lib/status.h"
+
+namespace tiermem {
+namespace {
+
+using io::Log;
+using io::LogSeverity;
+
+uint64_t PhysicalRam() {
+  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+uint64_t FreeSpace(const std::string& dir) {
+  struct statvfs v = {};
+  if (statvfs(dir.c_str(), &v) != 0) return 0;
+  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+}
+
+bool ValidTier(int tier) { return tier >= 0 && tier < TM_TIER_COUNT; }
+
+void SetEntry(Config& c, absl::string_view name, std::string value) {
+  for (auto& e : c.entries) {
+    if (e.name == name) e.value = std::move(value);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Config& config) {
+  std::unique_ptr<Runtime> rt(new Runtime(config));
+  if (auto s = rt->Init(); !s.ok()) return s;
+  return rt;
+}
+
+Runtime::~Runtime() = default;
+
+absl::Status Runtime::Init() {
+  io::SetLogLevel(static_cast<LogSeverity>(config_.log_level));
+  for (const auto& v : config_.unknown_variables) {
+    Log(LogSeverity::kWarn, "%s is not a tiermem variable and is ignored (a typo?)", v.c_str());
+  }
+
+  // The device backend.
+  if (config_.device == DeviceKind::kEmulated) {
+    device_ = io::CreateEmulatedDevice({0, config_.emu_link_gbps});
+  } else {
+    auto cuda = io::CreateCudaDevice(config_.cuda_device);
+    if (cuda.ok()) {
+      device_ = std::move(*cuda);
+    } else if (config_.device == DeviceKind::kCuda || absl::IsInvalidArgument(cuda.status())) {
+      return Error(absl::IsInvalidArgument(cuda.status()) ? TM_ERR_CONFIG : TM_ERR_DEVICE,
+                   absl::StrFormat("TIERMEM_DEVICE=%s: %s", DeviceKindName(config_.device),
+                                   cuda.status().message()));
+    } else {
+      // Said once per process: a CPU-only machine creating many runtimes hears it once.
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true)) {
+        Log(LogSeverity::kWarn, "TIERMEM_DEVICE=auto: %s; using the emulated device",
+            std::string(cuda.status().message()).c_str());
+      }
+      device_ = io::CreateEmulatedDevice({0, config_.emu_link_gbps});
+    }
+  }
+  info_.device = device_->Describe();
+  info_.device_kind = std::string(device_->kind());
+
+  // NUMA: the GPU's node, else this thread's.
+  if (auto topo = io::Topology::Load(); topo.ok()) {
+    topology_ = std::move(*topo);
+    info_.numa_nodes = topology_->NodeCount();
+  } else {
+    Log(LogSeverity::kWarn, "hwloc: %s; host memory is not NUMA-bound",
+        std::string(topo.status().message()).c_str());
+  }
+  int node = -1;
+  if (config_.numa == NumaMode::kNode) {
+    if (topology_ == nullptr) {
+      return Error(TM_ERR_CONFIG, absl::StrFormat("TIERMEM_NUMA=%d: the topology is unknown",
+                                                  config_.numa_node));
+    }
+    node = config_.numa_node;
+  } else if (config_.numa == NumaMode::kAuto && topology_ != nullptr) {
+    if (auto bus = device_->pci_bus_id(); bus.has_value()) node = topology_->NodeOfPciDevice(*bus);
+    if (node < 0) node = topology_->NodeOfCallingThread();
+  }
+
+  // Tiers. NVMe first: its alignment is the granule of the DRAM copies it reads and writes.
+  const uint64_t hbm_bytes = config_.hbm_bytes.bytes == 0 && config_.hbm_bytes.percent == 0
+                                 ? device_->default_budget()
+                                 : config_.hbm_bytes.Resolve(device_->physical_bytes());
+  SetEntry(config_, "TIERMEM_HBM_BYTES", SizeSetting{hbm_bytes, 0}.ToString());
+  auto hbm = MemoryTier::CreateHbm(*device_, hbm_bytes);
+  if (!hbm.ok()) return hbm.status();
+  hbm_ = std::move(*hbm);
+
+  const uint64_t nvme_bytes = config_.nvme_bytes.Resolve(FreeSpace(config_.nvme_paths.front()));
+  if (nvme_bytes == 0) return Error(TM_ERR_CONFIG, "TIERMEM_NVME_BYTES resolves to 0 bytes");
+  auto nvme = NvmeTier::Create(config_.nvme_paths, nvme_bytes, config_.io_block_size);
+  if (!nvme.ok()) return nvme.status();
+  nvme_ = std::move(*nvme);
+
+  const uint64_t dram_bytes = config_.dram_bytes.Resolve(PhysicalRam());
+  const uint64_t granule = std::max<uint64_t>(4096, nvme_->alignment());
+  auto dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule);
+  if (!dram.ok() && config_.numa == NumaMode::kAuto && node >= 0) {
+    Log(LogSeverity::kWarn, "%s; the DRAM tier is left unbound",
+        std::string(dram.status().message()).c_str());
+    node = -1;
+    dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule);
+  }
+  if (!dram.ok()) return dram.status();
+  dram_ = std::move(*dram);
+  info_.numa_node = node;
+
+  // The I/O engine.
+  io::IoEngineOptions opts{config_.io_block_size, config_.io_queue_depth};
+  if (config_.io_engine == IoEngineKind::kPosix) {
+    io_ = io::CreatePosixEngine(opts);
+  } else if (auto uring = io::CreateUringEngine(opts); uring.ok()) {
+    io_ = std::move(*uring);
+  } else if (config_.io_engine == IoEngineKind::kUring) {
+    return Error(TM_ERR_UNSUPPORTED, absl::StrFormat("TIERMEM_IO_ENGINE=uring: %s",
+                                                     uring.status().message()));
+  } else {
+    Log(LogSeverity::kWarn, "TIERMEM_IO_ENGINE=auto: io_uring is unavailable (%s); using posix",
+        std::string(uring.status().message()).c_str());
+    io_ = io::CreatePosixEngine(opts);
+  }
+  info_.io_engine = std::string(io_->name());
+  for (const auto& f : nvme_->files()) {
+    info_.nvme.push_back({f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
+  }
+  mover_ = std::make_unique<Mover>(*hbm_, *dram_, *nvme_, *device_, *io_);
+  Log(LogSeverity::kInfo, "runtime ready: %s, HBM %s, DRAM %s (NUMA node %d), NVMe %s on %zu path(s), %s I/O",
+      info_.device.c_str(), HumanBytes(hbm_bytes).c_str(), HumanBytes(dram_bytes).c_str(), node,
+      HumanBytes(nvme_bytes).c_str(), config_.nvme_paths.size(), info_.io_engine.c_str());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor*> Runtime::Find(uint64_t handle) {
+  Tensor* t = tensors_.Find(handle);
+  if (t == nullptr) {
+    return Error(TM_ERR_INVALID_HANDLE,
+                 absl::StrFormat("tensor handle 0x%016x is zero, destroyed or of another runtime",
+                                 handle));
+  }
+  return t;
+}
+
+absl::Status Runtime::CheckOthersUnpinned(const Tensor& t, int keep) const {
+  for (int i = 0; i < TM_TIER_COUNT; ++i) {
+    if (i != keep && t.copies[i].pins > 0) {
+      return Error(TM_ERR_BUSY,
+                   absl::StrFormat("tensor \"%s\" is acquired in %s (%u outstanding acquire(s))",
+                                   t.name, tm_tier_name(static_cast<tm_tier>(i)), t.copies[i].pins));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Runtime::DropOthers(Tensor& t, tm_tier keep) {
+  for (int i = 0; i < TM_TIER_COUNT; ++i) {
+    if (i != keep) mover_->Drop(t, static_cast<tm_tier>(i));
+  }
+}
+
+absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
+  if (desc.bytes == 0) return Error(TM_ERR_INVALID_ARGUMENT, "a tensor needs at least 1 byte");
+  if (desc.cls < 0 || desc.cls >= TM_CLASS_COUNT) {
+    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("tensor class %d is out of range", desc.cls));
+  }
+  if (desc.home_tier != TM_TIER_BY_PLACEMENT && !ValidTier(desc.home_tier)) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("home tier %d is out of range", desc.home_tier));
+  }
+  auto t = std::make_unique<Tensor>();
+  t->bytes = desc.bytes;
+  t->cls = desc.cls;
+  // Placement policies arrive with the placement issue; until then every home is HBM.
+  t->home = desc.home_tier == TM_TIER_BY_PLACEMENT ? TM_TIER_HBM
+                                                   : static_cast<tm_tier>(desc.home_tier);
+  absl::MutexLock lock(&mu_);
+  Tensor* raw = t.get();
+  uint64_t handle = tensors_.Insert(std::move(t));
+  raw->name = desc.name.empty() ? absl::StrFormat("tensor-%08x", static_cast<uint32_t>(handle >> 32))
+                                : desc.name;
+  return handle;
+}
+
+absl::Status Runtime::DestroyTensor(uint64_t handle) {
+  absl::MutexLock lock(&mu_);
+  auto t = Find(handle);
+  if (!t.ok()) return t.status();
+  if (auto s = CheckOthersUnpinned(**t, -1); !s.ok()) return WithContext(s, "cannot destroy");
+  for (int i = 0; i < TM_TIER_COUNT; ++i) mover_->Drop(**t, static_cast<tm_tier>(i));
+  tensors_.Remove(handle);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Runtime::TensorBytes(uint64_t handle) {
+  absl::MutexLock lock(&mu_);
+  auto t = Find(handle);
+  if (!t.ok()) return t.status();
+  return (*t)->bytes;
+}
+
+namespace {
+absl::Status CheckRange(const Tensor& t, uint64_t offset, uint64_t bytes, const void* buffer) {
+  if (offset > t.bytes || bytes > t.bytes - offset) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("range [%llu, +%llu) is outside tensor \"%s\" of %llu bytes",
+                                 static_cast<unsigned long long>(offset),
+                                 static_cast<unsigned long long>(bytes), t.name,
+                                 static_cast<unsigned long long>(t.bytes)));
+  }
+  if (buffer == nullptr && bytes > 0) return Error(TM_ERR_INVALID_ARGUMENT, "buffer is NULL");
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  auto found = Find(handle);
+  if (!found.ok()) return found.status();
+  Tensor& t = **found;
+  if (auto s = CheckRange(t, offset, bytes, src); !s.ok()) return s;
+  if (bytes == 0) return absl::OkStatus();
+
+  // Land in the fastest addressable copy; an NVMe-only (or NVMe-home) tensor is staged in DRAM
+  // and written back down, so that residency stays as it was.
+  tm_tier target = t.copy(TM_TIER_HBM).valid    ? TM_TIER_HBM
+                   : t.copy(TM_TIER_DRAM).valid ? TM_TIER_DRAM
+                   : t.copy(TM_TIER_NVME).valid ? TM_TIER_DRAM
+                                                : (t.home == TM_TIER_NVME ? TM_TIER_DRAM : t.home);
+  const bool back_to_nvme =
+      target == TM_TIER_DRAM && !t.copy(TM_TIER_DRAM).valid &&
+      (t.copy(TM_TIER_NVME).valid || (!t.materialized() && t.home == TM_TIER_NVME));
+  if (auto s = CheckOthersUnpinned(t, target); !s.ok()) return WithContext(s, "cannot write");
+  const bool whole = offset == 0 && bytes == t.bytes;
+  absl::Status s = whole && !t.copy(target).valid ? mover_->Reserve(t, target)
+                                                  : mover_->MakeValid(t, target);
+  if (!s.ok()) return s;
+  if (s = mover_->CopyIn(t, target, offset, src, bytes); !s.ok()) {
+    // The target may hold part of the write: it is no longer a faithful copy. Keep another.
+    if (t.ResidencyMask() != TM_TIER_BIT(target)) mover_->Drop(t, target);
+    return s;
+  }
+  DropOthers(t, target);
+  if (back_to_nvme) {
+    if (s = mover_->MakeValid(t, TM_TIER_NVME); !s.ok()) {
+      return WithContext(s, absl::StrFormat("tensor \"%s\" was written and stays in DRAM", t.name));
+    }
+    mover_->Drop(t, TM_TIER_DRAM);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Read(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  auto found = Find(handle);
+  if (!found.ok()) return found.status();
+  Tensor& t = **found;
+  if (auto s = CheckRange(t, offset, bytes, dst); !s.ok()) return s;
+  if (bytes == 0) return absl::OkStatus();
+  if (!t.materialized()) {
+    std::memset(dst, 0, bytes);
+    return absl::OkStatus();
+  }
+  if (t.copy(TM_TIER_HBM).valid) return mover_->CopyOut(t, TM_TIER_HBM, offset, dst, bytes);
+  const bool staged = !t.copy(TM_TIER_DRAM).valid;
+  if (auto s = mover_->MakeValid(t, TM_TIER_DRAM); !s.ok()) return s;
+  absl::Status s = mover_->CopyOut(t, TM_TIER_DRAM, offset, dst, bytes);
+  if (staged) mover_->Drop(t, TM_TIER_DRAM);
+  return s;
+}
+
+absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access access,
+                                       void* /*stream*/) {
+  if (tier != TM_TIER_HBM && tier != TM_TIER_DRAM) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("acquire needs tier hbm or dram, not %d: NVMe copies have no "
+                                 "address",
+                                 static_cast<int>(tier)));
+  }
+  if (access < 0 || access >= TM_ACCESS_COUNT) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("access mode %d is out of range", static_cast<int>(access)));
+  }
+  absl::MutexLock lock(&mu_);
+  auto found = Find(handle);
+  if (!found.ok()) return found.status();
+  Tensor& t = **found;
+  const bool writes = access != TM_ACCESS_READ;
+  if (writes) {
+    if (auto s = CheckOthersUnpinned(t, tier); !s.ok()) return WithContext(s, "cannot acquire for writing");
+  }
+  absl::Status s = access == TM_ACCESS_WRITE ? mover_->Reserve(t, tier) : mover_->MakeValid(t, tier);
+  if (!s.ok()) return s;
+  if (writes) DropOthers(t, tier);
+  ++t.copy(tier).pins;
+  // The data is in place when this returns, which is correctly ordered for any stream.
+  return static_cast<void*>(mover_->Address(t, tier));
+}
+
+absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {
+  if (!ValidTier(tier)) {
+    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("tier %d is out of range", static_cast<int>(tier)));
+  }
+  absl::MutexLock lock(&mu_);
+  auto found = Find(handle);
+  if (!found.ok()) return found.status();
+  TensorCopy& c = (*found)->copy(tier);
+  if (c.pins == 0) {
+    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("tensor \"%s\" is not acquired in %s",
+                                                          (*found)->name, tm_tier_name(tier)));
+  }
+  --c.pins;
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Offload(uint64_t handle, tm_tier tier) {
+  if (tier != TM_TIER_DRAM && tier != TM_TIER_NVME) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("offload needs tier dram or nvme, not %d", static_cast<int>(tier)));
+  }
+  absl::MutexLock lock(&mu_);
+  auto found = Find(handle);
+  if (!found.ok()) return found.status();
+  Tensor& t = **found;
+  if (!t.materialized()) return absl::OkStatus();  // zeros need no space anywhere
+  for (int above = 0; above < tier; ++above) {
+    if (t.copies[above].pins > 0) {
+      return Error(TM_ERR_BUSY, absl::StrFormat("cannot offload tensor \"%s\": it is acquired in %s",
+                                                t.name, tm_tier_name(static_cast<tm_tier>(above))));
+    }
+  }
+  if (auto s = mover_->MakeValid(t, tier); !s.ok()) return s;
+  for (int above = 0; above < tier; ++above) mover_->Drop(t, static_cast<tm_tier>(above));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> Runtime::Residency(uint64_t handle) {
+  absl::MutexLock lock(&mu_);
+  auto found = Find(handle);
+  if (!found.ok()) return found.status();
+  return (*found)->ResidencyMask();
+}
+
+tm_stats Runtime::Stats() {
+  tm_stats s = TM_STATS_INIT;
+  s.tiers[TM_TIER_HBM] = hbm_->space().Stats();
+  s.tiers[TM_TIER_DRAM] = dram_->space().Stats();
+  s.tiers[TM_TIER_NVME] = nvme_->space().Stats();
+  for (int f = 0; f < TM_TIER_COUNT; ++f) {
+    for (int t = 0; t < TM_TIER_COUNT; ++t) s.bytes_moved[f][t] = mover_->moved(f, t);
+  }
+  absl::MutexLock lock(&mu_);
+  s.tensors = tensors_.size();
+  return s;
+}
+
+}  // namespace tiermem

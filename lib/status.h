@@ -1,0 +1,22 @@
+// absl::Status inside the core, tagged with the tm_status the C boundary will report.
+#pragma once
+
+#include <string_view>
+
+#include "absl/strings/string_view.h"
+#include "absl/status/status.h"
+#include "tiermem/tiermem.h"
+
+namespace tiermem {
+
+// An error carrying `code` (never TM_OK) and a message naming what was wrong.
+absl::Status Error(tm_status code, absl::string_view message);
+// The tm_status of a core status: its tag, else derived from the canonical code.
+tm_status ToTmStatus(const absl::Status& s);
+// `s` with its message prefixed by `context` and its tag kept.
+absl::Status WithContext(const absl::Status& s, absl::string_view context);
+// Re-tags a status from io/ or a device as `code`, except that ResourceExhausted from file
+// I/O means the disk is full (TM_ERR_NO_SPACE).
+absl::Status Retag(const absl::Status& s, tm_status code);
+
+}  // namespace tiermem
