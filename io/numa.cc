@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "io/errno_status.h"
 
 namespace tiermem::io {
 
@@ -71,8 +72,7 @@ absl::Status Topology::BindArea(void* addr, size_t len, int node) const {
   if (hwloc_set_area_membind(handle_->topo, addr, len, obj->nodeset, HWLOC_MEMBIND_BIND,
                              HWLOC_MEMBIND_BYNODESET) != 0) {
     int err = errno;
-    return absl::ErrnoToStatus(err, absl::StrFormat("binding host memory to NUMA node %d: %s",
-                                                    node, std::strerror(err)));
+    return ErrnoStatus(err, absl::StrFormat("binding host memory to NUMA node %d", node));
   }
   return absl::OkStatus();
 }

@@ -7,17 +7,17 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "io/errno_status.h"
 #include "io/io_engine.h"
 
 namespace tiermem::io {
 
 absl::Status IoError(const IoRequest& r, uint64_t done, uint64_t piece_length, int err) {
-  return absl::ErrnoToStatus(
-      err, absl::StrFormat("%s of %llu bytes at offset %llu of the swap file in %s: %s (errno %d)",
-                           r.write ? "write" : "read",
-                           static_cast<unsigned long long>(piece_length),
-                           static_cast<unsigned long long>(r.offset + done), r.label,
-                           std::strerror(err), err));
+  return ErrnoStatus(err, absl::StrFormat("%s of %llu bytes at offset %llu of the swap file in %s",
+                                          r.write ? "write" : "read",
+                                          static_cast<unsigned long long>(piece_length),
+                                          static_cast<unsigned long long>(r.offset + done),
+                                          r.label));
 }
 
 namespace {

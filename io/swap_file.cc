@@ -11,14 +11,11 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "io/errno_status.h"
 #include "io/log.h"
 
 namespace tiermem::io {
 namespace {
-
-absl::Status ErrnoError(int err, const std::string& what) {
-  return absl::ErrnoToStatus(err, absl::StrFormat("%s: %s (errno %d)", what, std::strerror(err), err));
-}
 
 // One aligned write and read back: some file systems accept O_DIRECT at open and refuse it on I/O.
 bool DirectIoWorks(int fd, uint32_t align) {
@@ -37,7 +34,7 @@ absl::StatusOr<std::unique_ptr<SwapFile>> SwapFile::Create(const std::string& di
   struct stat st = {};
   if (stat(dir.c_str(), &st) != 0) {
     int err = errno;
-    return ErrnoError(err, absl::StrFormat("NVMe path \"%s\"", dir));
+    return ErrnoStatus(err, absl::StrFormat("NVMe path \"%s\"", dir));
   }
   if (!S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrFormat("NVMe path \"%s\" is not a directory", dir));
@@ -66,7 +63,7 @@ absl::StatusOr<std::unique_ptr<SwapFile>> SwapFile::Create(const std::string& di
   }
   if (fd < 0) {
     int err = errno;
-    return ErrnoError(err, absl::StrFormat("cannot create a swap file in \"%s\"", dir));
+    return ErrnoStatus(err, absl::StrFormat("cannot create a swap file in \"%s\"", dir));
   }
   f->fd_ = fd;
 
@@ -78,10 +75,10 @@ absl::StatusOr<std::unique_ptr<SwapFile>> SwapFile::Create(const std::string& di
             dir.c_str());
         if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
           err = errno;
-          return ErrnoError(err, absl::StrFormat("cannot size the swap file in \"%s\"", dir));
+          return ErrnoStatus(err, absl::StrFormat("cannot size the swap file in \"%s\"", dir));
         }
       } else {
-        return ErrnoError(err, absl::StrFormat("cannot reserve %llu bytes for the swap file in \"%s\"",
+        return ErrnoStatus(err, absl::StrFormat("cannot reserve %llu bytes for the swap file in \"%s\"",
                                                static_cast<unsigned long long>(bytes), dir));
       }
     }

@@ -1,0 +1,249 @@
+// Every C API function given NULL, zero, stale, foreign and out-of-range arguments: a clear
+// status and message, never a crash.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+#include <string>
+
+#include "test_util.h"
+#include "tiermem/tiermem.h"
+
+namespace tiermem {
+namespace {
+
+using testing::SmallConfig;
+using testing::TempDir;
+
+class ApiArgs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tm_config cfg = SmallConfig(dir_.path());
+    ASSERT_EQ(tm_runtime_create(&cfg, &rt_), TM_OK) << tm_last_error();
+    tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+    d.bytes = 4096;
+    ASSERT_EQ(tm_tensor_create(rt_, &d, &t_), TM_OK);
+    ASSERT_EQ(tm_tensor_create(rt_, &d, &stale_), TM_OK);
+    ASSERT_EQ(tm_tensor_destroy(rt_, stale_), TM_OK);
+  }
+  void TearDown() override { tm_runtime_destroy(rt_); }
+
+  TempDir dir_;
+  tm_runtime rt_{};
+  tm_tensor t_{}, stale_{};
+  const tm_runtime zero_rt_{0};
+  const tm_tensor zero_t_{0};
+  char buf_[8192] = {};
+};
+
+#define EXPECT_STATUS(expected, call)                                        \
+  do {                                                                       \
+    tm_status s_ = (call);                                                   \
+    EXPECT_EQ(s_, expected) << #call << " -> " << tm_status_string(s_);      \
+    if (s_ != TM_OK) {                                                       \
+      EXPECT_STRNE(tm_last_error(), "") << #call;                            \
+    }                                                                        \
+  } while (0)
+
+TEST_F(ApiArgs, Strings) {
+  EXPECT_STREQ(tm_status_string(TM_OK), "TM_OK");
+  EXPECT_STREQ(tm_status_string(TM_ERR_NO_SPACE), "TM_ERR_NO_SPACE");
+  EXPECT_STREQ(tm_status_string(TM_STATUS_COUNT), "TM_STATUS_UNKNOWN");
+  EXPECT_STREQ(tm_status_string(static_cast<tm_status>(-1)), "TM_STATUS_UNKNOWN");
+  for (int i = 0; i < TM_STATUS_COUNT; ++i) {
+    EXPECT_STRNE(tm_status_string(static_cast<tm_status>(i)), "TM_STATUS_UNKNOWN");
+  }
+  EXPECT_STREQ(tm_tier_name(TM_TIER_NVME), "nvme");
+  EXPECT_STREQ(tm_tier_name(static_cast<tm_tier>(9)), "unknown");
+  int major = -1, minor = -1, patch = -1;
+  EXPECT_EQ(tm_get_version(&major, &minor, &patch), TM_OK);
+  EXPECT_EQ(major, TM_VERSION_MAJOR);
+  EXPECT_EQ(minor, TM_VERSION_MINOR);
+  EXPECT_EQ(patch, TM_VERSION_PATCH);
+  EXPECT_EQ(tm_get_version(nullptr, nullptr, nullptr), TM_OK);
+  EXPECT_STREQ(tm_version_string(), "0.1.0");
+}
+
+TEST_F(ApiArgs, RuntimeCreateAndDestroy) {
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_create(nullptr, nullptr));
+  tm_config bad = SmallConfig(dir_.path());
+  bad.struct_size = 3;
+  tm_runtime rt;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_create(&bad, &rt));
+  EXPECT_NE(std::string(tm_last_error()).find("struct_size"), std::string::npos);
+  bad = SmallConfig(dir_.path());
+  bad.device = static_cast<tm_device_kind>(42);
+  EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
+  bad = SmallConfig(dir_.path());
+  bad.io_engine = static_cast<tm_io_engine>(42);
+  EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
+  bad = SmallConfig(dir_.path());
+  bad.numa_node = -7;
+  EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
+  bad = SmallConfig(dir_.path());
+  bad.numa_node = 4000;
+  EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
+  EXPECT_NE(std::string(tm_last_error()).find("TIERMEM_NUMA"), std::string::npos) << tm_last_error();
+  bad = SmallConfig(dir_.path());
+  bad.log_level = static_cast<tm_log_level>(9);
+  EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
+  bad = SmallConfig(dir_.path());
+  bad.io_block_size = 1000;
+  EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
+  EXPECT_NE(std::string(tm_last_error()).find("TIERMEM_IO_BLOCK_SIZE"), std::string::npos);
+  bad = SmallConfig(dir_.path());
+  bad.cuda_device = -5;
+  EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
+
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_destroy(zero_rt_));
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_destroy(tm_runtime{0xdeadbeef12345678ull}));
+  tm_config cfg = SmallConfig(dir_.path());
+  tm_runtime other;
+  ASSERT_EQ(tm_runtime_create(&cfg, &other), TM_OK);
+  EXPECT_STATUS(TM_OK, tm_runtime_destroy(other));
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_destroy(other));  // twice
+  tm_stats s = TM_STATS_INIT;
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_stats(other, &s));
+}
+
+TEST_F(ApiArgs, Stats) {
+  tm_stats s = TM_STATS_INIT;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_stats(rt_, nullptr));
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_stats(zero_rt_, &s));
+  s.struct_size = 0;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_stats(rt_, &s));
+  s = TM_STATS_INIT;
+  EXPECT_STATUS(TM_OK, tm_runtime_stats(rt_, &s));
+  EXPECT_EQ(s.tiers[TM_TIER_HBM].capacity, 96u << 20);
+  EXPECT_EQ(s.tensors, 1u);
+}
+
+TEST_F(ApiArgs, ConfigValue) {
+  size_t needed = 0;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_config_value(rt_, nullptr, buf_, 8, &needed));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_config_value(rt_, "TIERMEM_DEVICE", nullptr, 8, &needed));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_config_value(rt_, "TIERMEM_NOPE", buf_, 8, &needed));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_config_value(rt_, "TIERMEM_DEVICE", buf_, 3, &needed));
+  EXPECT_EQ(needed, std::strlen("emulated") + 1);
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_config_value(zero_rt_, "TIERMEM_DEVICE", buf_, 64, &needed));
+  EXPECT_STATUS(TM_OK, tm_runtime_config_value(rt_, "TIERMEM_DEVICE", buf_, 64, &needed));
+  EXPECT_STREQ(buf_, "emulated");
+  EXPECT_STATUS(TM_OK, tm_runtime_config_value(rt_, "TIERMEM_HBM_BYTES", buf_, 64, nullptr));
+  EXPECT_STREQ(buf_, "96MiB");
+}
+
+TEST_F(ApiArgs, TensorCreate) {
+  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+  d.bytes = 10;
+  tm_tensor t;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_create(rt_, nullptr, &t));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_create(rt_, &d, nullptr));
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_create(zero_rt_, &d, &t));
+  EXPECT_EQ(t.bits, 0u);
+  d.bytes = 0;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_create(rt_, &d, &t));
+  d.bytes = 10;
+  d.cls = static_cast<tm_tensor_class>(77);
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_create(rt_, &d, &t));
+  d.cls = TM_CLASS_PARAM;
+  d.home_tier = 5;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_create(rt_, &d, &t));
+  d.home_tier = TM_TIER_BY_PLACEMENT;
+  d.struct_size = 1;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_create(rt_, &d, &t));
+  d.struct_size = sizeof d;
+  EXPECT_STATUS(TM_OK, tm_tensor_create(rt_, &d, &t));
+  EXPECT_NE(t.bits, 0u);
+  // Too large for any tier: created, and the first use says why.
+  d.bytes = 1ull << 50;
+  tm_tensor huge;
+  EXPECT_STATUS(TM_OK, tm_tensor_create(rt_, &d, &huge));
+  void* p;
+  EXPECT_STATUS(TM_ERR_OUT_OF_MEMORY, tm_tensor_acquire(rt_, huge, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p));
+}
+
+TEST_F(ApiArgs, TensorHandles) {
+  uint64_t bytes = 0;
+  uint32_t mask = 0;
+  void* p = nullptr;
+  for (tm_tensor bad : {zero_t_, stale_, tm_tensor{t_.bits + 1}, tm_tensor{t_.bits ^ (1ull << 40)}}) {
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_destroy(rt_, bad));
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_bytes(rt_, bad, &bytes));
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_write(rt_, bad, 0, buf_, 1));
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_read(rt_, bad, 0, buf_, 1));
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_acquire(rt_, bad, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p));
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_release(rt_, bad, TM_TIER_HBM));
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_offload(rt_, bad, TM_TIER_NVME));
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_residency(rt_, bad, &mask));
+  }
+  // A good tensor through a bad runtime.
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_bytes(zero_rt_, t_, &bytes));
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_destroy(zero_rt_, t_));
+  // A tensor of another runtime.
+  TempDir dir2;
+  tm_config cfg = SmallConfig(dir2.path());
+  tm_runtime other;
+  ASSERT_EQ(tm_runtime_create(&cfg, &other), TM_OK);
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_bytes(other, t_, &bytes));
+  tm_runtime_destroy(other);
+  EXPECT_STATUS(TM_OK, tm_tensor_bytes(rt_, t_, &bytes));
+  EXPECT_EQ(bytes, 4096u);
+}
+
+TEST_F(ApiArgs, NullOutputs) {
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_bytes(rt_, t_, nullptr));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_residency(rt_, t_, nullptr));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_acquire(rt_, t_, TM_TIER_HBM, TM_ACCESS_READ, nullptr, nullptr));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_write(rt_, t_, 0, nullptr, 1));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_read(rt_, t_, 0, nullptr, 1));
+  EXPECT_STATUS(TM_OK, tm_tensor_write(rt_, t_, 0, nullptr, 0));  // nothing to copy
+  EXPECT_STATUS(TM_OK, tm_tensor_read(rt_, t_, 0, nullptr, 0));
+}
+
+TEST_F(ApiArgs, OutOfRange) {
+  void* p = nullptr;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_write(rt_, t_, 4000, buf_, 100));
+  EXPECT_NE(std::string(tm_last_error()).find("outside"), std::string::npos);
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_write(rt_, t_, 4097, buf_, 0));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_read(rt_, t_, 1, buf_, 4096));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_read(rt_, t_, UINT64_MAX, buf_, 2));  // overflow
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_acquire(rt_, t_, TM_TIER_NVME, TM_ACCESS_READ, nullptr, &p));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_acquire(rt_, t_, static_cast<tm_tier>(7), TM_ACCESS_READ, nullptr, &p));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_acquire(rt_, t_, TM_TIER_HBM, static_cast<tm_access>(9), nullptr, &p));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_release(rt_, t_, static_cast<tm_tier>(-1)));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_release(rt_, t_, TM_TIER_DRAM));  // not acquired
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_offload(rt_, t_, TM_TIER_HBM));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_offload(rt_, t_, static_cast<tm_tier>(3)));
+  // The tensor is untouched by all of this.
+  uint32_t mask = 1;
+  EXPECT_STATUS(TM_OK, tm_tensor_residency(rt_, t_, &mask));
+  EXPECT_EQ(mask, 0u);
+}
+
+// Many threads on one runtime: the calls are serialized safely and every byte is right.
+TEST_F(ApiArgs, ThreadsShareARuntime) {
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+      d.bytes = 256 << 10;
+      tm_tensor t;
+      if (tm_tensor_create(rt_, &d, &t) != TM_OK) ++failures;
+      auto data = testing::RandomBytes(d.bytes, 100 + i);
+      std::vector<uint8_t> back(d.bytes);
+      for (int round = 0; round < 20; ++round) {
+        if (tm_tensor_write(rt_, t, 0, data.data(), d.bytes) != TM_OK) ++failures;
+        if (tm_tensor_offload(rt_, t, round % 2 ? TM_TIER_NVME : TM_TIER_DRAM) != TM_OK) ++failures;
+        if (tm_tensor_read(rt_, t, 0, back.data(), d.bytes) != TM_OK || back != data) ++failures;
+      }
+      if (tm_tensor_destroy(rt_, t) != TM_OK) ++failures;
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+}  // namespace
+}  // namespace tiermem

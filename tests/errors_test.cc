@@ -1,0 +1,177 @@
+// Budget exhaustion, full disks and pinned tensors give their errors, the data stays readable,
+// and the runtime keeps working afterwards.
+#include <sys/mount.h>
+#include <sys/stat.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "test_util.h"
+#include "tiermem/tiermem.h"
+
+namespace tiermem {
+namespace {
+
+using testing::RandomBytes;
+using testing::SmallConfig;
+using testing::TempDir;
+
+#define TM_ASSERT_OK(call) ASSERT_EQ((call), TM_OK) << #call << ": " << tm_last_error()
+
+class Errors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tm_config cfg = SmallConfig(dir_.path());  // HBM 96 MiB, DRAM 96 MiB, NVMe 256 MiB
+    ASSERT_EQ(tm_runtime_create(&cfg, &rt_), TM_OK) << tm_last_error();
+  }
+  void TearDown() override { EXPECT_EQ(tm_runtime_destroy(rt_), TM_OK); }
+
+  tm_tensor Make(uint64_t bytes, const char* name, uint64_t seed) {
+    tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+    d.bytes = bytes;
+    d.name = name;
+    tm_tensor t{};
+    EXPECT_EQ(tm_tensor_create(rt_, &d, &t), TM_OK) << tm_last_error();
+    auto data = RandomBytes(bytes, seed);
+    EXPECT_EQ(tm_tensor_write(rt_, t, 0, data.data(), bytes), TM_OK) << tm_last_error();
+    return t;
+  }
+  void ExpectContent(tm_tensor t, uint64_t bytes, uint64_t seed) {
+    std::vector<uint8_t> back(bytes);
+    ASSERT_EQ(tm_tensor_read(rt_, t, 0, back.data(), bytes), TM_OK) << tm_last_error();
+    EXPECT_TRUE(back == RandomBytes(bytes, seed)) << "content changed";
+  }
+  uint32_t Residency(tm_tensor t) {
+    uint32_t m = 0;
+    EXPECT_EQ(tm_tensor_residency(rt_, t, &m), TM_OK);
+    return m;
+  }
+
+  TempDir dir_;
+  tm_runtime rt_{};
+};
+
+TEST_F(Errors, HbmBudgetExhausted) {
+  tm_tensor a = Make(64 << 20, "a", 1);
+  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+  d.bytes = 64 << 20;
+  d.name = "b";
+  tm_tensor b;
+  TM_ASSERT_OK(tm_tensor_create(rt_, &d, &b));
+  auto data = RandomBytes(64 << 20, 2);
+  ASSERT_EQ(tm_tensor_write(rt_, b, 0, data.data(), data.size()), TM_ERR_OUT_OF_MEMORY);
+  std::string msg = tm_last_error();
+  EXPECT_NE(msg.find("hbm"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\"b\""), std::string::npos) << msg;
+  void* p = nullptr;
+  EXPECT_EQ(tm_tensor_acquire(rt_, b, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_EQ(Residency(b), 0u);
+  ExpectContent(a, 64 << 20, 1);
+  // Making room is enough to go on.
+  TM_ASSERT_OK(tm_tensor_offload(rt_, a, TM_TIER_NVME));
+  TM_ASSERT_OK(tm_tensor_write(rt_, b, 0, data.data(), data.size()));
+  ExpectContent(a, 64 << 20, 1);
+  ExpectContent(b, 64 << 20, 2);
+}
+
+TEST_F(Errors, DramBudgetExhaustedOnOffload) {
+  tm_tensor a = Make(64 << 20, "a", 1);
+  TM_ASSERT_OK(tm_tensor_offload(rt_, a, TM_TIER_DRAM));
+  tm_tensor b = Make(64 << 20, "b", 2);
+  EXPECT_EQ(tm_tensor_offload(rt_, b, TM_TIER_DRAM), TM_ERR_OUT_OF_MEMORY);
+  EXPECT_NE(std::string(tm_last_error()).find("dram"), std::string::npos) << tm_last_error();
+  EXPECT_EQ(Residency(b), TM_TIER_BIT(TM_TIER_HBM)) << "a failed move must leave the tensor where it was";
+  ExpectContent(b, 64 << 20, 2);
+  // HBM -> NVMe stages through DRAM, which is full too: same error, same safety.
+  EXPECT_EQ(tm_tensor_offload(rt_, b, TM_TIER_NVME), TM_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(Residency(b), TM_TIER_BIT(TM_TIER_HBM));
+  ExpectContent(b, 64 << 20, 2);
+  ExpectContent(a, 64 << 20, 1);
+}
+
+TEST_F(Errors, NvmeBudgetExhausted) {
+  std::vector<tm_tensor> ts;
+  for (int i = 0; i < 4; ++i) {
+    ts.push_back(Make(64 << 20, "fill", 10 + i));
+    TM_ASSERT_OK(tm_tensor_offload(rt_, ts.back(), TM_TIER_NVME));
+  }
+  tm_tensor last = Make(64 << 20, "one-too-many", 20);
+  EXPECT_EQ(tm_tensor_offload(rt_, last, TM_TIER_NVME), TM_ERR_NO_SPACE);
+  std::string msg = tm_last_error();
+  EXPECT_NE(msg.find("nvme"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("one-too-many"), std::string::npos) << msg;
+  EXPECT_EQ(Residency(last), TM_TIER_BIT(TM_TIER_HBM));
+  ExpectContent(last, 64 << 20, 20);
+  for (int i = 0; i < 4; ++i) ExpectContent(ts[i], 64 << 20, 10 + i);
+  tm_stats s = TM_STATS_INIT;
+  TM_ASSERT_OK(tm_runtime_stats(rt_, &s));
+  EXPECT_EQ(s.tiers[TM_TIER_DRAM].used, 0u) << "the staging copy of the failed move leaked";
+}
+
+TEST_F(Errors, PinnedTensorsCannotMoveOrDie) {
+  tm_tensor a = Make(1 << 20, "pinned", 3);
+  void* p = nullptr;
+  TM_ASSERT_OK(tm_tensor_acquire(rt_, a, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p));
+  EXPECT_EQ(tm_tensor_offload(rt_, a, TM_TIER_NVME), TM_ERR_BUSY);
+  EXPECT_NE(std::string(tm_last_error()).find("acquired in hbm"), std::string::npos) << tm_last_error();
+  EXPECT_EQ(tm_tensor_destroy(rt_, a), TM_ERR_BUSY);
+  EXPECT_EQ(tm_tensor_acquire(rt_, a, TM_TIER_DRAM, TM_ACCESS_WRITE, nullptr, &p), TM_ERR_BUSY);
+  auto data = RandomBytes(16, 4);
+  TM_ASSERT_OK(tm_tensor_write(rt_, a, 0, data.data(), 16));  // lands in the pinned HBM copy
+  TM_ASSERT_OK(tm_tensor_release(rt_, a, TM_TIER_HBM));
+  EXPECT_EQ(tm_tensor_release(rt_, a, TM_TIER_HBM), TM_ERR_INVALID_ARGUMENT);
+  TM_ASSERT_OK(tm_tensor_offload(rt_, a, TM_TIER_NVME));
+  std::vector<uint8_t> back(16);
+  TM_ASSERT_OK(tm_tensor_read(rt_, a, 0, back.data(), 16));
+  EXPECT_EQ(back, data);
+  TM_ASSERT_OK(tm_tensor_destroy(rt_, a));
+}
+
+// A real full file system: a 16 MiB tmpfs cannot hold a 64 MiB NVMe tier.
+TEST(FullDisk, ReservationFailsWithNoSpace) {
+  TempDir mnt;
+  if (mount("tiermem-test", mnt.path().c_str(), "tmpfs", 0, "size=16m") != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here (" << std::strerror(errno)
+                 << "): needs root and mount permission";
+  }
+  tm_config cfg = SmallConfig(mnt.path());
+  cfg.nvme_bytes = 64 << 20;
+  tm_runtime rt;
+  tm_status st = tm_runtime_create(&cfg, &rt);
+  std::string msg = tm_last_error();
+  umount(mnt.path().c_str());
+  ASSERT_EQ(st, TM_ERR_NO_SPACE) << msg;
+  EXPECT_NE(msg.find(mnt.path()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("No space"), std::string::npos) << msg;
+}
+
+TEST(BadPaths, MissingDirectoryIsAConfigError) {
+  const std::string missing = "/nonexistent/tiermem";
+  tm_config cfg = SmallConfig(missing);
+  tm_runtime rt;
+  ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_ERR_CONFIG);
+  EXPECT_NE(std::string(tm_last_error()).find("/nonexistent/tiermem"), std::string::npos)
+      << tm_last_error();
+}
+
+TEST(BadPaths, ForcedCudaWithoutDeviceIsADeviceError) {
+  TempDir dir;
+  tm_config cfg = SmallConfig(dir.path());
+  cfg.device = TM_DEVICE_CUDA;
+  tm_runtime rt;
+  tm_status st = tm_runtime_create(&cfg, &rt);
+  if (st == TM_OK) {
+    tm_runtime_destroy(rt);
+    GTEST_SKIP() << "this machine has a CUDA device";
+  }
+  EXPECT_EQ(st, TM_ERR_DEVICE) << tm_last_error();
+  EXPECT_NE(std::string(tm_last_error()).find("TIERMEM_DEVICE=cuda"), std::string::npos)
+      << tm_last_error();
+}
+
+}  // namespace
+}  // namespace tiermem

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the built tree into a temporary prefix, then builds two outside consumers against it:
+# one with find_package(tiermem), one with pkg-config. Both must run.
+set -euo pipefail
+build=$1
+src=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d /var/tmp/tiermem-install-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+cmake --install "$build" --prefix "$work/prefix" >/dev/null
+test -f "$work/prefix/include/tiermem/tiermem.h"
+libdir=$(ls -d "$work"/prefix/lib*/ | head -n 1)
+test -f "$libdir/cmake/tiermem/tiermemConfig.cmake"
+test -f "$libdir/pkgconfig/tiermem.pc"
+
+cmake -S "$src/consumer" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$work/cmake-build" >/dev/null
+"$work/cmake-build/consumer" "$work"
+
+export PKG_CONFIG_PATH="$libdir/pkgconfig"
+# shellcheck disable=SC2046
+cc -std=c11 -Wall -Werror -o "$work/pc-consumer" "$src/consumer/main.c" $(pkg-config --cflags --libs tiermem) \
+  -Wl,-rpath,"$libdir"
+"$work/pc-consumer" "$work"
+echo "install_test: find_package and pkg-config consumers both work"

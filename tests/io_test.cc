@@ -1,0 +1,149 @@
+// io/ on its own: swap files (unnamed, 0600, reserved, aligned), the striping map, and both
+// engines moving bytes exactly, with odd pieces and many pieces in flight.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "io/io_engine.h"
+#include "io/swap_file.h"
+#include "lib/nvme_tier.h"
+#include "test_util.h"
+
+namespace tiermem {
+namespace {
+
+using testing::RandomBytes;
+using testing::TempDir;
+
+TEST(SwapFile, UnnamedPrivateReservedAligned) {
+  TempDir dir;
+  auto f = io::SwapFile::Create(dir.path(), 8 << 20);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(dir.Entries(), 0) << "a swap file must leave no name behind";
+  struct stat st = {};
+  ASSERT_EQ(fstat((*f)->fd(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_size, 8 << 20);
+  EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, 8u << 20) << "space was not reserved";
+  EXPECT_TRUE((*f)->direct()) << "ext4 under /var/tmp accepts O_DIRECT";
+  EXPECT_GE((*f)->alignment(), 512u);
+  EXPECT_EQ((*f)->alignment() & ((*f)->alignment() - 1), 0u);
+  EXPECT_NE(fcntl((*f)->fd(), F_GETFL) & O_DIRECT, 0);
+}
+
+TEST(SwapFile, BadDirectories) {
+  auto missing = io::SwapFile::Create("/nonexistent/dir", 4096);
+  EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
+  EXPECT_NE(missing.status().message().find("/nonexistent/dir"), absl::string_view::npos);
+  auto file = io::SwapFile::Create("/etc/hostname", 4096);
+  EXPECT_TRUE(absl::IsFailedPrecondition(file.status())) << file.status();
+}
+
+TEST(SwapFile, AlignmentProbeAnswers) {
+  TempDir dir;
+  int fd = open(dir.path().c_str(), O_TMPFILE | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  std::string source;
+  uint32_t a = io::ProbeDirectIoAlignment(fd, &source);
+  close(fd);
+  EXPECT_GE(a, 512u);
+  EXPECT_LE(a, 65536u);
+  EXPECT_FALSE(source.empty());
+}
+
+TEST(NvmeTier, StripesRoundRobinAtBlockGranularity) {
+  TempDir a, b, c;
+  auto tier = NvmeTier::Create({a.path(), b.path(), c.path()}, 3 << 20, 64 << 10);
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  Extent e{64 << 10, 5 * (64 << 10) + 100, 0};  // starts on stripe 1
+  std::vector<char> buf(e.size + 4096);
+  auto reqs = (*tier)->Requests(e, buf.data(), e.size, true);
+  ASSERT_EQ(reqs.size(), 6u);
+  const auto& files = (*tier)->files();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    uint64_t stripe = 1 + i;
+    EXPECT_EQ(reqs[i].fd, files[stripe % 3]->fd()) << i;
+    EXPECT_EQ(reqs[i].offset, (stripe / 3) * (64 << 10)) << i;
+    EXPECT_EQ(reqs[i].buffer, buf.data() + i * (64 << 10)) << i;
+    EXPECT_TRUE(reqs[i].write);
+  }
+  // The tail is rounded up to the alignment.
+  EXPECT_EQ(reqs.back().length % (*tier)->alignment(), 0u);
+  EXPECT_GE(reqs.back().length, 100u);
+}
+
+class Engines : public ::testing::TestWithParam<bool> {
+ protected:
+  std::unique_ptr<io::IoEngine> Make(uint32_t block, uint32_t depth) {
+    io::IoEngineOptions o{block, depth};
+    if (!GetParam()) return io::CreatePosixEngine(o);
+    auto e = io::CreateUringEngine(o);
+    if (!e.ok()) return nullptr;
+    return std::move(*e);
+  }
+};
+
+TEST_P(Engines, ManyPiecesExactBytes) {
+  auto engine = Make(64 << 10, 8);
+  if (engine == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+  TempDir dir;
+  auto f = io::SwapFile::Create(dir.path(), 16 << 20);
+  ASSERT_TRUE(f.ok());
+  const uint64_t n = 16 << 20;
+  void* out = nullptr;
+  void* in = nullptr;
+  ASSERT_EQ(posix_memalign(&out, 4096, n), 0);
+  ASSERT_EQ(posix_memalign(&in, 4096, n), 0);
+  auto data = RandomBytes(n, 5);
+  std::memcpy(out, data.data(), n);
+  // Two requests, one of them in the middle of the file.
+  io::IoRequest w[2] = {{(*f)->fd(), 0, out, n / 2, true, (*f)->alignment(), "t"},
+                        {(*f)->fd(), n / 2, static_cast<char*>(out) + n / 2, n / 2, true,
+                         (*f)->alignment(), "t"}};
+  ASSERT_TRUE(engine->Run(w).ok());
+  io::IoRequest r{(*f)->fd(), 0, in, n, false, (*f)->alignment(), "t"};
+  ASSERT_TRUE(engine->Run({&r, 1}).ok());
+  EXPECT_EQ(std::memcmp(in, data.data(), n), 0);
+  std::free(out);
+  std::free(in);
+}
+
+TEST_P(Engines, ErrorsNameTheFile) {
+  auto engine = Make(1 << 20, 4);
+  if (engine == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+  char buf[4096];
+  io::IoRequest r{-1, 0, buf, sizeof buf, false, 1, "/some/dir"};
+  absl::Status s = engine->Run({&r, 1});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("/some/dir"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("EBADF") == absl::string_view::npos ? s.message().find("errno 9")
+                                                                 : 0,
+            absl::string_view::npos)
+      << s;
+}
+
+TEST_P(Engines, ReadPastEndIsAnError) {
+  auto engine = Make(1 << 20, 4);
+  if (engine == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+  TempDir dir;
+  auto f = io::SwapFile::Create(dir.path(), 1 << 20);
+  ASSERT_TRUE(f.ok());
+  void* buf = nullptr;
+  ASSERT_EQ(posix_memalign(&buf, 4096, 1 << 20), 0);
+  io::IoRequest r{(*f)->fd(), 1 << 20, buf, 1 << 20, false, (*f)->alignment(), "past-end"};
+  absl::Status s = engine->Run({&r, 1});
+  std::free(buf);
+  EXPECT_FALSE(s.ok()) << "a read that returns 0 bytes must not spin or succeed";
+}
+
+INSTANTIATE_TEST_SUITE_P(Both, Engines, ::testing::Values(true, false),
+                         [](const auto& i) { return i.param ? "uring" : "posix"; });
+
+}  // namespace
+}  // namespace tiermem

@@ -1,0 +1,150 @@
+// The TLSF allocator against a reference model of the range under random alloc/free.
+#include "lib/offset_allocator.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <vector>
+
+namespace tiermem {
+namespace {
+
+// Reference: the set of reserved ranges, kept in an ordered map.
+class Reference {
+ public:
+  explicit Reference(uint64_t capacity) : capacity_(capacity) {}
+  // True when [off, off+size) lies inside the range and overlaps nothing reserved.
+  bool Fits(uint64_t off, uint64_t size) const {
+    if (off + size > capacity_) return false;
+    auto next = used_.lower_bound(off);
+    if (next != used_.end() && next->first < off + size) return false;
+    if (next != used_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second > off) return false;
+    }
+    return true;
+  }
+  void Add(uint64_t off, uint64_t size) { used_[off] = size; }
+  void Remove(uint64_t off) { used_.erase(off); }
+  uint64_t LargestGap() const {
+    uint64_t best = 0, pos = 0;
+    for (auto [o, s] : used_) {
+      best = std::max(best, o - pos);
+      pos = o + s;
+    }
+    return std::max(best, capacity_ - pos);
+  }
+  uint64_t Used() const {
+    uint64_t u = 0;
+    for (auto [o, s] : used_) u += s;
+    return u;
+  }
+
+ private:
+  uint64_t capacity_;
+  std::map<uint64_t, uint64_t> used_;
+};
+
+TEST(OffsetAllocator, WholeRangeThenNothing) {
+  OffsetAllocator a(1 << 20, 4096);
+  auto x = a.Allocate(1 << 20);
+  ASSERT_TRUE(x.has_value());
+  EXPECT_EQ(x->offset, 0u);
+  EXPECT_EQ(a.used(), 1u << 20);
+  EXPECT_FALSE(a.Allocate(1).has_value());
+  a.Free(x->block);
+  EXPECT_EQ(a.used(), 0u);
+  EXPECT_EQ(a.peak(), 1u << 20);
+  EXPECT_EQ(a.LargestFree(), 1u << 20);
+}
+
+TEST(OffsetAllocator, RejectsZeroAndTooLarge) {
+  OffsetAllocator a(1 << 20, 4096);
+  EXPECT_FALSE(a.Allocate(0).has_value());
+  EXPECT_FALSE(a.Allocate((1 << 20) + 1).has_value());
+  EXPECT_FALSE(a.Allocate(4096, 3).has_value());  // alignment not a power of two
+}
+
+TEST(OffsetAllocator, RoundsToGranule) {
+  OffsetAllocator a(1 << 20, 4096);
+  auto x = a.Allocate(1);
+  ASSERT_TRUE(x.has_value());
+  EXPECT_EQ(x->size, 4096u);
+  auto y = a.Allocate(4097);
+  ASSERT_TRUE(y.has_value());
+  EXPECT_EQ(y->size, 8192u);
+  EXPECT_EQ(y->offset % 4096, 0u);
+}
+
+TEST(OffsetAllocator, HonoursAlignment) {
+  OffsetAllocator a(64 << 20, 256);
+  ASSERT_TRUE(a.Allocate(256).has_value());  // shift the free block off alignment
+  for (uint64_t align : {4096u, 65536u, 1u << 20}) {
+    auto x = a.Allocate(1000, align);
+    ASSERT_TRUE(x.has_value()) << align;
+    EXPECT_EQ(x->offset % align, 0u) << align;
+  }
+}
+
+TEST(OffsetAllocator, CoalescesNeighbours) {
+  OffsetAllocator a(16 * 4096, 4096);
+  std::vector<OffsetAllocator::Allocation> v;
+  for (int i = 0; i < 16; ++i) v.push_back(*a.Allocate(4096));
+  // Free in an order that needs merging on both sides.
+  for (int i : {1, 3, 2, 0, 5, 4, 15, 7, 6, 9, 8, 11, 10, 13, 12, 14}) a.Free(v[i].block);
+  auto all = a.Allocate(16 * 4096);
+  ASSERT_TRUE(all.has_value());
+  EXPECT_EQ(all->offset, 0u);
+}
+
+// Random alloc/free against the reference: no overlap, exact accounting, and a failure only
+// when the reference has no gap as large as the request's search size plus alignment slack.
+TEST(OffsetAllocator, MatchesReferenceUnderRandomLoad) {
+  for (uint64_t granule : {256u, 4096u}) {
+    const uint64_t capacity = 256ull << 20;
+    OffsetAllocator a(capacity, granule);
+    Reference ref(capacity);
+    std::mt19937_64 rng(granule);
+    std::vector<OffsetAllocator::Allocation> live;
+    int failures = 0;
+    for (int step = 0; step < 200000; ++step) {
+      bool alloc = live.empty() || rng() % 100 < 55;
+      if (alloc) {
+        // Sizes spread over 1 B .. 16 MiB, log-uniform, sometimes aligned.
+        uint64_t size = 1 + (rng() % (uint64_t{1} << (rng() % 24)));
+        uint64_t align = rng() % 8 == 0 ? (uint64_t{1} << (8 + rng() % 10)) : 0;
+        auto x = a.Allocate(size, align);
+        if (!x.has_value()) {
+          ++failures;
+          uint64_t slack = align > granule ? align - granule : 0;
+          ASSERT_LT(ref.LargestGap(), a.SearchSize(size + slack))
+              << "refused " << size << " with a gap of " << ref.LargestGap();
+          continue;
+        }
+        ASSERT_GE(x->size, size);
+        ASSERT_EQ(x->offset % granule, 0u);
+        if (align > 0) {
+          ASSERT_EQ(x->offset % align, 0u);
+        }
+        ASSERT_TRUE(ref.Fits(x->offset, x->size)) << "overlap at " << x->offset;
+        ref.Add(x->offset, x->size);
+        live.push_back(*x);
+      } else {
+        size_t i = rng() % live.size();
+        a.Free(live[i].block);
+        ref.Remove(live[i].offset);
+        live[i] = live.back();
+        live.pop_back();
+      }
+      ASSERT_EQ(a.used(), ref.Used());
+    }
+    EXPECT_GT(failures, 0) << "the load never filled the range";
+    for (auto& x : live) a.Free(x.block);
+    EXPECT_EQ(a.used(), 0u);
+    EXPECT_EQ(a.LargestFree(), capacity);
+  }
+}
+
+}  // namespace
+}  // namespace tiermem

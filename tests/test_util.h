@@ -1,0 +1,114 @@
+// Test helpers: an RAII environment guard, a temporary swap directory, random bytes.
+#pragma once
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tiermem/tiermem.h"
+
+namespace tiermem::testing {
+
+// Sets (or unsets) environment variables for a scope and restores them after.
+class ScopedEnv {
+ public:
+  ScopedEnv() = default;
+  ScopedEnv(const char* name, std::optional<std::string> value) { Set(name, std::move(value)); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->second.has_value()) {
+        setenv(it->first.c_str(), it->second->c_str(), 1);
+      } else {
+        unsetenv(it->first.c_str());
+      }
+    }
+  }
+  void Set(const char* name, std::optional<std::string> value) {
+    const char* old = getenv(name);
+    saved_.emplace_back(name, old != nullptr ? std::optional<std::string>(old) : std::nullopt);
+    if (value.has_value()) {
+      setenv(name, value->c_str(), 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// A fresh directory under /var/tmp (ext4 here: O_DIRECT works), removed with its files.
+class TempDir {
+ public:
+  explicit TempDir(const char* base = "/var/tmp") {
+    std::string templ = std::string(base) + "/tiermem-test-XXXXXX";
+    std::vector<char> buf(templ.begin(), templ.end());
+    buf.push_back('\0');
+    if (mkdtemp(buf.data()) != nullptr) path_ = buf.data();
+  }
+  ~TempDir() {
+    if (path_.empty()) return;
+    if (DIR* d = opendir(path_.c_str())) {
+      while (dirent* e = readdir(d)) {
+        std::string n = e->d_name;
+        if (n != "." && n != "..") unlink((path_ + "/" + n).c_str());
+      }
+      closedir(d);
+    }
+    rmdir(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+  // Entries other than . and ..
+  int Entries() const {
+    int n = 0;
+    if (DIR* d = opendir(path_.c_str())) {
+      while (dirent* e = readdir(d)) {
+        std::string name = e->d_name;
+        n += name != "." && name != "..";
+      }
+      closedir(d);
+    }
+    return n;
+  }
+
+ private:
+  std::string path_;
+};
+
+inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
+  std::vector<uint8_t> v(n);
+  std::mt19937_64 rng(seed);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t x = rng();
+    __builtin_memcpy(v.data() + i, &x, 8);
+  }
+  for (; i < n; ++i) v[i] = static_cast<uint8_t>(rng());
+  return v;
+}
+
+// A tm_config for tests: emulated device, small budgets, swap files in `dir`.
+inline tm_config SmallConfig(const std::string& dir, tm_io_engine engine = TM_IO_ENGINE_DEFAULT) {
+  tm_config c = TM_CONFIG_INIT;
+  c.device = TM_DEVICE_EMULATED;
+  c.hbm_bytes = 96ull << 20;
+  c.dram_bytes = 96ull << 20;
+  c.nvme_bytes = 256ull << 20;
+  c.nvme_paths = dir.c_str();
+  c.io_engine = engine;
+  return c;
+}
+
+// The config keeps a pointer to `dir`: a temporary would dangle.
+tm_config SmallConfig(std::string&& dir, tm_io_engine engine = TM_IO_ENGINE_DEFAULT) = delete;
+
+}  // namespace tiermem::testing
