@@ -18,15 +18,18 @@ struct Topology::Handle {
   }
 };
 
-absl::StatusOr<std::unique_ptr<Topology>> Topology::Load() {
+absl::StatusOr<std::unique_ptr<Topology>> Topology::Load(bool with_pci) {
   std::unique_ptr<Topology> t(new Topology());
   t->handle_ = std::make_unique<Handle>();
   if (hwloc_topology_init(&t->handle_->topo) != 0) {
     return absl::InternalError("hwloc_topology_init failed");
   }
   // PCI devices are needed to find a GPU's locality; bridges and OS devices are not.
-  hwloc_topology_set_type_filter(t->handle_->topo, HWLOC_OBJ_PCI_DEVICE,
-                                 HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  hwloc_topology_set_io_types_filter(t->handle_->topo, HWLOC_TYPE_FILTER_KEEP_NONE);
+  if (with_pci) {
+    hwloc_topology_set_type_filter(t->handle_->topo, HWLOC_OBJ_PCI_DEVICE,
+                                   HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  }
   if (hwloc_topology_load(t->handle_->topo) != 0) {
     return absl::InternalError(absl::StrFormat("hwloc_topology_load: %s", std::strerror(errno)));
   }

@@ -77,7 +77,7 @@ absl::Status Runtime::Init() {
   info_.device_kind = std::string(device_->kind());
 
   // NUMA: the GPU's node, else this thread's.
-  if (auto topo = io::Topology::Load(); topo.ok()) {
+  if (auto topo = io::Topology::Load(device_->pci_bus_id().has_value()); topo.ok()) {
     topology_ = std::move(*topo);
     info_.numa_nodes = topology_->NodeCount();
   } else {

@@ -12,13 +12,15 @@ libdir=$(ls -d "$work"/prefix/lib*/ | head -n 1)
 test -f "$libdir/cmake/tiermem/tiermemConfig.cmake"
 test -f "$libdir/pkgconfig/tiermem.pc"
 
-cmake -S "$src/consumer" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+flags=${CONSUMER_FLAGS:-}
+cmake -S "$src/consumer" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_C_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" >/dev/null
 cmake --build "$work/cmake-build" >/dev/null
 "$work/cmake-build/consumer" "$work"
 
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
-# shellcheck disable=SC2046
-cc -std=c11 -Wall -Werror -o "$work/pc-consumer" "$src/consumer/main.c" $(pkg-config --cflags --libs tiermem) \
+# shellcheck disable=SC2046,SC2086
+cc $flags -std=c11 -Wall -Werror -o "$work/pc-consumer" "$src/consumer/main.c" $(pkg-config --cflags --libs tiermem) \
   -Wl,-rpath,"$libdir"
 "$work/pc-consumer" "$work"
 echo "install_test: find_package and pkg-config consumers both work"

@@ -35,6 +35,12 @@ extern "C" {
 /** A single comparable number: major * 10000 + minor * 100 + patch. */
 #define TM_VERSION (TM_VERSION_MAJOR * 10000 + TM_VERSION_MINOR * 100 + TM_VERSION_PATCH)
 
+/*
+ * Every enum ends with _MIN_ENUM and _MAX_ENUM (INT32_MIN and INT32_MAX): they fix the enum's
+ * size at 32 bits for the ABI and make any int32 a valid value in C++ too, so that an out-of-range value from a caller
+ * is rejected with TM_ERR_INVALID_ARGUMENT instead of being undefined behaviour.
+ */
+
 /** Result of every call. New codes are only ever added before TM_STATUS_COUNT. */
 typedef enum tm_status {
   TM_OK = 0,
@@ -48,7 +54,9 @@ typedef enum tm_status {
   TM_ERR_BUSY = 8,             /**< the tensor is pinned by an acquire and cannot be moved */
   TM_ERR_UNSUPPORTED = 9,      /**< the operation is not possible on this machine or tier */
   TM_ERR_INTERNAL = 10,        /**< a bug in tiermem: please report the message */
-  TM_STATUS_COUNT
+  TM_STATUS_COUNT,
+  TM_STATUS_MIN_ENUM = -0x7fffffff - 1,
+  TM_STATUS_MAX_ENUM = 0x7fffffff
 } tm_status;
 
 /** The three tiers, fastest first. */
@@ -56,11 +64,12 @@ typedef enum tm_tier {
   TM_TIER_HBM = 0,  /**< device memory (or the emulated device) */
   TM_TIER_DRAM = 1, /**< pinned host memory, NUMA-local to the device */
   TM_TIER_NVME = 2, /**< swap files on NVMe (or any file system) */
-  TM_TIER_COUNT
+  TM_TIER_COUNT,
+  /** In a tm_tensor_desc: let the placement policy choose the home tier. */
+  TM_TIER_BY_PLACEMENT = -1,
+  TM_TIER_MIN_ENUM = -0x7fffffff - 1,
+  TM_TIER_MAX_ENUM = 0x7fffffff
 } tm_tier;
-
-/** In a tm_tensor_desc: let the placement policy choose the home tier. */
-#define TM_TIER_BY_PLACEMENT (-1)
 
 /** Bit of a tier in a residency mask. */
 #define TM_TIER_BIT(tier) (1u << (unsigned)(tier))
@@ -72,7 +81,9 @@ typedef enum tm_tensor_class {
   TM_CLASS_GRAD = 2,
   TM_CLASS_OPTIMIZER_STATE = 3,
   TM_CLASS_ACTIVATION = 4,
-  TM_CLASS_COUNT
+  TM_CLASS_COUNT,
+  TM_CLASS_MIN_ENUM = -0x7fffffff - 1,
+  TM_CLASS_MAX_ENUM = 0x7fffffff
 } tm_tensor_class;
 
 /** How an acquire will use the memory it returns. */
@@ -80,7 +91,9 @@ typedef enum tm_access {
   TM_ACCESS_READ = 0,       /**< contents are brought in; other copies stay valid */
   TM_ACCESS_WRITE = 1,      /**< contents will be overwritten whole: nothing is brought in */
   TM_ACCESS_READ_WRITE = 2, /**< contents are brought in and modified */
-  TM_ACCESS_COUNT
+  TM_ACCESS_COUNT,
+  TM_ACCESS_MIN_ENUM = -0x7fffffff - 1,
+  TM_ACCESS_MAX_ENUM = 0x7fffffff
 } tm_access;
 
 /** Device backend selection. */
@@ -89,7 +102,9 @@ typedef enum tm_device_kind {
   TM_DEVICE_AUTO = 1,     /**< CUDA when a device is present, else emulated (with a log line) */
   TM_DEVICE_CUDA = 2,     /**< a real CUDA device; fails when there is none */
   TM_DEVICE_EMULATED = 3, /**< host memory with its own budget and an emulated copy engine */
-  TM_DEVICE_KIND_COUNT
+  TM_DEVICE_KIND_COUNT,
+  TM_DEVICE_KIND_MIN_ENUM = -0x7fffffff - 1,
+  TM_DEVICE_KIND_MAX_ENUM = 0x7fffffff
 } tm_device_kind;
 
 /** I/O engine selection for the NVMe tier. */
@@ -98,7 +113,9 @@ typedef enum tm_io_engine {
   TM_IO_ENGINE_AUTO = 1,    /**< io_uring, falling back to POSIX (with a log line) */
   TM_IO_ENGINE_URING = 2,   /**< io_uring; fails when it cannot be set up */
   TM_IO_ENGINE_POSIX = 3,   /**< pread/pwrite */
-  TM_IO_ENGINE_COUNT
+  TM_IO_ENGINE_COUNT,
+  TM_IO_ENGINE_MIN_ENUM = -0x7fffffff - 1,
+  TM_IO_ENGINE_MAX_ENUM = 0x7fffffff
 } tm_io_engine;
 
 /** Log verbosity. */
@@ -108,7 +125,9 @@ typedef enum tm_log_level {
   TM_LOG_WARN = 2,
   TM_LOG_INFO = 3,
   TM_LOG_DEBUG = 4,
-  TM_LOG_LEVEL_COUNT
+  TM_LOG_LEVEL_COUNT,
+  TM_LOG_LEVEL_MIN_ENUM = -0x7fffffff - 1,
+  TM_LOG_LEVEL_MAX_ENUM = 0x7fffffff
 } tm_log_level;
 
 /** In tm_config.cuda_device: take TIERMEM_CUDA_DEVICE, else device 0. */
