@@ -176,6 +176,7 @@ const std::vector<absl::string_view>& KnownVariables() {
       "TIERMEM_DEVICE",        "TIERMEM_CUDA_DEVICE",  "TIERMEM_HBM_BYTES",
       "TIERMEM_DRAM_BYTES",    "TIERMEM_NVME_PATHS",   "TIERMEM_NVME_BYTES",
       "TIERMEM_IO_ENGINE",     "TIERMEM_IO_BLOCK_SIZE", "TIERMEM_IO_QUEUE_DEPTH",
+      "TIERMEM_IO_THREADS",
       "TIERMEM_NUMA",          "TIERMEM_LOG_LEVEL",    "TIERMEM_EMU_LINK_GBPS"};
   return kNames;
 }
@@ -298,6 +299,17 @@ absl::StatusOr<Config> LoadConfig(const ConfigOverrides& o, const EnvLookup& env
         auto v = ParseUnsigned("TIERMEM_IO_QUEUE_DEPTH", t);
         if (!v.ok()) return v.status();
         if (*v < 1 || *v > 4096) return Bad("TIERMEM_IO_QUEUE_DEPTH", t, "must be 1 to 4096");
+        return static_cast<uint32_t>(*v);
+      },
+      [](uint32_t v) { return absl::StrCat(v); });
+  if (!status.ok()) return status;
+
+  status = r.Resolve<uint32_t>(
+      "TIERMEM_IO_THREADS", o.io_threads, c.io_threads,
+      [](absl::string_view t) -> absl::StatusOr<uint32_t> {
+        auto v = ParseUnsigned("TIERMEM_IO_THREADS", t);
+        if (!v.ok()) return v.status();
+        if (*v < 1 || *v > 64) return Bad("TIERMEM_IO_THREADS", t, "must be 1 to 64");
         return static_cast<uint32_t>(*v);
       },
       [](uint32_t v) { return absl::StrCat(v); });

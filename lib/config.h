@@ -35,7 +35,7 @@ struct ConfigOverrides {
   std::optional<SizeSetting> hbm_bytes, dram_bytes, nvme_bytes;
   std::optional<std::string> nvme_paths;
   std::optional<IoEngineKind> io_engine;
-  std::optional<uint32_t> io_block_size, io_queue_depth;
+  std::optional<uint32_t> io_block_size, io_queue_depth, io_threads;
   std::optional<std::pair<NumaMode, int>> numa;
   std::optional<LogLevel> log_level;
   std::optional<double> emu_link_gbps;
@@ -51,6 +51,7 @@ struct Config {
   IoEngineKind io_engine = IoEngineKind::kAuto;
   uint32_t io_block_size = 1u << 20;
   uint32_t io_queue_depth = 32;
+  uint32_t io_threads = 1;
   NumaMode numa = NumaMode::kAuto;
   int numa_node = -1;
   LogLevel log_level = LogLevel::kWarn;

@@ -30,6 +30,9 @@ class MemoryTier {
   TierSpace& space() { return space_; }
   const TierSpace& space() const { return space_; }
   char* Address(const Extent& e) const { return base_ + e.offset; }
+  // The whole managed range (for registering it with the I/O engine).
+  char* base() const { return base_; }
+  uint64_t capacity() const { return space_.Stats().capacity; }
   int numa_node() const { return numa_node_; }
 
  private:

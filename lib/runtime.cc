@@ -125,7 +125,12 @@ absl::Status Runtime::Init() {
   info_.numa_node = node;
 
   // The I/O engine.
-  io::IoEngineOptions opts{config_.io_block_size, config_.io_queue_depth};
+  io::IoEngineOptions opts;
+  opts.block_size = config_.io_block_size;
+  opts.queue_depth = config_.io_queue_depth;
+  opts.threads = config_.io_threads;
+  opts.buffers.push_back({dram_->base(), dram_->capacity()});
+  for (const auto& f : nvme_->files()) opts.files.push_back(f->fd());
   if (config_.io_engine == IoEngineKind::kPosix) {
     io_ = io::CreatePosixEngine(opts);
   } else if (auto uring = io::CreateUringEngine(opts); uring.ok()) {

@@ -6,10 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <set>
+#include <tuple>
 #include <cstring>
 #include <memory>
 
+#include "absl/synchronization/mutex.h"
+#include "io/fault_injection.h"
 #include "io/io_engine.h"
 #include "io/swap_file.h"
 #include "lib/nvme_tier.h"
@@ -80,8 +85,11 @@ TEST(NvmeTier, StripesRoundRobinAtBlockGranularity) {
 
 class Engines : public ::testing::TestWithParam<bool> {
  protected:
-  std::unique_ptr<io::IoEngine> Make(uint32_t block, uint32_t depth) {
-    io::IoEngineOptions o{block, depth};
+  std::unique_ptr<io::IoEngine> Make(uint32_t block, uint32_t depth, uint32_t threads = 1) {
+    io::IoEngineOptions o;
+    o.block_size = block;
+    o.queue_depth = depth;
+    o.threads = threads;
     if (!GetParam()) return io::CreatePosixEngine(o);
     auto e = io::CreateUringEngine(o);
     if (!e.ok()) return nullptr;
@@ -141,6 +149,147 @@ TEST_P(Engines, ReadPastEndIsAnError) {
   std::free(buf);
   EXPECT_FALSE(s.ok()) << "a read that returns 0 bytes must not spin or succeed";
 }
+
+// Rewrites completions by rule: fail the nth piece, shorten every result, or make each piece's
+// first completion -EAGAIN.
+class Injector : public io::FaultInjector {
+ public:
+  std::atomic<int> fail_at{-1};     // index of the completion that fails
+  std::atomic<int> fail_errno{EIO};
+  std::atomic<bool> shorten{false};
+  std::atomic<bool> eagain_first{false};
+  std::atomic<bool> refuse_uring{false};
+  std::atomic<int> seen{0};
+
+  int OnCompletion(const io::IoRequest& r, uint64_t off, uint64_t, int result) override {
+    int n = seen++;
+    if (n == fail_at.load()) return -fail_errno.load();
+    if (eagain_first.load()) {
+      absl::MutexLock lock(&mu_);
+      if (again_.insert({r.fd, off, r.write}).second) return -EAGAIN;
+    }
+    if (shorten.load() && result > static_cast<int>(r.alignment)) {
+      return result / 2 / static_cast<int>(r.alignment) * static_cast<int>(r.alignment);
+    }
+    return result;
+  }
+  bool FailUringSetup() override { return refuse_uring.load(); }
+
+ private:
+  absl::Mutex mu_;
+  std::set<std::tuple<int, uint64_t, bool>> again_;
+};
+
+class EngineFaults : public Engines {
+ protected:
+  void SetUp() override { io::SetFaultInjector(&injector_); }
+  void TearDown() override { io::SetFaultInjector(nullptr); }
+
+  // Writes 8 MiB of random bytes in 64 KiB pieces, reads them back; true when exact.
+  absl::Status RoundTrip(io::IoEngine& e, bool* exact) {
+    auto f = io::SwapFile::Create(dir_.path(), 8 << 20);
+    if (!f.ok()) return f.status();
+    file_ = std::move(*f);
+    const uint64_t n = 8 << 20;
+    auto data = RandomBytes(n, 11);
+    std::vector<char> out(n + 4096), in(n + 4096);
+    char* o = out.data() + (4096 - reinterpret_cast<uintptr_t>(out.data()) % 4096);
+    char* i = in.data() + (4096 - reinterpret_cast<uintptr_t>(in.data()) % 4096);
+    std::memcpy(o, data.data(), n);
+    io::IoRequest w{file_->fd(), 0, o, n, true, file_->alignment(), "faulty"};
+    if (auto s = e.Run({&w, 1}); !s.ok()) return s;
+    io::IoRequest r{file_->fd(), 0, i, n, false, file_->alignment(), "faulty"};
+    if (auto s = e.Run({&r, 1}); !s.ok()) return s;
+    *exact = std::memcmp(i, data.data(), n) == 0;
+    return absl::OkStatus();
+  }
+
+  Injector injector_;
+  TempDir dir_;
+  std::unique_ptr<io::SwapFile> file_;
+};
+
+TEST_P(EngineFaults, EioFailsTheRunAndTheEngineGoesOn) {
+  auto e = Make(64 << 10, 8);
+  if (e == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+  injector_.fail_at = 40;
+  bool exact = false;
+  absl::Status s = RoundTrip(*e, &exact);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("Input/output error"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("faulty"), absl::string_view::npos) << s;
+  injector_.fail_at = -1;
+  ASSERT_TRUE(RoundTrip(*e, &exact).ok());
+  EXPECT_TRUE(exact);
+}
+
+TEST_P(EngineFaults, EnospcIsResourceExhausted) {
+  auto e = Make(64 << 10, 8);
+  if (e == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+  injector_.fail_at = 3;
+  injector_.fail_errno = ENOSPC;
+  bool exact = false;
+  absl::Status s = RoundTrip(*e, &exact);
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_NE(s.message().find("No space left"), absl::string_view::npos) << s;
+}
+
+TEST_P(EngineFaults, ShortTransfersAreContinued) {
+  auto e = Make(64 << 10, 8);
+  if (e == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+  injector_.shorten = true;
+  bool exact = false;
+  ASSERT_TRUE(RoundTrip(*e, &exact).ok());
+  EXPECT_TRUE(exact);
+  EXPECT_GT(injector_.seen.load(), 2 * 128) << "short pieces were reissued";
+}
+
+TEST_P(EngineFaults, EagainIsReissued) {
+  auto e = Make(64 << 10, 8, 2);
+  if (e == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+  injector_.eagain_first = true;
+  bool exact = false;
+  ASSERT_TRUE(RoundTrip(*e, &exact).ok());
+  EXPECT_TRUE(exact);
+  EXPECT_EQ(injector_.seen.load(), 4 * 128) << "each piece once refused, once done";
+}
+
+TEST(EngineSetup, UringRefused) {
+  Injector injector;
+  injector.refuse_uring = true;
+  io::SetFaultInjector(&injector);
+  auto e = io::CreateUringEngine({});
+  io::SetFaultInjector(nullptr);
+  ASSERT_FALSE(e.ok());
+  EXPECT_TRUE(absl::IsUnavailable(e.status())) << e.status();
+}
+
+TEST(EngineSetup, RegistersBuffersAndFiles) {
+  TempDir dir;
+  auto f = io::SwapFile::Create(dir.path(), 1 << 20);
+  ASSERT_TRUE(f.ok());
+  std::vector<char> pool(4 << 20);
+  io::IoEngineOptions o;
+  o.buffers.push_back({pool.data(), pool.size()});
+  o.files.push_back((*f)->fd());
+  o.threads = 2;
+  auto e = io::CreateUringEngine(o);
+  if (!e.ok()) GTEST_SKIP() << "io_uring is unavailable here: " << e.status();
+  EXPECT_TRUE((*e)->buffers_registered()) << "root is exempt from RLIMIT_MEMLOCK";
+  EXPECT_TRUE((*e)->files_registered());
+  // I/O through the registered buffer and file.
+  char* p = pool.data() + (4096 - reinterpret_cast<uintptr_t>(pool.data()) % 4096);
+  std::memset(p, 0x3c, 1 << 20);
+  io::IoRequest w{(*f)->fd(), 0, p, 1 << 20, true, (*f)->alignment(), "reg"};
+  ASSERT_TRUE((*e)->Run({&w, 1}).ok());
+  std::memset(p, 0, 1 << 20);
+  io::IoRequest r{(*f)->fd(), 0, p, 1 << 20, false, (*f)->alignment(), "reg"};
+  ASSERT_TRUE((*e)->Run({&r, 1}).ok());
+  EXPECT_EQ(p[12345], 0x3c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Both, EngineFaults, ::testing::Values(true, false),
+                         [](const auto& i) { return i.param ? "uring" : "posix"; });
 
 INSTANTIATE_TEST_SUITE_P(Both, Engines, ::testing::Values(true, false),
                          [](const auto& i) { return i.param ? "uring" : "posix"; });
