@@ -24,6 +24,12 @@ class CopyEngine {
                                              uint64_t bytes) = 0;
   // Blocks until the copy is done; returns its outcome. Each ticket is waited for once.
   virtual absl::Status Wait(CopyTicket ticket) = 0;
+  // Makes `stream` (a cudaStream_t) wait for the copy without blocking the host. The ticket must
+  // still be waited for. Unimplemented where there are no streams (the emulated device).
+  virtual absl::Status StreamWait(void* stream, CopyTicket ticket) {
+    (void)stream, (void)ticket;
+    return absl::UnimplementedError("this device has no streams");
+  }
 
   // Enqueue, then Wait.
   absl::Status Copy(CopyDirection dir, void* dst, const void* src, uint64_t bytes) {

@@ -7,6 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -30,21 +32,31 @@ absl::Status CudaError(cudaError_t err, const char* what) {
     if (tm_cuda_err_ != cudaSuccess) return CudaError(tm_cuda_err_, #call); \
   } while (0)
 
+// Copies go round-robin over a few non-blocking streams per direction, each cut into chunks:
+// the DMA engine interleaves streams at chunk granularity, so a small urgent copy is not stuck
+// behind a huge one (cudf issue 15620).
 class CudaCopyEngine final : public CopyEngine {
  public:
+  static constexpr int kStreamsPerDirection = 4;
+  static constexpr uint64_t kChunk = 8ull << 20;
+
   explicit CudaCopyEngine(int device) : device_(device) {}
   ~CudaCopyEngine() override {
     cudaSetDevice(device_);
     for (auto& [id, ev] : events_) cudaEventDestroy(ev);
-    for (cudaStream_t s : streams_) {
-      if (s != nullptr) cudaStreamDestroy(s);
+    for (auto& dir : streams_) {
+      for (cudaStream_t s : dir) {
+        if (s != nullptr) cudaStreamDestroy(s);
+      }
     }
   }
 
   absl::Status Init() {
     TM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    for (cudaStream_t& s : streams_) {
-      TM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (auto& dir : streams_) {
+      for (cudaStream_t& s : dir) {
+        TM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      }
     }
     return absl::OkStatus();
   }
@@ -52,10 +64,15 @@ class CudaCopyEngine final : public CopyEngine {
   absl::StatusOr<CopyTicket> Enqueue(CopyDirection dir, void* dst, const void* src,
                                      uint64_t bytes) override {
     TM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    cudaStream_t s = streams_[static_cast<int>(dir)];
+    const int d = static_cast<int>(dir);
+    cudaStream_t s = streams_[d][next_stream_[d]++ % kStreamsPerDirection];
     cudaMemcpyKind kind =
         dir == CopyDirection::kHostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
-    TM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, kind, s));
+    for (uint64_t off = 0; off < bytes; off += kChunk) {
+      TM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(dst) + off,
+                                              static_cast<const char*>(src) + off,
+                                              std::min(kChunk, bytes - off), kind, s));
+    }
     cudaEvent_t ev = nullptr;
     TM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     if (cudaError_t e = cudaEventRecord(ev, s); e != cudaSuccess) {
@@ -83,11 +100,25 @@ class CudaCopyEngine final : public CopyEngine {
     return absl::OkStatus();
   }
 
-  cudaStream_t stream(CopyDirection d) const { return streams_[static_cast<int>(d)]; }
+  absl::Status StreamWait(void* stream, CopyTicket ticket) override {
+    cudaEvent_t ev = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = events_.find(ticket.id);
+      if (it == events_.end()) return absl::InvalidArgumentError("unknown copy ticket");
+      ev = it->second;
+    }
+    TM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    TM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), ev, 0));
+    return absl::OkStatus();
+  }
+
+  cudaStream_t stream(CopyDirection d) const { return streams_[static_cast<int>(d)][0]; }
 
  private:
   int device_;
-  cudaStream_t streams_[2] = {nullptr, nullptr};
+  cudaStream_t streams_[2][kStreamsPerDirection] = {};
+  std::atomic<uint32_t> next_stream_[2] = {0, 0};
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, cudaEvent_t> events_ ABSL_GUARDED_BY(mu_);

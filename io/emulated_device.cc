@@ -1,16 +1,18 @@
 // The emulated device: host memory with its own budget, and a copy engine with one worker
 // thread per direction that can be throttled to a link bandwidth, so that overlap and
-// prefetching behave as on a PCIe link.
+// prefetching behave as on a PCIe link. Like a DMA engine fed from several streams, a lane
+// interleaves its queued copies slice by slice: a small copy is not stuck behind a huge one.
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <deque>
 #include <thread>
 
-#include "absl/strings/string_view.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "io/device.h"
@@ -22,6 +24,8 @@ using Clock = std::chrono::steady_clock;
 
 class EmulatedCopyEngine final : public CopyEngine {
  public:
+  static constexpr uint64_t kSlice = 1u << 20;
+
   explicit EmulatedCopyEngine(double link_gbps) : bytes_per_second_(link_gbps * 1e9) {
     for (int d = 0; d < 2; ++d) lanes_[d].worker = std::thread([this, d] { Work(lanes_[d]); });
   }
@@ -41,8 +45,12 @@ class EmulatedCopyEngine final : public CopyEngine {
     Lane& lane = lanes_[static_cast<int>(dir)];
     absl::MutexLock lock(&lane.mu);
     uint64_t seq = ++lane.enqueued;
-    lane.queue.push_back(Job{seq, dst, src, bytes});
-    lane.work.Signal();
+    if (bytes == 0) {
+      lane.done_set.insert(seq);
+    } else {
+      lane.active.push_back(Job{seq, static_cast<char*>(dst), static_cast<const char*>(src), bytes, 0});
+      lane.work.Signal();
+    }
     return CopyTicket{seq << 1 | static_cast<uint64_t>(dir)};
   }
 
@@ -53,57 +61,60 @@ class EmulatedCopyEngine final : public CopyEngine {
     if (seq == 0 || seq > lane.enqueued) {
       return absl::InvalidArgumentError("waiting for a copy that was never enqueued");
     }
-    while (lane.completed < seq) lane.done.Wait(&lane.mu);
+    while (!lane.done_set.contains(seq)) lane.done.Wait(&lane.mu);
+    lane.done_set.erase(seq);
     return absl::OkStatus();
   }
 
  private:
   struct Job {
     uint64_t seq;
-    void* dst;
-    const void* src;
+    char* dst;
+    const char* src;
     uint64_t bytes;
+    uint64_t copied;
   };
-  // One direction of the link. Copies complete in the order they were enqueued.
+  // One direction of the link.
   struct Lane {
     absl::Mutex mu;
-    std::deque<Job> queue ABSL_GUARDED_BY(mu);
+    std::deque<Job> active ABSL_GUARDED_BY(mu);  // served round-robin, one slice each
     uint64_t enqueued ABSL_GUARDED_BY(mu) = 0;
-    uint64_t completed ABSL_GUARDED_BY(mu) = 0;
+    absl::flat_hash_set<uint64_t> done_set ABSL_GUARDED_BY(mu);  // finished, not yet waited
     bool stop ABSL_GUARDED_BY(mu) = false;
     absl::CondVar work;  // signalled on enqueue and stop
-    absl::CondVar done;  // signalled when `completed` advances
+    absl::CondVar done;  // signalled when a copy finishes
     std::thread worker;
   };
 
   void Work(Lane& lane) {
     // The time at which the emulated link is next free: each slice occupies it for
-    // slice / bandwidth seconds, so a busy lane runs at the cap and an idle one does not bank
-    // credit.
+    // slice / bandwidth seconds, so a busy lane runs at the cap and an idle one banks no credit.
     Clock::time_point link_free = Clock::now();
-    constexpr uint64_t kSlice = 1u << 20;
     for (;;) {
       Job job;
       {
         absl::MutexLock lock(&lane.mu);
-        while (!lane.stop && lane.queue.empty()) lane.work.Wait(&lane.mu);
-        if (lane.queue.empty()) return;  // stop requested and nothing left
-        job = lane.queue.front();
-        lane.queue.pop_front();
+        while (!lane.stop && lane.active.empty()) lane.work.Wait(&lane.mu);
+        if (lane.active.empty()) return;  // stop requested and nothing left
+        job = lane.active.front();
+        lane.active.pop_front();
       }
-      for (uint64_t off = 0; off < job.bytes; off += kSlice) {
-        uint64_t n = std::min(kSlice, job.bytes - off);
-        std::memcpy(static_cast<char*>(job.dst) + off, static_cast<const char*>(job.src) + off, n);
-        if (bytes_per_second_ > 0) {
-          link_free = std::max(link_free, Clock::now() - std::chrono::microseconds(50)) +
-                      std::chrono::duration_cast<Clock::duration>(
-                          std::chrono::duration<double>(static_cast<double>(n) / bytes_per_second_));
-          std::this_thread::sleep_until(link_free);
-        }
+      uint64_t n = std::min(kSlice, job.bytes - job.copied);
+      std::memcpy(job.dst + job.copied, job.src + job.copied, n);
+      job.copied += n;
+      if (bytes_per_second_ > 0) {
+        link_free = std::max(link_free, Clock::now()) +
+                    std::chrono::duration_cast<Clock::duration>(
+                        std::chrono::duration<double>(static_cast<double>(n) / bytes_per_second_));
+        std::this_thread::sleep_until(link_free);
       }
       absl::MutexLock lock(&lane.mu);
-      lane.completed = job.seq;
-      lane.done.SignalAll();
+      if (job.copied < job.bytes) {
+        lane.active.push_back(job);
+      } else {
+        lane.done_set.insert(job.seq);
+        lane.done.SignalAll();
+      }
     }
   }
 

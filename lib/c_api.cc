@@ -319,6 +319,18 @@ TM_API tm_status tm_tensor_offload(tm_runtime runtime, tm_tensor tensor, tm_tier
   return WithRuntime(runtime, [&](Runtime& rt) { return rt.Offload(tensor.bits, tier); });
 }
 
+TM_API tm_status tm_tensor_prefetch(tm_runtime runtime, tm_tensor tensor, tm_tier tier) {
+  return WithRuntime(runtime, [&](Runtime& rt) { return rt.Prefetch(tensor.bits, tier); });
+}
+
+TM_API tm_status tm_tensor_sync(tm_runtime runtime, tm_tensor tensor) {
+  return WithRuntime(runtime, [&](Runtime& rt) { return rt.Sync(tensor.bits); });
+}
+
+TM_API tm_status tm_runtime_sync(tm_runtime runtime) {
+  return WithRuntime(runtime, [&](Runtime& rt) { return rt.SyncAll(); });
+}
+
 TM_API tm_status tm_tensor_residency(tm_runtime runtime, tm_tensor tensor, uint32_t* mask) {
   if (mask == nullptr) return NullArgument("tm_tensor_residency", "mask");
   return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {

@@ -18,15 +18,23 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateHbm(io::Device& de
   }
   t->base_ = static_cast<char*>(*slab);
   t->slab_bytes_ = bytes;
+  t->mapped_ = bytes;
   return t;
 }
 
 absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateDram(io::Device& device,
                                                                    const io::Topology* topo,
                                                                    uint64_t bytes, int numa_node,
-                                                                   uint64_t granule) {
+                                                                   uint64_t granule,
+                                                                   uint64_t reserved) {
   if (bytes == 0) return Error(TM_ERR_CONFIG, "TIERMEM_DRAM_BYTES resolves to 0 bytes");
-  std::unique_ptr<MemoryTier> t(new MemoryTier(TM_TIER_DRAM, device, bytes, granule));
+  if (reserved >= bytes) {
+    return Error(TM_ERR_CONFIG, absl::StrFormat("TIERMEM_DRAM_BYTES=%s leaves no room beside the "
+                                                "%s staging pool",
+                                                HumanBytes(bytes), HumanBytes(reserved)));
+  }
+  std::unique_ptr<MemoryTier> t(
+      new MemoryTier(TM_TIER_DRAM, device, (bytes - reserved) / granule * granule, granule));
   auto region = io::HostRegion::Create(bytes, topo, numa_node);
   if (!region.ok()) {
     tm_status code = absl::IsInvalidArgument(region.status()) ? TM_ERR_CONFIG : TM_ERR_OUT_OF_MEMORY;
@@ -34,6 +42,8 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateDram(io::Device& d
   }
   t->host_ = std::move(*region);
   t->base_ = static_cast<char*>(t->host_->data());
+  t->mapped_ = t->host_->size();
+  t->reserved_ = reserved;
   t->numa_node_ = numa_node;
   // Pinned once, at start-up and whole: registration is slow and must stay off the hot path.
   if (auto s = device.RegisterHost(t->base_, t->host_->size()); !s.ok()) {

@@ -18,11 +18,13 @@ class MemoryTier {
   // A slab of `bytes` of device memory.
   static absl::StatusOr<std::unique_ptr<MemoryTier>> CreateHbm(io::Device& device, uint64_t bytes);
   // `bytes` of host memory bound to `numa_node` (-1: unbound), pinned with the device.
-  // `granule` is the O_DIRECT alignment that every copy must keep.
+  // `granule` is the O_DIRECT alignment that every copy must keep. The last `reserved` bytes
+  // are not sub-allocated: they are the staging pool's (see reserved()).
   static absl::StatusOr<std::unique_ptr<MemoryTier>> CreateDram(io::Device& device,
                                                                 const io::Topology* topo,
                                                                 uint64_t bytes, int numa_node,
-                                                                uint64_t granule);
+                                                                uint64_t granule,
+                                                                uint64_t reserved);
   ~MemoryTier();
   MemoryTier(const MemoryTier&) = delete;
   MemoryTier& operator=(const MemoryTier&) = delete;
@@ -30,9 +32,11 @@ class MemoryTier {
   TierSpace& space() { return space_; }
   const TierSpace& space() const { return space_; }
   char* Address(const Extent& e) const { return base_ + e.offset; }
-  // The whole managed range (for registering it with the I/O engine).
+  // The whole mapped range, reserved tail included (for registering with the I/O engine).
   char* base() const { return base_; }
-  uint64_t capacity() const { return space_.Stats().capacity; }
+  uint64_t mapped_bytes() const { return mapped_; }
+  // The reserved tail.
+  char* reserved() const { return base_ + mapped_ - reserved_; }
   int numa_node() const { return numa_node_; }
 
  private:
@@ -42,6 +46,8 @@ class MemoryTier {
   io::Device& device_;
   TierSpace space_;
   char* base_ = nullptr;
+  uint64_t mapped_ = 0;                    // bytes at base_
+  uint64_t reserved_ = 0;                  // DRAM: the staging tail
   uint64_t slab_bytes_ = 0;                // HBM: the device slab
   std::unique_ptr<io::HostRegion> host_;   // DRAM: the host region
   bool registered_ = false;

@@ -9,6 +9,9 @@
 
 namespace tiermem {
 
+using io::CopyDirection;
+using io::CopyTicket;
+
 TierSpace& Mover::space(tm_tier tier) {
   switch (tier) {
     case TM_TIER_HBM: return hbm_.space();
@@ -40,96 +43,188 @@ void Mover::Drop(Tensor& t, tm_tier tier) {
   c.valid = false;
 }
 
-absl::Status Mover::ViaDram(Tensor& t, tm_tier dst) {
-  const bool had_dram = t.copy(TM_TIER_DRAM).valid;
-  if (auto s = MakeValid(t, TM_TIER_DRAM); !s.ok()) {
-    return WithContext(s, absl::StrFormat("staging tensor \"%s\" in DRAM", t.name));
-  }
-  absl::Status s = MakeValid(t, dst);
-  if (!had_dram) Drop(t, TM_TIER_DRAM);
-  return s;
-}
-
-absl::Status Mover::MakeValid(Tensor& t, tm_tier dst) {
-  if (t.copy(dst).valid) return absl::OkStatus();
-  if (!t.materialized()) {
-    // Zeros are made where they can be written directly, then moved like any data.
-    if (dst == TM_TIER_NVME) return ViaDram(t, dst);
-    auto e = space(dst).Allocate(t.bytes, t.name);
-    if (!e.ok()) return e.status();
-    t.copy(dst).extent = *e;
-    char* p = Address(t, dst);
-    absl::Status s;
-    if (dst == TM_TIER_HBM) {
-      s = Retag(device_.Fill(p, 0, e->size), TM_ERR_DEVICE);
-    } else {
-      std::memset(p, 0, e->size);
-    }
-    if (!s.ok()) {
-      Drop(t, dst);
-      return s;
-    }
-    t.copy(dst).valid = true;
-    return absl::OkStatus();
-  }
-  // The nearest valid copy; on a tie, the faster tier.
-  int src = -1;
-  for (int d = 1; d < TM_TIER_COUNT && src < 0; ++d) {
-    for (int cand : {static_cast<int>(dst) - d, static_cast<int>(dst) + d}) {
-      if (cand >= 0 && cand < TM_TIER_COUNT && t.copies[cand].valid) {
-        src = cand;
-        break;
+absl::StatusOr<MovePlan> Mover::Prepare(Tensor& t, tm_tier dst) {
+  MovePlan p;
+  p.dst = dst;
+  p.bytes = t.bytes;
+  if (t.materialized()) {
+    // The nearest valid copy; on a tie, the faster tier.
+    for (int d = 1; d < TM_TIER_COUNT && p.src < 0; ++d) {
+      for (int cand : {static_cast<int>(dst) - d, static_cast<int>(dst) + d}) {
+        if (cand >= 0 && cand < TM_TIER_COUNT && t.copies[cand].valid) {
+          p.src = cand;
+          break;
+        }
       }
     }
+    const tm_tier src = static_cast<tm_tier>(p.src);
+    p.src_extent = t.copy(src).extent;
+    if (src != TM_TIER_NVME) p.src_addr = Address(t, src);
   }
-  if (std::abs(src - static_cast<int>(dst)) > 1) return ViaDram(t, dst);
   auto e = space(dst).Allocate(t.bytes, t.name);
   if (!e.ok()) return e.status();
   t.copy(dst).extent = *e;
-  if (auto s = Transfer(t, static_cast<tm_tier>(src), dst); !s.ok()) {
-    Drop(t, dst);
-    return WithContext(s, absl::StrFormat("moving tensor \"%s\" (%s) from %s to %s", t.name,
-                                          HumanBytes(t.bytes), tm_tier_name(static_cast<tm_tier>(src)),
-                                          tm_tier_name(dst)));
-  }
-  t.copy(dst).valid = true;
-  moved_[src][dst] += t.bytes;
-  return absl::OkStatus();
+  p.dst_extent = *e;
+  if (dst != TM_TIER_NVME) p.dst_addr = Address(t, dst);
+  return p;
 }
 
-absl::Status Mover::Transfer(Tensor& t, tm_tier src, tm_tier dst) {
-  if (src == TM_TIER_NVME || dst == TM_TIER_NVME) {
-    const bool write = dst == TM_TIER_NVME;
-    const Extent& file_extent = t.copy(TM_TIER_NVME).extent;
-    auto requests = nvme_.Requests(file_extent, Address(t, TM_TIER_DRAM), t.bytes, write);
-    return Retag(io_.Run(requests), TM_ERR_IO);
+void Mover::Commit(Tensor& t, const MovePlan& p, const absl::Status& outcome) {
+  if (!outcome.ok()) {
+    Drop(t, p.dst);
+    return;
   }
-  const bool up = dst == TM_TIER_HBM;
-  return Retag(device_.copy_engine().Copy(
-                   up ? io::CopyDirection::kHostToDevice : io::CopyDirection::kDeviceToHost,
-                   Address(t, dst), Address(t, src), t.bytes),
-               TM_ERR_DEVICE);
+  t.copy(p.dst).valid = true;
+  if (p.src < 0) return;
+  if (std::abs(p.src - static_cast<int>(p.dst)) == 2) {  // staged: both hops crossed a link
+    moved_[p.src][TM_TIER_DRAM] += p.bytes;
+    moved_[TM_TIER_DRAM][p.dst] += p.bytes;
+  } else {
+    moved_[p.src][p.dst] += p.bytes;
+  }
 }
 
-absl::Status Mover::CopyIn(Tensor& t, tm_tier tier, uint64_t offset, const void* src, uint64_t n) {
-  char* p = Address(t, tier) + offset;
+absl::Status Mover::Io(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write) {
+  return Retag(io_.Run(nvme_.Requests(e, offset, buffer, n, write)), TM_ERR_IO);
+}
+
+absl::Status Mover::Execute(const MovePlan& p, std::optional<CopyTicket>* pending) {
+  io::CopyEngine& copy = device_.copy_engine();
+  if (p.src < 0) {  // zeros
+    switch (p.dst) {
+      case TM_TIER_HBM: return Retag(device_.Fill(p.dst_addr, 0, p.dst_extent.size), TM_ERR_DEVICE);
+      case TM_TIER_DRAM: std::memset(p.dst_addr, 0, p.dst_extent.size); return absl::OkStatus();
+      default: return ZeroNvme(p.dst_extent, p.bytes);
+    }
+  }
+  const tm_tier src = static_cast<tm_tier>(p.src);
+  if (src == TM_TIER_NVME && p.dst == TM_TIER_HBM) return StagedUp(p.src_extent, p.dst_addr, p.bytes);
+  if (src == TM_TIER_HBM && p.dst == TM_TIER_NVME) return StagedDown(p.src_addr, p.dst_extent, p.bytes);
+  if (src == TM_TIER_NVME) return Io(p.src_extent, 0, p.dst_addr, p.bytes, false);
+  if (p.dst == TM_TIER_NVME) return Io(p.dst_extent, 0, p.src_addr, p.bytes, true);
+  const CopyDirection dir =
+      p.dst == TM_TIER_HBM ? CopyDirection::kHostToDevice : CopyDirection::kDeviceToHost;
+  auto ticket = copy.Enqueue(dir, p.dst_addr, p.src_addr, p.bytes);
+  if (!ticket.ok()) return Retag(ticket.status(), TM_ERR_DEVICE);
+  if (p.stream != nullptr && dir == CopyDirection::kHostToDevice && pending != nullptr &&
+      copy.StreamWait(p.stream, *ticket).ok()) {
+    *pending = *ticket;  // the caller's stream waits; the host does not
+    return absl::OkStatus();
+  }
+  return Retag(copy.Wait(*ticket), TM_ERR_DEVICE);
+}
+
+// NVMe -> HBM: chunk k+1 is read into one slot while chunk k is copied up from the other.
+absl::Status Mover::StagedUp(const Extent& src, char* dst, uint64_t bytes) {
+  io::CopyEngine& copy = device_.copy_engine();
+  const uint64_t chunk = staging_.chunk();
+  std::vector<char*> slots = staging_.Acquire(2);
+  std::optional<CopyTicket> in_flight[2];
+  absl::Status status;
+  for (uint64_t k = 0, off = 0; off < bytes && status.ok(); ++k, off += chunk) {
+    const int slot = static_cast<int>(k % 2);
+    if (in_flight[slot].has_value()) {  // the slot's previous chunk must have left it
+      status = Retag(copy.Wait(*in_flight[slot]), TM_ERR_DEVICE);
+      in_flight[slot].reset();
+      if (!status.ok()) break;
+    }
+    const uint64_t n = std::min(chunk, bytes - off);
+    status = Io(src, off, slots[slot], n, false);
+    if (!status.ok()) break;
+    auto t = copy.Enqueue(CopyDirection::kHostToDevice, dst + off, slots[slot], n);
+    if (!t.ok()) {
+      status = Retag(t.status(), TM_ERR_DEVICE);
+      break;
+    }
+    in_flight[slot] = *t;
+  }
+  // Never hand a slot back with a copy still reading it.
+  for (auto& t : in_flight) {
+    if (!t.has_value()) continue;
+    absl::Status s = Retag(copy.Wait(*t), TM_ERR_DEVICE);
+    if (status.ok()) status = s;
+  }
+  staging_.Release(slots);
+  return status;
+}
+
+// HBM -> NVMe: chunk k+1 is copied down into one slot while chunk k is written from the other.
+absl::Status Mover::StagedDown(const char* src, const Extent& dst, uint64_t bytes) {
+  io::CopyEngine& copy = device_.copy_engine();
+  const uint64_t chunk = staging_.chunk();
+  std::vector<char*> slots = staging_.Acquire(2);
+  std::optional<CopyTicket> in_flight[2];
+  absl::Status status;
+  auto start = [&](uint64_t k) {
+    const uint64_t off = k * chunk;
+    auto t = copy.Enqueue(CopyDirection::kDeviceToHost, slots[k % 2], src + off,
+                          std::min(chunk, bytes - off));
+    if (!t.ok()) return Retag(t.status(), TM_ERR_DEVICE);
+    in_flight[k % 2] = *t;
+    return absl::OkStatus();
+  };
+  const uint64_t chunks = (bytes + chunk - 1) / chunk;
+  status = start(0);
+  for (uint64_t k = 0; k < chunks && status.ok(); ++k) {
+    const int slot = static_cast<int>(k % 2);
+    status = Retag(copy.Wait(*in_flight[slot]), TM_ERR_DEVICE);
+    in_flight[slot].reset();
+    if (!status.ok()) break;
+    if (k + 1 < chunks && !(status = start(k + 1)).ok()) break;
+    const uint64_t off = k * chunk;
+    status = Io(dst, off, slots[slot], std::min(chunk, bytes - off), true);
+  }
+  for (auto& t : in_flight) {
+    if (t.has_value()) (void)copy.Wait(*t);
+  }
+  staging_.Release(slots);
+  return status;
+}
+
+absl::Status Mover::ZeroNvme(const Extent& dst, uint64_t bytes) {
+  const uint64_t chunk = staging_.chunk();
+  std::vector<char*> slot = staging_.Acquire(1);
+  std::memset(slot[0], 0, chunk);
+  absl::Status status;
+  for (uint64_t off = 0; off < bytes && status.ok(); off += chunk) {
+    status = Io(dst, off, slot[0], std::min(chunk, bytes - off), true);
+  }
+  staging_.Release(slot);
+  return status;
+}
+
+absl::Status Mover::ReadNvme(const Extent& e, uint64_t bytes, uint64_t offset, void* dst,
+                             uint64_t n) {
+  const uint64_t chunk = staging_.chunk();
+  std::vector<char*> slot = staging_.Acquire(1);
+  absl::Status status;
+  for (uint64_t k = offset / chunk; k * chunk < offset + n && status.ok(); ++k) {
+    const uint64_t start = k * chunk;
+    status = Io(e, start, slot[0], std::min(chunk, bytes - start), false);
+    if (!status.ok()) break;
+    const uint64_t from = std::max(start, offset);
+    const uint64_t to = std::min(start + chunk, offset + n);
+    std::memcpy(static_cast<char*>(dst) + (from - offset), slot[0] + (from - start), to - from);
+  }
+  staging_.Release(slot);
+  return status;
+}
+
+absl::Status Mover::CopyIn(tm_tier tier, char* addr, const void* src, uint64_t n) {
   if (tier == TM_TIER_DRAM) {
-    std::memcpy(p, src, n);
+    std::memcpy(addr, src, n);
     return absl::OkStatus();
   }
   // A caller's buffer is not a tier: these bytes are not counted as moved.
-  return Retag(device_.copy_engine().Copy(io::CopyDirection::kHostToDevice, p, src, n),
-               TM_ERR_DEVICE);
+  return Retag(device_.copy_engine().Copy(CopyDirection::kHostToDevice, addr, src, n), TM_ERR_DEVICE);
 }
 
-absl::Status Mover::CopyOut(Tensor& t, tm_tier tier, uint64_t offset, void* dst, uint64_t n) {
-  const char* p = Address(t, tier) + offset;
+absl::Status Mover::CopyOut(tm_tier tier, const char* addr, void* dst, uint64_t n) {
   if (tier == TM_TIER_DRAM) {
-    std::memcpy(dst, p, n);
+    std::memcpy(dst, addr, n);
     return absl::OkStatus();
   }
-  return Retag(device_.copy_engine().Copy(io::CopyDirection::kDeviceToHost, dst, p, n),
-               TM_ERR_DEVICE);
+  return Retag(device_.copy_engine().Copy(CopyDirection::kDeviceToHost, dst, addr, n), TM_ERR_DEVICE);
 }
 
 }  // namespace tiermem

@@ -1,55 +1,84 @@
 // Moves: a tensor's copy made valid in a tier from the nearest valid copy, through engines
-// (HBM <-> DRAM by the copy engine, DRAM <-> NVMe by the I/O engine, HBM <-> NVMe staged in
-// DRAM). Transactional: the destination becomes valid only after every completion was checked,
-// and a failure frees the destination and leaves every valid copy as it was.
+// (HBM <-> DRAM by the copy engine, DRAM <-> NVMe by the I/O engine, HBM <-> NVMe chunk by chunk
+// through the staging pool, double-buffered). A move is prepared under the runtime's lock,
+// executed without it, and committed under it. Transactional: the destination becomes valid
+// only after every completion was checked, and a failure frees the destination and leaves every
+// valid copy as it was.
 #pragma once
 
 #include <array>
 #include <atomic>
+#include <optional>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "io/device.h"
 #include "io/io_engine.h"
 #include "lib/memory_tier.h"
 #include "lib/nvme_tier.h"
+#include "lib/staging_pool.h"
 #include "lib/tensor.h"
 
 namespace tiermem {
 
+// Everything Execute needs, copied out of the tensor so that it runs without the lock.
+struct MovePlan {
+  int src = -1;  // a tier, or -1: the tensor was never written and the destination is zeroed
+  tm_tier dst = TM_TIER_HBM;
+  uint64_t bytes = 0;
+  Extent src_extent, dst_extent;
+  char* src_addr = nullptr;  // HBM or DRAM source
+  char* dst_addr = nullptr;  // HBM or DRAM destination
+  void* stream = nullptr;    // a caller's CUDA stream for a stream-ordered copy into HBM
+};
+
 class Mover {
  public:
-  Mover(MemoryTier& hbm, MemoryTier& dram, NvmeTier& nvme, io::Device& device,
-        io::IoEngine& io)
-      : hbm_(hbm), dram_(dram), nvme_(nvme), device_(device), io_(io) {}
+  Mover(MemoryTier& hbm, MemoryTier& dram, NvmeTier& nvme, io::Device& device, io::IoEngine& io,
+        StagingPool& staging)
+      : hbm_(hbm), dram_(dram), nvme_(nvme), device_(device), io_(io), staging_(staging) {}
 
-  // Makes t's copy in `dst` valid. A tensor never written becomes zeros.
-  absl::Status MakeValid(Tensor& t, tm_tier dst);
-  // Reserves t's copy in `dst` and declares it valid without filling it: for callers that
-  // overwrite the whole tensor next.
+  // Under the lock: picks the source and reserves the destination. The tensor must not hold a
+  // valid copy in `dst`. On error nothing changed.
+  absl::StatusOr<MovePlan> Prepare(Tensor& t, tm_tier dst);
+  // Without the lock. With a plan's stream and a device that has streams, a copy into HBM from
+  // DRAM is only enqueued: *pending receives its ticket, and the stream waits for it.
+  absl::Status Execute(const MovePlan& p, std::optional<io::CopyTicket>* pending);
+  // Under the lock: the destination becomes valid, or is freed after a failure.
+  void Commit(Tensor& t, const MovePlan& p, const absl::Status& outcome);
+
+  // Under the lock: reserves t's copy in `dst` and declares it valid without filling it, for
+  // callers that overwrite the whole tensor next.
   absl::Status Reserve(Tensor& t, tm_tier dst);
-  // Frees t's copy in `tier` (valid or not). The caller checks pins.
+  // Under the lock: frees t's copy in `tier`. The caller checks pins.
   void Drop(Tensor& t, tm_tier tier);
 
-  // Host memory <-> t's valid copy in `tier` (HBM or DRAM), at byte `offset`.
-  absl::Status CopyIn(Tensor& t, tm_tier tier, uint64_t offset, const void* src, uint64_t n);
-  absl::Status CopyOut(Tensor& t, tm_tier tier, uint64_t offset, void* dst, uint64_t n);
+  // Without the lock: host memory <-> an HBM or DRAM address.
+  absl::Status CopyIn(tm_tier tier, char* addr, const void* src, uint64_t n);
+  absl::Status CopyOut(tm_tier tier, const char* addr, void* dst, uint64_t n);
+  // Without the lock: bytes [offset, offset+n) of a tensor of `bytes` held on NVMe at `e`,
+  // into host memory, through one staging slot.
+  absl::Status ReadNvme(const Extent& e, uint64_t bytes, uint64_t offset, void* dst, uint64_t n);
 
-  // Address of t's copy in an addressable tier.
   char* Address(Tensor& t, tm_tier tier);
   TierSpace& space(tm_tier tier);
+  io::CopyEngine& copy_engine() { return device_.copy_engine(); }
 
-  // Bytes moved between tiers, [from][to].
+  // Bytes moved between tiers, [from][to]; a staged HBM <-> NVMe move counts both hops.
   uint64_t moved(int from, int to) const { return moved_[from][to].load(); }
 
  private:
-  absl::Status Transfer(Tensor& t, tm_tier src, tm_tier dst);
-  absl::Status ViaDram(Tensor& t, tm_tier dst);
+  absl::Status StagedUp(const Extent& src, char* dst, uint64_t bytes);
+  absl::Status StagedDown(const char* src, const Extent& dst, uint64_t bytes);
+  absl::Status ZeroNvme(const Extent& dst, uint64_t bytes);
+  absl::Status Io(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write);
 
   MemoryTier& hbm_;
   MemoryTier& dram_;
   NvmeTier& nvme_;
   io::Device& device_;
   io::IoEngine& io_;
+  StagingPool& staging_;
   std::array<std::array<std::atomic<uint64_t>, TM_TIER_COUNT>, TM_TIER_COUNT> moved_{};
 };
 

@@ -38,14 +38,14 @@ absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Create(const std::vector<std
   return t;
 }
 
-std::vector<io::IoRequest> NvmeTier::Requests(const Extent& e, void* buffer, uint64_t length,
-                                              bool write) const {
+std::vector<io::IoRequest> NvmeTier::Requests(const Extent& e, uint64_t offset, void* buffer,
+                                              uint64_t length, bool write) const {
   std::vector<io::IoRequest> out;
   length = (length + alignment_ - 1) / alignment_ * alignment_;
   const uint64_t n = files_.size();
   uint64_t done = 0;
   while (done < length) {
-    uint64_t logical = e.offset + done;
+    uint64_t logical = e.offset + offset + done;
     uint64_t stripe_index = logical / stripe_;
     uint64_t within = logical % stripe_;
     uint64_t chunk = std::min<uint64_t>(stripe_ - within, length - done);

@@ -27,10 +27,11 @@ class NvmeTier {
   // Largest O_DIRECT alignment over the files; host buffers and lengths must honour it.
   uint32_t alignment() const { return alignment_; }
 
-  // The I/O requests that move `length` bytes between `buffer` and the extent's start.
-  // `length` is rounded up to the alignment (the buffer must have room for that).
-  std::vector<io::IoRequest> Requests(const Extent& e, void* buffer, uint64_t length,
-                                      bool write) const;
+  // The I/O requests that move `length` bytes between `buffer` and the extent, from byte
+  // `offset` of the extent (a multiple of the alignment). `length` is rounded up to the
+  // alignment (the buffer must have room for that).
+  std::vector<io::IoRequest> Requests(const Extent& e, uint64_t offset, void* buffer,
+                                      uint64_t length, bool write) const;
 
  private:
   NvmeTier() = default;

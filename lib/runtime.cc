@@ -30,6 +30,8 @@ uint64_t FreeSpace(const std::string& dir) {
 
 bool ValidTier(int tier) { return tier >= 0 && tier < TM_TIER_COUNT; }
 
+constexpr int kMoverThreads = 4;
+
 void SetEntry(Config& c, absl::string_view name, std::string value) {
   for (auto& e : c.entries) {
     if (e.name == name) e.value = std::move(value);
@@ -44,7 +46,23 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Config& config) {
   return rt;
 }
 
-Runtime::~Runtime() = default;
+Runtime::~Runtime() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    outstanding_ -= jobs_.size();
+    jobs_.clear();  // queued moves are abandoned; running ones finish
+    work_.SignalAll();
+  }
+  for (auto& t : movers_) t.join();
+  // Stream-ordered copies still in flight must land before their memory goes away.
+  if (mover_ != nullptr) {
+    absl::MutexLock lock(&mu_);
+    tensors_.ForEach([&](Tensor& t) {
+      if (t.pending.has_value()) (void)mover_->copy_engine().Wait(*t.pending);
+    });
+  }
+}
 
 absl::Status Runtime::Init() {
   io::SetLogLevel(static_cast<LogSeverity>(config_.log_level));
@@ -113,12 +131,17 @@ absl::Status Runtime::Init() {
 
   const uint64_t dram_bytes = config_.dram_bytes.Resolve(PhysicalRam());
   const uint64_t granule = std::max<uint64_t>(4096, nvme_->alignment());
-  auto dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule);
+  // HBM <-> NVMe moves are staged in pinned slots at the end of the DRAM pool.
+  const StagingPool::Shape shape = StagingPool::ShapeFor(
+      dram_bytes, std::max<uint64_t>(4ull << 20, config_.io_block_size), granule);
+  auto dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule,
+                                     shape.bytes());
   if (!dram.ok() && config_.numa == NumaMode::kAuto && node >= 0) {
     Log(LogSeverity::kWarn, "%s; the DRAM tier is left unbound",
         std::string(dram.status().message()).c_str());
     node = -1;
-    dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule);
+    dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule,
+                                  shape.bytes());
   }
   if (!dram.ok()) return dram.status();
   dram_ = std::move(*dram);
@@ -129,7 +152,7 @@ absl::Status Runtime::Init() {
   opts.block_size = config_.io_block_size;
   opts.queue_depth = config_.io_queue_depth;
   opts.threads = config_.io_threads;
-  opts.buffers.push_back({dram_->base(), dram_->capacity()});
+  opts.buffers.push_back({dram_->base(), dram_->mapped_bytes()});
   for (const auto& f : nvme_->files()) opts.files.push_back(f->fd());
   if (config_.io_engine == IoEngineKind::kPosix) {
     io_ = io::CreatePosixEngine(opts);
@@ -144,10 +167,18 @@ absl::Status Runtime::Init() {
     io_ = io::CreatePosixEngine(opts);
   }
   info_.io_engine = std::string(io_->name());
+  info_.io_buffers_registered = io_->buffers_registered();
+  info_.io_files_registered = io_->files_registered();
+  info_.staging_chunk = shape.chunk;
+  info_.staging_slots = shape.slots;
+  staging_ = std::make_unique<StagingPool>(dram_->reserved(), shape);
   for (const auto& f : nvme_->files()) {
     info_.nvme.push_back({f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
   }
-  mover_ = std::make_unique<Mover>(*hbm_, *dram_, *nvme_, *device_, *io_);
+  mover_ = std::make_unique<Mover>(*hbm_, *dram_, *nvme_, *device_, *io_, *staging_);
+  // Asynchronous moves run on a few threads of their own; the engines below them keep the
+  // links busy (each mover keeps the I/O queue depth in flight).
+  for (int i = 0; i < kMoverThreads; ++i) movers_.emplace_back([this] { MoverLoop(); });
   Log(LogSeverity::kInfo, "runtime ready: %s, HBM %s, DRAM %s (NUMA node %d), NVMe %s on %zu path(s), %s I/O",
       info_.device.c_str(), HumanBytes(hbm_bytes).c_str(), HumanBytes(dram_bytes).c_str(), node,
       HumanBytes(nvme_bytes).c_str(), config_.nvme_paths.size(), info_.io_engine.c_str());
@@ -164,12 +195,74 @@ absl::StatusOr<Tensor*> Runtime::Find(uint64_t handle) {
   return t;
 }
 
+template <typename F>
+absl::Status Runtime::Unlocked(Tensor& t, F&& f) {
+  t.busy = true;
+  mu_.Unlock();
+  absl::Status s = f();
+  mu_.Lock();
+  t.busy = false;
+  changed_.SignalAll();
+  return s;
+}
+
+absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle) {
+  for (;;) {
+    auto t = Find(handle);  // again after every wait: it may have been destroyed meanwhile
+    if (!t.ok()) return t.status();
+    Tensor& tensor = **t;
+    if (tensor.busy) {
+      changed_.Wait(&mu_);
+      continue;
+    }
+    if (tensor.pending.has_value()) {
+      io::CopyTicket ticket = *tensor.pending;
+      tensor.pending.reset();
+      absl::Status s =
+          Unlocked(tensor, [&] { return Retag(mover_->copy_engine().Wait(ticket), TM_ERR_DEVICE); });
+      if (!s.ok()) {
+        // The stream-ordered copy failed: that HBM copy never became what it claimed.
+        mover_->Drop(tensor, TM_TIER_HBM);
+        if (tensor.error.ok()) tensor.error = s;
+      }
+      continue;
+    }
+    return &tensor;
+  }
+}
+
+absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, void* stream) {
+  if (t.copy(dst).valid) return absl::OkStatus();
+  auto plan = mover_->Prepare(t, dst);
+  if (!plan.ok()) return plan.status();
+  plan->stream = stream;
+  std::optional<io::CopyTicket> pending;
+  absl::Status s = Unlocked(t, [&] { return mover_->Execute(*plan, &pending); });
+  mover_->Commit(t, *plan, s);
+  if (s.ok() && pending.has_value()) t.pending = pending;
+  if (!s.ok()) {
+    return WithContext(s, absl::StrFormat("moving tensor \"%s\" (%s) to %s", t.name,
+                                          HumanBytes(t.bytes), tm_tier_name(dst)));
+  }
+  return s;
+}
+
 absl::Status Runtime::CheckOthersUnpinned(const Tensor& t, int keep) const {
   for (int i = 0; i < TM_TIER_COUNT; ++i) {
     if (i != keep && t.copies[i].pins > 0) {
       return Error(TM_ERR_BUSY,
                    absl::StrFormat("tensor \"%s\" is acquired in %s (%u outstanding acquire(s))",
                                    t.name, tm_tier_name(static_cast<tm_tier>(i)), t.copies[i].pins));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::CheckAboveUnpinned(const Tensor& t, tm_tier tier) const {
+  for (int above = 0; above < tier; ++above) {
+    if (t.copies[above].pins > 0) {
+      return Error(TM_ERR_BUSY, absl::StrFormat("cannot offload tensor \"%s\": it is acquired in %s",
+                                                t.name, tm_tier_name(static_cast<tm_tier>(above))));
     }
   }
   return absl::OkStatus();
@@ -206,11 +299,12 @@ absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
 
 absl::Status Runtime::DestroyTensor(uint64_t handle) {
   absl::MutexLock lock(&mu_);
-  auto t = Find(handle);
+  auto t = Claim(handle);
   if (!t.ok()) return t.status();
   if (auto s = CheckOthersUnpinned(**t, -1); !s.ok()) return WithContext(s, "cannot destroy");
   for (int i = 0; i < TM_TIER_COUNT; ++i) mover_->Drop(**t, static_cast<tm_tier>(i));
-  tensors_.Remove(handle);
+  tensors_.Remove(handle);  // its queued moves find no tensor and are dropped
+  changed_.SignalAll();
   return absl::OkStatus();
 }
 
@@ -237,9 +331,9 @@ absl::Status CheckRange(const Tensor& t, uint64_t offset, uint64_t bytes, const 
 
 absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
-  auto found = Find(handle);
-  if (!found.ok()) return found.status();
-  Tensor& t = **found;
+  auto claimed = Claim(handle);
+  if (!claimed.ok()) return claimed.status();
+  Tensor& t = **claimed;
   if (auto s = CheckRange(t, offset, bytes, src); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
 
@@ -254,17 +348,18 @@ absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, u
       (t.copy(TM_TIER_NVME).valid || (!t.materialized() && t.home == TM_TIER_NVME));
   if (auto s = CheckOthersUnpinned(t, target); !s.ok()) return WithContext(s, "cannot write");
   const bool whole = offset == 0 && bytes == t.bytes;
-  absl::Status s = whole && !t.copy(target).valid ? mover_->Reserve(t, target)
-                                                  : mover_->MakeValid(t, target);
+  absl::Status s = whole && !t.copy(target).valid ? mover_->Reserve(t, target) : MakeValid(t, target);
   if (!s.ok()) return s;
-  if (s = mover_->CopyIn(t, target, offset, src, bytes); !s.ok()) {
+  char* addr = mover_->Address(t, target) + offset;
+  s = Unlocked(t, [&] { return mover_->CopyIn(target, addr, src, bytes); });
+  if (!s.ok()) {
     // The target may hold part of the write: it is no longer a faithful copy. Keep another.
     if (t.ResidencyMask() != TM_TIER_BIT(target)) mover_->Drop(t, target);
     return s;
   }
   DropOthers(t, target);
   if (back_to_nvme) {
-    if (s = mover_->MakeValid(t, TM_TIER_NVME); !s.ok()) {
+    if (s = MakeValid(t, TM_TIER_NVME); !s.ok()) {
       return WithContext(s, absl::StrFormat("tensor \"%s\" was written and stays in DRAM", t.name));
     }
     mover_->Drop(t, TM_TIER_DRAM);
@@ -274,25 +369,28 @@ absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, u
 
 absl::Status Runtime::Read(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
-  auto found = Find(handle);
-  if (!found.ok()) return found.status();
-  Tensor& t = **found;
+  auto claimed = Claim(handle);
+  if (!claimed.ok()) return claimed.status();
+  Tensor& t = **claimed;
   if (auto s = CheckRange(t, offset, bytes, dst); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
   if (!t.materialized()) {
     std::memset(dst, 0, bytes);
     return absl::OkStatus();
   }
-  if (t.copy(TM_TIER_HBM).valid) return mover_->CopyOut(t, TM_TIER_HBM, offset, dst, bytes);
-  const bool staged = !t.copy(TM_TIER_DRAM).valid;
-  if (auto s = mover_->MakeValid(t, TM_TIER_DRAM); !s.ok()) return s;
-  absl::Status s = mover_->CopyOut(t, TM_TIER_DRAM, offset, dst, bytes);
-  if (staged) mover_->Drop(t, TM_TIER_DRAM);
-  return s;
+  for (tm_tier tier : {TM_TIER_HBM, TM_TIER_DRAM}) {
+    if (!t.copy(tier).valid) continue;
+    const char* addr = mover_->Address(t, tier) + offset;
+    return Unlocked(t, [&] { return mover_->CopyOut(tier, addr, dst, bytes); });
+  }
+  // Only on NVMe: through a staging slot, leaving residency as it is.
+  const Extent e = t.copy(TM_TIER_NVME).extent;
+  const uint64_t size = t.bytes;
+  return Unlocked(t, [&] { return mover_->ReadNvme(e, size, offset, dst, bytes); });
 }
 
 absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access access,
-                                       void* /*stream*/) {
+                                       void* stream) {
   if (tier != TM_TIER_HBM && tier != TM_TIER_DRAM) {
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("acquire needs tier hbm or dram, not %d: NVMe copies have no "
@@ -304,18 +402,20 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
                  absl::StrFormat("access mode %d is out of range", static_cast<int>(access)));
   }
   absl::MutexLock lock(&mu_);
-  auto found = Find(handle);
-  if (!found.ok()) return found.status();
-  Tensor& t = **found;
+  auto claimed = Claim(handle);
+  if (!claimed.ok()) return claimed.status();
+  Tensor& t = **claimed;
   const bool writes = access != TM_ACCESS_READ;
   if (writes) {
     if (auto s = CheckOthersUnpinned(t, tier); !s.ok()) return WithContext(s, "cannot acquire for writing");
   }
-  absl::Status s = access == TM_ACCESS_WRITE ? mover_->Reserve(t, tier) : mover_->MakeValid(t, tier);
+  // Only a read may leave its copy in flight on the caller's stream: a writer frees the other
+  // copies next, so its data must have landed first.
+  absl::Status s = access == TM_ACCESS_WRITE ? mover_->Reserve(t, tier)
+                                             : MakeValid(t, tier, writes ? nullptr : stream);
   if (!s.ok()) return s;
   if (writes) DropOthers(t, tier);
   ++t.copy(tier).pins;
-  // The data is in place when this returns, which is correctly ordered for any stream.
   return static_cast<void*>(mover_->Address(t, tier));
 }
 
@@ -335,25 +435,102 @@ absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {
   return absl::OkStatus();
 }
 
+absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
+  if (!t.materialized()) return absl::OkStatus();  // zeros need no space anywhere
+  if (auto s = CheckAboveUnpinned(t, tier); !s.ok()) return s;
+  if (auto s = MakeValid(t, tier); !s.ok()) return s;
+  for (int above = 0; above < tier; ++above) mover_->Drop(t, static_cast<tm_tier>(above));
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Enqueue(uint64_t handle, tm_tier tier, bool offload) {
+  absl::MutexLock lock(&mu_);
+  auto found = Find(handle);
+  if (!found.ok()) return found.status();
+  Tensor& t = **found;
+  if (offload) {
+    // Said now rather than at sync when it is already certain.
+    if (auto s = CheckAboveUnpinned(t, tier); !s.ok()) return s;
+  } else if (t.copy(tier).valid && !t.busy) {
+    return absl::OkStatus();  // already there
+  }
+  ++t.queued;
+  ++outstanding_;
+  jobs_.push_back(Job{handle, tier, offload});
+  work_.Signal();
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Prefetch(uint64_t handle, tm_tier tier) {
+  if (tier != TM_TIER_HBM && tier != TM_TIER_DRAM) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("prefetch needs tier hbm or dram, not %d", static_cast<int>(tier)));
+  }
+  return Enqueue(handle, tier, false);
+}
+
 absl::Status Runtime::Offload(uint64_t handle, tm_tier tier) {
   if (tier != TM_TIER_DRAM && tier != TM_TIER_NVME) {
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("offload needs tier dram or nvme, not %d", static_cast<int>(tier)));
   }
+  return Enqueue(handle, tier, true);
+}
+
+void Runtime::MoverLoop() {
   absl::MutexLock lock(&mu_);
-  auto found = Find(handle);
-  if (!found.ok()) return found.status();
-  Tensor& t = **found;
-  if (!t.materialized()) return absl::OkStatus();  // zeros need no space anywhere
-  for (int above = 0; above < tier; ++above) {
-    if (t.copies[above].pins > 0) {
-      return Error(TM_ERR_BUSY, absl::StrFormat("cannot offload tensor \"%s\": it is acquired in %s",
-                                                t.name, tm_tier_name(static_cast<tm_tier>(above))));
+  for (;;) {
+    while (!stopping_ && jobs_.empty()) work_.Wait(&mu_);
+    if (stopping_) return;
+    Job job = jobs_.front();
+    jobs_.pop_front();
+    // The job stays counted in `queued` until it is done, so that Sync waits for it.
+    auto claimed = Claim(job.handle);  // gone: destroyed since it was queued
+    if (claimed.ok()) {
+      Tensor& t = **claimed;
+      absl::Status s = job.offload ? OffloadClaimed(t, job.tier) : MakeValid(t, job.tier);
+      --t.queued;
+      if (!s.ok()) {
+        Log(LogSeverity::kDebug, "async %s of \"%s\" to %s failed: %s",
+            job.offload ? "offload" : "prefetch", t.name.c_str(), tm_tier_name(job.tier),
+            std::string(s.message()).c_str());
+        if (t.error.ok()) t.error = s;
+      }
     }
+    --outstanding_;
+    changed_.SignalAll();
   }
-  if (auto s = mover_->MakeValid(t, tier); !s.ok()) return s;
-  for (int above = 0; above < tier; ++above) mover_->Drop(t, static_cast<tm_tier>(above));
-  return absl::OkStatus();
+}
+
+absl::Status Runtime::Sync(uint64_t handle) {
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    auto found = Find(handle);
+    if (!found.ok()) return found.status();
+    if ((*found)->queued == 0 && !(*found)->busy) break;
+    changed_.Wait(&mu_);
+  }
+  auto claimed = Claim(handle);  // also lands a stream-ordered copy
+  if (!claimed.ok()) return claimed.status();
+  absl::Status s = std::move((*claimed)->error);
+  (*claimed)->error = absl::OkStatus();
+  return s;
+}
+
+absl::Status Runtime::SyncAll() {
+  absl::MutexLock lock(&mu_);
+  while (outstanding_ > 0) changed_.Wait(&mu_);
+  absl::Status first;
+  int failed = 0;
+  tensors_.ForEach([&](Tensor& t) {
+    if (t.error.ok()) return;
+    if (failed++ == 0) first = t.error;
+    t.error = absl::OkStatus();
+  });
+  if (failed > 1) {
+    return WithContext(first, absl::StrFormat("%d asynchronous moves failed; the first", failed));
+  }
+  return first;
 }
 
 absl::StatusOr<uint32_t> Runtime::Residency(uint64_t handle) {

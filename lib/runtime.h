@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <deque>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -16,6 +18,7 @@
 #include "lib/memory_tier.h"
 #include "lib/mover.h"
 #include "lib/nvme_tier.h"
+#include "lib/staging_pool.h"
 #include "lib/tensor.h"
 #include "tiermem/tiermem.h"
 
@@ -35,6 +38,10 @@ struct RuntimeInfo {
   int numa_node = -1;       // node the DRAM tier is bound to, -1 when unbound
   int numa_nodes = 1;
   std::string io_engine;    // "uring" | "posix"
+  bool io_buffers_registered = false;
+  bool io_files_registered = false;
+  uint64_t staging_chunk = 0;  // bytes per staging slot
+  uint32_t staging_slots = 0;
   struct Path {
     std::string dir;
     bool direct = false;
@@ -59,7 +66,13 @@ class Runtime {
   absl::Status Read(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes);
   absl::StatusOr<void*> Acquire(uint64_t handle, tm_tier tier, tm_access access, void* stream);
   absl::Status Release(uint64_t handle, tm_tier tier);
+  // Asynchronous: queued, and return at once. Failures are reported by Sync / SyncAll.
+  absl::Status Prefetch(uint64_t handle, tm_tier tier);
   absl::Status Offload(uint64_t handle, tm_tier tier);
+  // Waits for the tensor's queued and running moves; returns (and forgets) the first failure.
+  absl::Status Sync(uint64_t handle);
+  // Waits for every queued and running move; returns (and forgets) the failures.
+  absl::Status SyncAll();
   absl::StatusOr<uint32_t> Residency(uint64_t handle);
 
   tm_stats Stats();
@@ -71,10 +84,27 @@ class Runtime {
   absl::Status Init();
   // The tensor of `handle`, or TM_ERR_INVALID_HANDLE.
   absl::StatusOr<Tensor*> Find(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The tensor of `handle` once no move of it runs and its stream-ordered copy (if any) is
+  // done: the caller may then change it. May release and retake the lock while waiting.
+  absl::StatusOr<Tensor*> Claim(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `f` without the lock while the tensor is marked busy.
+  template <typename F>
+  absl::Status Unlocked(Tensor& t, F&& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes t's copy in `dst` valid (a claimed tensor). Releases the lock during the move.
+  absl::Status MakeValid(Tensor& t, tm_tier dst, void* stream = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves a claimed tensor down to `tier` and frees the copies above.
+  absl::Status OffloadClaimed(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // TM_ERR_BUSY when a copy other than `keep` is pinned (it would have to be freed).
   absl::Status CheckOthersUnpinned(const Tensor& t, int keep) const;
+  // TM_ERR_BUSY when a copy above `tier` is pinned.
+  absl::Status CheckAboveUnpinned(const Tensor& t, tm_tier tier) const;
   // Frees every copy except the one in `keep`: they became stale.
   void DropOthers(Tensor& t, tm_tier keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues an asynchronous move.
+  absl::Status Enqueue(uint64_t handle, tm_tier tier, bool offload);
+  // A mover thread: runs queued moves until the runtime stops.
+  void MoverLoop();
 
   Config config_;
   RuntimeInfo info_;
@@ -84,12 +114,24 @@ class Runtime {
   std::unique_ptr<MemoryTier> dram_;
   std::unique_ptr<NvmeTier> nvme_;
   std::unique_ptr<io::IoEngine> io_;
+  std::unique_ptr<StagingPool> staging_;
   std::unique_ptr<Mover> mover_;
 
-  // Guards the tensor table and every tensor's state. Moves run under it in this version, so
-  // calls are serialized; the engines below have their own locks.
+  // Guards the tensor table, every tensor's state and the job queue. Moves run without it: a
+  // tensor being moved is marked busy instead, and only its own operations wait.
   absl::Mutex mu_;
+  absl::CondVar changed_;  // a tensor stopped being busy, or a job finished
+  absl::CondVar work_;     // a job was queued, or the runtime stops
   TensorTable tensors_ ABSL_GUARDED_BY(mu_);
+  struct Job {
+    uint64_t handle;
+    tm_tier tier;
+    bool offload;
+  };
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // jobs queued or running
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> movers_;
 };
 
 }  // namespace tiermem

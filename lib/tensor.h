@@ -4,9 +4,12 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "io/copy_engine.h"
 #include "lib/tier_space.h"
 #include "tiermem/tiermem.h"
 
@@ -19,12 +22,22 @@ struct TensorCopy {
   uint32_t pins = 0;   // outstanding acquires: a pinned copy is never freed or moved
 };
 
+// All fields are guarded by the runtime's lock.
 struct Tensor {
   uint64_t bytes = 0;
   tm_tensor_class cls = TM_CLASS_OTHER;
   tm_tier home = TM_TIER_HBM;
   std::string name;
   std::array<TensorCopy, TM_TIER_COUNT> copies;
+  // A move or host copy of this tensor runs outside the runtime's lock: every other operation
+  // on it waits (so extents and copies it uses stay put).
+  bool busy = false;
+  // Asynchronous moves queued and not yet started.
+  uint32_t queued = 0;
+  // The first failure of an asynchronous move, until a sync reports it.
+  absl::Status error;
+  // A stream-ordered copy into HBM that the host has not waited for yet.
+  std::optional<io::CopyTicket> pending;
 
   TensorCopy& copy(tm_tier t) { return copies[t]; }
   // Whether any tier holds it; a tensor never written reads as zeros.

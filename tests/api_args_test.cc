@@ -13,6 +13,7 @@
 namespace tiermem {
 namespace {
 
+using testing::OffloadNow;
 using testing::SmallConfig;
 using testing::TempDir;
 
@@ -175,8 +176,11 @@ TEST_F(ApiArgs, TensorHandles) {
     EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_acquire(rt_, bad, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p));
     EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_release(rt_, bad, TM_TIER_HBM));
     EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_offload(rt_, bad, TM_TIER_NVME));
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_prefetch(rt_, bad, TM_TIER_HBM));
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_sync(rt_, bad));
     EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_residency(rt_, bad, &mask));
   }
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_sync(zero_rt_));
   // A good tensor through a bad runtime.
   EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_bytes(zero_rt_, t_, &bytes));
   EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_destroy(zero_rt_, t_));
@@ -215,6 +219,10 @@ TEST_F(ApiArgs, OutOfRange) {
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_release(rt_, t_, TM_TIER_DRAM));  // not acquired
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_offload(rt_, t_, TM_TIER_HBM));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_offload(rt_, t_, static_cast<tm_tier>(3)));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_prefetch(rt_, t_, TM_TIER_NVME));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_prefetch(rt_, t_, static_cast<tm_tier>(-4)));
+  EXPECT_STATUS(TM_OK, tm_tensor_sync(rt_, t_));
+  EXPECT_STATUS(TM_OK, tm_runtime_sync(rt_));
   // The tensor is untouched by all of this.
   uint32_t mask = 1;
   EXPECT_STATUS(TM_OK, tm_tensor_residency(rt_, t_, &mask));
@@ -235,7 +243,7 @@ TEST_F(ApiArgs, ThreadsShareARuntime) {
       std::vector<uint8_t> back(d.bytes);
       for (int round = 0; round < 20; ++round) {
         if (tm_tensor_write(rt_, t, 0, data.data(), d.bytes) != TM_OK) ++failures;
-        if (tm_tensor_offload(rt_, t, round % 2 ? TM_TIER_NVME : TM_TIER_DRAM) != TM_OK) ++failures;
+        if (OffloadNow(rt_, t, round % 2 ? TM_TIER_NVME : TM_TIER_DRAM) != TM_OK) ++failures;
         if (tm_tensor_read(rt_, t, 0, back.data(), d.bytes) != TM_OK || back != data) ++failures;
       }
       if (tm_tensor_destroy(rt_, t) != TM_OK) ++failures;

@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < desc.bytes; ++i) data[i] = (unsigned char)(i * 2654435761u >> 13);
   CHECK(tm_tensor_write(rt, t, 0, data, desc.bytes));
   CHECK(tm_tensor_offload(rt, t, TM_TIER_NVME));
+  CHECK(tm_tensor_sync(rt, t));
   uint32_t mask = 0;
   CHECK(tm_tensor_residency(rt, t, &mask));
   if (mask != TM_TIER_BIT(TM_TIER_NVME)) {

@@ -68,7 +68,7 @@ TEST(NvmeTier, StripesRoundRobinAtBlockGranularity) {
   ASSERT_TRUE(tier.ok()) << tier.status();
   Extent e{64 << 10, 5 * (64 << 10) + 100, 0};  // starts on stripe 1
   std::vector<char> buf(e.size + 4096);
-  auto reqs = (*tier)->Requests(e, buf.data(), e.size, true);
+  auto reqs = (*tier)->Requests(e, 0, buf.data(), e.size, true);
   ASSERT_EQ(reqs.size(), 6u);
   const auto& files = (*tier)->files();
   for (size_t i = 0; i < reqs.size(); ++i) {

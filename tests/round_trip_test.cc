@@ -13,6 +13,7 @@
 namespace tiermem {
 namespace {
 
+using testing::OffloadNow;
 using testing::RandomBytes;
 using testing::SmallConfig;
 using testing::TempDir;
@@ -57,11 +58,11 @@ TEST_P(RoundTrip, BitExactThroughEveryTier) {
   EXPECT_EQ(Residency(rt, t), TM_TIER_BIT(TM_TIER_HBM));
   EXPECT_GE(Used(rt, TM_TIER_HBM), bytes);
 
-  TM_ASSERT_OK(tm_tensor_offload(rt, t, TM_TIER_DRAM));
+  TM_ASSERT_OK(OffloadNow(rt, t, TM_TIER_DRAM));
   EXPECT_EQ(Residency(rt, t), TM_TIER_BIT(TM_TIER_DRAM));
   EXPECT_EQ(Used(rt, TM_TIER_HBM), 0u) << "offload must free the HBM copy";
 
-  TM_ASSERT_OK(tm_tensor_offload(rt, t, TM_TIER_NVME));
+  TM_ASSERT_OK(OffloadNow(rt, t, TM_TIER_NVME));
   EXPECT_EQ(Residency(rt, t), TM_TIER_BIT(TM_TIER_NVME));
   EXPECT_EQ(Used(rt, TM_TIER_DRAM), 0u) << "offload must free the DRAM copy";
   EXPECT_GE(Used(rt, TM_TIER_NVME), bytes);
@@ -80,7 +81,7 @@ TEST_P(RoundTrip, BitExactThroughEveryTier) {
   EXPECT_EQ(back, data) << "DRAM -> HBM changed the bytes";
 
   // Straight from NVMe to HBM: staged through DRAM, and the staging copy is freed.
-  TM_ASSERT_OK(tm_tensor_offload(rt, t, TM_TIER_NVME));
+  TM_ASSERT_OK(OffloadNow(rt, t, TM_TIER_NVME));
   EXPECT_EQ(Used(rt, TM_TIER_HBM), 0u);
   TM_ASSERT_OK(tm_tensor_acquire(rt, t, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p));
   TM_ASSERT_OK(tm_tensor_release(rt, t, TM_TIER_HBM));
@@ -131,7 +132,7 @@ TEST(RoundTrip, PartialWritesInEveryTier) {
   uint64_t seed = 1;
   for (tm_tier where : {TM_TIER_HBM, TM_TIER_DRAM, TM_TIER_NVME, TM_TIER_HBM}) {
     if (where != TM_TIER_HBM) {
-      TM_ASSERT_OK(tm_tensor_offload(rt, t, where));
+      TM_ASSERT_OK(OffloadNow(rt, t, where));
     }
     for (uint64_t off : {uint64_t{0}, uint64_t{1}, uint64_t{4095}, uint64_t{8190}, n - 5}) {
       auto patch = RandomBytes(std::min<uint64_t>(777, n - off), ++seed);
@@ -165,7 +166,7 @@ TEST(RoundTrip, AcquireModes) {
   TM_ASSERT_OK(tm_tensor_acquire(rt, t, TM_TIER_DRAM, TM_ACCESS_WRITE, nullptr, &p));
   std::memset(p, 0x5a, 1 << 20);
   TM_ASSERT_OK(tm_tensor_release(rt, t, TM_TIER_DRAM));
-  TM_ASSERT_OK(tm_tensor_offload(rt, t, TM_TIER_NVME));
+  TM_ASSERT_OK(OffloadNow(rt, t, TM_TIER_NVME));
   TM_ASSERT_OK(tm_tensor_acquire(rt, t, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &p));
   EXPECT_EQ(static_cast<uint8_t*>(p)[12345], 0x5a);
   TM_ASSERT_OK(tm_tensor_release(rt, t, TM_TIER_DRAM));
@@ -174,7 +175,7 @@ TEST(RoundTrip, AcquireModes) {
   EXPECT_EQ(Residency(rt, t), TM_TIER_BIT(TM_TIER_DRAM)) << "the NVMe copy went stale";
   static_cast<uint8_t*>(p)[0] = 1;
   TM_ASSERT_OK(tm_tensor_release(rt, t, TM_TIER_DRAM));
-  TM_ASSERT_OK(tm_tensor_offload(rt, t, TM_TIER_NVME));
+  TM_ASSERT_OK(OffloadNow(rt, t, TM_TIER_NVME));
   uint8_t b[2] = {};
   TM_ASSERT_OK(tm_tensor_read(rt, t, 0, b, 2));
   EXPECT_EQ(b[0], 1);
@@ -196,7 +197,7 @@ TEST(RoundTrip, StripedOverTwoPaths) {
   TM_ASSERT_OK(tm_tensor_create(rt, &d, &t));
   auto data = RandomBytes(d.bytes, 99);
   TM_ASSERT_OK(tm_tensor_write(rt, t, 0, data.data(), d.bytes));
-  TM_ASSERT_OK(tm_tensor_offload(rt, t, TM_TIER_NVME));
+  TM_ASSERT_OK(OffloadNow(rt, t, TM_TIER_NVME));
   std::vector<uint8_t> back(d.bytes);
   TM_ASSERT_OK(tm_tensor_read(rt, t, 0, back.data(), d.bytes));
   EXPECT_EQ(back, data);

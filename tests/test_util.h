@@ -96,6 +96,12 @@ inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   return v;
 }
 
+// Offloads and waits: the status of the whole move.
+inline tm_status OffloadNow(tm_runtime rt, tm_tensor t, tm_tier tier) {
+  tm_status s = tm_tensor_offload(rt, t, tier);
+  return s != TM_OK ? s : tm_tensor_sync(rt, t);
+}
+
 // A tm_config for tests: emulated device, small budgets, swap files in `dir`.
 inline tm_config SmallConfig(const std::string& dir, tm_io_engine engine = TM_IO_ENGINE_DEFAULT) {
   tm_config c = TM_CONFIG_INIT;

@@ -62,8 +62,12 @@ void PrintInfo(const Runtime& rt) {
   } else {
     std::printf("numa        DRAM tier not bound (%d node(s))\n", info.numa_nodes);
   }
-  std::printf("io engine   %s, block %s, queue depth %u\n", info.io_engine.c_str(),
-              HumanBytes(c.io_block_size).c_str(), c.io_queue_depth);
+  std::printf("io engine   %s, block %s, queue depth %u, %u thread(s), %s buffers, %s files\n",
+              info.io_engine.c_str(), HumanBytes(c.io_block_size).c_str(), c.io_queue_depth,
+              c.io_threads, info.io_buffers_registered ? "registered" : "unregistered",
+              info.io_files_registered ? "registered" : "unregistered");
+  std::printf("staging     %u slots of %s in the DRAM pool (HBM <-> NVMe moves)\n",
+              info.staging_slots, HumanBytes(info.staging_chunk).c_str());
   for (const auto& p : info.nvme) {
     std::printf("nvme path   %s: %s, alignment %u (%s), %s reserved\n", p.dir.c_str(),
                 p.direct ? "O_DIRECT" : "buffered (O_DIRECT refused)", p.alignment,
@@ -90,6 +94,7 @@ absl::Status Bench(Runtime& rt, uint64_t bytes) {
     if (auto st = rt.Release(*h, TM_TIER_DRAM); !st.ok()) return st;
     auto t0 = Clock::now();
     if (auto st = rt.Offload(*h, TM_TIER_NVME); !st.ok()) return st;
+    if (auto st = rt.Sync(*h); !st.ok()) return st;
     write_s.push_back(Seconds(Clock::now() - t0));
     t0 = Clock::now();
     auto p = rt.Acquire(*h, TM_TIER_DRAM, TM_ACCESS_READ, nullptr);
@@ -135,7 +140,8 @@ absl::Status Demo() {
     uint64_t victim = in_hbm.front();
     in_hbm.pop_front();
     ++offloads;
-    return rt.Offload(victim, TM_TIER_NVME);
+    if (auto s = rt.Offload(victim, TM_TIER_NVME); !s.ok()) return s;
+    return rt.Sync(victim);
   };
   auto t0 = Clock::now();
   for (int i = 0; i < count; ++i) {

@@ -271,9 +271,10 @@ TM_API tm_status tm_tensor_read(tm_runtime runtime, tm_tensor tensor, uint64_t o
 /**
  * Makes the tensor resident in tier (HBM or DRAM), pins it there and returns its address
  * (a device pointer for HBM). With TM_ACCESS_WRITE or TM_ACCESS_READ_WRITE every other copy
- * becomes stale and is freed. stream is a cudaStream_t or NULL; in this version the call returns
- * when the data is in place, which is correctly ordered for any stream. Each acquire needs one
- * tm_tensor_release of the same tier.
+ * becomes stale and is freed. stream is a cudaStream_t or NULL: with a stream, a TM_ACCESS_READ
+ * copy from DRAM into HBM is stream-ordered (the stream waits on an event; the host does not);
+ * every other case returns when the data is in place, which is ordered for any stream. Waits only
+ * for this tensor's own moves. Each acquire needs one tm_tensor_release of the same tier.
  */
 TM_API tm_status tm_tensor_acquire(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
                                    tm_access access, void* stream, void** ptr);
@@ -282,11 +283,28 @@ TM_API tm_status tm_tensor_acquire(tm_runtime runtime, tm_tensor tensor, tm_tier
 TM_API tm_status tm_tensor_release(tm_runtime runtime, tm_tensor tensor, tm_tier tier);
 
 /**
- * Moves the tensor down to tier (DRAM or NVMe): a valid copy is written there, then the copies
- * above it are freed. Returns when done. A failure leaves the tensor valid where it was.
- * TM_ERR_BUSY when a copy that would be freed is acquired.
+ * Starts moving the tensor down to tier (DRAM or NVMe) and returns at once: a valid copy is
+ * written there, then the copies above it are freed. TM_ERR_BUSY at once when a copy above tier
+ * is acquired. A failure of the move itself (TM_ERR_OUT_OF_MEMORY, TM_ERR_NO_SPACE, TM_ERR_IO)
+ * leaves the tensor valid where it was and is reported by tm_tensor_sync / tm_runtime_sync.
  */
 TM_API tm_status tm_tensor_offload(tm_runtime runtime, tm_tensor tensor, tm_tier tier);
+
+/**
+ * Starts bringing the tensor up to tier (HBM or DRAM) ahead of use and returns at once; the
+ * copies below stay valid. A later acquire waits only for this tensor's move. Failures are
+ * reported by tm_tensor_sync / tm_runtime_sync.
+ */
+TM_API tm_status tm_tensor_prefetch(tm_runtime runtime, tm_tensor tensor, tm_tier tier);
+
+/**
+ * Waits until the tensor's prefetches and offloads are done (and any stream-ordered copy has
+ * landed). Returns the first failure among them, once; TM_OK when all succeeded.
+ */
+TM_API tm_status tm_tensor_sync(tm_runtime runtime, tm_tensor tensor);
+
+/** Waits for every queued and running move of the runtime; returns the first failure, once. */
+TM_API tm_status tm_runtime_sync(tm_runtime runtime);
 
 /** Bit mask (TM_TIER_BIT) of the tiers holding a valid copy; 0 for a never-written tensor. */
 TM_API tm_status tm_tensor_residency(tm_runtime runtime, tm_tensor tensor, uint32_t* mask);

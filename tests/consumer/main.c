@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
   memset(in, 'x', sizeof in);
   if (tm_runtime_create(&cfg, &rt) != TM_OK || tm_tensor_create(rt, &d, &t) != TM_OK ||
       tm_tensor_write(rt, t, 0, in, sizeof in) != TM_OK ||
-      tm_tensor_offload(rt, t, TM_TIER_NVME) != TM_OK ||
+      tm_tensor_offload(rt, t, TM_TIER_NVME) != TM_OK || tm_tensor_sync(rt, t) != TM_OK ||
       tm_tensor_read(rt, t, 0, out, sizeof out) != TM_OK || memcmp(in, out, sizeof in) != 0) {
     fprintf(stderr, "consumer: %s\n", tm_last_error());
     return 1;
