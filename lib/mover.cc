@@ -210,6 +210,30 @@ absl::Status Mover::ReadNvme(const Extent& e, uint64_t bytes, uint64_t offset, v
   return status;
 }
 
+absl::Status Mover::WriteNvme(const Extent& old, const Extent& fresh, uint64_t bytes,
+                              uint64_t offset, const void* src, uint64_t n) {
+  const uint64_t chunk = staging_.chunk();
+  std::vector<char*> slot = staging_.Acquire(1);
+  absl::Status status;
+  for (uint64_t start = 0; start < bytes && status.ok(); start += chunk) {
+    const uint64_t len = std::min(chunk, bytes - start);
+    const uint64_t from = std::max(start, offset);
+    const uint64_t to = std::min(start + len, offset + n);
+    const bool covered = from == start && to == start + len;  // all of it comes from src
+    if (!covered) {
+      if (old.empty()) {
+        std::memset(slot[0], 0, len);
+      } else if (!(status = Io(old, start, slot[0], len, false)).ok()) {
+        break;
+      }
+    }
+    if (from < to) std::memcpy(slot[0] + (from - start), static_cast<const char*>(src) + (from - offset), to - from);
+    status = Io(fresh, start, slot[0], len, true);
+  }
+  staging_.Release(slot);
+  return status;
+}
+
 absl::Status Mover::CopyIn(tm_tier tier, char* addr, const void* src, uint64_t n) {
   if (tier == TM_TIER_DRAM) {
     std::memcpy(addr, src, n);

@@ -60,6 +60,13 @@ class Mover {
   // into host memory, through one staging slot.
   absl::Status ReadNvme(const Extent& e, uint64_t bytes, uint64_t offset, void* dst, uint64_t n);
 
+  // Without the lock: makes `fresh` (an NVMe extent) hold the tensor's bytes with
+  // [offset, offset+n) replaced by `src`; the rest comes from `old` (an NVMe extent), or is zero
+  // when `old` is empty. Chunk by chunk through one staging slot. `old` is left untouched, so a
+  // failure loses nothing.
+  absl::Status WriteNvme(const Extent& old, const Extent& fresh, uint64_t bytes, uint64_t offset,
+                         const void* src, uint64_t n);
+
   char* Address(Tensor& t, tm_tier tier);
   TierSpace& space(tm_tier tier);
   io::CopyEngine& copy_engine() { return device_.copy_engine(); }

@@ -337,15 +337,31 @@ absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, u
   if (auto s = CheckRange(t, offset, bytes, src); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
 
-  // Land in the fastest addressable copy; an NVMe-only (or NVMe-home) tensor is staged in DRAM
-  // and written back down, so that residency stays as it was.
-  tm_tier target = t.copy(TM_TIER_HBM).valid    ? TM_TIER_HBM
-                   : t.copy(TM_TIER_DRAM).valid ? TM_TIER_DRAM
-                   : t.copy(TM_TIER_NVME).valid ? TM_TIER_DRAM
-                                                : (t.home == TM_TIER_NVME ? TM_TIER_DRAM : t.home);
-  const bool back_to_nvme =
-      target == TM_TIER_DRAM && !t.copy(TM_TIER_DRAM).valid &&
-      (t.copy(TM_TIER_NVME).valid || (!t.materialized() && t.home == TM_TIER_NVME));
+  // Land in the fastest addressable copy. A tensor only on NVMe (or never written, with an NVMe
+  // home) is rewritten on NVMe, through a staging slot into a fresh extent that replaces the old
+  // one only once complete: it stays on NVMe, needs no DRAM room, and a failure loses nothing.
+  const bool on_nvme = !t.copy(TM_TIER_HBM).valid && !t.copy(TM_TIER_DRAM).valid &&
+                       (t.copy(TM_TIER_NVME).valid || t.home == TM_TIER_NVME);
+  if (on_nvme) {
+    auto fresh = mover_->space(TM_TIER_NVME).Allocate(t.bytes, t.name);
+    if (!fresh.ok()) return fresh.status();
+    const Extent old = t.copy(TM_TIER_NVME).valid ? t.copy(TM_TIER_NVME).extent : Extent{};
+    const uint64_t size = t.bytes;
+    absl::Status s =
+        Unlocked(t, [&] { return mover_->WriteNvme(old, *fresh, size, offset, src, bytes); });
+    Extent done = *fresh;
+    if (!s.ok()) {
+      mover_->space(TM_TIER_NVME).Free(done);
+      return WithContext(s, absl::StrFormat("writing tensor \"%s\" on NVMe", t.name));
+    }
+    mover_->Drop(t, TM_TIER_NVME);
+    t.copy(TM_TIER_NVME).extent = done;
+    t.copy(TM_TIER_NVME).valid = true;
+    return absl::OkStatus();
+  }
+  const tm_tier target = t.copy(TM_TIER_HBM).valid    ? TM_TIER_HBM
+                         : t.copy(TM_TIER_DRAM).valid ? TM_TIER_DRAM
+                                                      : t.home;
   if (auto s = CheckOthersUnpinned(t, target); !s.ok()) return WithContext(s, "cannot write");
   const bool whole = offset == 0 && bytes == t.bytes;
   absl::Status s = whole && !t.copy(target).valid ? mover_->Reserve(t, target) : MakeValid(t, target);
@@ -358,12 +374,6 @@ absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, u
     return s;
   }
   DropOthers(t, target);
-  if (back_to_nvme) {
-    if (s = MakeValid(t, TM_TIER_NVME); !s.ok()) {
-      return WithContext(s, absl::StrFormat("tensor \"%s\" was written and stays in DRAM", t.name));
-    }
-    mover_->Drop(t, TM_TIER_DRAM);
-  }
   return absl::OkStatus();
 }
 
