@@ -14,7 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
+#include "io/sync.h"
 
 namespace tiermem::io {
 namespace {
@@ -79,7 +79,7 @@ class CudaCopyEngine final : public CopyEngine {
       cudaEventDestroy(ev);
       return CudaError(e, "cudaEventRecord");
     }
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     uint64_t id = ++next_id_;
     events_[id] = ev;
     return CopyTicket{id};
@@ -88,7 +88,7 @@ class CudaCopyEngine final : public CopyEngine {
   absl::Status Wait(CopyTicket ticket) override {
     cudaEvent_t ev = nullptr;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto it = events_.find(ticket.id);
       if (it == events_.end()) return absl::InvalidArgumentError("unknown copy ticket");
       ev = it->second;
@@ -103,7 +103,7 @@ class CudaCopyEngine final : public CopyEngine {
   absl::Status StreamWait(void* stream, CopyTicket ticket) override {
     cudaEvent_t ev = nullptr;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto it = events_.find(ticket.id);
       if (it == events_.end()) return absl::InvalidArgumentError("unknown copy ticket");
       ev = it->second;
@@ -119,7 +119,7 @@ class CudaCopyEngine final : public CopyEngine {
   int device_;
   cudaStream_t streams_[2][kStreamsPerDirection] = {};
   std::atomic<uint32_t> next_stream_[2] = {0, 0};
-  absl::Mutex mu_;
+  Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, cudaEvent_t> events_ ABSL_GUARDED_BY(mu_);
 };

@@ -14,7 +14,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
+#include "io/sync.h"
 #include "io/device.h"
 
 namespace tiermem::io {
@@ -32,7 +32,7 @@ class EmulatedCopyEngine final : public CopyEngine {
   ~EmulatedCopyEngine() override {
     for (Lane& lane : lanes_) {
       {
-        absl::MutexLock lock(&lane.mu);
+        MutexLock lock(&lane.mu);
         lane.stop = true;
         lane.work.Signal();
       }
@@ -43,7 +43,7 @@ class EmulatedCopyEngine final : public CopyEngine {
   absl::StatusOr<CopyTicket> Enqueue(CopyDirection dir, void* dst, const void* src,
                                      uint64_t bytes) override {
     Lane& lane = lanes_[static_cast<int>(dir)];
-    absl::MutexLock lock(&lane.mu);
+    MutexLock lock(&lane.mu);
     uint64_t seq = ++lane.enqueued;
     if (bytes == 0) {
       lane.done_set.insert(seq);
@@ -57,7 +57,7 @@ class EmulatedCopyEngine final : public CopyEngine {
   absl::Status Wait(CopyTicket ticket) override {
     Lane& lane = lanes_[ticket.id & 1];
     uint64_t seq = ticket.id >> 1;
-    absl::MutexLock lock(&lane.mu);
+    MutexLock lock(&lane.mu);
     if (seq == 0 || seq > lane.enqueued) {
       return absl::InvalidArgumentError("waiting for a copy that was never enqueued");
     }
@@ -76,13 +76,13 @@ class EmulatedCopyEngine final : public CopyEngine {
   };
   // One direction of the link.
   struct Lane {
-    absl::Mutex mu;
+    Mutex mu;
     std::deque<Job> active ABSL_GUARDED_BY(mu);  // served round-robin, one slice each
     uint64_t enqueued ABSL_GUARDED_BY(mu) = 0;
     absl::flat_hash_set<uint64_t> done_set ABSL_GUARDED_BY(mu);  // finished, not yet waited
     bool stop ABSL_GUARDED_BY(mu) = false;
-    absl::CondVar work;  // signalled on enqueue and stop
-    absl::CondVar done;  // signalled when a copy finishes
+    CondVar work;  // signalled on enqueue and stop
+    CondVar done;  // signalled when a copy finishes
     std::thread worker;
   };
 
@@ -93,7 +93,7 @@ class EmulatedCopyEngine final : public CopyEngine {
     for (;;) {
       Job job;
       {
-        absl::MutexLock lock(&lane.mu);
+        MutexLock lock(&lane.mu);
         while (!lane.stop && lane.active.empty()) lane.work.Wait(&lane.mu);
         if (lane.active.empty()) return;  // stop requested and nothing left
         job = lane.active.front();
@@ -108,7 +108,7 @@ class EmulatedCopyEngine final : public CopyEngine {
                         std::chrono::duration<double>(static_cast<double>(n) / bytes_per_second_));
         std::this_thread::sleep_until(link_free);
       }
-      absl::MutexLock lock(&lane.mu);
+      MutexLock lock(&lane.mu);
       if (job.copied < job.bytes) {
         lane.active.push_back(job);
       } else {

@@ -39,26 +39,22 @@ absl::Status PieceQueue::RunJob(std::span<const IoRequest> requests, uint64_t bl
   }
   if (pieces.empty()) return absl::OkStatus();
   {
-    absl::MutexLock lock(&job->mu);
+    MutexLock lock(&job->mu);
     job->remaining = pieces.size();
   }
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (Piece& p : pieces) queue_.push_back(&p);
+    nonempty_.SignalAll();
   }
-  absl::MutexLock lock(&job->mu);
-  job->mu.Await(absl::Condition(
-      +[](IoJob* j) ABSL_EXCLUSIVE_LOCKS_REQUIRED(j->mu) { return j->remaining == 0; }, job.get()));
-  return job->error;
+  MutexLock lock(&job->mu);
+  while (job->remaining > 0) job->finished.Wait(&job->mu);
+  return std::move(job->error);
 }
 
 bool PieceQueue::Pop(Piece** out) {
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](PieceQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->mu_) {
-        return q->stop_ || !q->queue_.empty();
-      },
-      this));
+  MutexLock lock(&mu_);
+  while (!stop_ && queue_.empty()) nonempty_.Wait(&mu_);
   if (queue_.empty()) return false;
   *out = queue_.front();
   queue_.pop_front();
@@ -66,7 +62,7 @@ bool PieceQueue::Pop(Piece** out) {
 }
 
 bool PieceQueue::TryPop(Piece** out) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (queue_.empty()) return false;
   *out = queue_.front();
   queue_.pop_front();
@@ -74,18 +70,19 @@ bool PieceQueue::TryPop(Piece** out) {
 }
 
 void PieceQueue::Stop() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   stop_ = true;
+  nonempty_.SignalAll();
 }
 
-void PieceQueue::Complete(Piece* p, const absl::Status& s) {
+void PieceQueue::Complete(Piece* p, absl::Status s) {
   std::shared_ptr<IoJob> job = p->job;  // outlives the unlock below
-  absl::MutexLock lock(&job->mu);
+  MutexLock lock(&job->mu);
   if (!s.ok() && !job->failed) {
     job->failed = true;
-    job->error = s;
+    job->error = std::move(s);
   }
-  --job->remaining;
+  if (--job->remaining == 0) job->finished.SignalAll();
 }
 
 }  // namespace tiermem::io

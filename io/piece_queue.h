@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "io/sync.h"
 #include "io/io_engine.h"
 
 namespace tiermem::io {
@@ -31,13 +31,14 @@ struct Piece {
 
 // One Run() call. Its pieces complete in any order; the caller waits for all of them.
 struct IoJob {
-  absl::Mutex mu;
+  Mutex mu;
+  CondVar finished;  // signalled when remaining reaches 0
   size_t remaining ABSL_GUARDED_BY(mu) = 0;
   absl::Status error ABSL_GUARDED_BY(mu);
   bool failed ABSL_GUARDED_BY(mu) = false;  // later pieces are dropped, not started
 
   bool Failed() {
-    absl::MutexLock lock(&mu);
+    MutexLock lock(&mu);
     return failed;
   }
 };
@@ -52,11 +53,13 @@ class PieceQueue {
   // Takes a piece if one is queued.
   bool TryPop(Piece** out);
   void Stop();
-  // Finishes a piece with `s` (ok, or its error: the job's first error is kept).
-  static void Complete(Piece* p, const absl::Status& s);
+  // Finishes a piece with `s` (ok, or its error: the job's first error is kept). Statuses are
+  // moved, never shared, between threads.
+  static void Complete(Piece* p, absl::Status s);
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
+  CondVar nonempty_;  // signalled on push and stop
   std::deque<Piece*> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 };

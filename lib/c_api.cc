@@ -8,7 +8,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
+#include "io/sync.h"
 #include "lib/config.h"
 #include "lib/runtime.h"
 #include "lib/status.h"
@@ -34,7 +34,7 @@ tm_status Report(const absl::Status& s) {
 class RuntimeRegistry {
  public:
   uint64_t Add(std::shared_ptr<Runtime> rt) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     uint32_t index;
     if (!free_.empty()) {
       index = free_.back();
@@ -48,12 +48,12 @@ class RuntimeRegistry {
     return uint64_t{next_generation_} << 32 | index;
   }
   std::shared_ptr<Runtime> Get(uint64_t bits) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     Slot* s = Find(bits);
     return s != nullptr ? s->runtime : nullptr;
   }
   std::shared_ptr<Runtime> Remove(uint64_t bits) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     Slot* s = Find(bits);
     if (s == nullptr) return nullptr;
     std::shared_ptr<Runtime> rt = std::move(s->runtime);
@@ -73,7 +73,7 @@ class RuntimeRegistry {
     if (gen == 0 || index >= slots_.size() || slots_[index].generation != gen) return nullptr;
     return &slots_[index];
   }
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
   uint32_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;

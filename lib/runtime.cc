@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Config& config) {
 
 Runtime::~Runtime() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
     outstanding_ -= jobs_.size();
     jobs_.clear();  // queued moves are abandoned; running ones finish
@@ -57,7 +57,7 @@ Runtime::~Runtime() {
   for (auto& t : movers_) t.join();
   // Stream-ordered copies still in flight must land before their memory goes away.
   if (mover_ != nullptr) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     tensors_.ForEach([&](Tensor& t) {
       if (t.pending.has_value()) (void)mover_->copy_engine().Wait(*t.pending);
     });
@@ -289,7 +289,7 @@ absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
   // Placement policies arrive with the placement issue; until then every home is HBM.
   t->home = desc.home_tier == TM_TIER_BY_PLACEMENT ? TM_TIER_HBM
                                                    : static_cast<tm_tier>(desc.home_tier);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Tensor* raw = t.get();
   uint64_t handle = tensors_.Insert(std::move(t));
   raw->name = desc.name.empty() ? absl::StrFormat("tensor-%08x", static_cast<uint32_t>(handle >> 32))
@@ -298,7 +298,7 @@ absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
 }
 
 absl::Status Runtime::DestroyTensor(uint64_t handle) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto t = Claim(handle);
   if (!t.ok()) return t.status();
   if (auto s = CheckOthersUnpinned(**t, -1); !s.ok()) return WithContext(s, "cannot destroy");
@@ -309,7 +309,7 @@ absl::Status Runtime::DestroyTensor(uint64_t handle) {
 }
 
 absl::StatusOr<uint64_t> Runtime::TensorBytes(uint64_t handle) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto t = Find(handle);
   if (!t.ok()) return t.status();
   return (*t)->bytes;
@@ -330,7 +330,7 @@ absl::Status CheckRange(const Tensor& t, uint64_t offset, uint64_t bytes, const 
 }  // namespace
 
 absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto claimed = Claim(handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
@@ -378,7 +378,7 @@ absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, u
 }
 
 absl::Status Runtime::Read(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto claimed = Claim(handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
@@ -411,7 +411,7 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("access mode %d is out of range", static_cast<int>(access)));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto claimed = Claim(handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
@@ -433,7 +433,7 @@ absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {
   if (!ValidTier(tier)) {
     return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("tier %d is out of range", static_cast<int>(tier)));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto found = Find(handle);
   if (!found.ok()) return found.status();
   TensorCopy& c = (*found)->copy(tier);
@@ -454,7 +454,7 @@ absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
 }
 
 absl::Status Runtime::Enqueue(uint64_t handle, tm_tier tier, bool offload) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto found = Find(handle);
   if (!found.ok()) return found.status();
   Tensor& t = **found;
@@ -488,7 +488,7 @@ absl::Status Runtime::Offload(uint64_t handle, tm_tier tier) {
 }
 
 void Runtime::MoverLoop() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (;;) {
     while (!stopping_ && jobs_.empty()) work_.Wait(&mu_);
     if (stopping_) return;
@@ -513,7 +513,7 @@ void Runtime::MoverLoop() {
 }
 
 absl::Status Runtime::Sync(uint64_t handle) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (;;) {
     auto found = Find(handle);
     if (!found.ok()) return found.status();
@@ -528,7 +528,7 @@ absl::Status Runtime::Sync(uint64_t handle) {
 }
 
 absl::Status Runtime::SyncAll() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   while (outstanding_ > 0) changed_.Wait(&mu_);
   absl::Status first;
   int failed = 0;
@@ -544,7 +544,7 @@ absl::Status Runtime::SyncAll() {
 }
 
 absl::StatusOr<uint32_t> Runtime::Residency(uint64_t handle) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto found = Find(handle);
   if (!found.ok()) return found.status();
   return (*found)->ResidencyMask();
@@ -558,7 +558,7 @@ tm_stats Runtime::Stats() {
   for (int f = 0; f < TM_TIER_COUNT; ++f) {
     for (int t = 0; t < TM_TIER_COUNT; ++t) s.bytes_moved[f][t] = mover_->moved(f, t);
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   s.tensors = tensors_.size();
   return s;
 }

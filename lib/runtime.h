@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "io/sync.h"
 #include "io/device.h"
 #include "io/io_engine.h"
 #include "io/numa.h"
@@ -119,9 +119,9 @@ class Runtime {
 
   // Guards the tensor table, every tensor's state and the job queue. Moves run without it: a
   // tensor being moved is marked busy instead, and only its own operations wait.
-  absl::Mutex mu_;
-  absl::CondVar changed_;  // a tensor stopped being busy, or a job finished
-  absl::CondVar work_;     // a job was queued, or the runtime stops
+  Mutex mu_;
+  CondVar changed_;  // a tensor stopped being busy, or a job finished
+  CondVar work_;     // a job was queued, or the runtime stops
   TensorTable tensors_ ABSL_GUARDED_BY(mu_);
   struct Job {
     uint64_t handle;

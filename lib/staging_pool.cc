@@ -17,27 +17,22 @@ StagingPool::Shape StagingPool::ShapeFor(uint64_t dram_bytes, uint64_t preferred
 }
 
 StagingPool::StagingPool(char* base, Shape shape) : shape_(shape) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (uint32_t i = 0; i < shape.slots; ++i) free_.push_back(base + i * shape.chunk);
 }
 
 std::vector<char*> StagingPool::Acquire(uint32_t n) {
-  struct Want {
-    StagingPool* pool;
-    uint32_t n;
-  } want{this, n};
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](Want* w) ABSL_NO_THREAD_SAFETY_ANALYSIS { return w->pool->free_.size() >= w->n; },
-      &want));
+  MutexLock lock(&mu_);
+  while (free_.size() < n) released_.Wait(&mu_);
   std::vector<char*> out(free_.end() - n, free_.end());
   free_.resize(free_.size() - n);
   return out;
 }
 
 void StagingPool::Release(const std::vector<char*>& slots) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   free_.insert(free_.end(), slots.begin(), slots.end());
+  released_.SignalAll();
 }
 
 }  // namespace tiermem

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "io/sync.h"
 
 namespace tiermem {
 
@@ -31,7 +31,8 @@ class StagingPool {
 
  private:
   Shape shape_;
-  absl::Mutex mu_;
+  Mutex mu_;
+  CondVar released_;  // signalled when slots come back
   std::vector<char*> free_ ABSL_GUARDED_BY(mu_);
 };
 

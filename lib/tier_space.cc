@@ -20,7 +20,7 @@ std::string HumanBytes(uint64_t bytes) {
 }
 
 absl::StatusOr<Extent> TierSpace::Allocate(uint64_t bytes, absl::string_view tensor_name) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto a = alloc_.Allocate(bytes);
   if (!a.has_value()) {
     tm_status code = tier_ == TM_TIER_NVME ? TM_ERR_NO_SPACE : TM_ERR_OUT_OF_MEMORY;
@@ -36,13 +36,13 @@ absl::StatusOr<Extent> TierSpace::Allocate(uint64_t bytes, absl::string_view ten
 
 void TierSpace::Free(Extent& e) {
   if (e.empty()) return;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   alloc_.Free(e.block);
   e = Extent{};
 }
 
 tm_tier_stats TierSpace::Stats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return tm_tier_stats{alloc_.capacity(), alloc_.used(), alloc_.peak()};
 }
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "io/sync.h"
 #include "lib/offset_allocator.h"
 #include "tiermem/tiermem.h"
 
@@ -37,7 +37,7 @@ class TierSpace {
 
  private:
   const tm_tier tier_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   OffsetAllocator alloc_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -12,8 +12,8 @@
 #include <tuple>
 #include <cstring>
 #include <memory>
+#include <mutex>
 
-#include "absl/synchronization/mutex.h"
 #include "io/fault_injection.h"
 #include "io/io_engine.h"
 #include "io/swap_file.h"
@@ -165,7 +165,7 @@ class Injector : public io::FaultInjector {
     int n = seen++;
     if (n == fail_at.load()) return -fail_errno.load();
     if (eagain_first.load()) {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       if (again_.insert({r.fd, off, r.write}).second) return -EAGAIN;
     }
     if (shorten.load() && result > static_cast<int>(r.alignment)) {
@@ -176,7 +176,7 @@ class Injector : public io::FaultInjector {
   bool FailUringSetup() override { return refuse_uring.load(); }
 
  private:
-  absl::Mutex mu_;
+  std::mutex mu_;
   std::set<std::tuple<int, uint64_t, bool>> again_;
 };
 

@@ -2,7 +2,7 @@
 # The two commands of the README.
 #   tools/build.sh demo   install what is missing, build, run tiermem-probe (probe + offload demo)
 #   tools/build.sh test   install what is missing, build with -Werror, run every test, then again
-#                         under ASan+UBSan
+#                         under ASan+UBSan, then under TSan
 # Environment: BUILD_DIR (default build), JOBS (default: all cores), TIERMEM_WITH_CUDA (AUTO).
 set -euo pipefail
 
@@ -59,6 +59,8 @@ case "$mode" in
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       run_tests "$build-asan" "ASan+UBSan"
+    configure_and_build "$build-tsan" -DTIERMEM_TSAN=ON -DTIERMEM_BUILD_BENCH=OFF
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_tests "$build-tsan" "TSan"
     ;;
   *)
     echo "usage: tools/build.sh demo|test" >&2
