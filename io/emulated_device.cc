@@ -87,8 +87,11 @@ class EmulatedCopyEngine final : public CopyEngine {
   };
 
   void Work(Lane& lane) {
-    // The time at which the emulated link is next free: each slice occupies it for
-    // slice / bandwidth seconds, so a busy lane runs at the cap and an idle one banks no credit.
+    // The link clock: when the emulated link is next free. A slice occupies the link for
+    // slice / bandwidth from the moment it starts (the memcpy happens within that time). The
+    // clock may lag real time by kSlack, so that a late wake-up is made up by the next slices,
+    // but an idle lane banks no more credit than that.
+    constexpr auto kSlack = std::chrono::microseconds(500);
     Clock::time_point link_free = Clock::now();
     for (;;) {
       Job job;
@@ -99,15 +102,15 @@ class EmulatedCopyEngine final : public CopyEngine {
         job = lane.active.front();
         lane.active.pop_front();
       }
-      uint64_t n = std::min(kSlice, job.bytes - job.copied);
-      std::memcpy(job.dst + job.copied, job.src + job.copied, n);
-      job.copied += n;
+      const uint64_t n = std::min(kSlice, job.bytes - job.copied);
       if (bytes_per_second_ > 0) {
-        link_free = std::max(link_free, Clock::now()) +
+        link_free = std::max(link_free, Clock::now() - kSlack) +
                     std::chrono::duration_cast<Clock::duration>(
                         std::chrono::duration<double>(static_cast<double>(n) / bytes_per_second_));
-        std::this_thread::sleep_until(link_free);
       }
+      std::memcpy(job.dst + job.copied, job.src + job.copied, n);
+      job.copied += n;
+      if (bytes_per_second_ > 0) std::this_thread::sleep_until(link_free);
       MutexLock lock(&lane.mu);
       if (job.copied < job.bytes) {
         lane.active.push_back(job);
