@@ -5,6 +5,10 @@
 #include <cstring>
 #include <vector>
 
+#ifdef TIERMEM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "io/device.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
@@ -68,7 +72,7 @@ TEST_F(Cuda, RuntimeRoundTrip) {
   ASSERT_EQ(tm_tensor_create(rt, &d, &t), TM_OK);
   auto data = testing::RandomBytes(d.bytes, 2);
   ASSERT_EQ(tm_tensor_write(rt, t, 0, data.data(), d.bytes), TM_OK) << tm_last_error();
-  ASSERT_EQ(tm_tensor_offload(rt, t, TM_TIER_NVME), TM_OK) << tm_last_error();
+  ASSERT_EQ(testing::OffloadNow(rt, t, TM_TIER_NVME), TM_OK) << tm_last_error();
   void* p = nullptr;
   ASSERT_EQ(tm_tensor_acquire(rt, t, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK) << tm_last_error();
   ASSERT_EQ(tm_tensor_release(rt, t, TM_TIER_HBM), TM_OK);
@@ -77,6 +81,67 @@ TEST_F(Cuda, RuntimeRoundTrip) {
   EXPECT_EQ(back, data);
   EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
 }
+
+// Many copies in flight on the stream pool, large and small, each landing intact.
+TEST_F(Cuda, ChunkedCopiesOnManyStreams) {
+  const uint64_t big = 96ull << 20, small = 4096;
+  auto slab = device_->AllocateSlab(big + 8 * small);
+  ASSERT_TRUE(slab.ok()) << slab.status();
+  auto data = testing::RandomBytes(big + 8 * small, 3);
+  std::vector<uint8_t> host(data), back(data.size());
+  ASSERT_TRUE(device_->RegisterHost(host.data(), host.size()).ok());
+  char* d = static_cast<char*>(*slab);
+  auto& e = device_->copy_engine();
+  auto t_big = e.Enqueue(io::CopyDirection::kHostToDevice, d, host.data(), big);
+  ASSERT_TRUE(t_big.ok());
+  std::vector<io::CopyTicket> smalls;
+  for (int i = 0; i < 8; ++i) {
+    auto t = e.Enqueue(io::CopyDirection::kHostToDevice, d + big + i * small,
+                       host.data() + big + i * small, small);
+    ASSERT_TRUE(t.ok());
+    smalls.push_back(*t);
+  }
+  for (auto t : smalls) EXPECT_TRUE(e.Wait(t).ok());
+  EXPECT_TRUE(e.Wait(*t_big).ok());
+  ASSERT_TRUE(e.Copy(io::CopyDirection::kDeviceToHost, back.data(), d, back.size()).ok());
+  EXPECT_EQ(back, data);
+  device_->UnregisterHost(host.data());
+  device_->FreeSlab(*slab, big + 8 * small);
+}
+
+#ifdef TIERMEM_HAVE_CUDA
+// An acquire with a stream returns before the copy lands; work queued on that stream after it
+// sees the data, and a later host operation waits for it.
+TEST_F(Cuda, StreamOrderedAcquire) {
+  testing::TempDir dir;
+  tm_config cfg = testing::SmallConfig(dir.path());
+  cfg.device = TM_DEVICE_CUDA;
+  tm_runtime rt;
+  ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_OK) << tm_last_error();
+  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+  d.bytes = 48 << 20;
+  tm_tensor t;
+  ASSERT_EQ(tm_tensor_create(rt, &d, &t), TM_OK);
+  auto data = testing::RandomBytes(d.bytes, 4);
+  ASSERT_EQ(tm_tensor_write(rt, t, 0, data.data(), d.bytes), TM_OK);
+  ASSERT_EQ(testing::OffloadNow(rt, t, TM_TIER_DRAM), TM_OK) << tm_last_error();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  void* p = nullptr;
+  ASSERT_EQ(tm_tensor_acquire(rt, t, TM_TIER_HBM, TM_ACCESS_READ, stream, &p), TM_OK) << tm_last_error();
+  std::vector<uint8_t> back(d.bytes);
+  ASSERT_EQ(cudaMemcpyAsync(back.data(), p, d.bytes, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(back, data);
+  ASSERT_EQ(tm_tensor_release(rt, t, TM_TIER_HBM), TM_OK);
+  ASSERT_EQ(tm_tensor_sync(rt, t), TM_OK) << tm_last_error();
+  std::fill(back.begin(), back.end(), 0);
+  ASSERT_EQ(tm_tensor_read(rt, t, 0, back.data(), d.bytes), TM_OK);
+  EXPECT_EQ(back, data);
+  cudaStreamDestroy(stream);
+  EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+}
+#endif
 
 }  // namespace
 }  // namespace tiermem
