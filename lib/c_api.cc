@@ -169,6 +169,7 @@ absl::StatusOr<ConfigOverrides> OverridesFrom(const tm_config* c) {
     o.log_level = static_cast<LogLevel>(c->log_level);
   }
   if (TM_HAS(emu_link_gbps) && c->emu_link_gbps != 0) o.emu_link_gbps = c->emu_link_gbps;
+  if (TM_HAS(io_threads) && c->io_threads != 0) o.io_threads = c->io_threads;
 #undef TM_HAS
   return o;
 }

@@ -97,6 +97,17 @@ TEST_F(ApiArgs, RuntimeCreateAndDestroy) {
   bad.cuda_device = -5;
   EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
 
+  // A caller built against an older header passes a smaller struct: only what it holds is read.
+  tm_config old = SmallConfig(dir_.path());
+  old.io_threads = 99;  // beyond the old struct: must not be read (99 would be rejected)
+  old.struct_size = offsetof(tm_config, io_threads);
+  tm_runtime old_rt;
+  EXPECT_STATUS(TM_OK, tm_runtime_create(&old, &old_rt));
+  EXPECT_STATUS(TM_OK, tm_runtime_destroy(old_rt));
+  old.struct_size = sizeof old;
+  EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&old, &old_rt));
+  EXPECT_NE(std::string(tm_last_error()).find("TIERMEM_IO_THREADS"), std::string::npos);
+
   EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_destroy(zero_rt_));
   EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_destroy(tm_runtime{0xdeadbeef12345678ull}));
   tm_config cfg = SmallConfig(dir_.path());

@@ -159,12 +159,15 @@ typedef struct tm_config {
   int32_t numa_node;        /**< TIERMEM_NUMA; TM_NUMA_DEFAULT to leave unset */
   tm_log_level log_level;   /**< TIERMEM_LOG_LEVEL */
   double emu_link_gbps;     /**< TIERMEM_EMU_LINK_GBPS: emulated link cap in GB/s; 0 = none */
+  /* Fields below were added after 0.1.0's first cut; callers built before see a smaller
+     struct_size and keep working. New fields are only ever appended. */
+  uint32_t io_threads;      /**< TIERMEM_IO_THREADS: I/O threads (io_uring rings) */
 } tm_config;
 
 #define TM_CONFIG_INIT                                                                         \
   {                                                                                            \
     sizeof(tm_config), TM_VERSION, TM_DEVICE_DEFAULT, TM_CUDA_DEVICE_DEFAULT, 0, 0, NULL, 0,   \
-        TM_IO_ENGINE_DEFAULT, 0, 0, TM_NUMA_DEFAULT, TM_LOG_DEFAULT, 0.0                       \
+        TM_IO_ENGINE_DEFAULT, 0, 0, TM_NUMA_DEFAULT, TM_LOG_DEFAULT, 0.0, 0                    \
   }
 
 /** Describes a tensor to create. Fill with TM_TENSOR_DESC_INIT. */
