@@ -20,8 +20,6 @@ using testing::RandomBytes;
 using testing::SmallConfig;
 using testing::TempDir;
 
-#define TM_ASSERT_OK(call) ASSERT_EQ((call), TM_OK) << #call << ": " << tm_last_error()
-
 class Errors : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -18,8 +18,6 @@ using testing::RandomBytes;
 using testing::SmallConfig;
 using testing::TempDir;
 
-#define TM_ASSERT_OK(call) ASSERT_EQ((call), TM_OK) << #call << ": " << tm_last_error()
-
 uint64_t Used(tm_runtime rt, tm_tier tier) {
   tm_stats s = TM_STATS_INIT;
   EXPECT_EQ(tm_runtime_stats(rt, &s), TM_OK);

@@ -14,6 +14,9 @@
 
 #include "tiermem/tiermem.h"
 
+// Asserts that a tm_* call succeeded, showing the call and tm_last_error() when it did not.
+#define TM_ASSERT_OK(call) ASSERT_EQ((call), TM_OK) << #call << ": " << tm_last_error()
+
 namespace tiermem::testing {
 
 // Sets (or unsets) environment variables for a scope and restores them after.
