@@ -214,7 +214,7 @@ TM_API tm_status tm_runtime_destroy(tm_runtime runtime) {
 
 TM_API tm_status tm_runtime_stats(tm_runtime runtime, tm_stats* out) {
   if (out == nullptr) return NullArgument("tm_runtime_stats", "out");
-  if (out->struct_size < sizeof(size_t) + sizeof(tm_tier_stats) * TM_TIER_COUNT ||
+  if (out->struct_size < offsetof(tm_stats, tensors) ||
       out->struct_size > (1u << 16)) {
     return Fail(TM_ERR_INVALID_ARGUMENT,
                 absl::StrFormat("tm_stats.struct_size is %zu: initialize it with TM_STATS_INIT",
@@ -330,6 +330,26 @@ TM_API tm_status tm_tensor_sync(tm_runtime runtime, tm_tensor tensor) {
 
 TM_API tm_status tm_runtime_sync(tm_runtime runtime) {
   return WithRuntime(runtime, [&](Runtime& rt) { return rt.SyncAll(); });
+}
+
+TM_API tm_status tm_step_begin(tm_runtime runtime) {
+  return WithRuntime(runtime, [&](Runtime& rt) { return rt.StepBegin(); });
+}
+
+TM_API tm_status tm_step_end(tm_runtime runtime) {
+  return WithRuntime(runtime, [&](Runtime& rt) { return rt.StepEnd(); });
+}
+
+TM_API tm_status tm_schedule_set(tm_runtime runtime, const tm_tensor* tensors,
+                                 const tm_tier* tiers, size_t count) {
+  if (tensors == nullptr && count > 0) return NullArgument("tm_schedule_set", "tensors");
+  return WithRuntime(runtime, [&](Runtime& rt) {
+    std::vector<Schedule::Use> uses(count);
+    for (size_t i = 0; i < count; ++i) {
+      uses[i] = {tensors[i].bits, tiers != nullptr ? tiers[i] : TM_TIER_HBM};
+    }
+    return rt.SetSchedule(uses);
+  });
 }
 
 TM_API tm_status tm_tensor_residency(tm_runtime runtime, tm_tensor tensor, uint32_t* mask) {

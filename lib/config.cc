@@ -47,6 +47,10 @@ constexpr Choice<DeviceKind> kDeviceChoices[] = {
 constexpr Choice<IoEngineKind> kEngineChoices[] = {{"auto", IoEngineKind::kAuto},
                                                    {"uring", IoEngineKind::kUring},
                                                    {"posix", IoEngineKind::kPosix}};
+constexpr Choice<Placement> kPlacementChoices[] = {{"none", Placement::kNone},
+                                                   {"zero-offload", Placement::kZeroOffload},
+                                                   {"zero-infinity", Placement::kZeroInfinity},
+                                                   {"activations", Placement::kActivations}};
 constexpr Choice<LogLevel> kLogChoices[] = {{"error", LogLevel::kError},
                                             {"warn", LogLevel::kWarn},
                                             {"info", LogLevel::kInfo},
@@ -164,6 +168,13 @@ absl::string_view IoEngineKindName(IoEngineKind k) {
   }
   return "?";
 }
+absl::string_view PlacementName(Placement p) {
+  for (const auto& c : kPlacementChoices) {
+    if (c.value == p) return c.name;
+  }
+  return "?";
+}
+
 absl::string_view LogLevelName(LogLevel l) {
   for (const auto& c : kLogChoices) {
     if (c.value == l) return c.name;
@@ -177,7 +188,9 @@ const std::vector<absl::string_view>& KnownVariables() {
       "TIERMEM_DRAM_BYTES",    "TIERMEM_NVME_PATHS",   "TIERMEM_NVME_BYTES",
       "TIERMEM_IO_ENGINE",     "TIERMEM_IO_BLOCK_SIZE", "TIERMEM_IO_QUEUE_DEPTH",
       "TIERMEM_IO_THREADS",
-      "TIERMEM_NUMA",          "TIERMEM_LOG_LEVEL",    "TIERMEM_EMU_LINK_GBPS"};
+      "TIERMEM_NUMA",          "TIERMEM_LOG_LEVEL",    "TIERMEM_EMU_LINK_GBPS",
+      "TIERMEM_PREFETCH_DEPTH", "TIERMEM_PREFETCH_BYTES", "TIERMEM_PLACEMENT",
+      "TIERMEM_TRACE"};
   return kNames;
 }
 
@@ -355,6 +368,38 @@ absl::StatusOr<Config> LoadConfig(const ConfigOverrides& o, const EnvLookup& env
         return v;
       },
       [](double v) { return absl::StrCat(v); });
+  if (!status.ok()) return status;
+
+  status = r.Resolve<uint32_t>(
+      "TIERMEM_PREFETCH_DEPTH", o.prefetch_depth, c.prefetch_depth,
+      [](absl::string_view t) -> absl::StatusOr<uint32_t> {
+        auto v = ParseUnsigned("TIERMEM_PREFETCH_DEPTH", t);
+        if (!v.ok()) return v.status();
+        if (*v > 1024) return Bad("TIERMEM_PREFETCH_DEPTH", t, "must be 0 to 1024");
+        return static_cast<uint32_t>(*v);
+      },
+      [](uint32_t v) { return absl::StrCat(v); });
+  if (!status.ok()) return status;
+
+  status = r.Resolve<SizeSetting>("TIERMEM_PREFETCH_BYTES", o.prefetch_bytes, c.prefetch_bytes,
+                                  size_parser("TIERMEM_PREFETCH_BYTES", true), size_format);
+  if (!status.ok()) return status;
+
+  status = r.Resolve<Placement>(
+      "TIERMEM_PLACEMENT", o.placement, c.placement,
+      [](absl::string_view t) { return ParseChoice("TIERMEM_PLACEMENT", t, kPlacementChoices); },
+      [](Placement p) { return std::string(PlacementName(p)); });
+  if (!status.ok()) return status;
+
+  status = r.Resolve<std::string>(
+      "TIERMEM_TRACE", o.trace, c.trace,
+      [](absl::string_view t) -> absl::StatusOr<std::string> {
+        if (!t.empty() && t.back() == '/') {
+          return Bad("TIERMEM_TRACE", t, "names a directory: give a file path");
+        }
+        return std::string(t);
+      },
+      ident);
   if (!status.ok()) return status;
 
   for (const auto& name : env_names) {

@@ -18,6 +18,8 @@ enum class DeviceKind { kAuto, kCuda, kEmulated };
 enum class IoEngineKind { kAuto, kUring, kPosix };
 enum class NumaMode { kAuto, kOff, kNode };
 enum class LogLevel { kError = 1, kWarn = 2, kInfo = 3, kDebug = 4 };
+// Tensor class -> home tier presets (TIERMEM_PLACEMENT).
+enum class Placement { kNone, kZeroOffload, kZeroInfinity, kActivations };
 
 // A byte size given either absolutely or as a percentage of a tier's physical size.
 struct SizeSetting {
@@ -39,6 +41,10 @@ struct ConfigOverrides {
   std::optional<std::pair<NumaMode, int>> numa;
   std::optional<LogLevel> log_level;
   std::optional<double> emu_link_gbps;
+  std::optional<uint32_t> prefetch_depth;
+  std::optional<SizeSetting> prefetch_bytes;
+  std::optional<Placement> placement;
+  std::optional<std::string> trace;
 };
 
 struct Config {
@@ -56,6 +62,10 @@ struct Config {
   int numa_node = -1;
   LogLevel log_level = LogLevel::kWarn;
   double emu_link_gbps = 0;
+  uint32_t prefetch_depth = 2;  // scheduled uses kept moving up ahead of the current one
+  SizeSetting prefetch_bytes;   // bound on prefetch bytes in flight; 0: half the HBM budget
+  Placement placement = Placement::kNone;
+  std::string trace;            // Chrome-trace JSON written here at runtime destruction
 
   // One row per setting: variable name, effective value as text, and where it came from
   // ("config", "environment" or "default").
@@ -88,6 +98,7 @@ absl::StatusOr<uint64_t> ParseUnsigned(absl::string_view what, absl::string_view
 absl::string_view DeviceKindName(DeviceKind k);
 absl::string_view IoEngineKindName(IoEngineKind k);
 absl::string_view LogLevelName(LogLevel l);
+absl::string_view PlacementName(Placement p);
 
 // The variables tiermem reads, in documentation order.
 const std::vector<absl::string_view>& KnownVariables();

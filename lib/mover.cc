@@ -25,25 +25,13 @@ char* Mover::Address(Tensor& t, tm_tier tier) {
   return m.Address(t.copy(tier).extent);
 }
 
-absl::Status Mover::Reserve(Tensor& t, tm_tier dst) {
-  TensorCopy& c = t.copy(dst);
-  if (c.valid) return absl::OkStatus();
-  if (c.extent.empty()) {
-    auto e = space(dst).Allocate(t.bytes, t.name);
-    if (!e.ok()) return e.status();
-    c.extent = *e;
-  }
-  c.valid = true;
-  return absl::OkStatus();
-}
-
 void Mover::Drop(Tensor& t, tm_tier tier) {
   TensorCopy& c = t.copy(tier);
   space(tier).Free(c.extent);
   c.valid = false;
 }
 
-absl::StatusOr<MovePlan> Mover::Prepare(Tensor& t, tm_tier dst) {
+MovePlan Mover::Prepare(Tensor& t, tm_tier dst, const Extent& reserved) {
   MovePlan p;
   p.dst = dst;
   p.bytes = t.bytes;
@@ -61,10 +49,8 @@ absl::StatusOr<MovePlan> Mover::Prepare(Tensor& t, tm_tier dst) {
     p.src_extent = t.copy(src).extent;
     if (src != TM_TIER_NVME) p.src_addr = Address(t, src);
   }
-  auto e = space(dst).Allocate(t.bytes, t.name);
-  if (!e.ok()) return e.status();
-  t.copy(dst).extent = *e;
-  p.dst_extent = *e;
+  t.copy(dst).extent = reserved;
+  p.dst_extent = reserved;
   if (dst != TM_TIER_NVME) p.dst_addr = Address(t, dst);
   return p;
 }

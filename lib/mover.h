@@ -38,18 +38,15 @@ class Mover {
         StagingPool& staging)
       : hbm_(hbm), dram_(dram), nvme_(nvme), device_(device), io_(io), staging_(staging) {}
 
-  // Under the lock: picks the source and reserves the destination. The tensor must not hold a
-  // valid copy in `dst`. On error nothing changed.
-  absl::StatusOr<MovePlan> Prepare(Tensor& t, tm_tier dst);
+  // Under the lock: picks the source; `reserved` (allocated in `dst` by the caller) becomes the
+  // destination. The tensor must not hold a valid copy in `dst`.
+  MovePlan Prepare(Tensor& t, tm_tier dst, const Extent& reserved);
   // Without the lock. With a plan's stream and a device that has streams, a copy into HBM from
   // DRAM is only enqueued: *pending receives its ticket, and the stream waits for it.
   absl::Status Execute(const MovePlan& p, std::optional<io::CopyTicket>* pending);
   // Under the lock: the destination becomes valid, or is freed after a failure.
   void Commit(Tensor& t, const MovePlan& p, const absl::Status& outcome);
 
-  // Under the lock: reserves t's copy in `dst` and declares it valid without filling it, for
-  // callers that overwrite the whole tensor next.
-  absl::Status Reserve(Tensor& t, tm_tier dst);
   // Under the lock: frees t's copy in `tier`. The caller checks pins.
   void Drop(Tensor& t, tm_tier tier);
 

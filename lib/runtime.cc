@@ -55,6 +55,11 @@ Runtime::~Runtime() {
     work_.SignalAll();
   }
   for (auto& t : movers_) t.join();
+  if (trace_ != nullptr) {
+    if (auto s = trace_->Write(); !s.ok()) {
+      Log(LogSeverity::kError, "%s", std::string(s.message()).c_str());
+    }
+  }
   // Stream-ordered copies still in flight must land before their memory goes away.
   if (mover_ != nullptr) {
     MutexLock lock(&mu_);
@@ -176,6 +181,10 @@ absl::Status Runtime::Init() {
     info_.nvme.push_back({f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
   }
   mover_ = std::make_unique<Mover>(*hbm_, *dram_, *nvme_, *device_, *io_, *staging_);
+  trace_ = std::make_unique<Trace>(config_.trace);
+  prefetch_limit_ = config_.prefetch_bytes.bytes == 0 && config_.prefetch_bytes.percent == 0
+                        ? hbm_bytes / 2
+                        : config_.prefetch_bytes.Resolve(hbm_bytes);
   // Asynchronous moves run on a few threads of their own; the engines below them keep the
   // links busy (each mover keeps the I/O queue depth in flight).
   for (int i = 0; i < kMoverThreads; ++i) movers_.emplace_back([this] { MoverLoop(); });
@@ -231,20 +240,131 @@ absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle) {
   }
 }
 
-absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, void* stream) {
+absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, void* stream, uint64_t horizon) {
   if (t.copy(dst).valid) return absl::OkStatus();
-  auto plan = mover_->Prepare(t, dst);
-  if (!plan.ok()) return plan.status();
-  plan->stream = stream;
+  t.busy = true;  // for the whole move: eviction below may release the lock too
+  auto finish = [&](absl::Status s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    t.busy = false;
+    changed_.SignalAll();
+    return s;
+  };
+  auto extent = Allocate(t, dst, horizon);
+  if (!extent.ok()) return finish(extent.status());
+  MovePlan plan = mover_->Prepare(t, dst, *extent);
+  plan.stream = stream;
   std::optional<io::CopyTicket> pending;
-  absl::Status s = Unlocked(t, [&] { return mover_->Execute(*plan, &pending); });
-  mover_->Commit(t, *plan, s);
+  mu_.Unlock();
+  const Trace::Clock::time_point start = Trace::Clock::now();
+  absl::Status s = mover_->Execute(plan, &pending);
+  if (trace_->enabled() && plan.src >= 0) {
+    static constexpr Trace::Track kTrack[TM_TIER_COUNT][TM_TIER_COUNT] = {
+        {Trace::kAcquire, Trace::kDeviceToHost, Trace::kHbmToNvme},
+        {Trace::kHostToDevice, Trace::kAcquire, Trace::kNvmeWrite},
+        {Trace::kNvmeToHbm, Trace::kNvmeRead, Trace::kAcquire}};
+    trace_->Add(kTrack[plan.src][dst], t.name, start, Trace::Clock::now(), plan.bytes);
+  }
+  mu_.Lock();
+  mover_->Commit(t, plan, s);
   if (s.ok() && pending.has_value()) t.pending = pending;
   if (!s.ok()) {
-    return WithContext(s, absl::StrFormat("moving tensor \"%s\" (%s) to %s", t.name,
-                                          HumanBytes(t.bytes), tm_tier_name(dst)));
+    s = WithContext(s, absl::StrFormat("moving tensor \"%s\" (%s) to %s", t.name,
+                                       HumanBytes(t.bytes), tm_tier_name(dst)));
   }
-  return s;
+  return finish(s);
+}
+
+absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, uint64_t horizon) {
+  for (;;) {
+    auto e = mover_->space(tier).Allocate(t.bytes, t.name);
+    if (e.ok() || tier == TM_TIER_NVME || !absl::IsResourceExhausted(e.status())) return e;
+    Tensor* victim = PickVictim(tier, &t, horizon);
+    if (victim == nullptr) {
+      return WithContext(e.status(),
+                         horizon == kDemand
+                             ? "nothing can be evicted (every copy there is acquired or moving)"
+                             : "nothing needed later than it can be evicted for this prefetch");
+    }
+    if (auto s = Evict(*victim, tier); !s.ok()) {
+      return WithContext(s, absl::StrFormat("evicting \"%s\" to make room", victim->name));
+    }
+  }
+}
+
+absl::Status Runtime::Reserve(Tensor& t, tm_tier tier) {
+  TensorCopy& c = t.copy(tier);
+  if (c.valid) return absl::OkStatus();
+  t.busy = true;
+  auto e = Allocate(t, tier, kDemand);
+  t.busy = false;
+  changed_.SignalAll();
+  if (!e.ok()) return e.status();
+  c.extent = *e;
+  c.valid = true;
+  return absl::OkStatus();
+}
+
+Tensor* Runtime::PickVictim(tm_tier tier, const Tensor* requester, uint64_t horizon) {
+  const bool belady = schedule_.replaying();
+  Tensor* best = nullptr;
+  uint64_t best_next = 0;
+  tensors_.ForEach([&](Tensor& v) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const TensorCopy& c = v.copy(tier);
+    if (&v == requester || v.busy || !c.valid || c.pins > 0 || v.pending.has_value()) return;
+    const uint64_t next = belady ? schedule_.NextUse(v.handle) : Schedule::kNever;
+    if (horizon != kDemand && next <= horizon) return;  // needed before what we prefetch
+    const bool better = best == nullptr || next > best_next ||
+                        (next == best_next && v.last_use < best->last_use);
+    if (better) {
+      best = &v;
+      best_next = next;
+    }
+  });
+  return best;
+}
+
+absl::Status Runtime::Evict(Tensor& v, tm_tier tier) {
+  const Trace::Clock::time_point start = Trace::Clock::now();
+  const uint64_t bytes = v.bytes;
+  if ((v.ResidencyMask() & ~TM_TIER_BIT(tier)) == 0) {
+    // The only copy: write it one tier down first (which may evict there in turn).
+    const tm_tier lower = static_cast<tm_tier>(tier + 1);
+    if (auto s = MakeValid(v, lower); !s.ok()) return s;
+    if (v.copy(tier).pins > 0) return absl::OkStatus();  // acquired meanwhile: look again
+  }
+  mover_->Drop(v, tier);
+  ++counters_.evictions;
+  counters_.eviction_bytes += bytes;
+  trace_->Add(Trace::kEviction, v.name, start, Trace::Clock::now(), bytes);
+  return absl::OkStatus();
+}
+
+void Runtime::IssuePrefetches() {
+  const uint32_t depth = config_.prefetch_depth;
+  if (depth == 0 || !schedule_.replaying()) return;
+  // Stage 1: the next `depth` uses, up to the tier they are used in. Stage 2: the `depth` after
+  // those, from NVMe to DRAM, so that stage 1 then only crosses the PCIe link.
+  const auto upcoming = schedule_.Upcoming(2 * static_cast<size_t>(depth));
+  for (size_t i = 0; i < upcoming.size(); ++i) {
+    const auto& [position, use] = upcoming[i];
+    Tensor* v = tensors_.Find(use.handle);
+    if (v == nullptr || v->busy || v->queued > 0) continue;
+    tm_tier target = use.tier;
+    if (i >= depth) {
+      if (!v->copy(TM_TIER_NVME).valid || v->copy(TM_TIER_DRAM).valid ||
+          v->copy(TM_TIER_HBM).valid) {
+        continue;
+      }
+      target = TM_TIER_DRAM;
+    }
+    if (v->copy(target).valid) continue;
+    if (prefetch_in_flight_ > 0 && prefetch_in_flight_ + v->bytes > prefetch_limit_) break;
+    prefetch_in_flight_ += v->bytes;
+    ++v->queued;
+    ++outstanding_;
+    ++counters_.prefetches;
+    jobs_.push_back(Job{use.handle, target, false, position, v->bytes});
+    work_.Signal();
+  }
 }
 
 absl::Status Runtime::CheckOthersUnpinned(const Tensor& t, int keep) const {
@@ -286,12 +406,12 @@ absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
   auto t = std::make_unique<Tensor>();
   t->bytes = desc.bytes;
   t->cls = desc.cls;
-  // Placement policies arrive with the placement issue; until then every home is HBM.
-  t->home = desc.home_tier == TM_TIER_BY_PLACEMENT ? TM_TIER_HBM
+  t->home = desc.home_tier == TM_TIER_BY_PLACEMENT ? HomeOf(desc.cls)
                                                    : static_cast<tm_tier>(desc.home_tier);
   MutexLock lock(&mu_);
   Tensor* raw = t.get();
   uint64_t handle = tensors_.Insert(std::move(t));
+  raw->handle = handle;
   raw->name = desc.name.empty() ? absl::StrFormat("tensor-%08x", static_cast<uint32_t>(handle >> 32))
                                 : desc.name;
   return handle;
@@ -364,7 +484,7 @@ absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, u
                                                       : t.home;
   if (auto s = CheckOthersUnpinned(t, target); !s.ok()) return WithContext(s, "cannot write");
   const bool whole = offset == 0 && bytes == t.bytes;
-  absl::Status s = whole && !t.copy(target).valid ? mover_->Reserve(t, target) : MakeValid(t, target);
+  absl::Status s = whole && !t.copy(target).valid ? Reserve(t, target) : MakeValid(t, target);
   if (!s.ok()) return s;
   char* addr = mover_->Address(t, target) + offset;
   s = Unlocked(t, [&] { return mover_->CopyIn(target, addr, src, bytes); });
@@ -411,7 +531,13 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("access mode %d is out of range", static_cast<int>(access)));
   }
+  const Trace::Clock::time_point start = Trace::Clock::now();
   MutexLock lock(&mu_);
+  // A hit: the copy is in place and nothing of the tensor is moving.
+  bool hit = false;
+  if (Tensor* first = tensors_.Find(handle); first != nullptr) {
+    hit = first->copy(tier).valid && !first->busy && !first->pending.has_value();
+  }
   auto claimed = Claim(handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
@@ -421,12 +547,26 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   }
   // Only a read may leave its copy in flight on the caller's stream: a writer frees the other
   // copies next, so its data must have landed first.
-  absl::Status s = access == TM_ACCESS_WRITE ? mover_->Reserve(t, tier)
+  absl::Status s = access == TM_ACCESS_WRITE ? Reserve(t, tier)
                                              : MakeValid(t, tier, writes ? nullptr : stream);
   if (!s.ok()) return s;
   if (writes) DropOthers(t, tier);
   ++t.copy(tier).pins;
-  return static_cast<void*>(mover_->Address(t, tier));
+  t.last_use = ++tick_;
+  ++counters_.acquires;
+  if (hit || access == TM_ACCESS_WRITE) {
+    ++counters_.hits;
+  } else {
+    ++counters_.misses;
+    const Trace::Clock::time_point end = Trace::Clock::now();
+    counters_.stall_ns += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
+    trace_->Add(Trace::kAcquire, t.name, start, end, t.bytes);
+  }
+  schedule_.OnAcquire(handle, tier);
+  void* address = mover_->Address(t, tier);
+  IssuePrefetches();
+  return address;
 }
 
 absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {
@@ -498,8 +638,11 @@ void Runtime::MoverLoop() {
     auto claimed = Claim(job.handle);  // gone: destroyed since it was queued
     if (claimed.ok()) {
       Tensor& t = **claimed;
-      absl::Status s = job.offload ? OffloadClaimed(t, job.tier) : MakeValid(t, job.tier);
+      absl::Status s = job.offload ? OffloadClaimed(t, job.tier)
+                                   : MakeValid(t, job.tier, nullptr, job.horizon);
       --t.queued;
+      // A scheduled prefetch that found no room is a missed chance, not an error of the tensor.
+      if (job.horizon != kDemand && absl::IsResourceExhausted(s)) s = absl::OkStatus();
       if (!s.ok()) {
         Log(LogSeverity::kDebug, "async %s of \"%s\" to %s failed: %s",
             job.offload ? "offload" : "prefetch", t.name.c_str(), tm_tier_name(job.tier),
@@ -507,6 +650,7 @@ void Runtime::MoverLoop() {
         if (t.error.ok()) t.error = s;
       }
     }
+    prefetch_in_flight_ -= job.prefetch_bytes;
     --outstanding_;
     changed_.SignalAll();
   }
@@ -560,7 +704,61 @@ tm_stats Runtime::Stats() {
   }
   MutexLock lock(&mu_);
   s.tensors = tensors_.size();
+  s.acquires = counters_.acquires;
+  s.acquire_hits = counters_.hits;
+  s.acquire_misses = counters_.misses;
+  s.acquire_stall_ns = counters_.stall_ns;
+  s.prefetches = counters_.prefetches;
+  s.evictions = counters_.evictions;
+  s.eviction_bytes = counters_.eviction_bytes;
+  s.schedule_length = schedule_.size();
+  s.schedule_relearned = schedule_.relearned();
   return s;
 }
+
+tm_tier Runtime::HomeOf(tm_tensor_class cls) const {
+  switch (config_.placement) {
+    case Placement::kZeroOffload:
+      return cls == TM_CLASS_OPTIMIZER_STATE ? TM_TIER_DRAM : TM_TIER_HBM;
+    case Placement::kZeroInfinity:
+      return cls == TM_CLASS_PARAM || cls == TM_CLASS_OPTIMIZER_STATE ? TM_TIER_NVME : TM_TIER_HBM;
+    case Placement::kActivations:
+      return cls == TM_CLASS_ACTIVATION ? TM_TIER_DRAM : TM_TIER_HBM;
+    default:
+      return TM_TIER_HBM;
+  }
+}
+
+absl::Status Runtime::StepBegin() {
+  MutexLock lock(&mu_);
+  schedule_.BeginStep();
+  IssuePrefetches();  // the step's first tensors, before its first acquire
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::StepEnd() {
+  MutexLock lock(&mu_);
+  if (!schedule_.in_step()) {
+    return Error(TM_ERR_INVALID_ARGUMENT, "tm_step_end without tm_step_begin");
+  }
+  schedule_.EndStep();
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::SetSchedule(const std::vector<Schedule::Use>& uses) {
+  MutexLock lock(&mu_);
+  for (const auto& u : uses) {
+    if (tensors_.Find(u.handle) == nullptr) {
+      return Error(TM_ERR_INVALID_HANDLE,
+                   absl::StrFormat("schedule entry 0x%016x is not a tensor of this runtime", u.handle));
+    }
+    if (u.tier != TM_TIER_HBM && u.tier != TM_TIER_DRAM) {
+      return Error(TM_ERR_INVALID_ARGUMENT, "schedule tiers must be hbm or dram");
+    }
+  }
+  schedule_.Set(uses);
+  return absl::OkStatus();
+}
+
 
 }  // namespace tiermem

@@ -18,7 +18,9 @@
 #include "lib/memory_tier.h"
 #include "lib/mover.h"
 #include "lib/nvme_tier.h"
+#include "lib/schedule.h"
 #include "lib/staging_pool.h"
+#include "lib/trace.h"
 #include "lib/tensor.h"
 #include "tiermem/tiermem.h"
 
@@ -74,6 +76,10 @@ class Runtime {
   // Waits for every queued and running move; returns (and forgets) the failures.
   absl::Status SyncAll();
   absl::StatusOr<uint32_t> Residency(uint64_t handle);
+  // Steps and the schedule (see Schedule).
+  absl::Status StepBegin();
+  absl::Status StepEnd();
+  absl::Status SetSchedule(const std::vector<Schedule::Use>& uses);
 
   tm_stats Stats();
   const Config& config() const { return config_; }
@@ -90,9 +96,25 @@ class Runtime {
   // Runs `f` without the lock while the tensor is marked busy.
   template <typename F>
   absl::Status Unlocked(Tensor& t, F&& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes t's copy in `dst` valid (a claimed tensor). Releases the lock during the move.
-  absl::Status MakeValid(Tensor& t, tm_tier dst, void* stream = nullptr)
+  // Makes t's copy in `dst` valid (a claimed tensor). Releases the lock during the move, and
+  // while evicting to make room. `horizon`: for a prefetch, the schedule position it serves
+  // (only tensors needed later may be evicted for it); kDemand for a demand move.
+  static constexpr uint64_t kDemand = Schedule::kNever;
+  absl::Status MakeValid(Tensor& t, tm_tier dst, void* stream = nullptr,
+                         uint64_t horizon = kDemand) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Space for t (busy) in `tier`, evicting other tensors' copies when the tier is full.
+  absl::StatusOr<Extent> Allocate(Tensor& t, tm_tier tier, uint64_t horizon)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves t's copy in `tier` and declares it valid unfilled (a whole overwrite follows).
+  absl::Status Reserve(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The copy in `tier` to evict: unpinned, not moving, next used furthest away (Belady) with a
+  // schedule, least recently used without; nullptr when none may go.
+  Tensor* PickVictim(tm_tier tier, const Tensor* requester, uint64_t horizon)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees v's copy in `tier`: dropped when another copy is valid, written down first if not.
+  absl::Status Evict(Tensor& v, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues prefetches for the scheduled uses ahead of the current position.
+  void IssuePrefetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves a claimed tensor down to `tier` and frees the copies above.
   absl::Status OffloadClaimed(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // TM_ERR_BUSY when a copy other than `keep` is pinned (it would have to be freed).
@@ -103,6 +125,7 @@ class Runtime {
   void DropOthers(Tensor& t, tm_tier keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues an asynchronous move.
   absl::Status Enqueue(uint64_t handle, tm_tier tier, bool offload);
+  tm_tier HomeOf(tm_tensor_class cls) const;
   // A mover thread: runs queued moves until the runtime stops.
   void MoverLoop();
 
@@ -127,10 +150,21 @@ class Runtime {
     uint64_t handle;
     tm_tier tier;
     bool offload;
+    uint64_t horizon = kDemand;    // a scheduled prefetch: the position it serves
+    uint64_t prefetch_bytes = 0;   // counted in prefetch_in_flight_ until done
   };
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // jobs queued or running
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  Schedule schedule_ ABSL_GUARDED_BY(mu_);
+  uint64_t tick_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t prefetch_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // bytes
+  uint64_t prefetch_limit_ = 0;                           // bytes
+  struct Counters {
+    uint64_t acquires = 0, hits = 0, misses = 0, stall_ns = 0, prefetches = 0, evictions = 0,
+             eviction_bytes = 0;
+  } counters_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Trace> trace_;
   std::vector<std::thread> movers_;
 };
 

@@ -24,6 +24,8 @@ struct TensorCopy {
 
 // All fields are guarded by the runtime's lock.
 struct Tensor {
+  uint64_t handle = 0;
+  uint64_t last_use = 0;  // runtime tick of the last acquire: LRU order
   uint64_t bytes = 0;
   tm_tensor_class cls = TM_CLASS_OTHER;
   tm_tier home = TM_TIER_HBM;

@@ -53,8 +53,10 @@ class Errors : public ::testing::Test {
   tm_runtime rt_{};
 };
 
-TEST_F(Errors, HbmBudgetExhausted) {
+TEST_F(Errors, HbmBudgetExhaustedWithEverythingPinned) {
   tm_tensor a = Make(64 << 20, "a", 1);
+  void* pa = nullptr;
+  TM_ASSERT_OK(tm_tensor_acquire(rt_, a, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &pa));
   tm_tensor_desc d = TM_TENSOR_DESC_INIT;
   d.bytes = 64 << 20;
   d.name = "b";
@@ -65,21 +67,29 @@ TEST_F(Errors, HbmBudgetExhausted) {
   std::string msg = tm_last_error();
   EXPECT_NE(msg.find("hbm"), std::string::npos) << msg;
   EXPECT_NE(msg.find("\"b\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("acquired"), std::string::npos) << msg;
   void* p = nullptr;
   EXPECT_EQ(tm_tensor_acquire(rt_, b, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_ERR_OUT_OF_MEMORY);
   EXPECT_EQ(p, nullptr);
   EXPECT_EQ(Residency(b), 0u);
   ExpectContent(a, 64 << 20, 1);
-  // Making room is enough to go on.
-  TM_ASSERT_OK(OffloadNow(rt_, a, TM_TIER_NVME));
+  // Released, `a` can be evicted (written down to DRAM: it is its only copy).
+  TM_ASSERT_OK(tm_tensor_release(rt_, a, TM_TIER_HBM));
   TM_ASSERT_OK(tm_tensor_write(rt_, b, 0, data.data(), data.size()));
+  EXPECT_EQ(Residency(a), TM_TIER_BIT(TM_TIER_DRAM));
   ExpectContent(a, 64 << 20, 1);
   ExpectContent(b, 64 << 20, 2);
+  tm_stats st = TM_STATS_INIT;
+  TM_ASSERT_OK(tm_runtime_stats(rt_, &st));
+  EXPECT_EQ(st.evictions, 1u);
+  EXPECT_EQ(st.eviction_bytes, 64u << 20);
 }
 
 TEST_F(Errors, DramBudgetExhaustedOnOffload) {
   tm_tensor a = Make(64 << 20, "a", 1);
   TM_ASSERT_OK(OffloadNow(rt_, a, TM_TIER_DRAM));
+  void* pa = nullptr;
+  TM_ASSERT_OK(tm_tensor_acquire(rt_, a, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &pa));
   tm_tensor b = Make(64 << 20, "b", 2);
   EXPECT_EQ(OffloadNow(rt_, b, TM_TIER_DRAM), TM_ERR_OUT_OF_MEMORY);
   EXPECT_NE(std::string(tm_last_error()).find("dram"), std::string::npos) << tm_last_error();
@@ -90,7 +100,12 @@ TEST_F(Errors, DramBudgetExhaustedOnOffload) {
   TM_ASSERT_OK(OffloadNow(rt_, b, TM_TIER_NVME));
   EXPECT_EQ(Residency(b), TM_TIER_BIT(TM_TIER_NVME));
   ExpectContent(b, 64 << 20, 2);
+  // Released, `a` makes room: written down to NVMe, then b fits.
+  TM_ASSERT_OK(tm_tensor_release(rt_, a, TM_TIER_DRAM));
+  TM_ASSERT_OK(OffloadNow(rt_, b, TM_TIER_DRAM));
   ExpectContent(a, 64 << 20, 1);
+  ExpectContent(b, 64 << 20, 2);
+  EXPECT_TRUE(Residency(a) & TM_TIER_BIT(TM_TIER_NVME));
 }
 
 TEST_F(Errors, NvmeBudgetExhausted) {

@@ -196,10 +196,20 @@ typedef struct tm_stats {
   /** bytes_moved[from][to]: tensor bytes copied between tiers (HBM<->DRAM, DRAM<->NVMe). */
   uint64_t bytes_moved[TM_TIER_COUNT][TM_TIER_COUNT];
   uint64_t tensors; /**< tensors alive */
+  /* Appended fields; a caller with a smaller struct_size gets only what it has room for. */
+  uint64_t acquires;          /**< successful acquires */
+  uint64_t acquire_hits;      /**< acquires that found the copy in place, nothing to wait for */
+  uint64_t acquire_misses;    /**< acquires that moved the tensor or waited for its move */
+  uint64_t acquire_stall_ns;  /**< time the misses spent in acquire */
+  uint64_t prefetches;        /**< prefetches queued by the schedule (not counting tm_tensor_prefetch) */
+  uint64_t evictions;         /**< copies evicted to make room */
+  uint64_t eviction_bytes;    /**< bytes of those copies */
+  uint64_t schedule_length;   /**< acquires per step in the schedule (0: none) */
+  uint64_t schedule_relearned; /**< steps that departed from the schedule, which was relearned */
 } tm_stats;
 
 #define TM_STATS_INIT \
-  { sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0 }
+  { sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /** A runtime: the tiers, the engines and the tensors. Zero is never a valid handle. */
 typedef struct tm_runtime {
@@ -308,6 +318,23 @@ TM_API tm_status tm_tensor_sync(tm_runtime runtime, tm_tensor tensor);
 
 /** Waits for every queued and running move of the runtime; returns the first failure, once. */
 TM_API tm_status tm_runtime_sync(tm_runtime runtime);
+
+/**
+ * Marks the start of a training step. The acquires of each step are recorded; the first step's
+ * order becomes the schedule, and from the next step on the runtime prefetches the next
+ * TIERMEM_PREFETCH_DEPTH scheduled tensors and evicts the one used furthest in the future.
+ */
+TM_API tm_status tm_step_begin(tm_runtime runtime);
+
+/** Marks the end of a step. A step that departed from the schedule replaces it. */
+TM_API tm_status tm_step_end(tm_runtime runtime);
+
+/**
+ * Sets the schedule explicitly: the order in which a step acquires tensors, and for each the
+ * tier (tiers may be NULL: all HBM). Replayed from the next acquire on, within steps.
+ */
+TM_API tm_status tm_schedule_set(tm_runtime runtime, const tm_tensor* tensors,
+                                 const tm_tier* tiers, size_t count);
 
 /** Bit mask (TM_TIER_BIT) of the tiers holding a valid copy; 0 for a never-written tensor. */
 TM_API tm_status tm_tensor_residency(tm_runtime runtime, tm_tensor tensor, uint32_t* mask);
