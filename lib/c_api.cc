@@ -170,6 +170,28 @@ absl::StatusOr<ConfigOverrides> OverridesFrom(const tm_config* c) {
   }
   if (TM_HAS(emu_link_gbps) && c->emu_link_gbps != 0) o.emu_link_gbps = c->emu_link_gbps;
   if (TM_HAS(io_threads) && c->io_threads != 0) o.io_threads = c->io_threads;
+  if (TM_HAS(prefetch_depth) && c->prefetch_depth != TM_PREFETCH_DEPTH_DEFAULT) {
+    if (c->prefetch_depth < 0) {
+      return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.prefetch_depth=%d is negative",
+                                                  c->prefetch_depth));
+    }
+    o.prefetch_depth = static_cast<uint32_t>(c->prefetch_depth);
+  }
+  if (TM_HAS(prefetch_bytes) && c->prefetch_bytes != 0) {
+    o.prefetch_bytes = SizeSetting{c->prefetch_bytes, 0};
+  }
+  if (TM_HAS(placement) && c->placement != TM_PLACEMENT_DEFAULT) {
+    switch (c->placement) {
+      case TM_PLACEMENT_NONE: o.placement = Placement::kNone; break;
+      case TM_PLACEMENT_ZERO_OFFLOAD: o.placement = Placement::kZeroOffload; break;
+      case TM_PLACEMENT_ZERO_INFINITY: o.placement = Placement::kZeroInfinity; break;
+      case TM_PLACEMENT_ACTIVATIONS: o.placement = Placement::kActivations; break;
+      default:
+        return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.placement=%d is out of range",
+                                                    static_cast<int>(c->placement)));
+    }
+  }
+  if (TM_HAS(trace) && c->trace != nullptr) o.trace = std::string(c->trace);
 #undef TM_HAS
   return o;
 }

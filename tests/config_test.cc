@@ -134,7 +134,13 @@ INSTANTIATE_TEST_SUITE_P(
                       BadValue{"TIERMEM_NUMA", "near"}, BadValue{"TIERMEM_NUMA", "-2"},
                       BadValue{"TIERMEM_LOG_LEVEL", "verbose"},
                       BadValue{"TIERMEM_EMU_LINK_GBPS", "fast"}, BadValue{"TIERMEM_EMU_LINK_GBPS", "-3"},
-                      BadValue{"TIERMEM_EMU_LINK_GBPS", "nan"}));
+                      BadValue{"TIERMEM_EMU_LINK_GBPS", "nan"},
+                      BadValue{"TIERMEM_IO_THREADS", "0"}, BadValue{"TIERMEM_IO_THREADS", "65"},
+                      BadValue{"TIERMEM_PREFETCH_DEPTH", "-1"},
+                      BadValue{"TIERMEM_PREFETCH_DEPTH", "2000"},
+                      BadValue{"TIERMEM_PREFETCH_BYTES", "some"},
+                      BadValue{"TIERMEM_PLACEMENT", "zero3"},
+                      BadValue{"TIERMEM_TRACE", "/tmp/dir/"}));
 
 // Through the C API: the status is TM_ERR_CONFIG and tm_last_error names the variable.
 TEST(LoadConfig, CApiReportsConfigError) {

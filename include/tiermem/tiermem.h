@@ -130,6 +130,21 @@ typedef enum tm_log_level {
   TM_LOG_LEVEL_MAX_ENUM = 0x7fffffff
 } tm_log_level;
 
+/** Home tiers by tensor class (TIERMEM_PLACEMENT). */
+typedef enum tm_placement {
+  TM_PLACEMENT_DEFAULT = 0,       /**< from TIERMEM_PLACEMENT, else none */
+  TM_PLACEMENT_NONE = 1,          /**< every class at home in HBM */
+  TM_PLACEMENT_ZERO_OFFLOAD = 2,  /**< optimizer state at home in DRAM (ZeRO-Offload) */
+  TM_PLACEMENT_ZERO_INFINITY = 3, /**< parameters and optimizer state on NVMe (ZeRO-Infinity) */
+  TM_PLACEMENT_ACTIVATIONS = 4,   /**< activations in DRAM, spilled to NVMe */
+  TM_PLACEMENT_COUNT,
+  TM_PLACEMENT_MIN_ENUM = -0x7fffffff - 1,
+  TM_PLACEMENT_MAX_ENUM = 0x7fffffff
+} tm_placement;
+
+/** In tm_config.prefetch_depth: take TIERMEM_PREFETCH_DEPTH, else 2. */
+#define TM_PREFETCH_DEPTH_DEFAULT (-1)
+
 /** In tm_config.cuda_device: take TIERMEM_CUDA_DEVICE, else device 0. */
 #define TM_CUDA_DEVICE_DEFAULT (-1)
 /** In tm_config.numa_node: take TIERMEM_NUMA, else auto. */
@@ -162,12 +177,17 @@ typedef struct tm_config {
   /* Fields below were added after 0.1.0's first cut; callers built before see a smaller
      struct_size and keep working. New fields are only ever appended. */
   uint32_t io_threads;      /**< TIERMEM_IO_THREADS: I/O threads (io_uring rings) */
+  int32_t prefetch_depth;   /**< TIERMEM_PREFETCH_DEPTH; TM_PREFETCH_DEPTH_DEFAULT to leave unset */
+  uint64_t prefetch_bytes;  /**< TIERMEM_PREFETCH_BYTES: bound on prefetch bytes in flight */
+  tm_placement placement;   /**< TIERMEM_PLACEMENT */
+  const char* trace;        /**< TIERMEM_TRACE: Chrome-trace JSON file written at destroy */
 } tm_config;
 
 #define TM_CONFIG_INIT                                                                         \
   {                                                                                            \
     sizeof(tm_config), TM_VERSION, TM_DEVICE_DEFAULT, TM_CUDA_DEVICE_DEFAULT, 0, 0, NULL, 0,   \
-        TM_IO_ENGINE_DEFAULT, 0, 0, TM_NUMA_DEFAULT, TM_LOG_DEFAULT, 0.0, 0                    \
+        TM_IO_ENGINE_DEFAULT, 0, 0, TM_NUMA_DEFAULT, TM_LOG_DEFAULT, 0.0, 0,                   \
+        TM_PREFETCH_DEPTH_DEFAULT, 0, TM_PLACEMENT_DEFAULT, NULL                               \
   }
 
 /** Describes a tensor to create. Fill with TM_TENSOR_DESC_INIT. */

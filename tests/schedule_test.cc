@@ -1,0 +1,333 @@
+// The schedule: Belady eviction against LRU on a cyclic schedule larger than HBM (by count of
+// misses), relearning a departed step, the prefetch knobs doing what the docs say, placement
+// presets, and the trace file parsed as JSON with its transfer and stall events.
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+#include "tiermem/tiermem.h"
+
+namespace tiermem {
+namespace {
+
+using testing::RandomBytes;
+using testing::TempDir;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+class Scheduled : public ::testing::Test {
+ protected:
+  // HBM holds 8 of the 12 tensors of 8 MiB; DRAM holds them all.
+  tm_config Config() {
+    tm_config c = testing::SmallConfig(dir_.path());
+    c.hbm_bytes = 64 * kMiB;
+    c.dram_bytes = 192 * kMiB;
+    c.nvme_bytes = 256 * kMiB;
+    return c;
+  }
+  void Create(tm_runtime rt, int n, uint64_t bytes, tm_tier home) {
+    tensors_.clear();
+    for (int i = 0; i < n; ++i) {
+      tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+      d.bytes = bytes;
+      d.home_tier = home;
+      std::string name = "w" + std::to_string(i);
+      d.name = name.c_str();
+      tm_tensor t;
+      ASSERT_EQ(tm_tensor_create(rt, &d, &t), TM_OK);
+      auto data = RandomBytes(bytes, i);
+      ASSERT_EQ(tm_tensor_write(rt, t, 0, data.data(), bytes), TM_OK) << tm_last_error();
+      tensors_.push_back(t);
+    }
+  }
+  // One pass over the tensors in order: acquire in HBM for reading, release.
+  void Pass(tm_runtime rt, bool step, int compute_us = 0) {
+    if (step) {
+      ASSERT_EQ(tm_step_begin(rt), TM_OK);
+    }
+    for (tm_tensor t : tensors_) {
+      void* p = nullptr;
+      ASSERT_EQ(tm_tensor_acquire(rt, t, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
+          << tm_last_error();
+      if (compute_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(compute_us));
+      ASSERT_EQ(tm_tensor_release(rt, t, TM_TIER_HBM), TM_OK);
+    }
+    if (step) {
+      ASSERT_EQ(tm_step_end(rt), TM_OK);
+    }
+  }
+  tm_stats Stats(tm_runtime rt) {
+    tm_stats s = TM_STATS_INIT;
+    EXPECT_EQ(tm_runtime_stats(rt, &s), TM_OK);
+    return s;
+  }
+  uint64_t Misses(bool schedule) {
+    tm_config c = Config();
+    c.prefetch_depth = 0;  // eviction alone
+    tm_runtime rt;
+    EXPECT_EQ(tm_runtime_create(&c, &rt), TM_OK) << tm_last_error();
+    Create(rt, 12, 8 * kMiB, TM_TIER_DRAM);
+    Pass(rt, schedule);  // learn (or warm up)
+    const uint64_t before = Stats(rt).acquire_misses;
+    for (int i = 0; i < 4; ++i) Pass(rt, schedule);
+    const tm_stats after = Stats(rt);
+    EXPECT_EQ(after.prefetches, 0u);
+    EXPECT_EQ(after.schedule_length, schedule ? 12u : 0u);
+    EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+    return after.acquire_misses - before;
+  }
+
+  TempDir dir_;
+  std::vector<tm_tensor> tensors_;
+};
+
+TEST_F(Scheduled, BeladyMissesLessThanLru) {
+  const uint64_t lru = Misses(false);
+  const uint64_t belady = Misses(true);
+  std::printf("cyclic 12 tensors, HBM for 8, 4 passes: LRU %llu misses, Belady %llu misses\n",
+              static_cast<unsigned long long>(lru), static_cast<unsigned long long>(belady));
+  EXPECT_EQ(lru, 48u) << "LRU on a cycle longer than the cache misses every time";
+  EXPECT_LT(belady, lru);
+  EXPECT_LE(belady, 4u * 5) << "Belady keeps 7 of 12 resident across each pass";
+}
+
+TEST_F(Scheduled, DepartedStepIsRelearnedAndStaysCorrect) {
+  tm_config c = Config();
+  tm_runtime rt;
+  ASSERT_EQ(tm_runtime_create(&c, &rt), TM_OK);
+  Create(rt, 12, 8 * kMiB, TM_TIER_DRAM);
+  Pass(rt, true);
+  Pass(rt, true);
+  EXPECT_EQ(Stats(rt).schedule_relearned, 0u);
+  std::reverse(tensors_.begin(), tensors_.end());
+  Pass(rt, true);  // departs
+  EXPECT_EQ(Stats(rt).schedule_relearned, 1u);
+  Pass(rt, true);  // the new order is the schedule now
+  Pass(rt, true);
+  EXPECT_EQ(Stats(rt).schedule_relearned, 1u);
+  ASSERT_EQ(tm_runtime_sync(rt), TM_OK) << tm_last_error();
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    std::vector<uint8_t> back(8 * kMiB);
+    ASSERT_EQ(tm_tensor_read(rt, tensors_[i], 0, back.data(), back.size()), TM_OK);
+    EXPECT_TRUE(back == RandomBytes(8 * kMiB, 11 - i)) << i;
+  }
+  EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+}
+
+TEST_F(Scheduled, ExplicitScheduleIsReplayed) {
+  tm_config c = Config();
+  tm_runtime rt;
+  ASSERT_EQ(tm_runtime_create(&c, &rt), TM_OK);
+  Create(rt, 6, kMiB, TM_TIER_NVME);
+  EXPECT_EQ(tm_schedule_set(rt, tensors_.data(), nullptr, tensors_.size()), TM_OK);
+  EXPECT_EQ(Stats(rt).schedule_length, 6u);
+  ASSERT_EQ(tm_step_begin(rt), TM_OK);
+  EXPECT_GT(Stats(rt).prefetches, 0u) << "the first tensors move before the first acquire";
+  ASSERT_EQ(tm_step_end(rt), TM_OK);
+  tm_tensor bad{0};
+  EXPECT_EQ(tm_schedule_set(rt, &bad, nullptr, 1), TM_ERR_INVALID_HANDLE);
+  EXPECT_EQ(tm_schedule_set(rt, nullptr, nullptr, 3), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(tm_step_end(rt), TM_ERR_INVALID_ARGUMENT) << "no step open";
+  EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+}
+
+// TIERMEM_PREFETCH_DEPTH sets how many scheduled uses are queued ahead; TIERMEM_PREFETCH_BYTES
+// bounds the bytes in flight (at least one tensor always moves).
+TEST_F(Scheduled, PrefetchKnobs) {
+  auto queued_at_step_begin = [&](int32_t depth, uint64_t bytes) {
+    tm_config c = Config();
+    c.prefetch_depth = depth;
+    c.prefetch_bytes = bytes;
+    c.emu_link_gbps = 0.5;  // slow link: nothing completes before we look
+    tm_runtime rt;
+    EXPECT_EQ(tm_runtime_create(&c, &rt), TM_OK);
+    Create(rt, 12, 4 * kMiB, TM_TIER_DRAM);
+    EXPECT_EQ(tm_schedule_set(rt, tensors_.data(), nullptr, tensors_.size()), TM_OK);
+    EXPECT_EQ(tm_step_begin(rt), TM_OK);
+    uint64_t queued = Stats(rt).prefetches;
+    EXPECT_EQ(tm_step_end(rt), TM_OK);
+    EXPECT_EQ(tm_runtime_sync(rt), TM_OK);
+    EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+    return queued;
+  };
+  EXPECT_EQ(queued_at_step_begin(0, 0), 0u);
+  EXPECT_EQ(queued_at_step_begin(1, 0), 1u);
+  EXPECT_EQ(queued_at_step_begin(4, 0), 4u);
+  EXPECT_EQ(queued_at_step_begin(4, 8 * kMiB), 2u) << "two 4 MiB tensors fill 8 MiB";
+  EXPECT_EQ(queued_at_step_begin(4, 1), 1u) << "a bound below one tensor still moves one";
+}
+
+// With compute between acquires and a capped link, prefetching turns misses into hits.
+TEST_F(Scheduled, PrefetchHidesTransfers) {
+  auto hits = [&](int32_t depth) {
+    tm_config c = Config();
+    c.prefetch_depth = depth;
+    c.emu_link_gbps = 4;  // 8 MiB in 2 ms
+    tm_runtime rt;
+    EXPECT_EQ(tm_runtime_create(&c, &rt), TM_OK);
+    Create(rt, 12, 8 * kMiB, TM_TIER_DRAM);
+    Pass(rt, true);
+    const tm_stats before = Stats(rt);
+    for (int i = 0; i < 3; ++i) Pass(rt, true, 5000);
+    const tm_stats after = Stats(rt);
+    EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+    return after.acquire_hits - before.acquire_hits;
+  };
+  const uint64_t none = 36 - hits(0), two = 36 - hits(2);
+  std::printf("misses over 36 acquires: depth 0 -> %llu, depth 2 -> %llu\n",
+              static_cast<unsigned long long>(none), static_cast<unsigned long long>(two));
+  EXPECT_LE(2 * two, none) << "prefetching at least halves the misses";
+}
+
+TEST_F(Scheduled, PlacementPresets) {
+  struct Case {
+    tm_placement placement;
+    tm_tensor_class cls;
+    uint32_t residency;
+  } cases[] = {
+      {TM_PLACEMENT_NONE, TM_CLASS_PARAM, TM_TIER_BIT(TM_TIER_HBM)},
+      {TM_PLACEMENT_ZERO_OFFLOAD, TM_CLASS_OPTIMIZER_STATE, TM_TIER_BIT(TM_TIER_DRAM)},
+      {TM_PLACEMENT_ZERO_OFFLOAD, TM_CLASS_PARAM, TM_TIER_BIT(TM_TIER_HBM)},
+      {TM_PLACEMENT_ZERO_INFINITY, TM_CLASS_PARAM, TM_TIER_BIT(TM_TIER_NVME)},
+      {TM_PLACEMENT_ZERO_INFINITY, TM_CLASS_OPTIMIZER_STATE, TM_TIER_BIT(TM_TIER_NVME)},
+      {TM_PLACEMENT_ZERO_INFINITY, TM_CLASS_ACTIVATION, TM_TIER_BIT(TM_TIER_HBM)},
+      {TM_PLACEMENT_ACTIVATIONS, TM_CLASS_ACTIVATION, TM_TIER_BIT(TM_TIER_DRAM)},
+  };
+  for (const Case& k : cases) {
+    tm_config c = Config();
+    c.placement = k.placement;
+    tm_runtime rt;
+    ASSERT_EQ(tm_runtime_create(&c, &rt), TM_OK);
+    tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+    d.bytes = 10000;
+    d.cls = k.cls;
+    tm_tensor t;
+    ASSERT_EQ(tm_tensor_create(rt, &d, &t), TM_OK);
+    auto data = RandomBytes(d.bytes, 1);
+    ASSERT_EQ(tm_tensor_write(rt, t, 0, data.data(), d.bytes), TM_OK);
+    uint32_t mask = 0;
+    ASSERT_EQ(tm_tensor_residency(rt, t, &mask), TM_OK);
+    EXPECT_EQ(mask, k.residency) << "placement " << k.placement << " class " << k.cls;
+    // A home given at create wins over the preset.
+    d.home_tier = TM_TIER_DRAM;
+    ASSERT_EQ(tm_tensor_create(rt, &d, &t), TM_OK);
+    ASSERT_EQ(tm_tensor_write(rt, t, 0, data.data(), d.bytes), TM_OK);
+    ASSERT_EQ(tm_tensor_residency(rt, t, &mask), TM_OK);
+    EXPECT_EQ(mask, TM_TIER_BIT(TM_TIER_DRAM));
+    EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+  }
+}
+
+// A small JSON reader: enough to prove the file is JSON and to find the events.
+class Json {
+ public:
+  explicit Json(const std::string& s) : s_(s) {}
+  bool Valid() {
+    Skip();
+    if (!Value()) return false;
+    Skip();
+    return i_ == s_.size();
+  }
+
+ private:
+  void Skip() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  bool Lit(const char* w) {
+    size_t n = std::strlen(w);
+    if (s_.compare(i_, n, w) != 0) return false;
+    i_ += n;
+    return true;
+  }
+  bool String() {
+    if (s_[i_] != '"') return false;
+    for (++i_; i_ < s_.size(); ++i_) {
+      if (s_[i_] == '\\') {
+        ++i_;
+      } else if (s_[i_] == '"') {
+        ++i_;
+        return true;
+      } else if (static_cast<unsigned char>(s_[i_]) < 0x20) {
+        return false;
+      }
+    }
+    return false;
+  }
+  bool Number() {
+    size_t start = i_;
+    if (s_[i_] == '-') ++i_;
+    while (i_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[i_])) || s_[i_] == '.' ||
+                              s_[i_] == 'e' || s_[i_] == 'E' || s_[i_] == '+' || s_[i_] == '-')) {
+      ++i_;
+    }
+    return i_ > start;
+  }
+  bool Value() {
+    if (i_ >= s_.size()) return false;
+    char c = s_[i_];
+    if (c == '{' || c == '[') {
+      const char close = c == '{' ? '}' : ']';
+      ++i_;
+      Skip();
+      if (s_[i_] == close) return ++i_, true;
+      for (;;) {
+        Skip();
+        if (c == '{') {
+          if (!String()) return false;
+          Skip();
+          if (s_[i_++] != ':') return false;
+          Skip();
+        }
+        if (!Value()) return false;
+        Skip();
+        if (s_[i_] == ',') {
+          ++i_;
+          continue;
+        }
+        if (s_[i_] == close) return ++i_, true;
+        return false;
+      }
+    }
+    if (c == '"') return String();
+    if (Lit("true") || Lit("false") || Lit("null")) return true;
+    return Number();
+  }
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+TEST_F(Scheduled, TraceIsJsonWithTransfersAndStalls) {
+  const std::string path = dir_.path() + "/trace.json";
+  tm_config c = Config();
+  c.trace = path.c_str();
+  c.emu_link_gbps = 2;
+  tm_runtime rt;
+  ASSERT_EQ(tm_runtime_create(&c, &rt), TM_OK);
+  Create(rt, 12, 4 * kMiB, TM_TIER_NVME);
+  for (int i = 0; i < 3; ++i) Pass(rt, true, 500);
+  ASSERT_EQ(tm_runtime_destroy(rt), TM_OK);  // writes the file
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << path;
+  std::stringstream buf;
+  buf << f.rdbuf();
+  const std::string text = buf.str();
+  EXPECT_TRUE(Json(text).Valid()) << text.substr(0, 400);
+  EXPECT_NE(text.find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(text.find("\"cat\":\"transfer\""), std::string::npos);
+  EXPECT_NE(text.find("\"cat\":\"stall\""), std::string::npos);
+  EXPECT_NE(text.find("\"nvme->hbm (staged)\""), std::string::npos) << "a named track";
+  EXPECT_NE(text.find("\"name\":\"w3\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tiermem
