@@ -10,9 +10,13 @@
 
 namespace tiermem::io {
 
+// (absl::ErrnoToStatus is avoided: it formats its own message through a lazily built strerror
+// cache, which TSan cannot see synchronized in Debian's uninstrumented Abseil.)
 inline absl::Status ErrnoStatus(int err, absl::string_view what) {
-  return absl::Status(absl::ErrnoToStatus(err, "").code(),
-                      absl::StrFormat("%s: %s (errno %d)", what, std::strerror(err), err));
+  char buf[128];
+  const char* text = strerror_r(err, buf, sizeof buf);  // GNU: returns the message
+  return absl::Status(absl::ErrnoToStatusCode(err),
+                      absl::StrFormat("%s: %s (errno %d)", what, text, err));
 }
 
 }  // namespace tiermem::io

@@ -62,7 +62,7 @@ struct Config {
   int numa_node = -1;
   LogLevel log_level = LogLevel::kWarn;
   double emu_link_gbps = 0;
-  uint32_t prefetch_depth = 2;  // scheduled uses kept moving up ahead of the current one
+  uint32_t prefetch_depth = 4;  // scheduled uses kept moving up ahead of the current one
   SizeSetting prefetch_bytes;   // bound on prefetch bytes in flight; 0: half the HBM budget
   Placement placement = Placement::kNone;
   std::string trace;            // Chrome-trace JSON written here at runtime destruction

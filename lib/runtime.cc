@@ -347,7 +347,7 @@ void Runtime::IssuePrefetches() {
   for (size_t i = 0; i < upcoming.size(); ++i) {
     const auto& [position, use] = upcoming[i];
     Tensor* v = tensors_.Find(use.handle);
-    if (v == nullptr || v->busy || v->queued > 0) continue;
+    if (!use.fill || v == nullptr || v->busy || v->queued > 0) continue;  // overwritten: no fill
     tm_tier target = use.tier;
     if (i >= depth) {
       if (!v->copy(TM_TIER_NVME).valid || v->copy(TM_TIER_DRAM).valid ||
@@ -563,7 +563,7 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
         std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
     trace_->Add(Trace::kAcquire, t.name, start, end, t.bytes);
   }
-  schedule_.OnAcquire(handle, tier);
+  schedule_.OnAcquire(handle, tier, access != TM_ACCESS_WRITE);
   void* address = mover_->Address(t, tier);
   IssuePrefetches();
   return address;
@@ -638,8 +638,14 @@ void Runtime::MoverLoop() {
     auto claimed = Claim(job.handle);  // gone: destroyed since it was queued
     if (claimed.ok()) {
       Tensor& t = **claimed;
-      absl::Status s = job.offload ? OffloadClaimed(t, job.tier)
-                                   : MakeValid(t, job.tier, nullptr, job.horizon);
+      absl::Status s;
+      if (!job.offload) {
+        s = MakeValid(t, job.tier, nullptr, job.horizon);
+      } else if (CheckAboveUnpinned(t, job.tier).ok()) {
+        s = OffloadClaimed(t, job.tier);
+      }
+      // else: acquired again since the offload was queued; the newer use supersedes it (writing
+      // the copy down now could snapshot a writer's half-done bytes).
       --t.queued;
       // A scheduled prefetch that found no room is a missed chance, not an error of the tensor.
       if (job.horizon != kDemand && absl::IsResourceExhausted(s)) s = absl::OkStatus();

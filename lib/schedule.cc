@@ -38,9 +38,9 @@ void Schedule::Set(std::vector<Use> uses) {
   Adopt(std::move(uses));
 }
 
-void Schedule::OnAcquire(uint64_t handle, tm_tier tier) {
+void Schedule::OnAcquire(uint64_t handle, tm_tier tier, bool fill) {
   if (!in_step_) return;
-  recording_.push_back({handle, tier});
+  recording_.push_back({handle, tier, fill});
   if (uses_.empty()) return;
   if (pos_ < uses_.size() && uses_[pos_].handle == handle) {
     ++pos_;

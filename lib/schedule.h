@@ -21,6 +21,7 @@ class Schedule {
   struct Use {
     uint64_t handle = 0;
     tm_tier tier = TM_TIER_HBM;
+    bool fill = true;  // false for an acquire that overwrites the whole tensor: nothing to bring
   };
 
   void BeginStep();
@@ -29,7 +30,7 @@ class Schedule {
   // An explicit order; replayed from the next acquire on.
   void Set(std::vector<Use> uses);
   // Notes an acquire: advances the position, or marks the step as departed.
-  void OnAcquire(uint64_t handle, tm_tier tier);
+  void OnAcquire(uint64_t handle, tm_tier tier, bool fill);
 
   // In a step, with a schedule to follow.
   bool replaying() const { return in_step_ && !uses_.empty(); }

@@ -142,7 +142,7 @@ typedef enum tm_placement {
   TM_PLACEMENT_MAX_ENUM = 0x7fffffff
 } tm_placement;
 
-/** In tm_config.prefetch_depth: take TIERMEM_PREFETCH_DEPTH, else 2. */
+/** In tm_config.prefetch_depth: take TIERMEM_PREFETCH_DEPTH, else 4. */
 #define TM_PREFETCH_DEPTH_DEFAULT (-1)
 
 /** In tm_config.cuda_device: take TIERMEM_CUDA_DEVICE, else device 0. */
