@@ -1,4 +1,5 @@
-// Runtime set-up and the tensor operations of the C API.
+// The tensor operations of the C API, the move protocol (claim, move without the lock, commit),
+// the asynchronous job queue and sync.
 #include "lib/runtime.h"
 
 #include <sys/statvfs.h>
@@ -7,8 +8,8 @@
 #include <atomic>
 #include <cstring>
 
-#include "absl/strings/string_view.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "io/log.h"
 #include "lib/status.h"
 
@@ -18,181 +19,9 @@ namespace {
 using io::Log;
 using io::LogSeverity;
 
-uint64_t PhysicalRam() {
-  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-}
-
-uint64_t FreeSpace(const std::string& dir) {
-  struct statvfs v = {};
-  if (statvfs(dir.c_str(), &v) != 0) return 0;
-  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
-}
-
 bool ValidTier(int tier) { return tier >= 0 && tier < TM_TIER_COUNT; }
 
-constexpr int kMoverThreads = 4;
-
-void SetEntry(Config& c, absl::string_view name, std::string value) {
-  for (auto& e : c.entries) {
-    if (e.name == name) e.value = std::move(value);
-  }
-}
-
 }  // namespace
-
-absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Config& config) {
-  std::unique_ptr<Runtime> rt(new Runtime(config));
-  if (auto s = rt->Init(); !s.ok()) return s;
-  return rt;
-}
-
-Runtime::~Runtime() {
-  {
-    MutexLock lock(&mu_);
-    stopping_ = true;
-    outstanding_ -= jobs_.size();
-    jobs_.clear();  // queued moves are abandoned; running ones finish
-    work_.SignalAll();
-  }
-  for (auto& t : movers_) t.join();
-  if (trace_ != nullptr) {
-    if (auto s = trace_->Write(); !s.ok()) {
-      Log(LogSeverity::kError, "%s", std::string(s.message()).c_str());
-    }
-  }
-  // Stream-ordered copies still in flight must land before their memory goes away.
-  if (mover_ != nullptr) {
-    MutexLock lock(&mu_);
-    tensors_.ForEach([&](Tensor& t) {
-      if (t.pending.has_value()) (void)mover_->copy_engine().Wait(*t.pending);
-    });
-  }
-}
-
-absl::Status Runtime::Init() {
-  io::SetLogLevel(static_cast<LogSeverity>(config_.log_level));
-  for (const auto& v : config_.unknown_variables) {
-    Log(LogSeverity::kWarn, "%s is not a tiermem variable and is ignored (a typo?)", v.c_str());
-  }
-
-  // The device backend.
-  if (config_.device == DeviceKind::kEmulated) {
-    device_ = io::CreateEmulatedDevice({0, config_.emu_link_gbps});
-  } else {
-    auto cuda = io::CreateCudaDevice(config_.cuda_device);
-    if (cuda.ok()) {
-      device_ = std::move(*cuda);
-    } else if (config_.device == DeviceKind::kCuda || absl::IsInvalidArgument(cuda.status())) {
-      return Error(absl::IsInvalidArgument(cuda.status()) ? TM_ERR_CONFIG : TM_ERR_DEVICE,
-                   absl::StrFormat("TIERMEM_DEVICE=%s: %s", DeviceKindName(config_.device),
-                                   cuda.status().message()));
-    } else {
-      // Said once per process: a CPU-only machine creating many runtimes hears it once.
-      static std::atomic<bool> said{false};
-      if (!said.exchange(true)) {
-        Log(LogSeverity::kWarn, "TIERMEM_DEVICE=auto: %s; using the emulated device",
-            std::string(cuda.status().message()).c_str());
-      }
-      device_ = io::CreateEmulatedDevice({0, config_.emu_link_gbps});
-    }
-  }
-  info_.device = device_->Describe();
-  info_.device_kind = std::string(device_->kind());
-
-  // NUMA: the GPU's node, else this thread's.
-  if (auto topo = io::Topology::Load(device_->pci_bus_id().has_value()); topo.ok()) {
-    topology_ = std::move(*topo);
-    info_.numa_nodes = topology_->NodeCount();
-  } else {
-    Log(LogSeverity::kWarn, "hwloc: %s; host memory is not NUMA-bound",
-        std::string(topo.status().message()).c_str());
-  }
-  int node = -1;
-  if (config_.numa == NumaMode::kNode) {
-    if (topology_ == nullptr) {
-      return Error(TM_ERR_CONFIG, absl::StrFormat("TIERMEM_NUMA=%d: the topology is unknown",
-                                                  config_.numa_node));
-    }
-    node = config_.numa_node;
-  } else if (config_.numa == NumaMode::kAuto && topology_ != nullptr) {
-    if (auto bus = device_->pci_bus_id(); bus.has_value()) node = topology_->NodeOfPciDevice(*bus);
-    if (node < 0) node = topology_->NodeOfCallingThread();
-  }
-
-  // Tiers. NVMe first: its alignment is the granule of the DRAM copies it reads and writes.
-  const uint64_t hbm_bytes = config_.hbm_bytes.bytes == 0 && config_.hbm_bytes.percent == 0
-                                 ? device_->default_budget()
-                                 : config_.hbm_bytes.Resolve(device_->physical_bytes());
-  SetEntry(config_, "TIERMEM_HBM_BYTES", SizeSetting{hbm_bytes, 0}.ToString());
-  auto hbm = MemoryTier::CreateHbm(*device_, hbm_bytes);
-  if (!hbm.ok()) return hbm.status();
-  hbm_ = std::move(*hbm);
-
-  const uint64_t nvme_bytes = config_.nvme_bytes.Resolve(FreeSpace(config_.nvme_paths.front()));
-  if (nvme_bytes == 0) return Error(TM_ERR_CONFIG, "TIERMEM_NVME_BYTES resolves to 0 bytes");
-  auto nvme = NvmeTier::Create(config_.nvme_paths, nvme_bytes, config_.io_block_size);
-  if (!nvme.ok()) return nvme.status();
-  nvme_ = std::move(*nvme);
-
-  const uint64_t dram_bytes = config_.dram_bytes.Resolve(PhysicalRam());
-  const uint64_t granule = std::max<uint64_t>(4096, nvme_->alignment());
-  // HBM <-> NVMe moves are staged in pinned slots at the end of the DRAM pool.
-  const StagingPool::Shape shape = StagingPool::ShapeFor(
-      dram_bytes, std::max<uint64_t>(4ull << 20, config_.io_block_size), granule);
-  auto dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule,
-                                     shape.bytes());
-  if (!dram.ok() && config_.numa == NumaMode::kAuto && node >= 0) {
-    Log(LogSeverity::kWarn, "%s; the DRAM tier is left unbound",
-        std::string(dram.status().message()).c_str());
-    node = -1;
-    dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule,
-                                  shape.bytes());
-  }
-  if (!dram.ok()) return dram.status();
-  dram_ = std::move(*dram);
-  info_.numa_node = node;
-
-  // The I/O engine.
-  io::IoEngineOptions opts;
-  opts.block_size = config_.io_block_size;
-  opts.queue_depth = config_.io_queue_depth;
-  opts.threads = config_.io_threads;
-  opts.buffers.push_back({dram_->base(), dram_->mapped_bytes()});
-  for (const auto& f : nvme_->files()) opts.files.push_back(f->fd());
-  if (config_.io_engine == IoEngineKind::kPosix) {
-    io_ = io::CreatePosixEngine(opts);
-  } else if (auto uring = io::CreateUringEngine(opts); uring.ok()) {
-    io_ = std::move(*uring);
-  } else if (config_.io_engine == IoEngineKind::kUring) {
-    return Error(TM_ERR_UNSUPPORTED, absl::StrFormat("TIERMEM_IO_ENGINE=uring: %s",
-                                                     uring.status().message()));
-  } else {
-    Log(LogSeverity::kWarn, "TIERMEM_IO_ENGINE=auto: io_uring is unavailable (%s); using posix",
-        std::string(uring.status().message()).c_str());
-    io_ = io::CreatePosixEngine(opts);
-  }
-  info_.io_engine = std::string(io_->name());
-  info_.io_buffers_registered = io_->buffers_registered();
-  info_.io_files_registered = io_->files_registered();
-  info_.staging_chunk = shape.chunk;
-  info_.staging_slots = shape.slots;
-  staging_ = std::make_unique<StagingPool>(dram_->reserved(), shape);
-  for (const auto& f : nvme_->files()) {
-    info_.nvme.push_back({f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
-  }
-  mover_ = std::make_unique<Mover>(*hbm_, *dram_, *nvme_, *device_, *io_, *staging_);
-  trace_ = std::make_unique<Trace>(config_.trace);
-  prefetch_limit_ = config_.prefetch_bytes.bytes == 0 && config_.prefetch_bytes.percent == 0
-                        ? hbm_bytes / 2
-                        : config_.prefetch_bytes.Resolve(hbm_bytes);
-  // Asynchronous moves run on a few threads of their own; the engines below them keep the
-  // links busy (each mover keeps the I/O queue depth in flight).
-  for (int i = 0; i < kMoverThreads; ++i) movers_.emplace_back([this] { MoverLoop(); });
-  Log(LogSeverity::kInfo, "runtime ready: %s, HBM %s, DRAM %s (NUMA node %d), NVMe %s on %zu path(s), %s I/O",
-      info_.device.c_str(), HumanBytes(hbm_bytes).c_str(), HumanBytes(dram_bytes).c_str(), node,
-      HumanBytes(nvme_bytes).c_str(), config_.nvme_paths.size(), info_.io_engine.c_str());
-  return absl::OkStatus();
-}
 
 absl::StatusOr<Tensor*> Runtime::Find(uint64_t handle) {
   Tensor* t = tensors_.Find(handle);
@@ -271,100 +100,6 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, void* stream, uint64_t h
                                        HumanBytes(t.bytes), tm_tier_name(dst)));
   }
   return finish(s);
-}
-
-absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, uint64_t horizon) {
-  for (;;) {
-    auto e = mover_->space(tier).Allocate(t.bytes, t.name);
-    if (e.ok() || tier == TM_TIER_NVME || !absl::IsResourceExhausted(e.status())) return e;
-    Tensor* victim = PickVictim(tier, &t, horizon);
-    if (victim == nullptr) {
-      return WithContext(e.status(),
-                         horizon == kDemand
-                             ? "nothing can be evicted (every copy there is acquired or moving)"
-                             : "nothing needed later than it can be evicted for this prefetch");
-    }
-    if (auto s = Evict(*victim, tier); !s.ok()) {
-      return WithContext(s, absl::StrFormat("evicting \"%s\" to make room", victim->name));
-    }
-  }
-}
-
-absl::Status Runtime::Reserve(Tensor& t, tm_tier tier) {
-  TensorCopy& c = t.copy(tier);
-  if (c.valid) return absl::OkStatus();
-  t.busy = true;
-  auto e = Allocate(t, tier, kDemand);
-  t.busy = false;
-  changed_.SignalAll();
-  if (!e.ok()) return e.status();
-  c.extent = *e;
-  c.valid = true;
-  return absl::OkStatus();
-}
-
-Tensor* Runtime::PickVictim(tm_tier tier, const Tensor* requester, uint64_t horizon) {
-  const bool belady = schedule_.replaying();
-  Tensor* best = nullptr;
-  uint64_t best_next = 0;
-  tensors_.ForEach([&](Tensor& v) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    const TensorCopy& c = v.copy(tier);
-    if (&v == requester || v.busy || !c.valid || c.pins > 0 || v.pending.has_value()) return;
-    const uint64_t next = belady ? schedule_.NextUse(v.handle) : Schedule::kNever;
-    if (horizon != kDemand && next <= horizon) return;  // needed before what we prefetch
-    const bool better = best == nullptr || next > best_next ||
-                        (next == best_next && v.last_use < best->last_use);
-    if (better) {
-      best = &v;
-      best_next = next;
-    }
-  });
-  return best;
-}
-
-absl::Status Runtime::Evict(Tensor& v, tm_tier tier) {
-  const Trace::Clock::time_point start = Trace::Clock::now();
-  const uint64_t bytes = v.bytes;
-  if ((v.ResidencyMask() & ~TM_TIER_BIT(tier)) == 0) {
-    // The only copy: write it one tier down first (which may evict there in turn).
-    const tm_tier lower = static_cast<tm_tier>(tier + 1);
-    if (auto s = MakeValid(v, lower); !s.ok()) return s;
-    if (v.copy(tier).pins > 0) return absl::OkStatus();  // acquired meanwhile: look again
-  }
-  mover_->Drop(v, tier);
-  ++counters_.evictions;
-  counters_.eviction_bytes += bytes;
-  trace_->Add(Trace::kEviction, v.name, start, Trace::Clock::now(), bytes);
-  return absl::OkStatus();
-}
-
-void Runtime::IssuePrefetches() {
-  const uint32_t depth = config_.prefetch_depth;
-  if (depth == 0 || !schedule_.replaying()) return;
-  // Stage 1: the next `depth` uses, up to the tier they are used in. Stage 2: the `depth` after
-  // those, from NVMe to DRAM, so that stage 1 then only crosses the PCIe link.
-  const auto upcoming = schedule_.Upcoming(2 * static_cast<size_t>(depth));
-  for (size_t i = 0; i < upcoming.size(); ++i) {
-    const auto& [position, use] = upcoming[i];
-    Tensor* v = tensors_.Find(use.handle);
-    if (!use.fill || v == nullptr || v->busy || v->queued > 0) continue;  // overwritten: no fill
-    tm_tier target = use.tier;
-    if (i >= depth) {
-      if (!v->copy(TM_TIER_NVME).valid || v->copy(TM_TIER_DRAM).valid ||
-          v->copy(TM_TIER_HBM).valid) {
-        continue;
-      }
-      target = TM_TIER_DRAM;
-    }
-    if (v->copy(target).valid) continue;
-    if (prefetch_in_flight_ > 0 && prefetch_in_flight_ + v->bytes > prefetch_limit_) break;
-    prefetch_in_flight_ += v->bytes;
-    ++v->queued;
-    ++outstanding_;
-    ++counters_.prefetches;
-    jobs_.push_back(Job{use.handle, target, false, position, v->bytes});
-    work_.Signal();
-  }
 }
 
 absl::Status Runtime::CheckOthersUnpinned(const Tensor& t, int keep) const {
@@ -721,50 +456,5 @@ tm_stats Runtime::Stats() {
   s.schedule_relearned = schedule_.relearned();
   return s;
 }
-
-tm_tier Runtime::HomeOf(tm_tensor_class cls) const {
-  switch (config_.placement) {
-    case Placement::kZeroOffload:
-      return cls == TM_CLASS_OPTIMIZER_STATE ? TM_TIER_DRAM : TM_TIER_HBM;
-    case Placement::kZeroInfinity:
-      return cls == TM_CLASS_PARAM || cls == TM_CLASS_OPTIMIZER_STATE ? TM_TIER_NVME : TM_TIER_HBM;
-    case Placement::kActivations:
-      return cls == TM_CLASS_ACTIVATION ? TM_TIER_DRAM : TM_TIER_HBM;
-    default:
-      return TM_TIER_HBM;
-  }
-}
-
-absl::Status Runtime::StepBegin() {
-  MutexLock lock(&mu_);
-  schedule_.BeginStep();
-  IssuePrefetches();  // the step's first tensors, before its first acquire
-  return absl::OkStatus();
-}
-
-absl::Status Runtime::StepEnd() {
-  MutexLock lock(&mu_);
-  if (!schedule_.in_step()) {
-    return Error(TM_ERR_INVALID_ARGUMENT, "tm_step_end without tm_step_begin");
-  }
-  schedule_.EndStep();
-  return absl::OkStatus();
-}
-
-absl::Status Runtime::SetSchedule(const std::vector<Schedule::Use>& uses) {
-  MutexLock lock(&mu_);
-  for (const auto& u : uses) {
-    if (tensors_.Find(u.handle) == nullptr) {
-      return Error(TM_ERR_INVALID_HANDLE,
-                   absl::StrFormat("schedule entry 0x%016x is not a tensor of this runtime", u.handle));
-    }
-    if (u.tier != TM_TIER_HBM && u.tier != TM_TIER_DRAM) {
-      return Error(TM_ERR_INVALID_ARGUMENT, "schedule tiers must be hbm or dram");
-    }
-  }
-  schedule_.Set(uses);
-  return absl::OkStatus();
-}
-
 
 }  // namespace tiermem

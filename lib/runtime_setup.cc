@@ -1,0 +1,196 @@
+// Runtime set-up and tear-down: device, tiers, engines, staging pool, mover threads.
+#include "lib/runtime.h"
+
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "io/log.h"
+#include "lib/status.h"
+
+namespace tiermem {
+namespace {
+
+using io::Log;
+using io::LogSeverity;
+
+uint64_t PhysicalRam() {
+  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+uint64_t FreeSpace(const std::string& dir) {
+  struct statvfs v = {};
+  if (statvfs(dir.c_str(), &v) != 0) return 0;
+  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+}
+
+// Asynchronous moves run on a few threads of their own.
+constexpr int kMoverThreads = 4;
+
+void SetEntry(Config& c, absl::string_view name, std::string value) {
+  for (auto& e : c.entries) {
+    if (e.name == name) e.value = std::move(value);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Config& config) {
+  std::unique_ptr<Runtime> rt(new Runtime(config));
+  if (auto s = rt->Init(); !s.ok()) return s;
+  return rt;
+}
+
+Runtime::~Runtime() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+    outstanding_ -= jobs_.size();
+    jobs_.clear();  // queued moves are abandoned; running ones finish
+    work_.SignalAll();
+  }
+  for (auto& t : movers_) t.join();
+  if (trace_ != nullptr) {
+    if (auto s = trace_->Write(); !s.ok()) {
+      Log(LogSeverity::kError, "%s", std::string(s.message()).c_str());
+    }
+  }
+  // Stream-ordered copies still in flight must land before their memory goes away.
+  if (mover_ != nullptr) {
+    MutexLock lock(&mu_);
+    tensors_.ForEach([&](Tensor& t) {
+      if (t.pending.has_value()) (void)mover_->copy_engine().Wait(*t.pending);
+    });
+  }
+}
+
+absl::Status Runtime::Init() {
+  io::SetLogLevel(static_cast<LogSeverity>(config_.log_level));
+  for (const auto& v : config_.unknown_variables) {
+    Log(LogSeverity::kWarn, "%s is not a tiermem variable and is ignored (a typo?)", v.c_str());
+  }
+
+  // The device backend.
+  if (config_.device == DeviceKind::kEmulated) {
+    device_ = io::CreateEmulatedDevice({0, config_.emu_link_gbps});
+  } else {
+    auto cuda = io::CreateCudaDevice(config_.cuda_device);
+    if (cuda.ok()) {
+      device_ = std::move(*cuda);
+    } else if (config_.device == DeviceKind::kCuda || absl::IsInvalidArgument(cuda.status())) {
+      return Error(absl::IsInvalidArgument(cuda.status()) ? TM_ERR_CONFIG : TM_ERR_DEVICE,
+                   absl::StrFormat("TIERMEM_DEVICE=%s: %s", DeviceKindName(config_.device),
+                                   cuda.status().message()));
+    } else {
+      // Said once per process: a CPU-only machine creating many runtimes hears it once.
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true)) {
+        Log(LogSeverity::kWarn, "TIERMEM_DEVICE=auto: %s; using the emulated device",
+            std::string(cuda.status().message()).c_str());
+      }
+      device_ = io::CreateEmulatedDevice({0, config_.emu_link_gbps});
+    }
+  }
+  info_.device = device_->Describe();
+  info_.device_kind = std::string(device_->kind());
+
+  // NUMA: the GPU's node, else this thread's.
+  if (auto topo = io::Topology::Load(device_->pci_bus_id().has_value()); topo.ok()) {
+    topology_ = std::move(*topo);
+    info_.numa_nodes = topology_->NodeCount();
+  } else {
+    Log(LogSeverity::kWarn, "hwloc: %s; host memory is not NUMA-bound",
+        std::string(topo.status().message()).c_str());
+  }
+  int node = -1;
+  if (config_.numa == NumaMode::kNode) {
+    if (topology_ == nullptr) {
+      return Error(TM_ERR_CONFIG, absl::StrFormat("TIERMEM_NUMA=%d: the topology is unknown",
+                                                  config_.numa_node));
+    }
+    node = config_.numa_node;
+  } else if (config_.numa == NumaMode::kAuto && topology_ != nullptr) {
+    if (auto bus = device_->pci_bus_id(); bus.has_value()) node = topology_->NodeOfPciDevice(*bus);
+    if (node < 0) node = topology_->NodeOfCallingThread();
+  }
+
+  // Tiers. NVMe first: its alignment is the granule of the DRAM copies it reads and writes.
+  const uint64_t hbm_bytes = config_.hbm_bytes.bytes == 0 && config_.hbm_bytes.percent == 0
+                                 ? device_->default_budget()
+                                 : config_.hbm_bytes.Resolve(device_->physical_bytes());
+  SetEntry(config_, "TIERMEM_HBM_BYTES", SizeSetting{hbm_bytes, 0}.ToString());
+  auto hbm = MemoryTier::CreateHbm(*device_, hbm_bytes);
+  if (!hbm.ok()) return hbm.status();
+  hbm_ = std::move(*hbm);
+
+  const uint64_t nvme_bytes = config_.nvme_bytes.Resolve(FreeSpace(config_.nvme_paths.front()));
+  if (nvme_bytes == 0) return Error(TM_ERR_CONFIG, "TIERMEM_NVME_BYTES resolves to 0 bytes");
+  auto nvme = NvmeTier::Create(config_.nvme_paths, nvme_bytes, config_.io_block_size);
+  if (!nvme.ok()) return nvme.status();
+  nvme_ = std::move(*nvme);
+
+  const uint64_t dram_bytes = config_.dram_bytes.Resolve(PhysicalRam());
+  const uint64_t granule = std::max<uint64_t>(4096, nvme_->alignment());
+  // HBM <-> NVMe moves are staged in pinned slots at the end of the DRAM pool.
+  const StagingPool::Shape shape = StagingPool::ShapeFor(
+      dram_bytes, std::max<uint64_t>(4ull << 20, config_.io_block_size), granule);
+  auto dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule,
+                                     shape.bytes());
+  if (!dram.ok() && config_.numa == NumaMode::kAuto && node >= 0) {
+    Log(LogSeverity::kWarn, "%s; the DRAM tier is left unbound",
+        std::string(dram.status().message()).c_str());
+    node = -1;
+    dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule,
+                                  shape.bytes());
+  }
+  if (!dram.ok()) return dram.status();
+  dram_ = std::move(*dram);
+  info_.numa_node = node;
+
+  // The I/O engine.
+  io::IoEngineOptions opts;
+  opts.block_size = config_.io_block_size;
+  opts.queue_depth = config_.io_queue_depth;
+  opts.threads = config_.io_threads;
+  opts.buffers.push_back({dram_->base(), dram_->mapped_bytes()});
+  for (const auto& f : nvme_->files()) opts.files.push_back(f->fd());
+  if (config_.io_engine == IoEngineKind::kPosix) {
+    io_ = io::CreatePosixEngine(opts);
+  } else if (auto uring = io::CreateUringEngine(opts); uring.ok()) {
+    io_ = std::move(*uring);
+  } else if (config_.io_engine == IoEngineKind::kUring) {
+    return Error(TM_ERR_UNSUPPORTED, absl::StrFormat("TIERMEM_IO_ENGINE=uring: %s",
+                                                     uring.status().message()));
+  } else {
+    Log(LogSeverity::kWarn, "TIERMEM_IO_ENGINE=auto: io_uring is unavailable (%s); using posix",
+        std::string(uring.status().message()).c_str());
+    io_ = io::CreatePosixEngine(opts);
+  }
+  info_.io_engine = std::string(io_->name());
+  info_.io_buffers_registered = io_->buffers_registered();
+  info_.io_files_registered = io_->files_registered();
+  info_.staging_chunk = shape.chunk;
+  info_.staging_slots = shape.slots;
+  staging_ = std::make_unique<StagingPool>(dram_->reserved(), shape);
+  for (const auto& f : nvme_->files()) {
+    info_.nvme.push_back({f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
+  }
+  mover_ = std::make_unique<Mover>(*hbm_, *dram_, *nvme_, *device_, *io_, *staging_);
+  trace_ = std::make_unique<Trace>(config_.trace);
+  prefetch_limit_ = config_.prefetch_bytes.bytes == 0 && config_.prefetch_bytes.percent == 0
+                        ? hbm_bytes / 2
+                        : config_.prefetch_bytes.Resolve(hbm_bytes);
+  // Asynchronous moves run on a few threads of their own; the engines below them keep the
+  // links busy (each mover keeps the I/O queue depth in flight).
+  for (int i = 0; i < kMoverThreads; ++i) movers_.emplace_back([this] { MoverLoop(); });
+  Log(LogSeverity::kInfo, "runtime ready: %s, HBM %s, DRAM %s (NUMA node %d), NVMe %s on %zu path(s), %s I/O",
+      info_.device.c_str(), HumanBytes(hbm_bytes).c_str(), HumanBytes(dram_bytes).c_str(), node,
+      HumanBytes(nvme_bytes).c_str(), config_.nvme_paths.size(), info_.io_engine.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace tiermem
