@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "io/sync.h"
 #include "lib/config.h"
+#include "lib/planner.h"
 #include "lib/runtime.h"
 #include "lib/status.h"
 #include "tiermem/tiermem.h"
@@ -372,6 +373,49 @@ TM_API tm_status tm_schedule_set(tm_runtime runtime, const tm_tensor* tensors,
     }
     return rt.SetSchedule(uses);
   });
+}
+
+TM_API tm_status tm_plan(const tm_plan_input* in, tm_plan_result* out) {
+  if (in == nullptr) return NullArgument("tm_plan", "input");
+  if (out == nullptr) return NullArgument("tm_plan", "out");
+  if (in->struct_size != sizeof(tm_plan_input) || out->struct_size != sizeof(tm_plan_result)) {
+    return Fail(TM_ERR_INVALID_ARGUMENT,
+                "tm_plan: struct_size mismatch: fill with TM_PLAN_INPUT_INIT / TM_PLAN_RESULT_INIT");
+  }
+  PlanInput p;
+  p.layers = in->layers;
+  p.hidden = in->hidden;
+  p.heads = in->heads;
+  p.seq = in->seq;
+  p.micro_batch = in->micro_batch;
+  p.tensor_parallel = in->tensor_parallel;
+  p.sequence_parallel = in->sequence_parallel != 0;
+  p.flash_attention = in->flash_attention != 0;
+  p.params = in->params;
+  p.bytes_per_element = in->bytes_per_element;
+  p.hbm_bytes = in->hbm_bytes;
+  p.link_bytes_per_s = in->link_bytes_per_s;
+  p.nvme_bytes_per_s = in->nvme_bytes_per_s;
+  p.flops_per_s = in->flops_per_s;
+  auto plan = MakePlan(p);
+  if (!plan.ok()) return Fail(TM_ERR_INVALID_ARGUMENT, plan.status().message());
+  out->activation_full = plan->activation_full;
+  out->activation_selective = plan->activation_selective;
+  out->activation_checkpoint = plan->activation_checkpoint;
+  out->model_state = plan->model_state;
+  out->forward_flops = plan->forward_flops;
+  out->step_compute_seconds = plan->step_compute_seconds;
+  for (int i = 0; i < kRungCount; ++i) {
+    const RungResult& r = plan->rungs[i];
+    out->rungs[i] = {r.hbm_bytes, r.added_seconds, r.fits ? 1 : 0, r.available ? 1 : 0};
+  }
+  out->recommended = plan->recommended;
+  return TM_OK;
+}
+
+TM_API const char* tm_plan_rung_name(tm_plan_rung rung) {
+  if (rung < 0 || rung >= TM_PLAN_RUNG_COUNT) return "unknown";
+  return RungName(static_cast<Rung>(rung));
 }
 
 TM_API tm_status tm_tensor_residency(tm_runtime runtime, tm_tensor tensor, uint32_t* mask) {

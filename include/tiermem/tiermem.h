@@ -359,6 +359,71 @@ TM_API tm_status tm_schedule_set(tm_runtime runtime, const tm_tensor* tensors,
 /** Bit mask (TM_TIER_BIT) of the tiers holding a valid copy; 0 for a never-written tensor. */
 TM_API tm_status tm_tensor_residency(tm_runtime runtime, tm_tensor tensor, uint32_t* mask);
 
+/* ---- Planner: activation memory, recompute and offload, priced from measured bandwidths ---- */
+
+/** The rungs of the ladder, in the order they are tried. */
+typedef enum tm_plan_rung {
+  TM_PLAN_KEEP_ALL = 0,                /**< every activation kept */
+  TM_PLAN_SELECTIVE_RECOMPUTE = 1,     /**< attention core recomputed */
+  TM_PLAN_FULL_RECOMPUTE = 2,          /**< per-layer recompute: one more forward */
+  TM_PLAN_OPTIMIZER_OFFLOAD = 3,       /**< Adam state in DRAM (ZeRO-Offload) */
+  TM_PLAN_ACTIVATION_OFFLOAD_DRAM = 4, /**< activations offloaded to DRAM */
+  TM_PLAN_ACTIVATION_OFFLOAD_NVME = 5, /**< activations offloaded to NVMe */
+  TM_PLAN_PARAMETER_OFFLOAD = 6,       /**< parameters too, on NVMe (ZeRO-Infinity) */
+  TM_PLAN_RUNG_COUNT,
+  TM_PLAN_RUNG_MIN_ENUM = -0x7fffffff - 1,
+  TM_PLAN_RUNG_MAX_ENUM = 0x7fffffff
+} tm_plan_rung;
+
+/** The model and the machine. Fill with TM_PLAN_INPUT_INIT. Units: bytes, bytes/s, FLOP/s. */
+typedef struct tm_plan_input {
+  size_t struct_size;
+  double layers, hidden, heads, seq, micro_batch;
+  double tensor_parallel;     /**< t, default 1 */
+  int32_t sequence_parallel;  /**< nonzero: sequence parallelism with t */
+  int32_t flash_attention;    /**< nonzero: attention scores never stored */
+  double params;              /**< parameters of the whole model */
+  double bytes_per_element;   /**< activation element size, default 2 */
+  double hbm_bytes;           /**< HBM budget per GPU */
+  double link_bytes_per_s;    /**< HBM <-> DRAM per direction */
+  double nvme_bytes_per_s;    /**< DRAM <-> NVMe; 0: no NVMe rungs */
+  double flops_per_s;         /**< achieved compute per GPU */
+} tm_plan_input;
+
+#define TM_PLAN_INPUT_INIT \
+  { sizeof(tm_plan_input), 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 0 }
+
+typedef struct tm_plan_rung_result {
+  double hbm_bytes;      /**< needed per GPU */
+  double added_seconds;  /**< per step, over keeping everything */
+  int32_t fits;          /**< within hbm_bytes */
+  int32_t available;     /**< 0: needs NVMe and none was given */
+} tm_plan_rung_result;
+
+typedef struct tm_plan_result {
+  size_t struct_size;
+  double activation_full;        /**< bytes per layer per GPU, no recomputation */
+  double activation_selective;   /**< ... with selective recomputation */
+  double activation_checkpoint;  /**< ... with full recomputation (the layer's input) */
+  double model_state;            /**< bytes per GPU: 16 per parameter (mixed-precision Adam) */
+  double forward_flops;          /**< per step per GPU */
+  double step_compute_seconds;   /**< forward + backward */
+  tm_plan_rung_result rungs[TM_PLAN_RUNG_COUNT];
+  int32_t recommended;           /**< a tm_plan_rung, or -1 when nothing fits */
+} tm_plan_result;
+
+#define TM_PLAN_RESULT_INIT \
+  { sizeof(tm_plan_result), 0, 0, 0, 0, 0, 0, {{0, 0, 0, 0}}, -1 }
+
+/**
+ * Prices every rung for the input and recommends the cheapest that fits (ties: the earlier rung).
+ * TM_ERR_INVALID_ARGUMENT naming the field for a missing or out-of-range input.
+ */
+TM_API tm_status tm_plan(const tm_plan_input* input, tm_plan_result* out);
+
+/** Name of a rung ("selective recompute", ...); "unknown" when out of range. */
+TM_API const char* tm_plan_rung_name(tm_plan_rung rung);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
