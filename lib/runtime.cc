@@ -71,6 +71,11 @@ absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle) {
 
 absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, void* stream, uint64_t horizon) {
   if (t.copy(dst).valid) return absl::OkStatus();
+  if (int w = t.writing_tier(); w >= 0) {
+    // Copying bytes that a writer is changing would make a torn copy look valid.
+    return Error(TM_ERR_BUSY, absl::StrFormat("tensor \"%s\" is acquired for writing in %s",
+                                              t.name, tm_tier_name(static_cast<tm_tier>(w))));
+  }
   t.busy = true;  // for the whole move: eviction below may release the lock too
   auto finish = [&](absl::Status s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     t.busy = false;
@@ -285,7 +290,10 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   absl::Status s = access == TM_ACCESS_WRITE ? Reserve(t, tier)
                                              : MakeValid(t, tier, writes ? nullptr : stream);
   if (!s.ok()) return s;
-  if (writes) DropOthers(t, tier);
+  if (writes) {
+    DropOthers(t, tier);
+    t.copy(tier).writing = true;
+  }
   ++t.copy(tier).pins;
   t.last_use = ++tick_;
   ++counters_.acquires;
@@ -316,7 +324,7 @@ absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {
     return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("tensor \"%s\" is not acquired in %s",
                                                           (*found)->name, tm_tier_name(tier)));
   }
-  --c.pins;
+  if (--c.pins == 0) c.writing = false;
   return absl::OkStatus();
 }
 
@@ -338,6 +346,10 @@ absl::Status Runtime::Enqueue(uint64_t handle, tm_tier tier, bool offload) {
     if (auto s = CheckAboveUnpinned(t, tier); !s.ok()) return s;
   } else if (t.copy(tier).valid && !t.busy) {
     return absl::OkStatus();  // already there
+  } else if (int w = t.writing_tier(); w >= 0) {
+    return Error(TM_ERR_BUSY, absl::StrFormat("cannot prefetch tensor \"%s\": it is acquired for "
+                                              "writing in %s",
+                                              t.name, tm_tier_name(static_cast<tm_tier>(w))));
   }
   ++t.queued;
   ++outstanding_;
@@ -374,13 +386,14 @@ void Runtime::MoverLoop() {
     if (claimed.ok()) {
       Tensor& t = **claimed;
       absl::Status s;
-      if (!job.offload) {
+      if (t.writing_tier() >= 0) {
+        // Acquired for writing since the job was queued: the writer's newer bytes supersede it.
+      } else if (!job.offload) {
         s = MakeValid(t, job.tier, nullptr, job.horizon);
       } else if (CheckAboveUnpinned(t, job.tier).ok()) {
         s = OffloadClaimed(t, job.tier);
       }
-      // else: acquired again since the offload was queued; the newer use supersedes it (writing
-      // the copy down now could snapshot a writer's half-done bytes).
+      // else: acquired again since the offload was queued; the newer use supersedes it.
       --t.queued;
       // A scheduled prefetch that found no room is a missed chance, not an error of the tensor.
       if (job.horizon != kDemand && absl::IsResourceExhausted(s)) s = absl::OkStatus();

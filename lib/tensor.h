@@ -20,6 +20,9 @@ struct TensorCopy {
   Extent extent;       // reserved space; may be non-empty while not yet valid (filling)
   bool valid = false;  // set only after every completion of the move into it was checked
   uint32_t pins = 0;   // outstanding acquires: a pinned copy is never freed or moved
+  // Acquired for writing (until its last release): its bytes are in flux, so no other copy may
+  // be made from it.
+  bool writing = false;
 };
 
 // All fields are guarded by the runtime's lock.
@@ -55,6 +58,13 @@ struct Tensor {
       if (copies[t].valid) m |= TM_TIER_BIT(t);
     }
     return m;
+  }
+  // The tier whose copy is being written through an acquire, or -1.
+  int writing_tier() const {
+    for (int t = 0; t < TM_TIER_COUNT; ++t) {
+      if (copies[t].writing) return t;
+    }
+    return -1;
   }
   bool pinned() const {
     for (const auto& c : copies) {

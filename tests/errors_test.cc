@@ -146,6 +146,29 @@ TEST_F(Errors, PinnedTensorsCannotMoveOrDie) {
   TM_ASSERT_OK(tm_tensor_destroy(rt_, a));
 }
 
+// While a copy is acquired for writing its bytes are in flux: no other copy may be made from it
+// (the stress test caught a queued prefetch copying a half-written tensor down to DRAM).
+TEST_F(Errors, NoCopyIsMadeOfATensorBeingWritten) {
+  tm_tensor a = Make(1 << 20, "in-flux", 5);
+  void* p = nullptr;
+  TM_ASSERT_OK(tm_tensor_acquire(rt_, a, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p));
+  std::memset(p, 0x11, 1 << 19);  // half written
+  void* q = nullptr;
+  EXPECT_EQ(tm_tensor_acquire(rt_, a, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &q), TM_ERR_BUSY);
+  EXPECT_NE(std::string(tm_last_error()).find("acquired for writing in hbm"), std::string::npos)
+      << tm_last_error();
+  EXPECT_EQ(tm_tensor_prefetch(rt_, a, TM_TIER_DRAM), TM_ERR_BUSY);
+  EXPECT_EQ(tm_tensor_offload(rt_, a, TM_TIER_NVME), TM_ERR_BUSY);
+  EXPECT_EQ(Residency(a), TM_TIER_BIT(TM_TIER_HBM));
+  std::memset(static_cast<char*>(p) + (1 << 19), 0x22, 1 << 19);
+  TM_ASSERT_OK(tm_tensor_release(rt_, a, TM_TIER_HBM));
+  // Released: copies are made again, of the finished bytes.
+  TM_ASSERT_OK(tm_tensor_acquire(rt_, a, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &q));
+  EXPECT_EQ(static_cast<uint8_t*>(q)[0], 0x11);
+  EXPECT_EQ(static_cast<uint8_t*>(q)[(1 << 20) - 1], 0x22);
+  TM_ASSERT_OK(tm_tensor_release(rt_, a, TM_TIER_DRAM));
+}
+
 // A real full file system: a 16 MiB tmpfs cannot hold a 64 MiB NVMe tier.
 TEST(FullDisk, ReservationFailsWithNoSpace) {
   TempDir mnt;
