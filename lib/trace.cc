@@ -18,8 +18,9 @@ const char* TrackName(int t) {
   return kNames[t];
 }
 
-// JSON string escaping for tensor names.
-std::string Escape(const std::string& s) {
+}  // namespace
+
+std::string JsonEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
     if (c == '"' || c == '\\') {
@@ -33,8 +34,6 @@ std::string Escape(const std::string& s) {
   }
   return out;
 }
-
-}  // namespace
 
 Trace::Trace(std::string path) : path_(std::move(path)), origin_(Clock::now()) {}
 
@@ -71,7 +70,7 @@ absl::Status Trace::Write() const {
     std::fprintf(f,
                  ",\n{\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"name\":\"%s\",\"cat\":\"%s\",\"ts\":%.3f,"
                  "\"dur\":%.3f,\"args\":{\"bytes\":%llu}}",
-                 static_cast<int>(e.track), Escape(e.name).c_str(),
+                 static_cast<int>(e.track), JsonEscape(e.name).c_str(),
                  e.track == kAcquire ? "stall" : e.track == kEviction ? "eviction" : "transfer",
                  static_cast<double>(e.start_ns) / 1e3, static_cast<double>(e.dur_ns) / 1e3,
                  static_cast<unsigned long long>(e.bytes));

@@ -12,6 +12,9 @@
 
 namespace tiermem {
 
+// `s` as the inside of a JSON string.
+std::string JsonEscape(const std::string& s);
+
 class Trace {
  public:
   // Tracks, one per row in the viewer.

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "json_check.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 
@@ -229,84 +230,6 @@ TEST_F(Scheduled, PlacementPresets) {
   }
 }
 
-// A small JSON reader: enough to prove the file is JSON and to find the events.
-class Json {
- public:
-  explicit Json(const std::string& s) : s_(s) {}
-  bool Valid() {
-    Skip();
-    if (!Value()) return false;
-    Skip();
-    return i_ == s_.size();
-  }
-
- private:
-  void Skip() {
-    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
-  }
-  bool Lit(const char* w) {
-    size_t n = std::strlen(w);
-    if (s_.compare(i_, n, w) != 0) return false;
-    i_ += n;
-    return true;
-  }
-  bool String() {
-    if (s_[i_] != '"') return false;
-    for (++i_; i_ < s_.size(); ++i_) {
-      if (s_[i_] == '\\') {
-        ++i_;
-      } else if (s_[i_] == '"') {
-        ++i_;
-        return true;
-      } else if (static_cast<unsigned char>(s_[i_]) < 0x20) {
-        return false;
-      }
-    }
-    return false;
-  }
-  bool Number() {
-    size_t start = i_;
-    if (s_[i_] == '-') ++i_;
-    while (i_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[i_])) || s_[i_] == '.' ||
-                              s_[i_] == 'e' || s_[i_] == 'E' || s_[i_] == '+' || s_[i_] == '-')) {
-      ++i_;
-    }
-    return i_ > start;
-  }
-  bool Value() {
-    if (i_ >= s_.size()) return false;
-    char c = s_[i_];
-    if (c == '{' || c == '[') {
-      const char close = c == '{' ? '}' : ']';
-      ++i_;
-      Skip();
-      if (s_[i_] == close) return ++i_, true;
-      for (;;) {
-        Skip();
-        if (c == '{') {
-          if (!String()) return false;
-          Skip();
-          if (s_[i_++] != ':') return false;
-          Skip();
-        }
-        if (!Value()) return false;
-        Skip();
-        if (s_[i_] == ',') {
-          ++i_;
-          continue;
-        }
-        if (s_[i_] == close) return ++i_, true;
-        return false;
-      }
-    }
-    if (c == '"') return String();
-    if (Lit("true") || Lit("false") || Lit("null")) return true;
-    return Number();
-  }
-  const std::string& s_;
-  size_t i_ = 0;
-};
-
 TEST_F(Scheduled, TraceIsJsonWithTransfersAndStalls) {
   const std::string path = dir_.path() + "/trace.json";
   tm_config c = Config();
@@ -322,7 +245,7 @@ TEST_F(Scheduled, TraceIsJsonWithTransfersAndStalls) {
   std::stringstream buf;
   buf << f.rdbuf();
   const std::string text = buf.str();
-  EXPECT_TRUE(Json(text).Valid()) << text.substr(0, 400);
+  EXPECT_TRUE(testing::Json(text).Valid()) << text.substr(0, 400);
   EXPECT_NE(text.find("\"traceEvents\""), std::string::npos);
   EXPECT_NE(text.find("\"cat\":\"transfer\""), std::string::npos);
   EXPECT_NE(text.find("\"cat\":\"stall\""), std::string::npos);

@@ -8,11 +8,13 @@
 #include <string>
 #include <vector>
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_format.h"
 #include "lib/config.h"
 #include "lib/runtime.h"
 #include "lib/status.h"
+#include "lib/trace.h"
 
 namespace tiermem {
 namespace {
@@ -21,8 +23,9 @@ using Clock = std::chrono::steady_clock;
 
 void Usage() {
   std::printf(
-      "usage: tiermem-probe [--config] [--no-bench] [--no-demo] [--bench-bytes SIZE]\n"
+      "usage: tiermem-probe [--config] [--json] [--no-bench] [--no-demo] [--bench-bytes SIZE]\n"
       "  --config           print every effective setting and where it came from, then exit\n"
+      "  --json             print the findings as JSON (schema: docs/probe.md)\n"
       "  --no-bench         skip the DRAM <-> NVMe bandwidth measurement\n"
       "  --no-demo          skip the end-to-end offload demo\n"
       "  --bench-bytes SIZE bytes moved per bandwidth run (default 256MiB)\n"
@@ -75,18 +78,36 @@ void PrintInfo(const Runtime& rt) {
   }
 }
 
-// Median of three timed DRAM -> NVMe offloads and NVMe -> DRAM acquires of one tensor.
-absl::Status Bench(Runtime& rt, uint64_t bytes) {
+struct Measurement {
+  const char* from;
+  const char* to;
+  uint64_t bytes;
+  double gbps;  // 1e9 bytes per second, median of 3
+};
+
+double Median3(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[1];
+}
+
+void Progress(const char* what) { std::fprintf(stderr, "tiermem-probe: measuring %s\n", what); }
+
+// DRAM <-> NVMe through offload / acquire, and DRAM <-> HBM through acquire / offload: the real
+// paths, engines, block size and queue depth; medians of three, data checked.
+absl::StatusOr<std::vector<Measurement>> Bench(Runtime& rt, uint64_t bytes) {
+  std::vector<Measurement> out;
   tm_stats s = rt.Stats();
-  bytes = std::min({bytes, s.tiers[TM_TIER_DRAM].capacity / 2, s.tiers[TM_TIER_NVME].capacity / 2});
+  bytes = std::min({bytes, s.tiers[TM_TIER_DRAM].capacity / 2, s.tiers[TM_TIER_NVME].capacity / 2,
+                    s.tiers[TM_TIER_HBM].capacity / 2});
   bytes = bytes / (1 << 20) * (1 << 20);
-  if (bytes == 0) return absl::OkStatus();
+  if (bytes == 0) return out;
   auto h = rt.CreateTensor({bytes, TM_CLASS_OTHER, TM_TIER_DRAM, "probe-bandwidth"});
   if (!h.ok()) return h.status();
   std::vector<uint8_t> data(bytes);
   Fill(data, 7);
   if (auto st = rt.Write(*h, 0, data.data(), bytes); !st.ok()) return st;
-  std::vector<double> write_s, read_s;
+  std::vector<double> write_s, read_s, up_s, down_s;
+  Progress("dram <-> nvme");
   for (int i = 0; i < 3; ++i) {
     // A write acquire makes the NVMe copy stale, so that every offload really writes.
     auto dirty = rt.Acquire(*h, TM_TIER_DRAM, TM_ACCESS_READ_WRITE, nullptr);
@@ -105,19 +126,40 @@ absl::Status Bench(Runtime& rt, uint64_t bytes) {
     }
     if (auto st = rt.Release(*h, TM_TIER_DRAM); !st.ok()) return st;
   }
-  std::sort(write_s.begin(), write_s.end());
-  std::sort(read_s.begin(), read_s.end());
+  Progress("dram <-> hbm");
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = Clock::now();
+    auto up = rt.Acquire(*h, TM_TIER_HBM, TM_ACCESS_READ_WRITE, nullptr);  // copies up, drops below
+    if (!up.ok()) return up.status();
+    up_s.push_back(Seconds(Clock::now() - t0));
+    if (auto st = rt.Release(*h, TM_TIER_HBM); !st.ok()) return st;
+    t0 = Clock::now();
+    if (auto st = rt.Offload(*h, TM_TIER_DRAM); !st.ok()) return st;
+    if (auto st = rt.Sync(*h); !st.ok()) return st;
+    down_s.push_back(Seconds(Clock::now() - t0));
+  }
+  std::vector<uint8_t> back(bytes);
+  if (auto st = rt.Read(*h, 0, back.data(), bytes); !st.ok()) return st;
+  if (back != data) return Error(TM_ERR_INTERNAL, "bandwidth run read back different bytes");
   const double gb = static_cast<double>(bytes) / 1e9;
-  std::printf("bandwidth   DRAM -> NVMe write %7.2f GB/s   (%s, median of 3)\n", gb / write_s[1],
-              HumanBytes(bytes).c_str());
-  std::printf("bandwidth   NVMe -> DRAM read  %7.2f GB/s   (%s, median of 3)\n", gb / read_s[1],
-              HumanBytes(bytes).c_str());
-  return rt.DestroyTensor(*h);
+  out.push_back({"dram", "nvme", bytes, gb / Median3(write_s)});
+  out.push_back({"nvme", "dram", bytes, gb / Median3(read_s)});
+  out.push_back({"dram", "hbm", bytes, gb / Median3(up_s)});
+  out.push_back({"hbm", "dram", bytes, gb / Median3(down_s)});
+  if (auto st = rt.DestroyTensor(*h); !st.ok()) return st;
+  return out;
 }
 
-// Tensors worth 1.5x a 256 MiB HBM budget: written into HBM, offloaded to NVMe when HBM is full,
-// brought back one by one and checked byte for byte.
-absl::Status Demo() {
+struct DemoResult {
+  int tensors = 0, offloads = 0, verified = 0;
+  uint64_t tensor_bytes = 0, hbm_budget = 0;
+  double seconds = 0;
+  tm_stats stats{};
+};
+
+// Tensors worth 1.5x a 256 MiB HBM budget: written into HBM and offloaded to NVMe, brought back
+// one by one and checked byte for byte.
+absl::StatusOr<DemoResult> Demo() {
   ConfigOverrides o;
   o.hbm_bytes = SizeSetting{256ull << 20, 0};
   auto cfg = LoadConfig(o, ProcessEnvironment(), {});
@@ -128,43 +170,28 @@ absl::Status Demo() {
   const uint64_t hbm = rt.Stats().tiers[TM_TIER_HBM].capacity;
   const uint64_t size = 64ull << 20;
   const int count = static_cast<int>((hbm * 3 / 2 + size - 1) / size);
-  std::printf("\ndemo        %d tensors of %s (%s) through an HBM budget of %s\n", count,
-              HumanBytes(size).c_str(), HumanBytes(size * count).c_str(), HumanBytes(hbm).c_str());
+  Progress("the offload demo");
   std::vector<uint64_t> handles;
-  std::deque<uint64_t> in_hbm;  // oldest first
   std::vector<uint8_t> data(size), back(size);
   int offloads = 0;
-  // Frees HBM by sending the oldest resident tensor to NVMe.
-  auto make_room = [&]() -> absl::Status {
-    if (in_hbm.empty()) return Error(TM_ERR_OUT_OF_MEMORY, "HBM full with nothing to offload");
-    uint64_t victim = in_hbm.front();
-    in_hbm.pop_front();
-    ++offloads;
-    if (auto s = rt.Offload(victim, TM_TIER_NVME); !s.ok()) return s;
-    return rt.Sync(victim);
-  };
   auto t0 = Clock::now();
+  // Each tensor is written in HBM, then sent to NVMe while the next one is written: more than
+  // HBM holds passes through it. Then each comes back to HBM and is checked byte for byte.
   for (int i = 0; i < count; ++i) {
     auto h = rt.CreateTensor({size, TM_CLASS_ACTIVATION, TM_TIER_HBM, absl::StrFormat("act-%d", i)});
     if (!h.ok()) return h.status();
     Fill(data, static_cast<uint64_t>(i));
-    absl::Status st;
-    while (!(st = rt.Write(*h, 0, data.data(), size)).ok()) {
-      if (ToTmStatus(st) != TM_ERR_OUT_OF_MEMORY) return st;
-      if (auto m = make_room(); !m.ok()) return m;
-    }
+    if (auto st = rt.Write(*h, 0, data.data(), size); !st.ok()) return st;
+    if (auto st = rt.Offload(*h, TM_TIER_NVME); !st.ok()) return st;
+    ++offloads;
     handles.push_back(*h);
-    in_hbm.push_back(*h);
   }
+  if (auto st = rt.SyncAll(); !st.ok()) return st;
   int verified = 0;
   for (int i = 0; i < count; ++i) {
     uint64_t h = handles[i];
-    absl::StatusOr<void*> p;
-    while (!(p = rt.Acquire(h, TM_TIER_HBM, TM_ACCESS_READ, nullptr)).ok()) {
-      if (ToTmStatus(p.status()) != TM_ERR_OUT_OF_MEMORY) return p.status();
-      if (auto m = make_room(); !m.ok()) return m;
-    }
-    if (std::find(in_hbm.begin(), in_hbm.end(), h) == in_hbm.end()) in_hbm.push_back(h);
+    auto p = rt.Acquire(h, TM_TIER_HBM, TM_ACCESS_READ, nullptr);
+    if (!p.ok()) return p.status();
     Fill(data, static_cast<uint64_t>(i));
     if (auto st = rt.Read(h, 0, back.data(), size); !st.ok()) return st;
     if (auto st = rt.Release(h, TM_TIER_HBM); !st.ok()) return st;
@@ -173,10 +200,35 @@ absl::Status Demo() {
     }
     ++verified;
   }
-  double secs = Seconds(Clock::now() - t0);
-  tm_stats s = rt.Stats();
+  DemoResult r;
+  r.seconds = Seconds(Clock::now() - t0);
+  r.tensors = count;
+  r.offloads = offloads;
+  r.verified = verified;
+  r.tensor_bytes = size;
+  r.hbm_budget = hbm;
+  r.stats = rt.Stats();
+  for (uint64_t h : handles) {
+    if (auto st = rt.DestroyTensor(h); !st.ok()) return st;
+  }
+  return r;
+}
+
+void PrintHuman(const Runtime& rt, const std::vector<Measurement>& bw,
+                const std::optional<DemoResult>& demo) {
+  PrintInfo(rt);
+  for (const Measurement& m : bw) {
+    std::printf("bandwidth   %-4s -> %-4s %7.2f GB/s   (%s, median of 3)\n", m.from, m.to, m.gbps,
+                HumanBytes(m.bytes).c_str());
+  }
+  if (!demo.has_value()) return;
+  const DemoResult& d = *demo;
+  const tm_stats& s = d.stats;
+  std::printf("\ndemo        %d tensors of %s (%s) through an HBM budget of %s\n", d.tensors,
+              HumanBytes(d.tensor_bytes).c_str(), HumanBytes(d.tensor_bytes * d.tensors).c_str(),
+              HumanBytes(d.hbm_budget).c_str());
   std::printf("demo        %d offloads to NVMe; %d/%d tensors came back bit-exact in %.2f s\n",
-              offloads, verified, count, secs);
+              d.offloads, d.verified, d.tensors, d.seconds);
   std::printf("moved       hbm->dram %s, dram->nvme %s, nvme->dram %s, dram->hbm %s\n",
               HumanBytes(s.bytes_moved[TM_TIER_HBM][TM_TIER_DRAM]).c_str(),
               HumanBytes(s.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME]).c_str(),
@@ -187,19 +239,64 @@ absl::Status Demo() {
               HumanBytes(s.tiers[TM_TIER_HBM].capacity).c_str(),
               HumanBytes(s.tiers[TM_TIER_DRAM].peak).c_str(),
               HumanBytes(s.tiers[TM_TIER_NVME].peak).c_str());
-  for (uint64_t h : handles) {
-    if (auto st = rt.DestroyTensor(h); !st.ok()) return st;
+}
+
+void PrintJson(const Runtime& rt, const std::vector<Measurement>& bw,
+               const std::optional<DemoResult>& demo) {
+  const RuntimeInfo& info = rt.info();
+  const Config& c = rt.config();
+  tm_stats s = const_cast<Runtime&>(rt).Stats();
+  std::printf("{\n  \"schema\": \"tiermem-probe/1\",\n  \"tiermem_version\": \"%s\",\n",
+              tm_version_string());
+  std::printf("  \"device\": {\"kind\": \"%s\", \"description\": \"%s\"},\n",
+              info.device_kind.c_str(), JsonEscape(info.device).c_str());
+  std::printf("  \"tiers\": {\"hbm_bytes\": %llu, \"dram_bytes\": %llu, \"nvme_bytes\": %llu},\n",
+              static_cast<unsigned long long>(s.tiers[TM_TIER_HBM].capacity),
+              static_cast<unsigned long long>(s.tiers[TM_TIER_DRAM].capacity),
+              static_cast<unsigned long long>(s.tiers[TM_TIER_NVME].capacity));
+  std::printf("  \"numa\": {\"node\": %d, \"nodes\": %d},\n", info.numa_node, info.numa_nodes);
+  std::printf("  \"io\": {\"engine\": \"%s\", \"block_size\": %u, \"queue_depth\": %u, "
+              "\"threads\": %u, \"buffers_registered\": %s, \"files_registered\": %s},\n",
+              info.io_engine.c_str(), c.io_block_size, c.io_queue_depth, c.io_threads,
+              info.io_buffers_registered ? "true" : "false",
+              info.io_files_registered ? "true" : "false");
+  std::printf("  \"staging\": {\"slot_bytes\": %llu, \"slots\": %u},\n",
+              static_cast<unsigned long long>(info.staging_chunk), info.staging_slots);
+  std::printf("  \"nvme_paths\": [");
+  for (size_t i = 0; i < info.nvme.size(); ++i) {
+    const auto& p = info.nvme[i];
+    std::printf("%s\n    {\"path\": \"%s\", \"direct\": %s, \"alignment\": %u, "
+                "\"alignment_source\": \"%s\", \"bytes\": %llu}",
+                i ? "," : "", JsonEscape(p.dir).c_str(), p.direct ? "true" : "false", p.alignment,
+                p.alignment_source.c_str(), static_cast<unsigned long long>(p.bytes));
   }
-  return absl::OkStatus();
+  std::printf("],\n  \"bandwidth\": [");
+  for (size_t i = 0; i < bw.size(); ++i) {
+    std::printf("%s\n    {\"from\": \"%s\", \"to\": \"%s\", \"bytes\": %llu, \"block_size\": %u, "
+                "\"queue_depth\": %u, \"gbps\": %.4f}",
+                i ? "," : "", bw[i].from, bw[i].to, static_cast<unsigned long long>(bw[i].bytes),
+                c.io_block_size, c.io_queue_depth, bw[i].gbps);
+  }
+  std::printf("]");
+  if (demo.has_value()) {
+    std::printf(",\n  \"demo\": {\"tensors\": %d, \"tensor_bytes\": %llu, \"hbm_budget\": %llu, "
+                "\"offloads\": %d, \"verified\": %d, \"seconds\": %.4f}",
+                demo->tensors, static_cast<unsigned long long>(demo->tensor_bytes),
+                static_cast<unsigned long long>(demo->hbm_budget), demo->offloads, demo->verified,
+                demo->seconds);
+  }
+  std::printf("\n}\n");
 }
 
 int Main(int argc, char** argv) {
-  bool config_only = false, bench = true, demo = true;
+  bool config_only = false, bench = true, demo = true, json = false;
   uint64_t bench_bytes = 256ull << 20;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--config") {
       config_only = true;
+    } else if (a == "--json") {
+      json = true;
     } else if (a == "--no-bench") {
       bench = false;
     } else if (a == "--no-demo") {
@@ -222,7 +319,7 @@ int Main(int argc, char** argv) {
   }
   auto cfg = LoadConfig({}, ProcessEnvironment(), ProcessTiermemVariables());
   if (!cfg.ok()) return Fail(Error(TM_ERR_CONFIG, cfg.status().message()));
-  std::printf("tiermem-probe %d.%d.%d\n", TM_VERSION_MAJOR, TM_VERSION_MINOR, TM_VERSION_PATCH);
+  if (!json) std::printf("tiermem-probe %s\n", tm_version_string());
   auto rt = Runtime::Create(*cfg);
   if (!rt.ok()) return Fail(rt.status());
   if (config_only) {
@@ -231,14 +328,24 @@ int Main(int argc, char** argv) {
     }
     return 0;
   }
-  PrintInfo(**rt);
+  std::vector<Measurement> bw;
   if (bench) {
-    if (auto s = Bench(**rt, bench_bytes); !s.ok()) return Fail(s);
+    auto m = Bench(**rt, bench_bytes);
+    if (!m.ok()) return Fail(m.status());
+    bw = std::move(*m);
   }
-  rt->reset();
+  std::optional<DemoResult> result;
   if (demo) {
-    if (auto s = Demo(); !s.ok()) return Fail(s);
+    auto d = Demo();
+    if (!d.ok()) return Fail(d.status());
+    result = *d;
   }
+  if (json) {
+    PrintJson(**rt, bw, result);
+  } else {
+    PrintHuman(**rt, bw, result);
+  }
+  if (result.has_value() && result->verified != result->tensors) return 1;
   return 0;
 }
 
