@@ -111,17 +111,19 @@ TEST(Planner, BadInputNamesTheField) {
 }
 
 TEST(Planner, CApi) {
+  // The same 7B case through the C structs.
+  const PlanInput m = SevenB(131);
   tm_plan_input in = TM_PLAN_INPUT_INIT;
-  in.layers = 32;
-  in.hidden = 4096;
-  in.heads = 32;
-  in.seq = 4096;
-  in.micro_batch = 8;
-  in.params = 7e9;
-  in.hbm_bytes = 131 * kGiB;
-  in.link_bytes_per_s = 25e9;
-  in.nvme_bytes_per_s = 6e9;
-  in.flops_per_s = 400e12;
+  in.layers = m.layers;
+  in.hidden = m.hidden;
+  in.heads = m.heads;
+  in.seq = m.seq;
+  in.micro_batch = m.micro_batch;
+  in.params = m.params;
+  in.hbm_bytes = m.hbm_bytes;
+  in.link_bytes_per_s = m.link_bytes_per_s;
+  in.nvme_bytes_per_s = m.nvme_bytes_per_s;
+  in.flops_per_s = m.flops_per_s;
   tm_plan_result out = TM_PLAN_RESULT_INIT;
   ASSERT_EQ(tm_plan(&in, &out), TM_OK) << tm_last_error();
   EXPECT_EQ(out.recommended, TM_PLAN_FULL_RECOMPUTE);
