@@ -1,7 +1,10 @@
 // Parses and validates every TIERMEM_* variable in one place (see docs/environment.md).
 #include "lib/config.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <cstdlib>
 
 #include "absl/strings/string_view.h"
@@ -64,7 +67,8 @@ std::string DefaultNvmePath() {
 // Resolves one setting: override, then environment, then default; records its source.
 class Resolver {
  public:
-  Resolver(const EnvLookup& env, Config& config) : env_(env), config_(config) {}
+  Resolver(const EnvLookup& env, const EnvFile& file, Config& config)
+      : env_(env), file_(file), config_(config) {}
 
   // parse(text) -> StatusOr<T>; format(T) -> string.
   template <typename T, typename Parse, typename Format>
@@ -82,6 +86,14 @@ class Resolver {
       if (!parsed.ok()) return parsed.status();
       out = *parsed;
       source = "environment";
+    } else if (auto it = file_.values.find(name); it != file_.values.end()) {
+      auto parsed = parse(it->second.value);
+      if (!parsed.ok()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s:%d: %s", file_.path, it->second.line, parsed.status().message()));
+      }
+      out = *parsed;
+      source = absl::StrCat("file ", file_.path);
     }
     config_.entries.push_back({name, format(out), source});
     return absl::OkStatus();
@@ -89,10 +101,74 @@ class Resolver {
 
  private:
   const EnvLookup& env_;
+  const EnvFile& file_;
   Config& config_;
 };
 
 }  // namespace
+
+absl::StatusOr<EnvFile> ParseEnvFile(const std::string& path) {
+  constexpr uint64_t kMaxBytes = 1u << 20;
+  auto bad = [&](absl::string_view why) {
+    return Bad("TIERMEM_ENV_FILE", path, why);
+  };
+  if (path.empty()) return bad("no file given");
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) {
+    char msg[128];
+    return bad(absl::StrCat("cannot open it: ", strerror_r(errno, msg, sizeof msg)));
+  }
+  std::string text;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0 && text.size() <= kMaxBytes) {
+    text.append(buf, n);
+  }
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) return bad("cannot read it");
+  if (text.size() > kMaxBytes) return bad("larger than 1 MiB: not an env file");
+  EnvFile out;
+  out.path = path;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    auto line_error = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("TIERMEM_ENV_FILE: %s:%d: %s", path, line_no, why));
+    };
+    if (absl::ConsumePrefix(&line, "export")) {
+      if (line.empty() || !absl::ascii_isspace(static_cast<unsigned char>(line[0]))) {
+        return line_error("expected [export ]TIERMEM_NAME=VALUE");
+      }
+      line = absl::StripLeadingAsciiWhitespace(line);
+    }
+    const size_t eq = line.find('=');
+    if (eq == absl::string_view::npos) return line_error("expected [export ]TIERMEM_NAME=VALUE");
+    absl::string_view name = line.substr(0, eq);
+    absl::string_view value = line.substr(eq + 1);
+    bool name_ok = absl::StartsWith(name, "TIERMEM_") && name.size() > 8;
+    for (char ch : name) name_ok = name_ok && (absl::ascii_isupper(ch) || absl::ascii_isdigit(ch) || ch == '_');
+    if (!name_ok) {
+      return line_error(absl::StrCat("\"", name, "\" is not a TIERMEM_ variable name"));
+    }
+    if (name == "TIERMEM_ENV_FILE") return line_error("an env file cannot name another one");
+    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') &&
+        value.back() == value.front()) {
+      value = value.substr(1, value.size() - 2);
+    }
+    if (value.find_first_of("$`\\\"'") != absl::string_view::npos) {
+      return line_error("quotes, escapes and shell expansion are not supported in values");
+    }
+    auto [it, inserted] = out.values.try_emplace(std::string(name), EnvFile::Value{std::string(value), line_no});
+    if (!inserted) {
+      return line_error(absl::StrFormat("%s is set twice (first on line %d)", name, it->second.line));
+    }
+  }
+  return out;
+}
 
 uint64_t SizeSetting::Resolve(uint64_t physical) const {
   if (percent > 0) return static_cast<uint64_t>(static_cast<double>(physical) * percent / 100.0);
@@ -190,7 +266,7 @@ const std::vector<absl::string_view>& KnownVariables() {
       "TIERMEM_IO_THREADS",
       "TIERMEM_NUMA",          "TIERMEM_LOG_LEVEL",    "TIERMEM_EMU_LINK_GBPS",
       "TIERMEM_PREFETCH_DEPTH", "TIERMEM_PREFETCH_BYTES", "TIERMEM_PLACEMENT",
-      "TIERMEM_TRACE"};
+      "TIERMEM_TRACE",         "TIERMEM_ENV_FILE"};
   return kNames;
 }
 
@@ -222,7 +298,20 @@ std::vector<std::string> ProcessTiermemVariables() {
 absl::StatusOr<Config> LoadConfig(const ConfigOverrides& o, const EnvLookup& env,
                                   const std::vector<std::string>& env_names) {
   Config c;
-  Resolver r(env, c);
+  // TIERMEM_ENV_FILE (a file of export lines, as tiermem-probe --tune writes) sits between the
+  // environment and the defaults: a variable set in the environment still wins.
+  EnvFile file;
+  {
+    std::optional<std::string> path = env("TIERMEM_ENV_FILE");
+    if (path.has_value()) {
+      auto parsed = ParseEnvFile(*path);
+      if (!parsed.ok()) return parsed.status();
+      file = std::move(*parsed);
+    }
+    c.entries.push_back({"TIERMEM_ENV_FILE", path.value_or(""),
+                         path.has_value() ? "environment" : "default"});
+  }
+  Resolver r(env, file, c);
   auto ident = [](const std::string& s) { return s; };
 
   auto status = r.Resolve<DeviceKind>(
@@ -402,10 +491,17 @@ absl::StatusOr<Config> LoadConfig(const ConfigOverrides& o, const EnvLookup& env
       ident);
   if (!status.ok()) return status;
 
+  auto known = [](absl::string_view name) {
+    for (auto k : KnownVariables()) {
+      if (k == name) return true;
+    }
+    return false;
+  };
   for (const auto& name : env_names) {
-    bool known = false;
-    for (auto k : KnownVariables()) known = known || k == name;
-    if (!known) c.unknown_variables.push_back(name);
+    if (!known(name)) c.unknown_variables.push_back(name);
+  }
+  for (const auto& [name, v] : file.values) {
+    if (!known(name)) c.unknown_variables.push_back(absl::StrFormat("%s (%s:%d)", name, file.path, v.line));
   }
   return c;
 }

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
 
@@ -80,14 +81,28 @@ struct Config {
   std::optional<std::string> Value(absl::string_view name) const;
 };
 
+// The variables of a TIERMEM_ENV_FILE: lines "[export ]TIERMEM_NAME=VALUE", '#' comments and
+// blank lines; a value may be wrapped in one pair of quotes, and has no escapes or expansion.
+struct EnvFile {
+  struct Value {
+    std::string value;
+    int line = 0;
+  };
+  std::string path;
+  absl::flat_hash_map<std::string, Value> values;
+};
+// InvalidArgument naming the file (and line) when it cannot be read or a line is malformed.
+absl::StatusOr<EnvFile> ParseEnvFile(const std::string& path);
+
 // Reads an environment variable; nullopt when unset. Tests substitute their own.
 using EnvLookup = std::function<std::optional<std::string>(const char*)>;
 EnvLookup ProcessEnvironment();
 // Names of all TIERMEM_* variables set in the process environment.
 std::vector<std::string> ProcessTiermemVariables();
 
-// Builds the effective configuration: overrides, then environment, then defaults. An invalid
-// value is an InvalidArgument error naming the variable and the value.
+// Builds the effective configuration: overrides, then environment, then the TIERMEM_ENV_FILE
+// named in the environment, then defaults. An invalid value is an InvalidArgument error naming
+// the variable and the value (and the file and line for a value from the file).
 absl::StatusOr<Config> LoadConfig(const ConfigOverrides& overrides, const EnvLookup& env,
                                   const std::vector<std::string>& env_names);
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <map>
 
 #include "test_util.h"
@@ -141,6 +142,101 @@ INSTANTIATE_TEST_SUITE_P(
                       BadValue{"TIERMEM_PREFETCH_BYTES", "some"},
                       BadValue{"TIERMEM_PLACEMENT", "zero3"},
                       BadValue{"TIERMEM_TRACE", "/tmp/dir/"}));
+
+// A TIERMEM_ENV_FILE, as tiermem-probe --tune writes it.
+class EnvFileTest : public ::testing::Test {
+ protected:
+  std::string Write(const std::string& text) {
+    std::string path = dir_.path() + "/tiermem.env";
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    EXPECT_NE(f, nullptr);
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+    return path;
+  }
+  tiermem::testing::TempDir dir_;
+};
+
+TEST_F(EnvFileTest, ValuesSitBetweenEnvironmentAndDefaults) {
+  std::string path = Write(
+      "# tuned\n\nexport TIERMEM_IO_BLOCK_SIZE=4MiB\nTIERMEM_IO_QUEUE_DEPTH=\"64\"\n"
+      "  export   TIERMEM_PREFETCH_DEPTH='2'  \n");
+  auto c = LoadConfig({}, FakeEnv({{"TIERMEM_ENV_FILE", path}, {"TIERMEM_IO_QUEUE_DEPTH", "8"}}),
+                      {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->io_block_size, 4u << 20);    // from the file
+  EXPECT_EQ(c->io_queue_depth, 8u);         // the environment wins over the file
+  EXPECT_EQ(c->prefetch_depth, 2u);         // quoted value
+  EXPECT_EQ(c->io_threads, 1u);             // default
+  std::map<std::string, std::string> source;
+  for (const auto& e : c->entries) source[e.name] = e.source;
+  EXPECT_EQ(source["TIERMEM_IO_BLOCK_SIZE"], "file " + path);
+  EXPECT_EQ(source["TIERMEM_IO_QUEUE_DEPTH"], "environment");
+  EXPECT_EQ(source["TIERMEM_IO_THREADS"], "default");
+  EXPECT_EQ(source["TIERMEM_ENV_FILE"], "environment");
+  EXPECT_EQ(c->Value("TIERMEM_ENV_FILE"), path);
+  // An override from code wins over both.
+  ConfigOverrides o;
+  o.io_block_size = 65536;
+  c = LoadConfig(o, FakeEnv({{"TIERMEM_ENV_FILE", path}}), {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->io_block_size, 65536u);
+  EXPECT_EQ(c->io_queue_depth, 64u);
+}
+
+TEST_F(EnvFileTest, BadValueNamesFileLineAndVariable) {
+  std::string path = Write("export TIERMEM_IO_THREADS=2\nexport TIERMEM_IO_BLOCK_SIZE=1000\n");
+  auto c = LoadConfig({}, FakeEnv({{"TIERMEM_ENV_FILE", path}}), {});
+  ASSERT_FALSE(c.ok());
+  std::string msg(c.status().message());
+  EXPECT_NE(msg.find(path + ":2:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("TIERMEM_IO_BLOCK_SIZE=\"1000\""), std::string::npos) << msg;
+}
+
+TEST_F(EnvFileTest, MalformedFilesAreRejectedByLine) {
+  struct Case {
+    const char* text;
+    const char* says;
+  };
+  for (const Case& k : {Case{"TIERMEM_IO_THREADS 2\n", ":1: expected"},
+                        Case{"# ok\nIO_THREADS=2\n", ":2: \"IO_THREADS\" is not a TIERMEM_"},
+                        Case{"exportTIERMEM_IO_THREADS=2\n", ":1: expected"},
+                        Case{"TIERMEM_IO_THREADS=$N\n", ":1: quotes, escapes and shell"},
+                        Case{"TIERMEM_IO_THREADS=1\nTIERMEM_IO_THREADS=2\n", ":2: TIERMEM_IO_THREADS is set twice"},
+                        Case{"TIERMEM_ENV_FILE=/x\n", ":1: an env file cannot name another"}}) {
+    std::string path = Write(k.text);
+    auto c = LoadConfig({}, FakeEnv({{"TIERMEM_ENV_FILE", path}}), {});
+    ASSERT_FALSE(c.ok()) << k.text;
+    std::string msg(c.status().message());
+    EXPECT_NE(msg.find("TIERMEM_ENV_FILE"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(k.says), std::string::npos) << k.text << " -> " << msg;
+  }
+}
+
+TEST_F(EnvFileTest, MissingFileAndUnknownNames) {
+  auto c = LoadConfig({}, FakeEnv({{"TIERMEM_ENV_FILE", dir_.path() + "/absent.env"}}), {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("absent.env\" is invalid: cannot open it: No such file"),
+            absl::string_view::npos)
+      << c.status().message();
+  std::string path = Write("TIERMEM_IO_DEPHT=4\n");
+  c = LoadConfig({}, FakeEnv({{"TIERMEM_ENV_FILE", path}}), {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->unknown_variables, std::vector<std::string>{"TIERMEM_IO_DEPHT (" + path + ":1)"});
+}
+
+// The runtime reads the file named in the process environment.
+TEST_F(EnvFileTest, RuntimeLoadsIt) {
+  std::string path = Write("export TIERMEM_IO_QUEUE_DEPTH=7\n");
+  tiermem::testing::ScopedEnv env("TIERMEM_ENV_FILE", path.c_str());
+  tm_config cfg = tiermem::testing::SmallConfig(dir_.path());
+  tm_runtime rt;
+  ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_OK) << tm_last_error();
+  char value[64];
+  ASSERT_EQ(tm_runtime_config_value(rt, "TIERMEM_IO_QUEUE_DEPTH", value, sizeof value, nullptr), TM_OK);
+  EXPECT_STREQ(value, "7");
+  EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+}
 
 // Through the C API: the status is TM_ERR_CONFIG and tm_last_error names the variable.
 TEST(LoadConfig, CApiReportsConfigError) {
