@@ -6,6 +6,7 @@
 // its measured bandwidth) and against depth 0.
 //   step_bench [--layers N] [--param-mib M] [--act-mib M] [--compute-ms T] [--link-gbps G]
 //              [--hbm-mib M] [--steps S] [--depths 0,1,2,4,8]
+// A depth of "config" takes TIERMEM_PREFETCH_DEPTH (or TIERMEM_ENV_FILE's value).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "lib/config.h"
 #include "lib/runtime.h"
+#include "tools/step_workload.h"
 
 namespace tiermem {
 namespace {
@@ -34,7 +36,7 @@ struct Options {
   double link_gbps = 5;
   uint64_t hbm = 128ull << 20;
   int steps = 6;
-  std::vector<int> depths = {0, 1, 2, 4, 8};
+  std::vector<int> depths = {0, 1, 2, 4, 8};  // -1: TIERMEM_PREFETCH_DEPTH (or its env file)
 };
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -46,7 +48,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Make(const Options& o, int depth) {
   c.hbm_bytes = SizeSetting{o.hbm, 0};
   c.dram_bytes = SizeSetting{o.layers * (o.act + o.param) + (512ull << 20), 0};
   c.nvme_bytes = SizeSetting{o.layers * o.param + (512ull << 20), 0};
-  c.prefetch_depth = static_cast<uint32_t>(depth);
+  if (depth >= 0) c.prefetch_depth = static_cast<uint32_t>(depth);
   c.placement = Placement::kZeroInfinity;
   auto cfg = LoadConfig(c, ProcessEnvironment(), ProcessTiermemVariables());
   if (!cfg.ok()) return cfg.status();
@@ -80,73 +82,6 @@ absl::StatusOr<double> NvmeReadGbps(Runtime& rt, uint64_t bytes) {
   return static_cast<double>(bytes) / t[2] / 1e9;
 }
 
-struct Result {
-  double step_s = 0;
-  tm_stats stats{};
-  double nvme_bytes_per_step = 0;  // read from NVMe in the measured steps
-};
-
-absl::StatusOr<Result> Run(const Options& o, int depth) {
-  auto made = Make(o, depth);
-  if (!made.ok()) return made.status();
-  Runtime& rt = **made;
-  std::vector<uint64_t> params, acts;
-  std::vector<char> init(std::max(o.param, o.act), 7);
-  for (int l = 0; l < o.layers; ++l) {
-    auto p = rt.CreateTensor({o.param, TM_CLASS_PARAM, TM_TIER_BY_PLACEMENT, "param" + std::to_string(l)});
-    auto a = rt.CreateTensor({o.act, TM_CLASS_ACTIVATION, TM_TIER_BY_PLACEMENT, "act" + std::to_string(l)});
-    if (!p.ok() || !a.ok()) return p.ok() ? a.status() : p.status();
-    BENCH_RETURN_IF_ERROR(rt.Write(*p, 0, init.data(), o.param));  // lands on NVMe (its home)
-    params.push_back(*p);
-    acts.push_back(*a);
-  }
-  const auto fwd = std::chrono::duration<double, std::milli>(o.compute_ms);
-  const auto bwd = 2 * fwd;
-  std::vector<double> times;
-  uint64_t nvme_after_first = 0;
-  for (int step = 0; step < o.steps; ++step) {
-    if (step == 1) nvme_after_first = rt.Stats().bytes_moved[TM_TIER_NVME][TM_TIER_DRAM];
-    BENCH_RETURN_IF_ERROR(rt.StepBegin());
-    auto t0 = Clock::now();
-    for (int l = 0; l < o.layers; ++l) {
-      auto w = rt.Acquire(params[l], TM_TIER_HBM, TM_ACCESS_READ, nullptr);
-      if (!w.ok()) return w.status();
-      std::this_thread::sleep_for(fwd);
-      auto a = rt.Acquire(acts[l], TM_TIER_HBM, TM_ACCESS_WRITE, nullptr);
-      if (!a.ok()) return a.status();
-      static_cast<char*>(*a)[0] = static_cast<char>(step);  // the forward's output
-      BENCH_RETURN_IF_ERROR(rt.Release(acts[l], TM_TIER_HBM));
-      BENCH_RETURN_IF_ERROR(rt.Offload(acts[l], TM_TIER_DRAM));
-      BENCH_RETURN_IF_ERROR(rt.Release(params[l], TM_TIER_HBM));
-    }
-    for (int l = o.layers - 1; l >= 0; --l) {
-      auto a = rt.Acquire(acts[l], TM_TIER_HBM, TM_ACCESS_READ, nullptr);
-      if (!a.ok()) return a.status();
-      auto w = rt.Acquire(params[l], TM_TIER_HBM, TM_ACCESS_READ, nullptr);
-      if (!w.ok()) return w.status();
-      if (static_cast<char*>(*a)[0] != static_cast<char>(step)) {
-        return absl::InternalError("an activation came back with the wrong bytes");
-      }
-      std::this_thread::sleep_for(bwd);
-      BENCH_RETURN_IF_ERROR(rt.Release(params[l], TM_TIER_HBM));
-      BENCH_RETURN_IF_ERROR(rt.Release(acts[l], TM_TIER_HBM));
-    }
-    BENCH_RETURN_IF_ERROR(rt.StepEnd());
-    times.push_back(Seconds(Clock::now() - t0));
-  }
-  BENCH_RETURN_IF_ERROR(rt.SyncAll());
-  // The first step learns the schedule: the median of the others.
-  std::vector<double> measured(times.begin() + 1, times.end());
-  std::sort(measured.begin(), measured.end());
-  Result r;
-  r.step_s = measured[measured.size() / 2];
-  r.stats = rt.Stats();
-  r.nvme_bytes_per_step =
-      static_cast<double>(r.stats.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM] - nvme_after_first) /
-      (o.steps - 1);
-  return r;
-}
-
 int Main(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -165,7 +100,9 @@ int Main(int argc, char** argv) {
     else if (k == "--steps") o.steps = std::max(2, static_cast<int>(d));
     else if (k == "--depths") {
       o.depths.clear();
-      for (absl::string_view p : absl::StrSplit(v, ',')) o.depths.push_back(std::atoi(std::string(p).c_str()));
+      for (absl::string_view p : absl::StrSplit(v, ',')) {
+        o.depths.push_back(p == "config" ? -1 : std::atoi(std::string(p).c_str()));
+      }
     } else {
       std::fprintf(stderr, "step_bench: unknown flag %s\n", k.c_str());
       return 2;
@@ -194,16 +131,23 @@ int Main(int argc, char** argv) {
               "vs depth 0", "hits", "misses", "evictions");
   double base = 0;
   for (int depth : o.depths) {
-    auto r = Run(o, depth);
+    auto rt = Make(o, depth);
+    if (!rt.ok()) {
+      std::fprintf(stderr, "step_bench: %s\n", std::string(rt.status().message()).c_str());
+      return 1;
+    }
+    auto r = RunSteps(**rt, {o.layers, o.param, o.act, o.compute_ms, o.steps});
     if (!r.ok()) {
       std::fprintf(stderr, "step_bench: depth %d: %s\n", depth, std::string(r.status().message()).c_str());
       return 1;
     }
     const double nvme_s = r->nvme_bytes_per_step / (*nvme * 1e9);
     const double ideal = std::max({compute, h2d, d2h, nvme_s});
-    if (depth == 0) base = r->step_s;
-    std::printf("%6d %10.1f %10.1f %10.2f %11.2fx %8llu %8llu %10llu\n", depth, r->step_s * 1e3,
-                ideal * 1e3, r->step_s / ideal, base > 0 ? base / r->step_s : 0.0,
+    if (depth == 0) base = r->step_seconds;
+    const int shown = depth >= 0 ? depth : static_cast<int>((*rt)->config().prefetch_depth);
+    std::printf("%6d %10.1f %10.1f %10.2f %11.2fx %8llu %8llu %10llu\n", shown,
+                r->step_seconds * 1e3, ideal * 1e3, r->step_seconds / ideal,
+                base > 0 ? base / r->step_seconds : 0.0,
                 static_cast<unsigned long long>(r->stats.acquire_hits),
                 static_cast<unsigned long long>(r->stats.acquire_misses),
                 static_cast<unsigned long long>(r->stats.evictions));

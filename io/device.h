@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
@@ -37,6 +38,15 @@ class Device {
   virtual absl::Status Fill(void* device_addr, int value, uint64_t bytes) = 0;
 
   virtual CopyEngine& copy_engine() = 0;
+
+  // For bandwidth probes: copies `bytes` from src to dst `repeats` times, one after another, and
+  // returns the seconds each copy took by the device's own clock: CUDA events recorded around
+  // the copy on a stream of its own (as nvbandwidth does), or the wall clock around the
+  // emulated device's copy engine (device-to-device: a memcpy, no link). Host memory may be
+  // pinned or pageable; one untimed copy warms up first.
+  enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+  virtual absl::StatusOr<std::vector<double>> TimeCopies(CopyKind kind, void* dst, const void* src,
+                                                         uint64_t bytes, int repeats) = 0;
 };
 
 struct EmulatedDeviceOptions {

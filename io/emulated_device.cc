@@ -165,6 +165,23 @@ class EmulatedDevice final : public Device {
   }
   CopyEngine& copy_engine() override { return engine_; }
 
+  absl::StatusOr<std::vector<double>> TimeCopies(CopyKind kind, void* dst, const void* src,
+                                                 uint64_t bytes, int repeats) override {
+    std::vector<double> seconds;
+    for (int i = -1; i < repeats; ++i) {  // i == -1: the warm-up
+      auto t0 = Clock::now();
+      if (kind == CopyKind::kDeviceToDevice) {
+        std::memcpy(dst, src, bytes);
+      } else {
+        auto dir = kind == CopyKind::kHostToDevice ? CopyDirection::kHostToDevice
+                                                   : CopyDirection::kDeviceToHost;
+        if (auto s = engine_.Copy(dir, dst, src, bytes); !s.ok()) return s;
+      }
+      if (i >= 0) seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return seconds;
+  }
+
  private:
   uint64_t physical_;
   double link_gbps_;

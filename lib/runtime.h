@@ -37,6 +37,7 @@ struct TensorDesc {
 struct RuntimeInfo {
   std::string device;       // Device::Describe()
   std::string device_kind;  // "cuda" | "emulated"
+  std::string no_gpu;       // with the emulated device: why no GPU is used
   int numa_node = -1;       // node the DRAM tier is bound to, -1 when unbound
   int numa_nodes = 1;
   std::string io_engine;    // "uring" | "posix"
@@ -84,6 +85,8 @@ class Runtime {
   tm_stats Stats();
   const Config& config() const { return config_; }
   const RuntimeInfo& info() const { return info_; }
+  // The HBM tier's backend, for tiermem-probe's copy measurements.
+  io::Device& device() { return *device_; }
 
  private:
   explicit Runtime(Config config) : config_(std::move(config)) {}

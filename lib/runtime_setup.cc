@@ -77,6 +77,7 @@ absl::Status Runtime::Init() {
   // The device backend.
   if (config_.device == DeviceKind::kEmulated) {
     device_ = io::CreateEmulatedDevice({0, config_.emu_link_gbps});
+    info_.no_gpu = "TIERMEM_DEVICE=emulated";
   } else {
     auto cuda = io::CreateCudaDevice(config_.cuda_device);
     if (cuda.ok()) {
@@ -93,6 +94,7 @@ absl::Status Runtime::Init() {
             std::string(cuda.status().message()).c_str());
       }
       device_ = io::CreateEmulatedDevice({0, config_.emu_link_gbps});
+      info_.no_gpu = std::string(cuda.status().message());
     }
   }
   info_.device = device_->Describe();

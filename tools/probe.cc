@@ -1,7 +1,9 @@
 // tiermem-probe: what tiermem finds on this machine, DRAM <-> NVMe bandwidth through the real
 // path, and an end-to-end demo that pushes more tensors than HBM holds through NVMe and back.
 #include <chrono>
+#include <cerrno>
 #include <cinttypes>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -10,11 +12,19 @@
 #include <algorithm>
 #include <optional>
 
+#include <unistd.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "io/host_memory.h"
 #include "lib/config.h"
 #include "lib/runtime.h"
 #include "lib/status.h"
 #include "lib/trace.h"
+#include "tools/io_sweep.h"
+#include "tools/tune.h"
 
 namespace tiermem {
 namespace {
@@ -23,12 +33,24 @@ using Clock = std::chrono::steady_clock;
 
 void Usage() {
   std::printf(
-      "usage: tiermem-probe [--config] [--json] [--no-bench] [--no-demo] [--bench-bytes SIZE]\n"
-      "  --config           print every effective setting and where it came from, then exit\n"
-      "  --json             print the findings as JSON (schema: docs/probe.md)\n"
-      "  --no-bench         skip the DRAM <-> NVMe bandwidth measurement\n"
-      "  --no-demo          skip the end-to-end offload demo\n"
-      "  --bench-bytes SIZE bytes moved per bandwidth run (default 256MiB)\n"
+      "usage: tiermem-probe [--config] [--json] [--no-bench] [--no-sweep] [--no-demo]\n"
+      "                     [--bench-bytes SIZE] [--sweep-bytes SIZE] [--sweep-blocks LIST]\n"
+      "                     [--sweep-depths LIST] [--repeats N]\n"
+      "       tiermem-probe --tune [--tune-budget SECONDS] [--tune-out FILE] [--json]\n"
+      "  --config             print every effective setting and where it came from, then exit\n"
+      "  --json               print the findings as JSON (schema: docs/probe.md)\n"
+      "  --no-bench           skip every bandwidth measurement\n"
+      "  --no-sweep           skip the DRAM <-> NVMe block size x queue depth sweep\n"
+      "  --no-demo            skip the end-to-end offload demo\n"
+      "  --bench-bytes SIZE   bytes per copy and runtime-path run (default 256MiB)\n"
+      "  --sweep-bytes SIZE   bytes per sweep run, over all paths (default 256MiB)\n"
+      "  --sweep-blocks LIST  block sizes of the sweep (default 128KiB,256KiB,1MiB,4MiB)\n"
+      "  --sweep-depths LIST  queue depths of the sweep (default 1,4,16,32,64)\n"
+      "  --repeats N          timed copies per HBM measurement, median taken (default 5)\n"
+      "  --tune               search I/O block size, queue depth, threads and prefetch depth;\n"
+      "                       write them to an env file for TIERMEM_ENV_FILE\n"
+      "  --tune-budget SECONDS  time the search may take (default 60)\n"
+      "  --tune-out FILE      where the env file goes (default ./tiermem.env)\n"
       "Settings come from TIERMEM_* variables (docs/environment.md).\n");
 }
 
@@ -90,7 +112,18 @@ double Median3(std::vector<double> v) {
   return v[1];
 }
 
-void Progress(const char* what) { std::fprintf(stderr, "tiermem-probe: measuring %s\n", what); }
+// One progress line on stderr: rewritten in place on a terminal, a line per step otherwise.
+void Progress(const std::string& what) {
+  static const bool tty = isatty(STDERR_FILENO) != 0;
+  if (tty) {
+    std::fprintf(stderr, "\r\033[Ktiermem-probe: %s", what.c_str());
+  } else {
+    std::fprintf(stderr, "tiermem-probe: %s\n", what.c_str());
+  }
+}
+void ProgressDone() {
+  if (isatty(STDERR_FILENO) != 0) std::fprintf(stderr, "\r\033[K");
+}
 
 // DRAM <-> NVMe through offload / acquire, and DRAM <-> HBM through acquire / offload: the real
 // paths, engines, block size and queue depth; medians of three, data checked.
@@ -107,7 +140,7 @@ absl::StatusOr<std::vector<Measurement>> Bench(Runtime& rt, uint64_t bytes) {
   Fill(data, 7);
   if (auto st = rt.Write(*h, 0, data.data(), bytes); !st.ok()) return st;
   std::vector<double> write_s, read_s, up_s, down_s;
-  Progress("dram <-> nvme");
+  Progress("measuring dram <-> nvme through the runtime");
   for (int i = 0; i < 3; ++i) {
     // A write acquire makes the NVMe copy stale, so that every offload really writes.
     auto dirty = rt.Acquire(*h, TM_TIER_DRAM, TM_ACCESS_READ_WRITE, nullptr);
@@ -126,7 +159,7 @@ absl::StatusOr<std::vector<Measurement>> Bench(Runtime& rt, uint64_t bytes) {
     }
     if (auto st = rt.Release(*h, TM_TIER_DRAM); !st.ok()) return st;
   }
-  Progress("dram <-> hbm");
+  Progress("measuring dram <-> hbm through the runtime");
   for (int i = 0; i < 3; ++i) {
     auto t0 = Clock::now();
     auto up = rt.Acquire(*h, TM_TIER_HBM, TM_ACCESS_READ_WRITE, nullptr);  // copies up, drops below
@@ -170,7 +203,7 @@ absl::StatusOr<DemoResult> Demo() {
   const uint64_t hbm = rt.Stats().tiers[TM_TIER_HBM].capacity;
   const uint64_t size = 64ull << 20;
   const int count = static_cast<int>((hbm * 3 / 2 + size - 1) / size);
-  Progress("the offload demo");
+  Progress("running the offload demo");
   std::vector<uint64_t> handles;
   std::vector<uint8_t> data(size), back(size);
   int offloads = 0;
@@ -214,42 +247,258 @@ absl::StatusOr<DemoResult> Demo() {
   return r;
 }
 
-void PrintHuman(const Runtime& rt, const std::vector<Measurement>& bw,
-                const std::optional<DemoResult>& demo) {
-  PrintInfo(rt);
-  for (const Measurement& m : bw) {
-    std::printf("bandwidth   %-4s -> %-4s %7.2f GB/s   (%s, median of 3)\n", m.from, m.to, m.gbps,
-                HumanBytes(m.bytes).c_str());
+// HBM <-> DRAM with pinned and with pageable host memory, and HBM <-> HBM, timed by the device's
+// clock (CUDA events on a GPU), median of `repeats`.
+struct CopyMeasurement {
+  const char* from;
+  const char* to;
+  const char* host_memory;  // "pinned", "pageable" or "" (device to device)
+  uint64_t bytes;
+  int repeats;
+  double gbps;
+};
+
+absl::StatusOr<std::vector<CopyMeasurement>> Copies(Runtime& rt, uint64_t bytes, int repeats) {
+  io::Device& dev = rt.device();
+  bytes = std::max<uint64_t>(bytes / (1 << 20) * (1 << 20), 1 << 20);
+  auto d1 = dev.AllocateSlab(bytes);
+  if (!d1.ok()) return d1.status();
+  auto d2 = dev.AllocateSlab(bytes);
+  if (!d2.ok()) {
+    dev.FreeSlab(*d1, bytes);
+    return d2.status();
   }
-  if (!demo.has_value()) return;
-  const DemoResult& d = *demo;
-  const tm_stats& s = d.stats;
-  std::printf("\ndemo        %d tensors of %s (%s) through an HBM budget of %s\n", d.tensors,
-              HumanBytes(d.tensor_bytes).c_str(), HumanBytes(d.tensor_bytes * d.tensors).c_str(),
-              HumanBytes(d.hbm_budget).c_str());
-  std::printf("demo        %d offloads to NVMe; %d/%d tensors came back bit-exact in %.2f s\n",
-              d.offloads, d.verified, d.tensors, d.seconds);
-  std::printf("moved       hbm->dram %s, dram->nvme %s, nvme->dram %s, dram->hbm %s\n",
-              HumanBytes(s.bytes_moved[TM_TIER_HBM][TM_TIER_DRAM]).c_str(),
-              HumanBytes(s.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME]).c_str(),
-              HumanBytes(s.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM]).c_str(),
-              HumanBytes(s.bytes_moved[TM_TIER_DRAM][TM_TIER_HBM]).c_str());
-  std::printf("peak        hbm %s of %s, dram %s, nvme %s\n",
-              HumanBytes(s.tiers[TM_TIER_HBM].peak).c_str(),
-              HumanBytes(s.tiers[TM_TIER_HBM].capacity).c_str(),
-              HumanBytes(s.tiers[TM_TIER_DRAM].peak).c_str(),
-              HumanBytes(s.tiers[TM_TIER_NVME].peak).c_str());
+  auto pinned = io::HostRegion::Create(bytes, nullptr, -1);
+  std::vector<uint8_t> pageable(bytes, 1);
+  absl::Status st = pinned.status();
+  // pinned is unset when the host memory could not be mapped: st says why.
+  bool registered = false;
+  if (st.ok()) st = dev.Fill(*d1, 3, bytes);
+  if (st.ok()) st = dev.Fill(*d2, 4, bytes);
+  if (st.ok()) {
+    std::memset((*pinned)->data(), 2, bytes);
+    st = dev.RegisterHost((*pinned)->data(), bytes);
+    registered = st.ok();
+  }
+  std::vector<CopyMeasurement> out;
+  using Kind = io::Device::CopyKind;
+  struct Case {
+    const char *from, *to, *mem;
+    Kind kind;
+    void* dst;
+    const void* src;
+  };
+  if (st.ok()) {
+    void* host = (*pinned)->data();
+    const Case cases[] = {
+        {"dram", "hbm", "pinned", Kind::kHostToDevice, *d1, host},
+        {"hbm", "dram", "pinned", Kind::kDeviceToHost, host, *d1},
+        {"dram", "hbm", "pageable", Kind::kHostToDevice, *d1, pageable.data()},
+        {"hbm", "dram", "pageable", Kind::kDeviceToHost, pageable.data(), *d1},
+        {"hbm", "hbm", "", Kind::kDeviceToDevice, *d2, *d1},
+    };
+    for (const Case& c : cases) {
+      Progress(absl::StrFormat("measuring %s -> %s %s copies", c.from, c.to, c.mem));
+      // Warm up until two copies agree within 10%: memory touched for the first time (on a VM,
+      // even the second time) costs page faults that are not the link's.
+      for (int w = 0; w < 8; ++w) {
+        auto t = dev.TimeCopies(c.kind, c.dst, c.src, bytes, 2);
+        if (!t.ok() || std::max((*t)[0], (*t)[1]) <= 1.1 * std::min((*t)[0], (*t)[1])) break;
+      }
+      auto t = dev.TimeCopies(c.kind, c.dst, c.src, bytes, repeats);
+      if (!t.ok()) {
+        st = t.status();
+        break;
+      }
+      std::sort(t->begin(), t->end());
+      out.push_back({c.from, c.to, c.mem, bytes, repeats,
+                     static_cast<double>(bytes) / 1e9 / (*t)[t->size() / 2]});
+    }
+  }
+  if (registered) dev.UnregisterHost((*pinned)->data());
+  dev.FreeSlab(*d2, bytes);
+  dev.FreeSlab(*d1, bytes);
+  if (!st.ok()) return st;
+  return out;
 }
 
-void PrintJson(const Runtime& rt, const std::vector<Measurement>& bw,
-               const std::optional<DemoResult>& demo) {
+// The raw DRAM <-> NVMe sweep of one target: one path, or all paths striped.
+struct SweepTarget {
+  std::string name;  // the path, or "striped"
+  std::vector<std::string> paths;
+  std::string engine;
+  uint64_t bytes = 0;
+  std::vector<IoPoint> points;
+};
+
+struct SweepOptions {
+  uint64_t bytes = 256ull << 20;
+  std::vector<uint32_t> blocks = {128u << 10, 256u << 10, 1u << 20, 4u << 20};
+  std::vector<uint32_t> depths = {1, 4, 16, 32, 64};
+};
+
+absl::StatusOr<std::vector<SweepTarget>> Sweep(const Config& c, const SweepOptions& o) {
+  std::vector<SweepTarget> targets;
+  if (c.nvme_paths.size() > 1) {
+    for (const auto& p : c.nvme_paths) targets.push_back({p, {p}, "", 0, {}});
+  }
+  targets.push_back({c.nvme_paths.size() > 1 ? "striped" : c.nvme_paths[0], c.nvme_paths, "", 0, {}});
+  for (SweepTarget& t : targets) {
+    // Whole stripes of the largest block on every path.
+    const uint64_t unit = *std::max_element(o.blocks.begin(), o.blocks.end()) * t.paths.size();
+    const uint64_t bytes = std::max<uint64_t>(o.bytes / unit, 1) * unit;
+    auto s = IoSweep::Create(t.paths, bytes, c.io_engine);
+    if (!s.ok()) return s.status();
+    t.bytes = bytes;
+    size_t done = 0;
+    for (uint32_t b : o.blocks) {
+      for (uint32_t q : o.depths) {
+        Progress(absl::StrFormat("nvme sweep %s: block %s, queue depth %u (%zu of %zu)", t.name,
+                                 HumanBytes(b), q, ++done, o.blocks.size() * o.depths.size()));
+        auto p = (*s)->Measure(b, q, c.io_threads, 3);
+        if (absl::IsInvalidArgument(p.status())) continue;  // below the O_DIRECT alignment
+        if (!p.ok()) return p.status();
+        t.points.push_back(*p);
+      }
+    }
+    t.engine = (*s)->engine();
+  }
+  return targets;
+}
+
+const IoPoint* Best(const SweepTarget& t) {
+  const IoPoint* best = nullptr;
+  for (const IoPoint& p : t.points) {
+    if (best == nullptr || p.combined_gbps() > best->combined_gbps()) best = &p;
+  }
+  return best;
+}
+
+struct Findings {
+  std::vector<Measurement> bw;
+  std::vector<CopyMeasurement> copies;
+  std::vector<SweepTarget> sweep;
+  std::optional<DemoResult> demo;
+  std::optional<TuneResult> tune;
+  std::string tune_file;
+  double seconds = 0;
+};
+
+void PrintSweep(const SweepTarget& t) {
+  std::printf("\nnvme sweep  %s (%s, %s per run, %u thread(s), median of 3): write / read GB/s\n",
+              t.name.c_str(), t.engine.c_str(), HumanBytes(t.bytes).c_str(),
+              t.points.empty() ? 0 : t.points[0].threads);
+  std::vector<uint32_t> blocks, depths;
+  for (const IoPoint& p : t.points) {
+    if (std::find(blocks.begin(), blocks.end(), p.block_size) == blocks.end()) blocks.push_back(p.block_size);
+    if (std::find(depths.begin(), depths.end(), p.queue_depth) == depths.end()) depths.push_back(p.queue_depth);
+  }
+  std::printf("  %-8s", "block");
+  for (uint32_t q : depths) std::printf("  %13s", absl::StrFormat("qd %u", q).c_str());
+  std::printf("\n");
+  for (uint32_t b : blocks) {
+    std::printf("  %-8s", HumanBytes(b).c_str());
+    for (uint32_t q : depths) {
+      std::string cell = "-";
+      for (const IoPoint& p : t.points) {
+        if (p.block_size == b && p.queue_depth == q) {
+          cell = absl::StrFormat("%.2f / %.2f", p.write_gbps, p.read_gbps);
+        }
+      }
+      std::printf("  %13s", cell.c_str());
+    }
+    std::printf("\n");
+  }
+  if (const IoPoint* best = Best(t)) {
+    std::printf("  best     block %s, queue depth %u: write %.2f, read %.2f GB/s\n",
+                HumanBytes(best->block_size).c_str(), best->queue_depth, best->write_gbps,
+                best->read_gbps);
+  }
+}
+
+void PrintTune(const TuneResult& r, const std::string& file) {
+  std::printf("\ntune        %.0f s%s, engine %s\n", r.seconds,
+              r.budget_exhausted ? " (budget reached: search cut short)" : "", r.engine.c_str());
+  for (const IoPoint& p : r.io_tried) {
+    std::printf("  tried     block %-7s qd %-4u threads %-2u  write %6.2f  read %6.2f GB/s\n",
+                HumanBytes(p.block_size).c_str(), p.queue_depth, p.threads, p.write_gbps,
+                p.read_gbps);
+  }
+  std::printf("  I/O       defaults block %s qd %u threads %u: %.2f / %.2f GB/s\n",
+              HumanBytes(r.io_default.block_size).c_str(), r.io_default.queue_depth,
+              r.io_default.threads, r.io_default.write_gbps, r.io_default.read_gbps);
+  std::printf("  I/O       tuned    block %s qd %u threads %u: %.2f / %.2f GB/s (%.2fx)%s\n",
+              HumanBytes(r.io_tuned.block_size).c_str(), r.io_tuned.queue_depth,
+              r.io_tuned.threads, r.io_tuned.write_gbps, r.io_tuned.read_gbps,
+              r.io_default.combined_gbps() > 0
+                  ? r.io_tuned.combined_gbps() / r.io_default.combined_gbps()
+                  : 0.0,
+              r.io_kept_default ? ", defaults kept" : "");
+  std::printf("  prefetch  step workload, %.2f ms compute per forward layer:", r.compute_ms);
+  for (const auto& [d, sec] : r.depth_tried) std::printf(" depth %u %.1f ms;", d, sec * 1e3);
+  std::printf(" chosen %u (default %u)\n", r.depth_tuned, r.depth_default);
+  std::printf("  wrote     %s\n  use it    export TIERMEM_ENV_FILE=%s\n", file.c_str(), file.c_str());
+}
+
+void PrintHuman(Runtime& rt, const Findings& f) {
+  PrintInfo(rt);
+  const RuntimeInfo& info = rt.info();
+  if (!info.no_gpu.empty()) {
+    std::printf("gpu         none used (%s): HBM figures are the emulated device's\n",
+                info.no_gpu.c_str());
+  }
+  if (!f.copies.empty()) std::printf("\n");
+  for (const CopyMeasurement& m : f.copies) {
+    std::printf("copy        %-4s -> %-4s %-9s %8.2f GB/s   (%s, %s, median of %d)\n", m.from, m.to,
+                m.host_memory, m.gbps, HumanBytes(m.bytes).c_str(),
+                info.device_kind == "cuda" ? "CUDA events" : "wall clock", m.repeats);
+  }
+  for (const SweepTarget& t : f.sweep) PrintSweep(t);
+  if (!f.bw.empty()) std::printf("\n");
+  for (const Measurement& m : f.bw) {
+    std::printf("runtime     %-4s -> %-4s %7.2f GB/s   (%s through offload / acquire, median of 3)\n",
+                m.from, m.to, m.gbps, HumanBytes(m.bytes).c_str());
+  }
+  if (f.tune.has_value()) PrintTune(*f.tune, f.tune_file);
+  if (f.demo.has_value()) {
+    const DemoResult& d = *f.demo;
+    const tm_stats& s = d.stats;
+    std::printf("\ndemo        %d tensors of %s (%s) through an HBM budget of %s\n", d.tensors,
+                HumanBytes(d.tensor_bytes).c_str(), HumanBytes(d.tensor_bytes * d.tensors).c_str(),
+                HumanBytes(d.hbm_budget).c_str());
+    std::printf("demo        %d offloads to NVMe; %d/%d tensors came back bit-exact in %.2f s\n",
+                d.offloads, d.verified, d.tensors, d.seconds);
+    std::printf("moved       hbm->dram %s, dram->nvme %s, nvme->dram %s, dram->hbm %s\n",
+                HumanBytes(s.bytes_moved[TM_TIER_HBM][TM_TIER_DRAM]).c_str(),
+                HumanBytes(s.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME]).c_str(),
+                HumanBytes(s.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM]).c_str(),
+                HumanBytes(s.bytes_moved[TM_TIER_DRAM][TM_TIER_HBM]).c_str());
+    std::printf("peak        hbm %s of %s, dram %s, nvme %s\n",
+                HumanBytes(s.tiers[TM_TIER_HBM].peak).c_str(),
+                HumanBytes(s.tiers[TM_TIER_HBM].capacity).c_str(),
+                HumanBytes(s.tiers[TM_TIER_DRAM].peak).c_str(),
+                HumanBytes(s.tiers[TM_TIER_NVME].peak).c_str());
+  }
+  std::printf("\nprobe took %.1f s\n", f.seconds);
+}
+
+std::string JsonPoint(const IoPoint& p) {
+  return absl::StrFormat("{\"block_size\": %u, \"queue_depth\": %u, \"threads\": %u, "
+                         "\"write_gbps\": %.4f, \"read_gbps\": %.4f}",
+                         p.block_size, p.queue_depth, p.threads, p.write_gbps, p.read_gbps);
+}
+
+void PrintJson(Runtime& rt, const Findings& f) {
   const RuntimeInfo& info = rt.info();
   const Config& c = rt.config();
-  tm_stats s = const_cast<Runtime&>(rt).Stats();
+  tm_stats s = rt.Stats();
   std::printf("{\n  \"schema\": \"tiermem-probe/1\",\n  \"tiermem_version\": \"%s\",\n",
               tm_version_string());
+  std::printf("  \"seconds\": %.3f,\n", f.seconds);
   std::printf("  \"device\": {\"kind\": \"%s\", \"description\": \"%s\"},\n",
               info.device_kind.c_str(), JsonEscape(info.device).c_str());
+  std::printf("  \"gpu\": {\"present\": %s, \"reason\": \"%s\"},\n",
+              info.device_kind == "cuda" ? "true" : "false", JsonEscape(info.no_gpu).c_str());
   std::printf("  \"tiers\": {\"hbm_bytes\": %llu, \"dram_bytes\": %llu, \"nvme_bytes\": %llu},\n",
               static_cast<unsigned long long>(s.tiers[TM_TIER_HBM].capacity),
               static_cast<unsigned long long>(s.tiers[TM_TIER_DRAM].capacity),
@@ -270,44 +519,146 @@ void PrintJson(const Runtime& rt, const std::vector<Measurement>& bw,
                 i ? "," : "", JsonEscape(p.dir).c_str(), p.direct ? "true" : "false", p.alignment,
                 p.alignment_source.c_str(), static_cast<unsigned long long>(p.bytes));
   }
+  std::printf("],\n  \"copies\": [");
+  for (size_t i = 0; i < f.copies.size(); ++i) {
+    const CopyMeasurement& m = f.copies[i];
+    std::printf("%s\n    {\"from\": \"%s\", \"to\": \"%s\", \"host_memory\": \"%s\", "
+                "\"bytes\": %llu, \"repeats\": %d, \"timer\": \"%s\", \"gbps\": %.4f}",
+                i ? "," : "", m.from, m.to, m.host_memory, static_cast<unsigned long long>(m.bytes),
+                m.repeats, info.device_kind == "cuda" ? "cuda-events" : "wall-clock", m.gbps);
+  }
+  std::printf("],\n  \"io_sweep\": [");
+  for (size_t i = 0; i < f.sweep.size(); ++i) {
+    const SweepTarget& t = f.sweep[i];
+    std::string paths;
+    for (const auto& p : t.paths) {
+      absl::StrAppend(&paths, paths.empty() ? "" : ", ", "\"", JsonEscape(p), "\"");
+    }
+    std::printf("%s\n    {\"target\": \"%s\", \"paths\": [%s], \"engine\": \"%s\", \"bytes\": %llu,"
+                "\n     \"points\": [",
+                i ? "," : "", JsonEscape(t.name).c_str(), paths.c_str(), t.engine.c_str(),
+                static_cast<unsigned long long>(t.bytes));
+    for (size_t j = 0; j < t.points.size(); ++j) {
+      std::printf("%s\n       %s", j ? "," : "", JsonPoint(t.points[j]).c_str());
+    }
+    std::printf("]");
+    if (const IoPoint* best = Best(t)) std::printf(",\n     \"best\": %s", JsonPoint(*best).c_str());
+    std::printf("}");
+  }
   std::printf("],\n  \"bandwidth\": [");
-  for (size_t i = 0; i < bw.size(); ++i) {
+  for (size_t i = 0; i < f.bw.size(); ++i) {
     std::printf("%s\n    {\"from\": \"%s\", \"to\": \"%s\", \"bytes\": %llu, \"block_size\": %u, "
                 "\"queue_depth\": %u, \"gbps\": %.4f}",
-                i ? "," : "", bw[i].from, bw[i].to, static_cast<unsigned long long>(bw[i].bytes),
-                c.io_block_size, c.io_queue_depth, bw[i].gbps);
+                i ? "," : "", f.bw[i].from, f.bw[i].to,
+                static_cast<unsigned long long>(f.bw[i].bytes), c.io_block_size, c.io_queue_depth,
+                f.bw[i].gbps);
   }
   std::printf("]");
-  if (demo.has_value()) {
+  if (f.tune.has_value()) {
+    const TuneResult& r = *f.tune;
+    std::printf(",\n  \"tune\": {\"file\": \"%s\", \"seconds\": %.3f, \"budget_exhausted\": %s, "
+                "\"engine\": \"%s\",\n    \"io_default\": %s,\n    \"io_tuned\": %s,\n"
+                "    \"io_kept_default\": %s, \"compute_ms\": %.4f, \"prefetch_depth_default\": %u, "
+                "\"prefetch_depth\": %u,\n    \"io_tried\": [",
+                JsonEscape(f.tune_file).c_str(), r.seconds, r.budget_exhausted ? "true" : "false",
+                r.engine.c_str(), JsonPoint(r.io_default).c_str(), JsonPoint(r.io_tuned).c_str(),
+                r.io_kept_default ? "true" : "false", r.compute_ms, r.depth_default, r.depth_tuned);
+    for (size_t i = 0; i < r.io_tried.size(); ++i) {
+      std::printf("%s\n      %s", i ? "," : "", JsonPoint(r.io_tried[i]).c_str());
+    }
+    std::printf("],\n    \"prefetch_tried\": [");
+    for (size_t i = 0; i < r.depth_tried.size(); ++i) {
+      std::printf("%s{\"depth\": %u, \"step_seconds\": %.6f}", i ? ", " : "",
+                  r.depth_tried[i].first, r.depth_tried[i].second);
+    }
+    std::printf("]}");
+  }
+  if (f.demo.has_value()) {
+    const DemoResult& d = *f.demo;
     std::printf(",\n  \"demo\": {\"tensors\": %d, \"tensor_bytes\": %llu, \"hbm_budget\": %llu, "
                 "\"offloads\": %d, \"verified\": %d, \"seconds\": %.4f}",
-                demo->tensors, static_cast<unsigned long long>(demo->tensor_bytes),
-                static_cast<unsigned long long>(demo->hbm_budget), demo->offloads, demo->verified,
-                demo->seconds);
+                d.tensors, static_cast<unsigned long long>(d.tensor_bytes),
+                static_cast<unsigned long long>(d.hbm_budget), d.offloads, d.verified, d.seconds);
   }
   std::printf("\n}\n");
 }
 
+// "128KiB,1MiB" -> sizes; "1,4,16" -> counts. Empty optional on a bad list.
+std::optional<std::vector<uint32_t>> ParseList(const char* flag, const char* text, bool sizes) {
+  std::vector<uint32_t> out;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    if (sizes) {
+      auto s = ParseSize(flag, item);
+      if (!s.ok() || s->percent > 0 || s->bytes < 4096 || s->bytes > (64u << 20) ||
+          (s->bytes & (s->bytes - 1)) != 0) {
+        return std::nullopt;
+      }
+      out.push_back(static_cast<uint32_t>(s->bytes));
+    } else {
+      auto v = ParseUnsigned(flag, item);
+      if (!v.ok() || *v < 1 || *v > 4096) return std::nullopt;
+      out.push_back(static_cast<uint32_t>(*v));
+    }
+  }
+  if (out.empty()) return std::nullopt;
+  return out;
+}
+
+int Usage2(const char* msg) {
+  std::fprintf(stderr, "tiermem-probe: %s\n", msg);
+  return 2;
+}
+
 int Main(int argc, char** argv) {
-  bool config_only = false, bench = true, demo = true, json = false;
+  const auto start = Clock::now();
+  bool config_only = false, bench = true, sweep = true, demo = true, json = false, tune = false;
   uint64_t bench_bytes = 256ull << 20;
+  int repeats = 5;
+  SweepOptions so;
+  TuneOptions to;
+  std::string tune_out = "tiermem.env";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
     if (a == "--config") {
       config_only = true;
     } else if (a == "--json") {
       json = true;
     } else if (a == "--no-bench") {
       bench = false;
+    } else if (a == "--no-sweep") {
+      sweep = false;
     } else if (a == "--no-demo") {
       demo = false;
-    } else if (a == "--bench-bytes" && i + 1 < argc) {
-      auto s = ParseSize("--bench-bytes", argv[++i]);
-      if (!s.ok() || s->percent > 0 || s->bytes == 0) {
-        std::fprintf(stderr, "tiermem-probe: --bench-bytes needs a size such as 256MiB\n");
-        return 2;
+    } else if (a == "--tune") {
+      tune = true;
+    } else if ((a == "--bench-bytes" || a == "--sweep-bytes") && has_value) {
+      auto s = ParseSize(a, argv[++i]);
+      if (!s.ok() || s->percent > 0 || s->bytes < (1u << 20)) {
+        return Usage2((a + " needs a size of at least 1MiB, such as 256MiB").c_str());
       }
-      bench_bytes = s->bytes;
+      (a == "--bench-bytes" ? bench_bytes : so.bytes) = s->bytes;
+    } else if (a == "--sweep-blocks" && has_value) {
+      auto l = ParseList("--sweep-blocks", argv[++i], true);
+      if (!l.has_value()) return Usage2("--sweep-blocks needs powers of two from 4KiB to 64MiB, such as 128KiB,1MiB");
+      so.blocks = *l;
+    } else if (a == "--sweep-depths" && has_value) {
+      auto l = ParseList("--sweep-depths", argv[++i], false);
+      if (!l.has_value()) return Usage2("--sweep-depths needs queue depths from 1 to 4096, such as 1,4,32");
+      so.depths = *l;
+    } else if (a == "--repeats" && has_value) {
+      auto v = ParseUnsigned("--repeats", argv[++i]);
+      if (!v.ok() || *v < 1 || *v > 1000) return Usage2("--repeats needs a count from 1 to 1000");
+      repeats = static_cast<int>(*v);
+    } else if (a == "--tune-budget" && has_value) {
+      double v = 0;
+      if (!absl::SimpleAtod(argv[++i], &v) || !(v >= 1 && v <= 86400)) {
+        return Usage2("--tune-budget needs seconds from 1 to 86400");
+      }
+      to.budget_seconds = v;
+    } else if (a == "--tune-out" && has_value) {
+      tune_out = argv[++i];
+      if (tune_out.empty()) return Usage2("--tune-out needs a file name");
     } else if (a == "--help" || a == "-h") {
       Usage();
       return 0;
@@ -328,24 +679,57 @@ int Main(int argc, char** argv) {
     }
     return 0;
   }
-  std::vector<Measurement> bw;
-  if (bench) {
-    auto m = Bench(**rt, bench_bytes);
-    if (!m.ok()) return Fail(m.status());
-    bw = std::move(*m);
-  }
-  std::optional<DemoResult> result;
-  if (demo) {
-    auto d = Demo();
-    if (!d.ok()) return Fail(d.status());
-    result = *d;
-  }
-  if (json) {
-    PrintJson(**rt, bw, result);
+  Findings f;
+  if (tune) {
+    // The tuner runs alone: its measurements need the machine to themselves.
+    auto r = Tune(*cfg, to, [](const std::string& s) { Progress(s); });
+    if (!r.ok()) return Fail(r.status());
+    f.tune = *r;
+    char abs[4096];
+    f.tune_file = tune_out[0] == '/' || getcwd(abs, sizeof abs) == nullptr
+                      ? tune_out
+                      : std::string(abs) + "/" + tune_out;
+    std::FILE* out = std::fopen(f.tune_file.c_str(), "w");
+    const std::string text = EnvFileText(*r, *cfg, f.tune_file);
+    if (out == nullptr || std::fputs(text.c_str(), out) < 0 || std::fclose(out) != 0) {
+      return Fail(Error(TM_ERR_IO, absl::StrFormat("cannot write %s: %s", f.tune_file,
+                                                   std::strerror(errno))));
+    }
+    for (const char* v : {"TIERMEM_IO_BLOCK_SIZE", "TIERMEM_IO_QUEUE_DEPTH", "TIERMEM_IO_THREADS",
+                          "TIERMEM_PREFETCH_DEPTH"}) {
+      if (std::getenv(v) != nullptr) {
+        std::fprintf(stderr, "tiermem-probe: %s is set in the environment and wins over %s\n", v,
+                     f.tune_file.c_str());
+      }
+    }
   } else {
-    PrintHuman(**rt, bw, result);
+    if (bench) {
+      auto copies = Copies(**rt, bench_bytes, repeats);
+      if (!copies.ok()) return Fail(copies.status());
+      f.copies = std::move(*copies);
+      if (sweep) {
+        auto s = Sweep(*cfg, so);
+        if (!s.ok()) return Fail(s.status());
+        f.sweep = std::move(*s);
+      }
+      auto m = Bench(**rt, bench_bytes);
+      if (!m.ok()) return Fail(m.status());
+      f.bw = std::move(*m);
+    }
+    if (demo) {
+      auto d = Demo();
+      if (!d.ok()) return Fail(d.status());
+      f.demo = *d;
+    }
   }
-  if (result.has_value() && result->verified != result->tensors) return 1;
+  ProgressDone();
+  f.seconds = Seconds(Clock::now() - start);
+  if (json) {
+    PrintJson(**rt, f);
+  } else {
+    PrintHuman(**rt, f);
+  }
+  if (f.demo.has_value() && f.demo->verified != f.demo->tensors) return 1;
   return 0;
 }
 

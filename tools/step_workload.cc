@@ -1,0 +1,102 @@
+#include "tools/step_workload.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tiermem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+#define STEP_RETURN_IF_ERROR(expr) \
+  do {                             \
+    absl::Status s_ = (expr);      \
+    if (!s_.ok()) return s_;       \
+  } while (0)
+
+absl::Status Steps(Runtime& rt, const StepWorkload& w, const std::vector<uint64_t>& params,
+                   const std::vector<uint64_t>& acts, std::vector<double>& times,
+                   uint64_t& nvme_after_first) {
+  const auto fwd = std::chrono::duration<double, std::milli>(w.compute_ms);
+  const auto bwd = 2 * fwd;
+  for (int step = 0; step < w.steps; ++step) {
+    if (step == 1) nvme_after_first = rt.Stats().bytes_moved[TM_TIER_NVME][TM_TIER_DRAM];
+    STEP_RETURN_IF_ERROR(rt.StepBegin());
+    auto t0 = Clock::now();
+    for (int l = 0; l < w.layers; ++l) {
+      auto p = rt.Acquire(params[l], TM_TIER_HBM, TM_ACCESS_READ, nullptr);
+      if (!p.ok()) return p.status();
+      std::this_thread::sleep_for(fwd);
+      auto a = rt.Acquire(acts[l], TM_TIER_HBM, TM_ACCESS_WRITE, nullptr);
+      if (!a.ok()) return a.status();
+      static_cast<char*>(*a)[0] = static_cast<char>(step);  // the forward's output
+      STEP_RETURN_IF_ERROR(rt.Release(acts[l], TM_TIER_HBM));
+      STEP_RETURN_IF_ERROR(rt.Offload(acts[l], TM_TIER_DRAM));
+      STEP_RETURN_IF_ERROR(rt.Release(params[l], TM_TIER_HBM));
+    }
+    for (int l = w.layers - 1; l >= 0; --l) {
+      auto a = rt.Acquire(acts[l], TM_TIER_HBM, TM_ACCESS_READ, nullptr);
+      if (!a.ok()) return a.status();
+      auto p = rt.Acquire(params[l], TM_TIER_HBM, TM_ACCESS_READ, nullptr);
+      if (!p.ok()) return p.status();
+      if (static_cast<char*>(*a)[0] != static_cast<char>(step)) {
+        return absl::InternalError("an activation came back with the wrong bytes");
+      }
+      std::this_thread::sleep_for(bwd);
+      STEP_RETURN_IF_ERROR(rt.Release(params[l], TM_TIER_HBM));
+      STEP_RETURN_IF_ERROR(rt.Release(acts[l], TM_TIER_HBM));
+    }
+    STEP_RETURN_IF_ERROR(rt.StepEnd());
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return rt.SyncAll();
+}
+
+}  // namespace
+
+absl::StatusOr<StepResult> RunSteps(Runtime& rt, const StepWorkload& w) {
+  if (w.layers < 1 || w.steps < 2) return absl::InvalidArgumentError("need a layer and 2 steps");
+  std::vector<uint64_t> params, acts;
+  absl::Status st;
+  std::vector<char> init(w.param_bytes, 7);
+  for (int l = 0; l < w.layers && st.ok(); ++l) {
+    auto p = rt.CreateTensor({w.param_bytes, TM_CLASS_PARAM, TM_TIER_BY_PLACEMENT,
+                              "param" + std::to_string(l)});
+    if (!p.ok()) {
+      st = p.status();
+      break;
+    }
+    params.push_back(*p);
+    auto a = rt.CreateTensor({w.act_bytes, TM_CLASS_ACTIVATION, TM_TIER_BY_PLACEMENT,
+                              "act" + std::to_string(l)});
+    if (!a.ok()) {
+      st = a.status();
+      break;
+    }
+    acts.push_back(*a);
+    st = rt.Write(*p, 0, init.data(), w.param_bytes);  // lands in its home tier
+  }
+  std::vector<double> times;
+  uint64_t nvme_after_first = 0;
+  if (st.ok()) st = Steps(rt, w, params, acts, times, nvme_after_first);
+  StepResult r;
+  if (st.ok()) {
+    std::vector<double> measured(times.begin() + 1, times.end());
+    std::sort(measured.begin(), measured.end());
+    r.step_seconds = measured[measured.size() / 2];
+    r.stats = rt.Stats();
+    r.nvme_bytes_per_step =
+        static_cast<double>(r.stats.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM] - nvme_after_first) /
+        (w.steps - 1);
+  }
+  (void)rt.SyncAll();
+  for (uint64_t h : params) (void)rt.DestroyTensor(h);
+  for (uint64_t h : acts) (void)rt.DestroyTensor(h);
+  if (!st.ok()) return st;
+  return r;
+}
+
+}  // namespace tiermem
