@@ -5,6 +5,8 @@
 #include <string>
 
 #include "json_check.h"
+#include "lib/config.h"
+#include "tiermem/tiermem.h"
 #include "test_util.h"
 
 namespace tiermem {
@@ -21,26 +23,102 @@ std::string Capture(const std::string& command) {
   return out;
 }
 
+std::string SmallProbe(const std::string& paths, const std::string& flags) {
+  return "TIERMEM_DEVICE=emulated TIERMEM_HBM_BYTES=64MiB TIERMEM_DRAM_BYTES=96MiB "
+         "TIERMEM_NVME_BYTES=128MiB TIERMEM_NVME_PATHS=" + paths + " " + TIERMEM_PROBE + " " +
+         flags + " 2>/dev/null";
+}
+
 TEST(Probe, JsonFollowsTheSchema) {
   testing::TempDir dir;
-  const std::string cmd = "TIERMEM_DEVICE=emulated TIERMEM_HBM_BYTES=64MiB TIERMEM_DRAM_BYTES=96MiB "
-                          "TIERMEM_NVME_BYTES=128MiB TIERMEM_NVME_PATHS=" + dir.path() + " " +
-                          TIERMEM_PROBE + std::string(" --json --no-demo --bench-bytes 16MiB 2>/dev/null");
+  const std::string cmd = SmallProbe(dir.path(),
+                                     "--json --no-demo --bench-bytes 16MiB --repeats 2 "
+                                     "--sweep-bytes 8MiB --sweep-blocks 64KiB,1MiB --sweep-depths 1,8");
   const std::string out = Capture(cmd);
   ASSERT_FALSE(out.empty()) << cmd;
   EXPECT_TRUE(testing::Json(out).Valid()) << out;
   // Every key the schema marks required, with the type it gives.
   for (const char* key : {"\"schema\": \"tiermem-probe/1\"", "\"tiermem_version\": \"",
-                          "\"device\": {\"kind\": \"emulated\"", "\"tiers\": {\"hbm_bytes\": 67108864",
+                          "\"seconds\": ", "\"device\": {\"kind\": \"emulated\"",
+                          "\"gpu\": {\"present\": false, \"reason\": \"TIERMEM_DEVICE=emulated\"}",
+                          "\"tiers\": {\"hbm_bytes\": 67108864",
                           "\"numa\": {\"node\": ", "\"io\": {\"engine\": \"",
                           "\"buffers_registered\": ", "\"staging\": {\"slot_bytes\": ",
                           "\"nvme_paths\": [", "\"alignment_source\": \"", "\"bandwidth\": [",
                           "{\"from\": \"dram\", \"to\": \"nvme\"", "{\"from\": \"nvme\", \"to\": \"dram\"",
                           "{\"from\": \"dram\", \"to\": \"hbm\"", "{\"from\": \"hbm\", \"to\": \"dram\"",
-                          "\"gbps\": "}) {
+                          "\"gbps\": ", "\"copies\": [",
+                          "{\"from\": \"dram\", \"to\": \"hbm\", \"host_memory\": \"pinned\", \"bytes\": 16777216, \"repeats\": 2, \"timer\": \"wall-clock\"",
+                          "{\"from\": \"hbm\", \"to\": \"dram\", \"host_memory\": \"pinned\"",
+                          "{\"from\": \"dram\", \"to\": \"hbm\", \"host_memory\": \"pageable\"",
+                          "{\"from\": \"hbm\", \"to\": \"dram\", \"host_memory\": \"pageable\"",
+                          "{\"from\": \"hbm\", \"to\": \"hbm\", \"host_memory\": \"\"",
+                          "\"io_sweep\": [", "\"engine\": \"uring\", \"bytes\": 8388608",
+                          "{\"block_size\": 65536, \"queue_depth\": 1, \"threads\": 1, \"write_gbps\": ",
+                          "{\"block_size\": 1048576, \"queue_depth\": 8, \"threads\": 1, \"write_gbps\": ",
+                          "\"best\": {\"block_size\": "}) {
     EXPECT_NE(out.find(key), std::string::npos) << "missing " << key << " in\n" << out;
   }
   EXPECT_EQ(out.find("\"demo\""), std::string::npos) << "--no-demo";
+  EXPECT_EQ(out.find("\"tune\""), std::string::npos) << "no --tune";
+}
+
+// Two paths: a sweep of each and one striped over both.
+TEST(Probe, SweepsEachPathAndStriped) {
+  testing::TempDir a, b;
+  const std::string out = Capture(SmallProbe(
+      a.path() + ":" + b.path(), "--json --no-demo --bench-bytes 8MiB --repeats 1 --sweep-bytes 4MiB "
+                                 "--sweep-blocks 1MiB --sweep-depths 4"));
+  EXPECT_TRUE(testing::Json(out).Valid()) << out;
+  for (const std::string& key :
+       {"{\"target\": \"" + a.path() + "\", \"paths\": [\"" + a.path() + "\"]",
+        "{\"target\": \"" + b.path() + "\", \"paths\": [\"" + b.path() + "\"]",
+        "{\"target\": \"striped\", \"paths\": [\"" + a.path() + "\", \"" + b.path() + "\"]"}) {
+    EXPECT_NE(out.find(key), std::string::npos) << "missing " << key << " in\n" << out;
+  }
+}
+
+// --tune writes an env file that the runtime then loads, with every value it chose.
+TEST(Probe, TuneWritesAnEnvFileTheRuntimeLoads) {
+  testing::TempDir dir;
+  const std::string file = dir.path() + "/tuned.env";
+  const std::string out = Capture(SmallProbe(
+      dir.path(), "--json --tune --tune-budget 2 --tune-bytes 16MiB --tune-out " + file));
+  EXPECT_TRUE(testing::Json(out).Valid()) << out;
+  EXPECT_NE(out.find("\"tune\": {\"file\": \"" + file + "\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"io_tuned\": {\"block_size\": "), std::string::npos) << out;
+  auto parsed = ParseEnvFile(file);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  for (const char* v : {"TIERMEM_IO_BLOCK_SIZE", "TIERMEM_IO_QUEUE_DEPTH", "TIERMEM_IO_THREADS",
+                        "TIERMEM_PREFETCH_DEPTH"}) {
+    EXPECT_TRUE(parsed->values.contains(v)) << v;
+  }
+  // The runtime reads it: each value's source is the file, and the values match.
+  testing::ScopedEnv env("TIERMEM_ENV_FILE", file.c_str());
+  tm_config cfg = testing::SmallConfig(dir.path());
+  tm_runtime rt;
+  ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_OK) << tm_last_error();
+  char value[64];
+  ASSERT_EQ(tm_runtime_config_value(rt, "TIERMEM_IO_QUEUE_DEPTH", value, sizeof value, nullptr), TM_OK);
+  EXPECT_EQ(std::string(value), parsed->values.at("TIERMEM_IO_QUEUE_DEPTH").value);
+  ASSERT_EQ(tm_runtime_config_value(rt, "TIERMEM_PREFETCH_DEPTH", value, sizeof value, nullptr), TM_OK);
+  EXPECT_EQ(std::string(value), parsed->values.at("TIERMEM_PREFETCH_DEPTH").value);
+  EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+  auto c = LoadConfig({}, ProcessEnvironment(), {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (const auto& e : c->entries) {
+    if (parsed->values.contains(e.name)) {
+      EXPECT_EQ(e.source, "file " + file) << e.name;
+    }
+  }
+}
+
+TEST(Probe, BadFlagsExitTwo) {
+  for (const char* flags : {"--sweep-blocks 3000", "--sweep-depths 0", "--tune-budget -1",
+                            "--repeats x", "--tune-bytes 1KiB", "--frobnicate"}) {
+    const std::string out = Capture(std::string(TIERMEM_PROBE) + " " + flags + " 2>&1; echo \"exit=$?\"");
+    EXPECT_NE(out.find("exit=2"), std::string::npos) << flags << ": " << out;
+  }
 }
 
 TEST(Probe, BadSettingExitsNonZeroNamingIt) {

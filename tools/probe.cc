@@ -36,7 +36,8 @@ void Usage() {
       "usage: tiermem-probe [--config] [--json] [--no-bench] [--no-sweep] [--no-demo]\n"
       "                     [--bench-bytes SIZE] [--sweep-bytes SIZE] [--sweep-blocks LIST]\n"
       "                     [--sweep-depths LIST] [--repeats N]\n"
-      "       tiermem-probe --tune [--tune-budget SECONDS] [--tune-out FILE] [--json]\n"
+      "       tiermem-probe --tune [--tune-budget SECONDS] [--tune-out FILE] [--tune-bytes SIZE]\n"
+      "                     [--json]\n"
       "  --config             print every effective setting and where it came from, then exit\n"
       "  --json               print the findings as JSON (schema: docs/probe.md)\n"
       "  --no-bench           skip every bandwidth measurement\n"
@@ -51,6 +52,7 @@ void Usage() {
       "                       write them to an env file for TIERMEM_ENV_FILE\n"
       "  --tune-budget SECONDS  time the search may take (default 60)\n"
       "  --tune-out FILE      where the env file goes (default ./tiermem.env)\n"
+      "  --tune-bytes SIZE    bytes per I/O measurement of the tuner (default 256MiB)\n"
       "Settings come from TIERMEM_* variables (docs/environment.md).\n");
 }
 
@@ -632,12 +634,14 @@ int Main(int argc, char** argv) {
       demo = false;
     } else if (a == "--tune") {
       tune = true;
-    } else if ((a == "--bench-bytes" || a == "--sweep-bytes") && has_value) {
+    } else if ((a == "--bench-bytes" || a == "--sweep-bytes" || a == "--tune-bytes") &&
+               has_value) {
       auto s = ParseSize(a, argv[++i]);
-      if (!s.ok() || s->percent > 0 || s->bytes < (1u << 20)) {
-        return Usage2((a + " needs a size of at least 1MiB, such as 256MiB").c_str());
+      if (!s.ok() || s->percent > 0 || s->bytes < (1u << 20) || s->bytes > (64ull << 30)) {
+        return Usage2((a + " needs a size from 1MiB to 64GiB, such as 256MiB").c_str());
       }
-      (a == "--bench-bytes" ? bench_bytes : so.bytes) = s->bytes;
+      (a == "--bench-bytes" ? bench_bytes : a == "--sweep-bytes" ? so.bytes : to.io_bytes) =
+          s->bytes / (1 << 20) * (1 << 20);
     } else if (a == "--sweep-blocks" && has_value) {
       auto l = ParseList("--sweep-blocks", argv[++i], true);
       if (!l.has_value()) return Usage2("--sweep-blocks needs powers of two from 4KiB to 64MiB, such as 128KiB,1MiB");

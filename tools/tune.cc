@@ -72,7 +72,10 @@ absl::StatusOr<TuneResult> Tune(const Config& base, const TuneOptions& options,
                                 const ProgressFn& progress) {
   Budget budget(options.budget_seconds);
   TuneResult r;
-  auto sweep = IoSweep::Create(base.nvme_paths, options.io_bytes, base.io_engine);
+  // Whole stripes of the largest candidate block on every path.
+  const uint64_t unit = (8ull << 20) * base.nvme_paths.size();
+  auto sweep = IoSweep::Create(base.nvme_paths, std::max<uint64_t>(options.io_bytes / unit, 1) * unit,
+                               base.io_engine);
   if (!sweep.ok()) return sweep.status();
   IoSweep& s = **sweep;
 
