@@ -113,6 +113,28 @@ TEST(Probe, TuneWritesAnEnvFileTheRuntimeLoads) {
   }
 }
 
+// tiermem-plan --probe takes its bandwidths from the probe's JSON.
+TEST(Probe, PlanReadsTheProbesBandwidths) {
+  testing::TempDir dir;
+  const std::string file = dir.path() + "/probe.json";
+  Capture(SmallProbe(dir.path(), "--json --no-demo --bench-bytes 16MiB --repeats 2 --no-sweep > " + file));
+  const std::string plan = std::string(TIERMEM_PLAN) +
+                           " --layers 32 --hidden 4096 --heads 32 --seq 4096 --micro-batch 8"
+                           " --params 7B --hbm 80GiB --tflops 400 --json --probe " + file;
+  const std::string out = Capture(plan + " 2>&1");
+  EXPECT_NE(out.find("\"link_source\":\"probe copies dram <-> hbm, pinned"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"nvme_source\":\"probe runtime path dram <-> nvme"), std::string::npos) << out;
+  EXPECT_NE(out.find("measured without a GPU"), std::string::npos) << out;  // the warning
+  // A flag given wins over the file.
+  const std::string flagged = Capture(plan + " --link-gbps 25 2>/dev/null");
+  EXPECT_NE(flagged.find("\"link_gbps\":25,\"link_source\":\"--link-gbps\""), std::string::npos) << flagged;
+  EXPECT_TRUE(testing::Json(flagged).Valid()) << flagged;
+  // A file that is not probe output is a usage error naming it.
+  const std::string bad = Capture(std::string(TIERMEM_PLAN) + " --layers 1 --probe /nonexistent 2>&1; echo \"exit=$?\"");
+  EXPECT_NE(bad.find("--probe /nonexistent: No such file"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("exit=2"), std::string::npos) << bad;
+}
+
 TEST(Probe, BadFlagsExitTwo) {
   for (const char* flags : {"--sweep-blocks 3000", "--sweep-depths 0", "--tune-budget -1",
                             "--repeats x", "--tune-bytes 1KiB", "--frobnicate"}) {
