@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# tiermem's DRAM <-> NVMe path against fio (io_uring, O_DIRECT, fixed buffers, registered files),
-# same directory, block size, queue depth and total size, run interleaved A B A B in one run.
-# Prints the median of each and the ratio tiermem / fio.
+# tiermem's DRAM <-> NVMe figures against fio (io_uring, O_DIRECT, fixed buffers, registered
+# files), same directory, block size, queue depth and bytes, interleaved A B A B in one run:
+#   probe    tiermem-probe --sweep-only: the raw engine on fresh swap files (the probe's figure)
+#   runtime  tiermem_io_bench: offload / acquire through the runtime
+#   fio      a fresh file per pair, written then read; buffers on huge pages (--iomem=shmhuge)
+#            when huge pages can be reserved, as tiermem's DRAM pool is on transparent huge pages
+# Prints the median of each and the ratios to fio.
 #   bench/fio_compare.sh [-d DIR] [-s SIZE] [-q DEPTH] [-n PAIRS] [-b "1M 4M"] [-B BUILD_DIR]
 set -euo pipefail
 dir=/var/tmp size=1G depth=32 pairs=5 blocks="1M 4M"
@@ -10,41 +14,67 @@ while getopts "d:s:q:n:b:B:h" o; do
   case $o in
     d) dir=$OPTARG ;; s) size=$OPTARG ;; q) depth=$OPTARG ;; n) pairs=$OPTARG ;;
     b) blocks=$OPTARG ;; B) build=$OPTARG ;;
-    *) sed -n '2,5p' "$0"; exit 2 ;;
+    *) sed -n '2,10p' "$0"; exit 2 ;;
   esac
 done
-bench=$build/bench/tiermem_io_bench
+probe=$build/tools/tiermem-probe bench=$build/bench/tiermem_io_bench
 command -v fio >/dev/null || { echo "fio not found: apt-get install fio" >&2; exit 1; }
-[ -x "$bench" ] || { echo "$bench not built" >&2; exit 1; }
+for b in "$probe" "$bench"; do [ -x "$b" ] || { echo "$b not built" >&2; exit 1; }; done
 work=$(mktemp -d "$dir/tiermem-fio-XXXXXX")
-trap 'rm -rf "$work"' EXIT
+hugepages=/proc/sys/vm/nr_hugepages
+saved_huge=$(cat "$hugepages" 2>/dev/null || echo 0)
+cleanup() {
+  rm -rf "$work"
+  [ -w "$hugepages" ] && echo "$saved_huge" >"$hugepages" 2>/dev/null || true
+}
+trap cleanup EXIT
+unset TIERMEM_ENV_FILE
+export TIERMEM_NVME_PATHS=$work TIERMEM_IO_QUEUE_DEPTH=$depth
+
+# fio's buffers: depth x the largest block on 2 MiB huge pages, reserved for this run only.
+iomem=malloc
+max_kib=0
+for bs in $blocks; do k=$(numfmt --from=iec "$bs"); k=$((k / 1024)); [ "$k" -gt "$max_kib" ] && max_kib=$k; done
+need=$(((max_kib * depth + 2047) / 2048 + 8))
+if [ -w "$hugepages" ] && echo $((saved_huge + need)) >"$hugepages" 2>/dev/null &&
+   [ "$(cat "$hugepages")" -ge $((saved_huge + need)) ]; then
+  iomem=shmhuge
+fi
 
 median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 fio_gbps() {  # rw bs -> GB/s
   fio --name=ref --filename="$work/fio.dat" --ioengine=io_uring --direct=1 --fixedbufs \
-    --registerfiles --rw="$1" --bs="$2" --iodepth="$depth" --size="$size" \
+    --registerfiles --iomem="$iomem" --rw="$1" --bs="$2" --iodepth="$depth" --size="$size" \
     --output-format=terse --terse-version=3 |
     awk -F';' -v rw="$1" '{printf "%.4f\n", (rw=="write" ? $48 : $7) * 1024 / 1e9}'
 }
-tm_gbps() {  # bs -> "write read" GB/s
-  TIERMEM_NVME_PATHS=$work TIERMEM_IO_BLOCK_SIZE=$1 TIERMEM_IO_QUEUE_DEPTH=$depth "$bench" "$size" 1 |
+probe_gbps() {  # bs -> "write read" GB/s: the sweep's one point
+  "$probe" --sweep-only --json --sweep-bytes "$size" --sweep-blocks "$1" --sweep-depths "$depth" 2>/dev/null |
+    grep -m1 '"write_gbps"' | sed 's/.*"write_gbps": \([0-9.]*\), "read_gbps": \([0-9.]*\)}.*/\1 \2/'
+}
+runtime_gbps() {  # bs -> "write read" GB/s
+  TIERMEM_IO_BLOCK_SIZE=$1 "$bench" "$size" 1 |
     awk '/^write/ {w=$2/1e9} /^read/ {r=$2/1e9} END {printf "%.4f %.4f\n", w, r}'
 }
 
-printf "tiermem vs fio: %s working set, queue depth %s, %s pairs, directory %s\n" "$size" "$depth" "$pairs" "$dir"
-printf "%-6s %-6s %14s %14s %8s\n" block dir "tiermem GB/s" "fio GB/s" ratio
+printf "tiermem vs fio: %s, queue depth %s, %s pairs, directory %s, fio buffers %s\n" \
+  "$size" "$depth" "$pairs" "$dir" "$iomem"
+printf "%-6s %-6s %12s %12s %12s %9s %9s\n" block dir "probe GB/s" "runtime GB/s" "fio GB/s" \
+  "probe/fio" "rt/fio"
 for bs in $blocks; do
-  fio_gbps write "$bs" >/dev/null  # warm-up pair, discarded: lays out fio's file, tiermem's
-  tm_gbps "$bs" >/dev/null         # first write converts fallocated extents
-  : >"$work/tw"; : >"$work/tr"; : >"$work/fw"; : >"$work/fr"
+  for f in pw pr rw rr fw fr; do : >"$work/$f"; done
   for ((i = 0; i < pairs; i++)); do
-    read -r w r < <(tm_gbps "$bs")
-    echo "$w" >>"$work/tw"; echo "$r" >>"$work/tr"
+    read -r w r < <(probe_gbps "$bs"); echo "$w" >>"$work/pw"; echo "$r" >>"$work/pr"
+    read -r w r < <(runtime_gbps "$bs"); echo "$w" >>"$work/rw"; echo "$r" >>"$work/rr"
+    # A fresh file each pair, as tiermem's swap files are fresh each run.
+    rm -f "$work/fio.dat"
     fio_gbps write "$bs" >>"$work/fw"
     fio_gbps read "$bs" >>"$work/fr"
   done
   for d in write read; do
-    t=$(median <"$work/t${d:0:1}") f=$(median <"$work/f${d:0:1}")
-    awk -v b="$bs" -v d="$d" -v t="$t" -v f="$f" 'BEGIN {printf "%-6s %-6s %14.2f %14.2f %8.2f\n", b, d, t, f, t / f}'
+    x=${d:0:1}
+    p=$(median <"$work/p$x") r=$(median <"$work/r$x") f=$(median <"$work/f$x")
+    awk -v b="$bs" -v d="$d" -v p="$p" -v r="$r" -v f="$f" \
+      'BEGIN {printf "%-6s %-6s %12.2f %12.2f %12.2f %9.2f %9.2f\n", b, d, p, r, f, p / f, r / f}'
   done
 done

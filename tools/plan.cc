@@ -19,7 +19,7 @@ namespace {
 void Usage(FILE* f) {
   std::fprintf(f,
       "usage: tiermem-plan --layers L --hidden H --heads A --seq S --micro-batch B --params N\n"
-      "                    --hbm SIZE --link-gbps G --tflops T [--nvme-gbps G] [--tp T]\n"
+      "                    --hbm SIZE --tflops T [--link-gbps G] [--nvme-gbps G] [--tp T]\n"
       "                    [--sequence-parallel] [--flash-attention] [--bytes-per-element E]\n"
       "                    [--probe FILE] [--json]\n"
       "  --params accepts 7e9 or 7B/70B/1.5T; --hbm a size (80GiB); bandwidths in GB/s (1e9 B/s);\n"

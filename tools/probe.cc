@@ -33,7 +33,7 @@ using Clock = std::chrono::steady_clock;
 
 void Usage() {
   std::printf(
-      "usage: tiermem-probe [--config] [--json] [--no-bench] [--no-sweep] [--no-demo]\n"
+      "usage: tiermem-probe [--config] [--json] [--no-bench] [--no-sweep] [--no-demo] [--sweep-only]\n"
       "                     [--bench-bytes SIZE] [--sweep-bytes SIZE] [--sweep-blocks LIST]\n"
       "                     [--sweep-depths LIST] [--repeats N]\n"
       "       tiermem-probe --tune [--tune-budget SECONDS] [--tune-out FILE] [--tune-bytes SIZE]\n"
@@ -43,6 +43,7 @@ void Usage() {
       "  --no-bench           skip every bandwidth measurement\n"
       "  --no-sweep           skip the DRAM <-> NVMe block size x queue depth sweep\n"
       "  --no-demo            skip the end-to-end offload demo\n"
+      "  --sweep-only         run only the sweep (for bench/fio_compare.sh)\n"
       "  --bench-bytes SIZE   bytes per copy and runtime-path run (default 256MiB)\n"
       "  --sweep-bytes SIZE   bytes per sweep run, over all paths (default 256MiB)\n"
       "  --sweep-blocks LIST  block sizes of the sweep (default 128KiB,256KiB,1MiB,4MiB)\n"
@@ -614,6 +615,7 @@ int Usage2(const char* msg) {
 int Main(int argc, char** argv) {
   const auto start = Clock::now();
   bool config_only = false, bench = true, sweep = true, demo = true, json = false, tune = false;
+  bool sweep_only = false;
   uint64_t bench_bytes = 256ull << 20;
   int repeats = 5;
   SweepOptions so;
@@ -630,6 +632,9 @@ int Main(int argc, char** argv) {
       bench = false;
     } else if (a == "--no-sweep") {
       sweep = false;
+    } else if (a == "--sweep-only") {
+      sweep_only = true;
+      demo = false;
     } else if (a == "--no-demo") {
       demo = false;
     } else if (a == "--tune") {
@@ -707,15 +712,17 @@ int Main(int argc, char** argv) {
       }
     }
   } else {
-    if (bench) {
+    if (bench && !sweep_only) {
       auto copies = Copies(**rt, bench_bytes, repeats);
       if (!copies.ok()) return Fail(copies.status());
       f.copies = std::move(*copies);
-      if (sweep) {
-        auto s = Sweep(*cfg, so);
-        if (!s.ok()) return Fail(s.status());
-        f.sweep = std::move(*s);
-      }
+    }
+    if ((bench && sweep) || sweep_only) {
+      auto s = Sweep(*cfg, so);
+      if (!s.ok()) return Fail(s.status());
+      f.sweep = std::move(*s);
+    }
+    if (bench && !sweep_only) {
       auto m = Bench(**rt, bench_bytes);
       if (!m.ok()) return Fail(m.status());
       f.bw = std::move(*m);
