@@ -3,8 +3,9 @@
 # files), same directory, block size, queue depth and bytes, interleaved A B A B in one run:
 #   probe    tiermem-probe --sweep-only: the raw engine on fresh swap files (the probe's figure)
 #   runtime  tiermem_io_bench: offload / acquire through the runtime
-#   fio      a fresh file per pair, written then read; buffers on huge pages (--iomem=shmhuge)
-#            when huge pages can be reserved, as tiermem's DRAM pool is on transparent huge pages
+#   fio      a fresh file per pair, written twice (the first discarded) then read; buffers on
+#            huge pages (--iomem=shmhuge) when they can be reserved, as tiermem's DRAM pool is on
+#            transparent huge pages. Each side goes first in every other pair.
 # Prints the median of each and the ratios to fio.
 #   bench/fio_compare.sh [-d DIR] [-s SIZE] [-q DEPTH] [-n PAIRS] [-b "1M 4M"] [-B BUILD_DIR]
 set -euo pipefail
@@ -14,7 +15,7 @@ while getopts "d:s:q:n:b:B:h" o; do
   case $o in
     d) dir=$OPTARG ;; s) size=$OPTARG ;; q) depth=$OPTARG ;; n) pairs=$OPTARG ;;
     b) blocks=$OPTARG ;; B) build=$OPTARG ;;
-    *) sed -n '2,10p' "$0"; exit 2 ;;
+    *) sed -n '2,11p' "$0"; exit 2 ;;
   esac
 done
 probe=$build/tools/tiermem-probe bench=$build/bench/tiermem_io_bench
@@ -63,13 +64,22 @@ printf "%-6s %-6s %12s %12s %12s %9s %9s\n" block dir "probe GB/s" "runtime GB/s
   "probe/fio" "rt/fio"
 for bs in $blocks; do
   for f in pw pr rw rr fw fr; do : >"$work/$f"; done
-  for ((i = 0; i < pairs; i++)); do
+  run_tiermem() {
     read -r w r < <(probe_gbps "$bs"); echo "$w" >>"$work/pw"; echo "$r" >>"$work/pr"
     read -r w r < <(runtime_gbps "$bs"); echo "$w" >>"$work/rw"; echo "$r" >>"$work/rr"
-    # A fresh file each pair, as tiermem's swap files are fresh each run.
+  }
+  run_fio() {
+    # A fresh file each time, as tiermem's swap files are fresh each run; its first write (into
+    # fallocated, unwritten extents) is discarded, as the probe's median discards its first.
     rm -f "$work/fio.dat"
+    fio_gbps write "$bs" >/dev/null
     fio_gbps write "$bs" >>"$work/fw"
     fio_gbps read "$bs" >>"$work/fr"
+  }
+  # Each side goes first in every other pair: on a virtual disk the host's writeback of one
+  # run's writes slows the next run.
+  for ((i = 0; i < pairs; i++)); do
+    if ((i % 2 == 0)); then run_tiermem; run_fio; else run_fio; run_tiermem; fi
   done
   for d in write read; do
     x=${d:0:1}

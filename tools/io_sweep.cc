@@ -89,15 +89,16 @@ absl::StatusOr<IoPoint> IoSweep::Measure(uint32_t block_size, uint32_t queue_dep
     if (auto s = engine->Run(rs); !s.ok()) return s;
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
+  // Write then read, in turns: each read follows one write, as a fio write job then a read job
+  // would, rather than several writes whose writeback (on a virtual disk, the host's) slows the
+  // reads after them.
   std::vector<double> w, r;
   for (int i = 0; i < repeats; ++i) {
     auto t = timed(writes);
     if (!t.ok()) return t.status();
     w.push_back(*t);
-  }
-  for (int i = 0; i < repeats; ++i) {
     if (i == repeats - 1) std::memset(dst_->data(), 0, bytes_);  // the checked read
-    auto t = timed(reads);
+    t = timed(reads);
     if (!t.ok()) return t.status();
     r.push_back(*t);
   }

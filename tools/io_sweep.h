@@ -31,8 +31,8 @@ class IoSweep {
   // `bytes` (2 MiB pages where the kernel gives them, like the DRAM tier).
   static absl::StatusOr<std::unique_ptr<IoSweep>> Create(const std::vector<std::string>& dirs,
                                                          uint64_t bytes, IoEngineKind engine);
-  // Writes the buffer `repeats` times and reads it back `repeats` times; the data read last is
-  // compared with what was written. InvalidArgument for a block size below the files' O_DIRECT
+  // Writes the buffer and reads it back, `repeats` times in turn; the data read last is compared
+  // with what was written. InvalidArgument for a block size below the files' O_DIRECT
   // alignment or one that does not divide the bytes per file.
   absl::StatusOr<IoPoint> Measure(uint32_t block_size, uint32_t queue_depth, uint32_t threads,
                                   int repeats);
