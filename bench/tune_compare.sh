@@ -5,7 +5,7 @@
 #   step_bench              the emulated ZeRO-Infinity step (I/O settings and prefetch depth)
 #   bench/tune_compare.sh [-d DIR] [-s SIZE] [-n PAIRS] [-t BUDGET_SECONDS] [-B BUILD_DIR]
 set -euo pipefail
-dir=/var/tmp size=1G pairs=5 budget=60
+dir=/var/tmp size=1G pairs=7 budget=60
 build=$(cd "$(dirname "$0")/.." && pwd)/build
 while getopts "d:s:n:t:B:h" o; do
   case $o in
@@ -27,26 +27,43 @@ echo "== tiermem-probe --tune (budget ${budget} s)"
 grep '^export' "$work/tuned.env"
 
 median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+# tiermem_io_bench's three write / read lines -> "write read" GB/s, medians (the first write of a
+# run goes to fresh, unwritten extents; the median is an overwrite, as fio's figure is)
+median3() {
+  awk '/^write/ {w[++nw]=$2/1e9} /^read/ {r[++nr]=$2/1e9}
+       function mid(a, n,   i, j, t) {
+         for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] < a[i]) {t=a[i]; a[i]=a[j]; a[j]=t}
+         return a[int((n + 1) / 2)]
+       }
+       END {printf "%.4f %.4f\n", mid(w, nw), mid(r, nr)}'
+}
 io() {  # [env file] -> "write read" GB/s
-  env ${1:+TIERMEM_ENV_FILE=$1} "$build/bench/tiermem_io_bench" "$size" 1 |
-    awk '/^write/ {w=$2/1e9} /^read/ {r=$2/1e9} END {printf "%.4f %.4f\n", w, r}'
+  env ${1:+TIERMEM_ENV_FILE=$1} "$build/bench/tiermem_io_bench" "$size" 3 | median3
 }
 step() {  # [env file] -> step ms at the configured prefetch depth
   env ${1:+TIERMEM_ENV_FILE=$1} "$build/bench/step_bench" --depths config --steps 5 |
     awk 'f {print $2; exit} /^ *depth/ {f=1}'
 }
 for f in dw dr tw tr ds ts; do : >"$work/$f"; done
+run() {  # d|t
+  local file=""
+  [ "$1" = t ] && file=$work/tuned.env
+  read -r w r < <(io "$file"); echo "$w" >>"$work/${1}w"; echo "$r" >>"$work/${1}r"
+  step "$file" >>"$work/${1}s"
+}
+# Each side goes first in every other pair.
 for ((i = 0; i < pairs; i++)); do
-  read -r w r < <(io); echo "$w" >>"$work/dw"; echo "$r" >>"$work/dr"
-  read -r w r < <(io "$work/tuned.env"); echo "$w" >>"$work/tw"; echo "$r" >>"$work/tr"
-  step >>"$work/ds"
-  step "$work/tuned.env" >>"$work/ts"
+  if ((i % 2 == 0)); then run d; run t; else run t; run d; fi
 done
 printf "\n%d interleaved pairs, working set %s, directory %s\n" "$pairs" "$size" "$dir"
-printf "%-28s %12s %12s %8s\n" benchmark defaults tuned "tuned/def"
+printf "%-28s %12s %12s %10s\n" benchmark defaults tuned "tuned/def"
 for k in w:"io write GB/s" r:"io read GB/s"; do
   d=$(median <"$work/d${k%%:*}") t=$(median <"$work/t${k%%:*}")
-  awk -v n="${k#*:}" -v d="$d" -v t="$t" 'BEGIN {printf "%-28s %12.2f %12.2f %8.3f\n", n, d, t, t / d}'
+  awk -v n="${k#*:}" -v d="$d" -v t="$t" 'BEGIN {printf "%-28s %12.2f %12.2f %10.3f\n", n, d, t, t / d}'
 done
+# Both directions: bytes over time of a write plus a read, per pair, then the median.
+both() { paste "$work/${1}w" "$work/${1}r" | awk '{print 2 / (1 / $1 + 1 / $2)}' | median; }
+d=$(both d) t=$(both t)
+awk -v d="$d" -v t="$t" 'BEGIN {printf "%-28s %12.2f %12.2f %10.3f\n", "io write+read GB/s", d, t, t / d}'
 d=$(median <"$work/ds") t=$(median <"$work/ts")
-awk -v d="$d" -v t="$t" 'BEGIN {printf "%-28s %12.1f %12.1f %8.3f  (speed: default ms / tuned ms)\n", "step_bench step ms", d, t, d / t}'
+awk -v d="$d" -v t="$t" 'BEGIN {printf "%-28s %12.1f %12.1f %10.3f  (default ms / tuned ms)\n", "step_bench step ms", d, t, d / t}'

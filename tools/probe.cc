@@ -440,6 +440,10 @@ void PrintTune(const TuneResult& r, const std::string& file) {
   std::printf("  prefetch  step workload, %.2f ms compute per forward layer:", r.compute_ms);
   for (const auto& [d, sec] : r.depth_tried) std::printf(" depth %u %.1f ms;", d, sec * 1e3);
   std::printf(" chosen %u (default %u)\n", r.depth_tuned, r.depth_default);
+  if (r.depth_rejected != 0) {
+    std::printf("  prefetch  depth %u looked faster but lost a recheck against %u\n",
+                r.depth_rejected, r.depth_default);
+  }
   std::printf("  wrote     %s\n  use it    export TIERMEM_ENV_FILE=%s\n", file.c_str(), file.c_str());
 }
 
@@ -562,10 +566,11 @@ void PrintJson(Runtime& rt, const Findings& f) {
     std::printf(",\n  \"tune\": {\"file\": \"%s\", \"seconds\": %.3f, \"budget_exhausted\": %s, "
                 "\"engine\": \"%s\",\n    \"io_default\": %s,\n    \"io_tuned\": %s,\n"
                 "    \"io_kept_default\": %s, \"compute_ms\": %.4f, \"prefetch_depth_default\": %u, "
-                "\"prefetch_depth\": %u,\n    \"io_tried\": [",
+                "\"prefetch_depth\": %u, \"prefetch_depth_rejected\": %u,\n    \"io_tried\": [",
                 JsonEscape(f.tune_file).c_str(), r.seconds, r.budget_exhausted ? "true" : "false",
                 r.engine.c_str(), JsonPoint(r.io_default).c_str(), JsonPoint(r.io_tuned).c_str(),
-                r.io_kept_default ? "true" : "false", r.compute_ms, r.depth_default, r.depth_tuned);
+                r.io_kept_default ? "true" : "false", r.compute_ms, r.depth_default, r.depth_tuned,
+                r.depth_rejected);
     for (size_t i = 0; i < r.io_tried.size(); ++i) {
       std::printf("%s\n      %s", i ? "," : "", JsonPoint(r.io_tried[i]).c_str());
     }

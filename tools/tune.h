@@ -25,6 +25,7 @@ struct TuneResult {
   std::vector<IoPoint> io_tried;       // every point of the search, in order
   bool io_kept_default = false;        // the search found nothing better than the defaults
   uint32_t depth_default = 0, depth_tuned = 0;
+  uint32_t depth_rejected = 0;         // a depth that looked faster but lost the recheck; 0: none
   double compute_ms = 0;               // per forward layer of the step workload
   std::vector<std::pair<uint32_t, double>> depth_tried;  // depth, step seconds
   bool budget_exhausted = false;       // a stage stopped early for the budget
@@ -36,7 +37,8 @@ using ProgressFn = std::function<void(const std::string&)>;
 // Searches from `base` (the effective configuration): block size, then queue depth, then I/O
 // threads, coordinate by coordinate, each measured on raw swap files in base's NVMe paths; then
 // the prefetch depth on an emulated training step through the runtime with the I/O settings
-// found. A candidate replaces the current value only when it is at least 3% faster. Last, the
+// found. A candidate replaces the current value only when it is at least 3% faster (a prefetch
+// depth must then be 3% faster again in two interleaved rechecks). Last, the
 // tuned and the default I/O settings are measured interleaved; the defaults are kept unless the
 // tuned ones are faster.
 absl::StatusOr<TuneResult> Tune(const Config& base, const TuneOptions& options,
