@@ -709,6 +709,16 @@ int Main(int argc, char** argv) {
       return Fail(Error(TM_ERR_IO, absl::StrFormat("cannot write %s: %s", f.tune_file,
                                                    std::strerror(errno))));
     }
+    // The file must load as the runtime will load it.
+    const std::string written = f.tune_file;
+    auto check = LoadConfig(
+        {},
+        [&written](const char* name) -> std::optional<std::string> {
+          if (std::string_view(name) == "TIERMEM_ENV_FILE") return written;
+          return std::nullopt;
+        },
+        {});
+    if (!check.ok()) return Fail(Error(TM_ERR_INTERNAL, check.status().message()));
     for (const char* v : {"TIERMEM_IO_BLOCK_SIZE", "TIERMEM_IO_QUEUE_DEPTH", "TIERMEM_IO_THREADS",
                           "TIERMEM_PREFETCH_DEPTH"}) {
       if (std::getenv(v) != nullptr) {
