@@ -1,6 +1,7 @@
 // io/ on its own: swap files (unnamed, 0600, reserved, aligned), the striping map, and both
 // engines moving bytes exactly, with odd pieces and many pieces in flight.
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,8 @@
 #include <cstdlib>
 #include <set>
 #include <tuple>
+#include <vector>
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -120,6 +123,36 @@ TEST_P(Engines, ManyPiecesExactBytes) {
   EXPECT_EQ(std::memcmp(in, data.data(), n), 0);
   std::free(out);
   std::free(in);
+}
+
+// A file system that refuses O_DIRECT (ramfs has no direct I/O): the swap file falls back to
+// buffered I/O, says so, and unaligned buffers, offsets and lengths work through both engines.
+TEST_P(Engines, BufferedWhereODirectIsRefused) {
+  auto engine = Make(64 << 10, 4);
+  if (engine == nullptr) GTEST_SKIP() << "io_uring is unavailable here";
+  TempDir mnt;
+  if (mount("tiermem-test", mnt.path().c_str(), "ramfs", 0, nullptr) != 0) {
+    GTEST_SKIP() << "cannot mount a ramfs here (" << std::strerror(errno)
+                 << "): needs root and mount permission";
+  }
+  {
+    auto f = io::SwapFile::Create(mnt.path(), 4 << 20);
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_FALSE((*f)->direct());
+    EXPECT_EQ((*f)->alignment(), 1u);
+    EXPECT_EQ((*f)->alignment_source(), "buffered");
+    EXPECT_EQ(fcntl((*f)->fd(), F_GETFL) & O_DIRECT, 0);
+    const uint64_t n = (1 << 20) + 7;
+    auto data = RandomBytes(n, 9);
+    std::vector<char> back(n + 3);
+    io::IoRequest w{(*f)->fd(), 5, data.data(), n, true, (*f)->alignment(), "ramfs"};
+    ASSERT_TRUE(engine->Run({&w, 1}).ok());
+    io::IoRequest r{(*f)->fd(), 5, back.data() + 3, n, false, (*f)->alignment(), "ramfs"};
+    ASSERT_TRUE(engine->Run({&r, 1}).ok());
+    EXPECT_EQ(std::memcmp(back.data() + 3, data.data(), n), 0);
+  }
+  // Detached: a closed io_uring ring drops its registered files asynchronously.
+  EXPECT_EQ(umount2(mnt.path().c_str(), MNT_DETACH), 0) << std::strerror(errno);
 }
 
 TEST_P(Engines, ErrorsNameTheFile) {
