@@ -6,6 +6,7 @@
 
 #include "json_check.h"
 #include "lib/config.h"
+#include "tools/json.h"
 #include "tiermem/tiermem.h"
 #include "test_util.h"
 
@@ -75,6 +76,34 @@ TEST(Probe, SweepsEachPathAndStriped) {
         "{\"target\": \"" + b.path() + "\", \"paths\": [\"" + b.path() + "\"]",
         "{\"target\": \"striped\", \"paths\": [\"" + a.path() + "\", \"" + b.path() + "\"]"}) {
     EXPECT_NE(out.find(key), std::string::npos) << "missing " << key << " in\n" << out;
+  }
+}
+
+// Above two paths, each path alone is swept at the configured block size only, unless
+// --sweep-full; the striped sweep always gets the whole grid.
+TEST(Probe, ManyPathsSweepEachAloneAtTheConfiguredBlock) {
+  testing::TempDir a, b, c;
+  const std::string paths = a.path() + ":" + b.path() + ":" + c.path();
+  const std::string flags = "--json --no-demo --bench-bytes 8MiB --repeats 1 --sweep-bytes 6MiB "
+                            "--sweep-blocks 256KiB,1MiB --sweep-depths 2";
+  const std::string out = Capture(SmallProbe(paths, flags));
+  ASSERT_TRUE(testing::Json(out).Valid()) << out;
+  auto parsed = ParseJson(out);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const auto& targets = parsed->Find("io_sweep")->array();
+  ASSERT_EQ(targets.size(), 4u);
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& points = targets[i].Find("points")->array();
+    ASSERT_EQ(points.size(), 1u) << targets[i].Find("target")->string();
+    EXPECT_EQ(points[0].Find("block_size")->number(), 1 << 20);  // TIERMEM_IO_BLOCK_SIZE
+  }
+  EXPECT_EQ(targets[3].Find("target")->string(), "striped");
+  EXPECT_EQ(targets[3].Find("points")->array().size(), 2u);
+  const std::string full = Capture(SmallProbe(paths, flags + " --sweep-full"));
+  parsed = ParseJson(full);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  for (const auto& t : parsed->Find("io_sweep")->array()) {
+    EXPECT_EQ(t.Find("points")->array().size(), 2u) << t.Find("target")->string();
   }
 }
 

@@ -36,7 +36,7 @@ void Usage() {
   std::printf(
       "usage: tiermem-probe [--config] [--json] [--no-bench] [--no-sweep] [--no-demo] [--sweep-only]\n"
       "                     [--bench-bytes SIZE] [--sweep-bytes SIZE] [--sweep-blocks LIST]\n"
-      "                     [--sweep-depths LIST] [--repeats N]\n"
+      "                     [--sweep-depths LIST] [--sweep-full] [--repeats N]\n"
       "       tiermem-probe --tune [--tune-budget SECONDS] [--tune-out FILE] [--tune-bytes SIZE]\n"
       "                     [--json]\n"
       "  --config             print every effective setting and where it came from, then exit\n"
@@ -49,6 +49,8 @@ void Usage() {
       "  --sweep-bytes SIZE   bytes per sweep run, over all paths (default 256MiB)\n"
       "  --sweep-blocks LIST  block sizes of the sweep (default 128KiB,256KiB,1MiB,4MiB)\n"
       "  --sweep-depths LIST  queue depths of the sweep (default 1,4,16,32,64)\n"
+      "  --sweep-full         the whole grid on each NVMe path alone, however many (default:\n"
+      "                       with over 2 paths, each alone at the configured block size only)\n"
       "  --repeats N          timed copies per HBM measurement, median taken (default 5)\n"
       "  --tune               search I/O block size, queue depth, threads and prefetch depth;\n"
       "                       write them to an env file for TIERMEM_ENV_FILE\n"
@@ -353,6 +355,8 @@ int Main(int argc, char** argv) {
       bench = false;
     } else if (a == "--no-sweep") {
       sweep = false;
+    } else if (a == "--sweep-full") {
+      so.full_per_path = true;
     } else if (a == "--sweep-only") {
       sweep_only = true;
       demo = false;

@@ -248,18 +248,24 @@ absl::StatusOr<std::vector<SweepTarget>> Sweep(const Config& c, const SweepOptio
     for (const auto& p : c.nvme_paths) targets.push_back({p, {p}, "", 0, {}});
   }
   targets.push_back({c.nvme_paths.size() > 1 ? "striped" : c.nvme_paths[0], c.nvme_paths, "", 0, {}});
+  // With many paths, a full grid on each alone would take minutes: each path alone is swept
+  // over the depths at the configured block size, unless asked for in full.
+  const bool per_path_full = o.full_per_path || c.nvme_paths.size() <= kFullGridPaths;
   for (SweepTarget& t : targets) {
+    const bool alone = t.paths.size() == 1 && c.nvme_paths.size() > 1;
+    const std::vector<uint32_t> blocks =
+        alone && !per_path_full ? std::vector<uint32_t>{c.io_block_size} : o.blocks;
     // Whole stripes of the largest block on every path.
-    const uint64_t unit = *std::max_element(o.blocks.begin(), o.blocks.end()) * t.paths.size();
+    const uint64_t unit = *std::max_element(blocks.begin(), blocks.end()) * t.paths.size();
     const uint64_t bytes = std::max<uint64_t>(o.bytes / unit, 1) * unit;
     auto s = IoSweep::Create(t.paths, bytes, c.io_engine);
     if (!s.ok()) return s.status();
     t.bytes = bytes;
     size_t done = 0;
-    for (uint32_t b : o.blocks) {
+    for (uint32_t b : blocks) {
       for (uint32_t q : o.depths) {
         Progress(absl::StrFormat("nvme sweep %s: block %s, queue depth %u (%zu of %zu)", t.name,
-                                 HumanBytes(b), q, ++done, o.blocks.size() * o.depths.size()));
+                                 HumanBytes(b), q, ++done, blocks.size() * o.depths.size()));
         auto p = (*s)->Measure(b, q, c.io_threads, 3);
         if (absl::IsInvalidArgument(p.status())) continue;  // below the O_DIRECT alignment
         if (!p.ok()) return p.status();

@@ -43,9 +43,13 @@ struct SweepOptions {
   uint64_t bytes = 256ull << 20;
   std::vector<uint32_t> blocks = {128u << 10, 256u << 10, 1u << 20, 4u << 20};
   std::vector<uint32_t> depths = {1, 4, 16, 32, 64};
+  bool full_per_path = false;  // the whole grid on each path alone, however many there are
 };
-// Each path alone when there are several, then all of them (the last target); block sizes
-// below a path's O_DIRECT alignment are left out.
+// Up to this many paths, each path alone gets the whole grid by default.
+inline constexpr size_t kFullGridPaths = 2;
+// Each path alone when there are several (above kFullGridPaths paths: only at the configured
+// block size, unless full_per_path), then all of them striped with the whole grid (the last
+// target); block sizes below a path's O_DIRECT alignment are left out.
 absl::StatusOr<std::vector<SweepTarget>> Sweep(const Config& c, const SweepOptions& o);
 // The point moving the most bytes per second over both directions; nullptr when none ran.
 const IoPoint* Best(const SweepTarget& t);
