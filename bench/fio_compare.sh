@@ -42,17 +42,8 @@ if [ -w "$hugepages" ] && echo $((saved_huge + need)) >"$hugepages" 2>/dev/null 
   iomem=shmhuge
 fi
 
-median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
-# tiermem_io_bench's three write / read lines -> "write read" GB/s, medians (the first write of a
-# run goes to fresh, unwritten extents; the median is an overwrite, as fio's figure is)
-median3() {
-  awk '/^write/ {w[++nw]=$2/1e9} /^read/ {r[++nr]=$2/1e9}
-       function mid(a, n,   i, j, t) {
-         for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] < a[i]) {t=a[i]; a[i]=a[j]; a[j]=t}
-         return a[int((n + 1) / 2)]
-       }
-       END {printf "%.4f %.4f\n", mid(w, nw), mid(r, nr)}'
-}
+# shellcheck source=bench/medians.sh
+source "$(dirname "$0")/medians.sh"
 fio_gbps() {  # rw bs -> GB/s
   fio --name=ref --filename="$work/fio.dat" --ioengine=io_uring --direct=1 --fixedbufs \
     --registerfiles --iomem="$iomem" --rw="$1" --bs="$2" --iodepth="$depth" --size="$size" \
@@ -64,7 +55,7 @@ probe_gbps() {  # bs -> "write read" GB/s: the sweep's one point
     grep -m1 '"write_gbps"' | sed 's/.*"write_gbps": \([0-9.]*\), "read_gbps": \([0-9.]*\)}.*/\1 \2/'
 }
 runtime_gbps() {  # bs -> "write read" GB/s
-  TIERMEM_IO_BLOCK_SIZE=$1 "$bench" "$size" 3 | median3
+  TIERMEM_IO_BLOCK_SIZE=$1 "$bench" "$size" 3 | io_bench_medians
 }
 
 printf "tiermem vs fio: %s, queue depth %s, %s pairs, directory %s, fio buffers %s\n" \

@@ -26,19 +26,10 @@ echo "== tiermem-probe --tune (budget ${budget} s)"
   sed -n '/^tune/,$p'
 grep '^export' "$work/tuned.env"
 
-median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
-# tiermem_io_bench's three write / read lines -> "write read" GB/s, medians (the first write of a
-# run goes to fresh, unwritten extents; the median is an overwrite, as fio's figure is)
-median3() {
-  awk '/^write/ {w[++nw]=$2/1e9} /^read/ {r[++nr]=$2/1e9}
-       function mid(a, n,   i, j, t) {
-         for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] < a[i]) {t=a[i]; a[i]=a[j]; a[j]=t}
-         return a[int((n + 1) / 2)]
-       }
-       END {printf "%.4f %.4f\n", mid(w, nw), mid(r, nr)}'
-}
+# shellcheck source=bench/medians.sh
+source "$(dirname "$0")/medians.sh"
 io() {  # [env file] -> "write read" GB/s
-  env ${1:+TIERMEM_ENV_FILE=$1} "$build/bench/tiermem_io_bench" "$size" 3 | median3
+  env ${1:+TIERMEM_ENV_FILE=$1} "$build/bench/tiermem_io_bench" "$size" 3 | io_bench_medians
 }
 step() {  # [env file] -> step ms at the configured prefetch depth
   env ${1:+TIERMEM_ENV_FILE=$1} "$build/bench/step_bench" --depths config --steps 5 |
