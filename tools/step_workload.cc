@@ -62,22 +62,23 @@ absl::StatusOr<StepResult> RunSteps(Runtime& rt, const StepWorkload& w) {
   std::vector<uint64_t> params, acts;
   absl::Status st;
   std::vector<char> init(w.param_bytes, 7);
+  // Creates a tensor into `into`; on failure records the status.
+  auto create = [&](uint64_t bytes, tm_tensor_class cls, const std::string& name,
+                    std::vector<uint64_t>& into) {
+    auto h = rt.CreateTensor({bytes, cls, TM_TIER_BY_PLACEMENT, name});
+    if (!h.ok()) {
+      st = h.status();
+      return false;
+    }
+    into.push_back(*h);
+    return true;
+  };
   for (int l = 0; l < w.layers && st.ok(); ++l) {
-    auto p = rt.CreateTensor({w.param_bytes, TM_CLASS_PARAM, TM_TIER_BY_PLACEMENT,
-                              "param" + std::to_string(l)});
-    if (!p.ok()) {
-      st = p.status();
+    if (!create(w.param_bytes, TM_CLASS_PARAM, "param" + std::to_string(l), params) ||
+        !create(w.act_bytes, TM_CLASS_ACTIVATION, "act" + std::to_string(l), acts)) {
       break;
     }
-    params.push_back(*p);
-    auto a = rt.CreateTensor({w.act_bytes, TM_CLASS_ACTIVATION, TM_TIER_BY_PLACEMENT,
-                              "act" + std::to_string(l)});
-    if (!a.ok()) {
-      st = a.status();
-      break;
-    }
-    acts.push_back(*a);
-    st = rt.Write(*p, 0, init.data(), w.param_bytes);  // lands in its home tier
+    st = rt.Write(params.back(), 0, init.data(), w.param_bytes);  // lands in its home tier
   }
   std::vector<double> times;
   uint64_t nvme_after_first = 0;
