@@ -6,6 +6,7 @@
 #pragma once
 
 #include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
 
 #if defined(__SANITIZE_THREAD__)
 #include <condition_variable>
@@ -45,6 +46,14 @@ class CondVar {
     std::unique_lock<std::mutex> lock(m->m_, std::adopt_lock);
     cv_.wait(lock);
     lock.release();  // still held, by the caller
+  }
+  // Returns true on timeout, as absl::CondVar does.
+  bool WaitWithTimeout(Mutex* m, absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(m->m_, std::adopt_lock);
+    const bool timed_out =
+        cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout)) == std::cv_status::timeout;
+    lock.release();
+    return timed_out;
   }
   void Signal() { cv_.notify_one(); }
   void SignalAll() { cv_.notify_all(); }

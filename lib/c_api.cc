@@ -1,4 +1,6 @@
 // The extern "C" boundary: handles checked, statuses converted, no exception crosses it.
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -253,6 +255,42 @@ TM_API tm_status tm_runtime_stats(tm_runtime runtime, tm_stats* out) {
   });
 }
 
+TM_API tm_status tm_runtime_info(tm_runtime runtime, tm_info* out) {
+  if (out == nullptr) return NullArgument("tm_runtime_info", "out");
+  if (out->struct_size < offsetof(tm_info, cuda_device) || out->struct_size > (1u << 16)) {
+    return Fail(TM_ERR_INVALID_ARGUMENT,
+                absl::StrFormat("tm_info.struct_size is %zu: initialize it with TM_INFO_INIT",
+                                out->struct_size));
+  }
+  return WithRuntime(runtime, [&](Runtime& rt) {
+    const RuntimeInfo& info = rt.info();
+    const Config& c = rt.config();
+    tm_info r = TM_INFO_INIT;
+    const bool cuda = info.device_kind == "cuda";
+    r.device = cuda ? TM_DEVICE_CUDA : TM_DEVICE_EMULATED;
+    r.cuda_device = cuda ? info.cuda_device : -1;
+    r.hbm_device_pointers = cuda ? 1 : 0;
+    r.io_engine = info.io_engine == "uring" ? TM_IO_ENGINE_URING : TM_IO_ENGINE_POSIX;
+    r.numa_node = info.numa_node;
+    for (int t = 0; t < TM_TIER_COUNT; ++t) r.tier_bytes[t] = info.tier_bytes[t];
+    r.io_block_size = c.io_block_size;
+    r.io_queue_depth = c.io_queue_depth;
+    r.io_threads = c.io_threads;
+    r.nvme_paths = static_cast<uint32_t>(info.nvme.size());
+    for (const auto& p : info.nvme) r.nvme_alignment = std::max(r.nvme_alignment, p.alignment);
+    r.prefetch_depth = static_cast<int32_t>(c.prefetch_depth);
+    r.prefetch_bytes = info.prefetch_bytes;
+    r.placement = static_cast<tm_placement>(static_cast<int>(c.placement) + TM_PLACEMENT_NONE);
+    const size_t n = std::min(info.device.size(), sizeof r.device_name - 1);
+    std::memcpy(r.device_name, info.device.data(), n);
+    r.device_name[n] = '\0';
+    const size_t keep = out->struct_size;
+    std::memcpy(out, &r, std::min(keep, sizeof r));
+    out->struct_size = keep;
+    return absl::OkStatus();
+  });
+}
+
 TM_API tm_status tm_runtime_config_value(tm_runtime runtime, const char* name, char* buf,
                                          size_t buf_size, size_t* needed) {
   if (name == nullptr) return NullArgument("tm_runtime_config_value", "name");
@@ -367,7 +405,7 @@ TM_API tm_status tm_schedule_set(tm_runtime runtime, const tm_tensor* tensors,
                                  const tm_tier* tiers, size_t count) {
   if (tensors == nullptr && count > 0) return NullArgument("tm_schedule_set", "tensors");
   return WithRuntime(runtime, [&](Runtime& rt) {
-    std::vector<Schedule::Use> uses(count);
+    std::vector<Runtime::ScheduledUse> uses(count);
     for (size_t i = 0; i < count; ++i) {
       uses[i] = {tensors[i].bits, tiers != nullptr ? tiers[i] : TM_TIER_HBM};
     }

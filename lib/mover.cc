@@ -12,55 +12,7 @@ namespace tiermem {
 using io::CopyDirection;
 using io::CopyTicket;
 
-TierSpace& Mover::space(tm_tier tier) {
-  switch (tier) {
-    case TM_TIER_HBM: return hbm_.space();
-    case TM_TIER_DRAM: return dram_.space();
-    default: return nvme_.space();
-  }
-}
-
-char* Mover::Address(Tensor& t, tm_tier tier) {
-  MemoryTier& m = tier == TM_TIER_HBM ? hbm_ : dram_;
-  return m.Address(t.copy(tier).extent);
-}
-
-void Mover::Drop(Tensor& t, tm_tier tier) {
-  TensorCopy& c = t.copy(tier);
-  space(tier).Free(c.extent);
-  c.valid = false;
-}
-
-MovePlan Mover::Prepare(Tensor& t, tm_tier dst, const Extent& reserved) {
-  MovePlan p;
-  p.dst = dst;
-  p.bytes = t.bytes;
-  if (t.materialized()) {
-    // The nearest valid copy; on a tie, the faster tier.
-    for (int d = 1; d < TM_TIER_COUNT && p.src < 0; ++d) {
-      for (int cand : {static_cast<int>(dst) - d, static_cast<int>(dst) + d}) {
-        if (cand >= 0 && cand < TM_TIER_COUNT && t.copies[cand].valid) {
-          p.src = cand;
-          break;
-        }
-      }
-    }
-    const tm_tier src = static_cast<tm_tier>(p.src);
-    p.src_extent = t.copy(src).extent;
-    if (src != TM_TIER_NVME) p.src_addr = Address(t, src);
-  }
-  t.copy(dst).extent = reserved;
-  p.dst_extent = reserved;
-  if (dst != TM_TIER_NVME) p.dst_addr = Address(t, dst);
-  return p;
-}
-
-void Mover::Commit(Tensor& t, const MovePlan& p, const absl::Status& outcome) {
-  if (!outcome.ok()) {
-    Drop(t, p.dst);
-    return;
-  }
-  t.copy(p.dst).valid = true;
+void Mover::Count(const MovePlan& p) {
   if (p.src < 0) return;
   if (std::abs(p.src - static_cast<int>(p.dst)) == 2) {  // staged: both hops crossed a link
     moved_[p.src][TM_TIER_DRAM] += p.bytes;
@@ -71,10 +23,16 @@ void Mover::Commit(Tensor& t, const MovePlan& p, const absl::Status& outcome) {
 }
 
 absl::Status Mover::Io(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write) {
-  return Retag(io_.Run(nvme_.Requests(e, offset, buffer, n, write)), TM_ERR_IO);
+  return Retag(io_.Run(tiers_.nvme().Requests(e, offset, buffer, n, write)), TM_ERR_IO);
 }
 
 absl::Status Mover::Execute(const MovePlan& p, std::optional<CopyTicket>* pending) {
+  absl::Status s = ExecuteUncounted(p, pending);
+  if (s.ok()) Count(p);
+  return s;
+}
+
+absl::Status Mover::ExecuteUncounted(const MovePlan& p, std::optional<CopyTicket>* pending) {
   io::CopyEngine& copy = device_.copy_engine();
   if (p.src < 0) {  // zeros
     switch (p.dst) {

@@ -1,9 +1,9 @@
-// Moves: a tensor's copy made valid in a tier from the nearest valid copy, through engines
-// (HBM <-> DRAM by the copy engine, DRAM <-> NVMe by the I/O engine, HBM <-> NVMe chunk by chunk
-// through the staging pool, double-buffered). A move is prepared under the runtime's lock,
-// executed without it, and committed under it. Transactional: the destination becomes valid
-// only after every completion was checked, and a failure frees the destination and leaves every
-// valid copy as it was.
+// Moving bytes between tiers, through engines (HBM <-> DRAM by the copy engine, DRAM <-> NVMe by
+// the I/O engine, HBM <-> NVMe chunk by chunk through the staging pool, double-buffered). The
+// mover knows no tensor: the runtime prepares a MovePlan under its lock (source, destination,
+// extents, addresses), the mover executes it without the lock, and the runtime commits the
+// outcome to the tensor's copy states. A plan's outcome is only OK when every completion was
+// checked.
 #pragma once
 
 #include <array>
@@ -14,10 +14,8 @@
 #include "absl/status/statusor.h"
 #include "io/device.h"
 #include "io/io_engine.h"
-#include "lib/memory_tier.h"
-#include "lib/nvme_tier.h"
 #include "lib/staging_pool.h"
-#include "lib/tensor.h"
+#include "lib/tiers.h"
 
 namespace tiermem {
 
@@ -34,21 +32,13 @@ struct MovePlan {
 
 class Mover {
  public:
-  Mover(MemoryTier& hbm, MemoryTier& dram, NvmeTier& nvme, io::Device& device, io::IoEngine& io,
-        StagingPool& staging)
-      : hbm_(hbm), dram_(dram), nvme_(nvme), device_(device), io_(io), staging_(staging) {}
+  Mover(Tiers& tiers, io::Device& device, io::IoEngine& io, StagingPool& staging)
+      : tiers_(tiers), device_(device), io_(io), staging_(staging) {}
 
-  // Under the lock: picks the source; `reserved` (allocated in `dst` by the caller) becomes the
-  // destination. The tensor must not hold a valid copy in `dst`.
-  MovePlan Prepare(Tensor& t, tm_tier dst, const Extent& reserved);
-  // Without the lock. With a plan's stream and a device that has streams, a copy into HBM from
-  // DRAM is only enqueued: *pending receives its ticket, and the stream waits for it.
+  // With a plan's stream and a device that has streams, a copy into HBM from DRAM is only
+  // enqueued: *pending receives its ticket, and the stream waits for it. Counts the bytes moved
+  // when it succeeds.
   absl::Status Execute(const MovePlan& p, std::optional<io::CopyTicket>* pending);
-  // Under the lock: the destination becomes valid, or is freed after a failure.
-  void Commit(Tensor& t, const MovePlan& p, const absl::Status& outcome);
-
-  // Under the lock: frees t's copy in `tier`. The caller checks pins.
-  void Drop(Tensor& t, tm_tier tier);
 
   // Without the lock: host memory <-> an HBM or DRAM address.
   absl::Status CopyIn(tm_tier tier, char* addr, const void* src, uint64_t n);
@@ -64,8 +54,6 @@ class Mover {
   absl::Status WriteNvme(const Extent& old, const Extent& fresh, uint64_t bytes, uint64_t offset,
                          const void* src, uint64_t n);
 
-  char* Address(Tensor& t, tm_tier tier);
-  TierSpace& space(tm_tier tier);
   io::CopyEngine& copy_engine() { return device_.copy_engine(); }
 
   // Bytes moved between tiers, [from][to]; a staged HBM <-> NVMe move counts both hops.
@@ -77,9 +65,10 @@ class Mover {
   absl::Status ZeroNvme(const Extent& dst, uint64_t bytes);
   absl::Status Io(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write);
 
-  MemoryTier& hbm_;
-  MemoryTier& dram_;
-  NvmeTier& nvme_;
+  absl::Status ExecuteUncounted(const MovePlan& p, std::optional<io::CopyTicket>* pending);
+  void Count(const MovePlan& p);
+
+  Tiers& tiers_;
   io::Device& device_;
   io::IoEngine& io_;
   StagingPool& staging_;

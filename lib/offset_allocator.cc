@@ -14,6 +14,7 @@ OffsetAllocator::OffsetAllocator(uint64_t capacity, uint64_t granule)
     uint32_t b = NewBlock();
     blocks_[b].offset = 0;
     blocks_[b].size = capacity_ / granule_;
+    first_ = b;
     InsertFree(b);
   }
 }
@@ -32,7 +33,7 @@ void OffsetAllocator::Mapping(uint64_t n, uint32_t& fl, uint32_t& sl) {
 }
 
 uint64_t OffsetAllocator::SearchSize(uint64_t bytes) const {
-  uint64_t n = (bytes + granule_ - 1) / granule_;
+  uint64_t n = bytes / granule_ + (bytes % granule_ != 0);
   if (n >= kSlCount) {
     int f = std::bit_width(n) - 1;
     uint64_t step = uint64_t{1} << (f - kSlBits);
@@ -100,7 +101,8 @@ uint32_t OffsetAllocator::FindFree(uint32_t fl, uint32_t sl) const {
 std::optional<OffsetAllocator::Allocation> OffsetAllocator::Allocate(uint64_t bytes,
                                                                      uint64_t alignment) {
   if (bytes == 0 || (alignment & (alignment - 1)) != 0) return std::nullopt;
-  const uint64_t n = (bytes + granule_ - 1) / granule_;
+  // Rounded without `bytes + granule - 1`, which wraps near 2^64.
+  const uint64_t n = bytes / granule_ + (bytes % granule_ != 0);
   const uint64_t align = alignment > granule_ ? alignment / granule_ : 1;
   if (n > capacity_ / granule_ || n + align - 1 < n) return std::nullopt;
   // Search one class up so that any block found fits without walking the list.
@@ -108,7 +110,21 @@ std::optional<OffsetAllocator::Allocation> OffsetAllocator::Allocate(uint64_t by
   uint32_t fl = 0, sl = 0;
   Mapping(search, fl, sl);
   uint32_t b = FindFree(fl, sl);
-  if (b == kNone) return std::nullopt;
+  if (b == kNone) {
+    // A block of at least n granules is in class(n) or above, and every class from the search
+    // class up is empty: walk the lists of the classes in between.
+    uint32_t lo_fl = 0, lo_sl = 0, hi_fl = 0, hi_sl = 0;
+    Mapping(n, lo_fl, lo_sl);
+    Mapping(search, hi_fl, hi_sl);
+    for (uint32_t f = lo_fl, s = lo_sl; b == kNone && (f < hi_fl || (f == hi_fl && s < hi_sl));) {
+      b = WalkClass(f, s, n, align);
+      if (++s == kSlCount) {
+        s = 0;
+        ++f;
+      }
+    }
+    if (b == kNone) return std::nullopt;
+  }
   RemoveFree(b);
 
   // Give the unaligned front back as its own free block.
@@ -121,6 +137,7 @@ std::optional<OffsetAllocator::Allocation> OffsetAllocator::Allocate(uint64_t by
     blocks_[front].prev_phys = blk.prev_phys;
     blocks_[front].next_phys = b;
     if (blk.prev_phys != kNone) blocks_[blk.prev_phys].next_phys = front;
+    if (first_ == b) first_ = front;
     blk.prev_phys = front;
     blk.offset += pad;
     blk.size -= pad;
@@ -164,6 +181,16 @@ void OffsetAllocator::Free(uint32_t b) {
     ReleaseBlock(nx);
   }
   InsertFree(b);
+}
+
+uint32_t OffsetAllocator::WalkClass(uint32_t fl, uint32_t sl, uint64_t n, uint64_t align) const {
+  if (fl >= kFlCount || sl >= kSlCount) return kNone;
+  for (uint32_t b = heads_[fl][sl]; b != kNone; b = blocks_[b].next_free) {
+    const Block& blk = blocks_[b];
+    const uint64_t start = (blk.offset + align - 1) / align * align;
+    if (start - blk.offset < blk.size && blk.size - (start - blk.offset) >= n) return b;
+  }
+  return kNone;
 }
 
 uint64_t OffsetAllocator::LargestFree() const {

@@ -24,9 +24,33 @@ class OffsetAllocator {
   OffsetAllocator(uint64_t capacity, uint64_t granule);
 
   // Reserves at least `bytes` (> 0) at an offset that is a multiple of `alignment` (a power of
-  // two; 0 means the granule). nullopt when no free block is large enough. A failure means no
-  // free block of size >= the request rounded up to its size class (plus alignment slack).
+  // two; 0 means the granule). nullopt only when no free block can hold the request: the O(1)
+  // good-fit search (one size class up) comes first, then the request's own class is walked, so
+  // that a hole which fits is always found (eviction relies on it: the window it frees must be
+  // usable).
   std::optional<Allocation> Allocate(uint64_t bytes, uint64_t alignment = 0);
+
+  // A block in address order, as ForEachBlock reports it.
+  struct Span {
+    uint64_t offset = 0;  // bytes
+    uint64_t size = 0;    // bytes
+    uint32_t block = kNone;
+    bool free = false;
+  };
+  // Calls f(const Span&) for every block, free or not, in address order.
+  template <typename F>
+  void ForEachBlock(F&& f) const {
+    for (uint32_t b = first_; b != kNone; b = blocks_[b].next_phys) {
+      const Block& blk = blocks_[b];
+      f(Span{blk.offset * granule_, blk.size * granule_, b, blk.free});
+    }
+  }
+  // Bytes that a request of `bytes` takes once rounded to the granule (0 when it cannot be
+  // represented).
+  uint64_t Rounded(uint64_t bytes) const {
+    const uint64_t n = bytes / granule_ + (bytes % granule_ != 0);
+    return n > capacity_ / granule_ ? 0 : n * granule_;
+  }
 
   // Returns a block. The handle must come from Allocate and not have been freed.
   void Free(uint32_t block);
@@ -62,6 +86,8 @@ class OffsetAllocator {
   void RemoveFree(uint32_t b);
   // First free block of size class >= (fl, sl), or kNone.
   uint32_t FindFree(uint32_t fl, uint32_t sl) const;
+  // A free block of class (fl, sl) that holds `n` granules aligned to `align`, or kNone.
+  uint32_t WalkClass(uint32_t fl, uint32_t sl, uint64_t n, uint64_t align) const;
 
   uint64_t capacity_;
   uint64_t granule_;
@@ -69,6 +95,7 @@ class OffsetAllocator {
   uint64_t peak_ = 0;  // granules
   std::vector<Block> blocks_;
   std::vector<uint32_t> spare_;  // unused indices of blocks_
+  uint32_t first_ = kNone;       // the block at offset 0
   uint64_t fl_bitmap_ = 0;       // bit f: some class (f, *) is non-empty
   std::array<uint32_t, kFlCount> sl_bitmap_{};
   std::array<std::array<uint32_t, kSlCount>, kFlCount> heads_;

@@ -5,9 +5,15 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <optional>
+#include <thread>
+#include <tuple>
+#include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "io/log.h"
@@ -33,15 +39,51 @@ absl::StatusOr<Tensor*> Runtime::Find(uint64_t handle) {
   return t;
 }
 
+Tensor* Runtime::FindKey(uint64_t key) {
+  auto it = keyed_.find(key);
+  return it == keyed_.end() ? nullptr : tensors_.Find(it->second);
+}
+
+// Marks a tensor busy by this thread for a scope; the lock is held at both ends.
+class BusyScope {
+ public:
+  BusyScope(Tensor& t, CondVar& changed) : t_(t), changed_(changed) {
+    t_.busy_by = std::this_thread::get_id();
+  }
+  ~BusyScope() {
+    t_.busy_by = std::thread::id{};
+    changed_.SignalAll();
+  }
+  BusyScope(const BusyScope&) = delete;
+  BusyScope& operator=(const BusyScope&) = delete;
+
+ private:
+  Tensor& t_;
+  CondVar& changed_;
+};
+
 template <typename F>
 absl::Status Runtime::Unlocked(Tensor& t, F&& f) {
-  t.busy = true;
+  BusyScope busy(t, changed_);
   mu_.Unlock();
   absl::Status s = f();
   mu_.Lock();
-  t.busy = false;
-  changed_.SignalAll();
   return s;
+}
+
+void Runtime::Land(Tensor& t) {
+  if (!t.landing.has_value()) return;
+  const io::CopyTicket ticket = *t.landing;
+  absl::Status s =
+      Unlocked(t, [&] { return Retag(mover_->copy_engine().Wait(ticket), TM_ERR_DEVICE); });
+  if (s.ok()) {
+    t.Landed(TM_TIER_HBM);
+    return;
+  }
+  // The stream-ordered copy failed: that HBM copy never became what it claimed.
+  FreeCopy(t, TM_TIER_HBM);
+  RecordFailure(t, WithContext(s, absl::StrFormat("stream-ordered copy of tensor \"%s\" to hbm",
+                                                  t.name)));
 }
 
 absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle) {
@@ -49,43 +91,110 @@ absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle) {
     auto t = Find(handle);  // again after every wait: it may have been destroyed meanwhile
     if (!t.ok()) return t.status();
     Tensor& tensor = **t;
-    if (tensor.busy) {
+    if (tensor.busy()) {
       changed_.Wait(&mu_);
       continue;
     }
-    if (tensor.pending.has_value()) {
-      io::CopyTicket ticket = *tensor.pending;
-      tensor.pending.reset();
-      absl::Status s =
-          Unlocked(tensor, [&] { return Retag(mover_->copy_engine().Wait(ticket), TM_ERR_DEVICE); });
-      if (!s.ok()) {
-        // The stream-ordered copy failed: that HBM copy never became what it claimed.
-        mover_->Drop(tensor, TM_TIER_HBM);
-        if (tensor.error.ok()) tensor.error = s;
-      }
+    if (tensor.landing.has_value()) {
+      Land(tensor);
       continue;
     }
     return &tensor;
   }
 }
 
-absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, void* stream, uint64_t horizon) {
-  if (t.copy(dst).valid) return absl::OkStatus();
+void Runtime::EnterRoom() {
+  const std::thread::id me = std::this_thread::get_id();
+  while (room_depth_ > 0 && room_owner_ != me) changed_.Wait(&mu_);
+  room_owner_ = me;
+  ++room_depth_;
+}
+
+void Runtime::LeaveRoom() {
+  if (--room_depth_ == 0) {
+    room_owner_ = std::thread::id{};
+    changed_.SignalAll();
+  }
+}
+
+// Holds the room token for a scope (or until Leave).
+class Runtime::RoomScope {
+ public:
+  explicit RoomScope(Runtime& rt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rt.mu_) : rt_(rt) {
+    rt_.EnterRoom();
+  }
+  ~RoomScope() ABSL_NO_THREAD_SAFETY_ANALYSIS { Leave(); }
+  void Leave() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (held_) rt_.LeaveRoom();
+    held_ = false;
+  }
+  RoomScope(const RoomScope&) = delete;
+  RoomScope& operator=(const RoomScope&) = delete;
+
+ private:
+  Runtime& rt_;
+  bool held_ = true;
+};
+
+void Runtime::FreeCopy(Tensor& t, tm_tier tier) {
+  Extent e = t.Drop(tier);
+  tiers_->space(tier).Free(e);
+}
+
+void Runtime::RecordFailure(const Tensor& t, absl::Status s) {
+  ++counters_.moves_failed;
+  failures_.push_back(Failure{t.handle, t.name, std::move(s)});
+}
+
+absl::Status Runtime::TakeFailures(uint64_t handle) {
+  absl::Status first;
+  int failed = 0;
+  std::erase_if(failures_, [&](Failure& f) {
+    if (handle != 0 && f.handle != handle) return false;
+    if (failed++ == 0) first = std::move(f.status);
+    return true;
+  });
+  if (failed > 1) {
+    return WithContext(first, absl::StrFormat("%d asynchronous moves failed; the first", failed));
+  }
+  return first;
+}
+
+absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, void* stream, Want want, DropReason* why) {
+  if (t.copy(dst).valid()) return absl::OkStatus();
   if (int w = t.writing_tier(); w >= 0) {
     // Copying bytes that a writer is changing would make a torn copy look valid.
+    if (why != nullptr) *why = DropReason::kSuperseded;
     return Error(TM_ERR_BUSY, absl::StrFormat("tensor \"%s\" is acquired for writing in %s",
                                               t.name, tm_tier_name(static_cast<tm_tier>(w))));
   }
-  t.busy = true;  // for the whole move: eviction below may release the lock too
-  auto finish = [&](absl::Status s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    t.busy = false;
-    changed_.SignalAll();
-    return s;
-  };
-  auto extent = Allocate(t, dst, horizon);
-  if (!extent.ok()) return finish(extent.status());
-  MovePlan plan = mover_->Prepare(t, dst, *extent);
+  BusyScope busy(t, changed_);  // for the whole move: eviction below may release the lock too
+  auto extent = Allocate(t, dst, want, why);
+  if (!extent.ok()) return extent.status();
+
+  // Prepare: the nearest valid copy is the source (on a tie, the faster tier).
+  MovePlan plan;
+  plan.dst = dst;
+  plan.bytes = t.bytes;
   plan.stream = stream;
+  if (t.materialized()) {
+    for (int d = 1; d < TM_TIER_COUNT && plan.src < 0; ++d) {
+      for (int cand : {static_cast<int>(dst) - d, static_cast<int>(dst) + d}) {
+        if (cand >= 0 && cand < TM_TIER_COUNT && t.copies[cand].valid()) {
+          plan.src = cand;
+          break;
+        }
+      }
+    }
+    const tm_tier src = static_cast<tm_tier>(plan.src);
+    plan.src_extent = t.copy(src).extent;
+    if (src != TM_TIER_NVME) plan.src_addr = tiers_->Address(src, plan.src_extent);
+  }
+  t.BeginFill(dst, *extent);
+  plan.dst_extent = *extent;
+  if (dst != TM_TIER_NVME) plan.dst_addr = tiers_->Address(dst, *extent);
+
+  // Execute without the lock.
   std::optional<io::CopyTicket> pending;
   mu_.Unlock();
   const Trace::Clock::time_point start = Trace::Clock::now();
@@ -98,13 +207,16 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, void* stream, uint64_t h
     trace_->Add(kTrack[plan.src][dst], t.name, start, Trace::Clock::now(), plan.bytes);
   }
   mu_.Lock();
-  mover_->Commit(t, plan, s);
-  if (s.ok() && pending.has_value()) t.pending = pending;
+
+  // Commit: the destination becomes valid only now; a failure frees it and leaves the rest.
   if (!s.ok()) {
-    s = WithContext(s, absl::StrFormat("moving tensor \"%s\" (%s) to %s", t.name,
-                                       HumanBytes(t.bytes), tm_tier_name(dst)));
+    FreeCopy(t, dst);
+    return WithContext(s, absl::StrFormat("moving tensor \"%s\" (%s) to %s", t.name,
+                                          HumanBytes(t.bytes), tm_tier_name(dst)));
   }
-  return finish(s);
+  t.EndFill(dst);
+  if (pending.has_value()) t.Land(dst, *pending);
+  return absl::OkStatus();
 }
 
 absl::Status Runtime::CheckOthersUnpinned(const Tensor& t, int keep) const {
@@ -130,7 +242,7 @@ absl::Status Runtime::CheckAboveUnpinned(const Tensor& t, tm_tier tier) const {
 
 void Runtime::DropOthers(Tensor& t, tm_tier keep) {
   for (int i = 0; i < TM_TIER_COUNT; ++i) {
-    if (i != keep) mover_->Drop(t, static_cast<tm_tier>(i));
+    if (i != keep) FreeCopy(t, static_cast<tm_tier>(i));
   }
 }
 
@@ -154,7 +266,17 @@ absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
   raw->handle = handle;
   raw->name = desc.name.empty() ? absl::StrFormat("tensor-%08x", static_cast<uint32_t>(handle >> 32))
                                 : desc.name;
+  raw->key = KeyFor(desc, handle);
+  keyed_[raw->key] = handle;  // the newest tensor of a key is the one its uses name
   return handle;
+}
+
+uint64_t Runtime::KeyFor(const TensorDesc& desc, uint64_t handle) {
+  if (!desc.name.empty()) return absl::Hash<std::pair<int, std::string>>{}({1, desc.name});
+  if (schedule_.in_step()) {
+    return absl::Hash<std::tuple<int, uint64_t, uint64_t>>{}({2, created_in_step_++, desc.bytes});
+  }
+  return absl::Hash<std::pair<int, uint64_t>>{}({3, handle});
 }
 
 absl::Status Runtime::DestroyTensor(uint64_t handle) {
@@ -162,8 +284,12 @@ absl::Status Runtime::DestroyTensor(uint64_t handle) {
   auto t = Claim(handle);
   if (!t.ok()) return t.status();
   if (auto s = CheckOthersUnpinned(**t, -1); !s.ok()) return WithContext(s, "cannot destroy");
-  for (int i = 0; i < TM_TIER_COUNT; ++i) mover_->Drop(**t, static_cast<tm_tier>(i));
-  tensors_.Remove(handle);  // its queued moves find no tensor and are dropped
+  for (int i = 0; i < TM_TIER_COUNT; ++i) FreeCopy(**t, static_cast<tm_tier>(i));
+  if (auto it = keyed_.find((*t)->key); it != keyed_.end() && it->second == handle) {
+    keyed_.erase(it);
+  }
+  // Its queued moves find no tensor and are dropped; its kept failures stay until reported.
+  tensors_.Remove(handle);
   changed_.SignalAll();
   return absl::OkStatus();
 }
@@ -191,49 +317,56 @@ absl::Status CheckRange(const Tensor& t, uint64_t offset, uint64_t bytes, const 
 
 absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes) {
   MutexLock lock(&mu_);
+  RoomScope room(*this);  // before the claim: the write may need room
   auto claimed = Claim(handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
   if (auto s = CheckRange(t, offset, bytes, src); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
+  const bool whole = offset == 0 && bytes == t.bytes;
 
   // Land in the fastest addressable copy. A tensor only on NVMe (or never written, with an NVMe
   // home) is rewritten on NVMe, through a staging slot into a fresh extent that replaces the old
   // one only once complete: it stays on NVMe, needs no DRAM room, and a failure loses nothing.
-  const bool on_nvme = !t.copy(TM_TIER_HBM).valid && !t.copy(TM_TIER_DRAM).valid &&
-                       (t.copy(TM_TIER_NVME).valid || t.home == TM_TIER_NVME);
+  const bool on_nvme = !t.copy(TM_TIER_HBM).valid() && !t.copy(TM_TIER_DRAM).valid() &&
+                       (t.copy(TM_TIER_NVME).valid() || t.home == TM_TIER_NVME);
   if (on_nvme) {
-    auto fresh = mover_->space(TM_TIER_NVME).Allocate(t.bytes, t.name);
+    room.Leave();
+    auto fresh = tiers_->space(TM_TIER_NVME).Allocate(t.bytes, t.name, t.handle);
     if (!fresh.ok()) return fresh.status();
-    const Extent old = t.copy(TM_TIER_NVME).valid ? t.copy(TM_TIER_NVME).extent : Extent{};
+    const Extent old = t.copy(TM_TIER_NVME).valid() ? t.copy(TM_TIER_NVME).extent : Extent{};
     const uint64_t size = t.bytes;
     absl::Status s =
         Unlocked(t, [&] { return mover_->WriteNvme(old, *fresh, size, offset, src, bytes); });
     Extent done = *fresh;
     if (!s.ok()) {
-      mover_->space(TM_TIER_NVME).Free(done);
+      tiers_->space(TM_TIER_NVME).Free(done);
       return WithContext(s, absl::StrFormat("writing tensor \"%s\" on NVMe", t.name));
     }
-    mover_->Drop(t, TM_TIER_NVME);
-    t.copy(TM_TIER_NVME).extent = done;
-    t.copy(TM_TIER_NVME).valid = true;
+    FreeCopy(t, TM_TIER_NVME);
+    t.BeginFill(TM_TIER_NVME, done);
+    t.EndFill(TM_TIER_NVME);
+    NoteUse(t, TM_TIER_NVME, !whole);
     return absl::OkStatus();
   }
-  const tm_tier target = t.copy(TM_TIER_HBM).valid    ? TM_TIER_HBM
-                         : t.copy(TM_TIER_DRAM).valid ? TM_TIER_DRAM
-                                                      : t.home;
+  const tm_tier target = t.copy(TM_TIER_HBM).valid()    ? TM_TIER_HBM
+                         : t.copy(TM_TIER_DRAM).valid() ? TM_TIER_DRAM
+                                                        : t.home;
   if (auto s = CheckOthersUnpinned(t, target); !s.ok()) return WithContext(s, "cannot write");
-  const bool whole = offset == 0 && bytes == t.bytes;
-  absl::Status s = whole && !t.copy(target).valid ? Reserve(t, target) : MakeValid(t, target);
+  const bool fresh = whole && !t.copy(target).valid();
+  absl::Status s = fresh ? Reserve(t, target) : MakeValid(t, target, nullptr, Want{});
   if (!s.ok()) return s;
-  char* addr = mover_->Address(t, target) + offset;
+  room.Leave();  // the room is made: the copy itself needs no token
+  char* addr = tiers_->Address(target, t.copy(target).extent) + offset;
   s = Unlocked(t, [&] { return mover_->CopyIn(target, addr, src, bytes); });
   if (!s.ok()) {
     // The target may hold part of the write: it is no longer a faithful copy. Keep another.
-    if (t.ResidencyMask() != TM_TIER_BIT(target)) mover_->Drop(t, target);
+    if (fresh || t.ResidencyMask() != TM_TIER_BIT(target)) FreeCopy(t, target);
     return s;
   }
+  if (fresh) t.EndFill(target);
   DropOthers(t, target);
+  NoteUse(t, target, !whole);
   return absl::OkStatus();
 }
 
@@ -249,14 +382,28 @@ absl::Status Runtime::Read(uint64_t handle, uint64_t offset, void* dst, uint64_t
     return absl::OkStatus();
   }
   for (tm_tier tier : {TM_TIER_HBM, TM_TIER_DRAM}) {
-    if (!t.copy(tier).valid) continue;
-    const char* addr = mover_->Address(t, tier) + offset;
-    return Unlocked(t, [&] { return mover_->CopyOut(tier, addr, dst, bytes); });
+    if (!t.copy(tier).valid()) continue;
+    const char* addr = tiers_->Address(tier, t.copy(tier).extent) + offset;
+    absl::Status s = Unlocked(t, [&] { return mover_->CopyOut(tier, addr, dst, bytes); });
+    if (s.ok()) NoteUse(t, tier, true);
+    return s;
   }
-  // Only on NVMe: through a staging slot, leaving residency as it is.
+  // Only on NVMe: through a staging slot, leaving residency as it is. For the schedule it is a
+  // use in DRAM: a prefetch to DRAM ahead of it makes it a memory copy.
   const Extent e = t.copy(TM_TIER_NVME).extent;
   const uint64_t size = t.bytes;
-  return Unlocked(t, [&] { return mover_->ReadNvme(e, size, offset, dst, bytes); });
+  absl::Status s = Unlocked(t, [&] { return mover_->ReadNvme(e, size, offset, dst, bytes); });
+  if (s.ok()) NoteUse(t, TM_TIER_DRAM, true);
+  return s;
+}
+
+absl::Status Runtime::Reserve(Tensor& t, tm_tier tier) {
+  if (t.copy(tier).valid()) return absl::OkStatus();
+  BusyScope busy(t, changed_);
+  auto e = Allocate(t, tier, Want{}, nullptr);
+  if (!e.ok()) return e.status();
+  t.BeginFill(tier, *e);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access access,
@@ -273,11 +420,13 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   }
   const Trace::Clock::time_point start = Trace::Clock::now();
   MutexLock lock(&mu_);
-  // A hit: the copy is in place and nothing of the tensor is moving.
-  bool hit = false;
-  if (Tensor* first = tensors_.Find(handle); first != nullptr) {
-    hit = first->copy(tier).valid && !first->busy && !first->pending.has_value();
-  }
+  // A hit: the copy is in place and nothing of the tensor is moving. Only a miss may need room,
+  // and takes the room token before claiming the tensor.
+  Tensor* first = tensors_.Find(handle);
+  const bool hit = first != nullptr && first->copy(tier).state == CopyState::kValid &&
+                   !first->busy();
+  std::optional<RoomScope> room;
+  if (!hit) room.emplace(*this);
   auto claimed = Claim(handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
@@ -288,14 +437,13 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   // Only a read may leave its copy in flight on the caller's stream: a writer frees the other
   // copies next, so its data must have landed first.
   absl::Status s = access == TM_ACCESS_WRITE ? Reserve(t, tier)
-                                             : MakeValid(t, tier, writes ? nullptr : stream);
+                                             : MakeValid(t, tier, writes ? nullptr : stream, Want{});
   if (!s.ok()) return s;
   if (writes) {
     DropOthers(t, tier);
-    t.copy(tier).writing = true;
+    t.PinWrite(tier);
   }
   ++t.copy(tier).pins;
-  t.last_use = ++tick_;
   ++counters_.acquires;
   if (hit || access == TM_ACCESS_WRITE) {
     ++counters_.hits;
@@ -306,10 +454,9 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
         std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
     trace_->Add(Trace::kAcquire, t.name, start, end, t.bytes);
   }
-  schedule_.OnAcquire(handle, tier, access != TM_ACCESS_WRITE);
-  void* address = mover_->Address(t, tier);
-  IssuePrefetches();
-  return address;
+  room.reset();
+  NoteUse(t, tier, access != TM_ACCESS_WRITE);
+  return static_cast<void*>(tiers_->Address(tier, t.copy(tier).extent));
 }
 
 absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {
@@ -319,32 +466,36 @@ absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {
   MutexLock lock(&mu_);
   auto found = Find(handle);
   if (!found.ok()) return found.status();
-  TensorCopy& c = (*found)->copy(tier);
+  Tensor& t = **found;
+  TensorCopy& c = t.copy(tier);
   if (c.pins == 0) {
     return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("tensor \"%s\" is not acquired in %s",
-                                                          (*found)->name, tm_tier_name(tier)));
+                                                          t.name, tm_tier_name(tier)));
   }
-  if (--c.pins == 0) c.writing = false;
+  if (--c.pins == 0) {
+    if (c.state == CopyState::kWriting) t.UnpinWrite(tier);
+    changed_.SignalAll();  // a demand waiting for room may now evict it
+  }
   return absl::OkStatus();
 }
 
 absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
   if (!t.materialized()) return absl::OkStatus();  // zeros need no space anywhere
   if (auto s = CheckAboveUnpinned(t, tier); !s.ok()) return s;
-  if (auto s = MakeValid(t, tier); !s.ok()) return s;
-  for (int above = 0; above < tier; ++above) mover_->Drop(t, static_cast<tm_tier>(above));
+  if (auto s = MakeValid(t, tier, nullptr, Want{}); !s.ok()) return s;
+  for (int above = 0; above < tier; ++above) FreeCopy(t, static_cast<tm_tier>(above));
   return absl::OkStatus();
 }
 
-absl::Status Runtime::Enqueue(uint64_t handle, tm_tier tier, bool offload) {
+absl::Status Runtime::Enqueue(uint64_t handle, tm_tier tier, JobKind kind) {
   MutexLock lock(&mu_);
   auto found = Find(handle);
   if (!found.ok()) return found.status();
   Tensor& t = **found;
-  if (offload) {
+  if (kind == JobKind::kOffload) {
     // Said now rather than at sync when it is already certain.
     if (auto s = CheckAboveUnpinned(t, tier); !s.ok()) return s;
-  } else if (t.copy(tier).valid && !t.busy) {
+  } else if (t.copy(tier).valid() && !t.busy()) {
     return absl::OkStatus();  // already there
   } else if (int w = t.writing_tier(); w >= 0) {
     return Error(TM_ERR_BUSY, absl::StrFormat("cannot prefetch tensor \"%s\": it is acquired for "
@@ -353,7 +504,7 @@ absl::Status Runtime::Enqueue(uint64_t handle, tm_tier tier, bool offload) {
   }
   ++t.queued;
   ++outstanding_;
-  jobs_.push_back(Job{handle, tier, offload});
+  jobs_.push_back(Job{handle, tier, kind});
   work_.Signal();
   return absl::OkStatus();
 }
@@ -363,7 +514,7 @@ absl::Status Runtime::Prefetch(uint64_t handle, tm_tier tier) {
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("prefetch needs tier hbm or dram, not %d", static_cast<int>(tier)));
   }
-  return Enqueue(handle, tier, false);
+  return Enqueue(handle, tier, JobKind::kHint);
 }
 
 absl::Status Runtime::Offload(uint64_t handle, tm_tier tier) {
@@ -371,7 +522,15 @@ absl::Status Runtime::Offload(uint64_t handle, tm_tier tier) {
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("offload needs tier dram or nvme, not %d", static_cast<int>(tier)));
   }
-  return Enqueue(handle, tier, true);
+  return Enqueue(handle, tier, JobKind::kOffload);
+}
+
+void Runtime::CountDrop(DropReason why) {
+  switch (why) {
+    case DropReason::kDemand: ++counters_.dropped_demand; break;
+    case DropReason::kSuperseded: ++counters_.dropped_superseded; break;
+    default: ++counters_.dropped_no_room; break;
+  }
 }
 
 void Runtime::MoverLoop() {
@@ -381,29 +540,44 @@ void Runtime::MoverLoop() {
     if (stopping_) return;
     Job job = jobs_.front();
     jobs_.pop_front();
+    // An offload is a request: it may need room below, so it takes the room token before
+    // claiming its tensor, as a demand does. Prefetches never wait for room.
+    std::optional<RoomScope> room;
+    if (job.kind == JobKind::kOffload) room.emplace(*this);
     // The job stays counted in `queued` until it is done, so that Sync waits for it.
     auto claimed = Claim(job.handle);  // gone: destroyed since it was queued
     if (claimed.ok()) {
       Tensor& t = **claimed;
       absl::Status s;
-      if (t.writing_tier() >= 0) {
-        // Acquired for writing since the job was queued: the writer's newer bytes supersede it.
-      } else if (!job.offload) {
-        s = MakeValid(t, job.tier, nullptr, job.horizon);
+      DropReason why = DropReason::kNone;
+      if (job.kind != JobKind::kOffload) {
+        if (t.writing_tier() >= 0) {
+          // Acquired for writing since the job was queued: the writer's newer bytes supersede it.
+          why = DropReason::kSuperseded;
+        } else {
+          const Want want = job.kind == JobKind::kPrefetch ? Want{Want::kPrefetch, job.horizon}
+                                                           : Want{Want::kHint, Schedule::kNever};
+          s = MakeValid(t, job.tier, nullptr, want, &why);
+          // A prefetch is a hint: one that found no room is dropped and counted, not a failure.
+          if (!s.ok() && (why != DropReason::kNone || absl::IsResourceExhausted(s))) {
+            if (why == DropReason::kNone) why = DropReason::kNoRoom;
+            s = absl::OkStatus();
+          }
+        }
+        if (why != DropReason::kNone) CountDrop(why);
       } else if (CheckAboveUnpinned(t, job.tier).ok()) {
         s = OffloadClaimed(t, job.tier);
       }
       // else: acquired again since the offload was queued; the newer use supersedes it.
       --t.queued;
-      // A scheduled prefetch that found no room is a missed chance, not an error of the tensor.
-      if (job.horizon != kDemand && absl::IsResourceExhausted(s)) s = absl::OkStatus();
       if (!s.ok()) {
         Log(LogSeverity::kDebug, "async %s of \"%s\" to %s failed: %s",
-            job.offload ? "offload" : "prefetch", t.name.c_str(), tm_tier_name(job.tier),
-            std::string(s.message()).c_str());
-        if (t.error.ok()) t.error = s;
+            job.kind == JobKind::kOffload ? "offload" : "prefetch", t.name.c_str(),
+            tm_tier_name(job.tier), std::string(s.message()).c_str());
+        RecordFailure(t, s);
       }
     }
+    room.reset();
     prefetch_in_flight_ -= job.prefetch_bytes;
     --outstanding_;
     changed_.SignalAll();
@@ -415,30 +589,18 @@ absl::Status Runtime::Sync(uint64_t handle) {
   for (;;) {
     auto found = Find(handle);
     if (!found.ok()) return found.status();
-    if ((*found)->queued == 0 && !(*found)->busy) break;
+    if ((*found)->queued == 0 && !(*found)->busy()) break;
     changed_.Wait(&mu_);
   }
   auto claimed = Claim(handle);  // also lands a stream-ordered copy
   if (!claimed.ok()) return claimed.status();
-  absl::Status s = std::move((*claimed)->error);
-  (*claimed)->error = absl::OkStatus();
-  return s;
+  return TakeFailures(handle);
 }
 
 absl::Status Runtime::SyncAll() {
   MutexLock lock(&mu_);
   while (outstanding_ > 0) changed_.Wait(&mu_);
-  absl::Status first;
-  int failed = 0;
-  tensors_.ForEach([&](Tensor& t) {
-    if (t.error.ok()) return;
-    if (failed++ == 0) first = t.error;
-    t.error = absl::OkStatus();
-  });
-  if (failed > 1) {
-    return WithContext(first, absl::StrFormat("%d asynchronous moves failed; the first", failed));
-  }
-  return first;
+  return TakeFailures(0);
 }
 
 absl::StatusOr<uint32_t> Runtime::Residency(uint64_t handle) {
@@ -450,9 +612,7 @@ absl::StatusOr<uint32_t> Runtime::Residency(uint64_t handle) {
 
 tm_stats Runtime::Stats() {
   tm_stats s = TM_STATS_INIT;
-  s.tiers[TM_TIER_HBM] = hbm_->space().Stats();
-  s.tiers[TM_TIER_DRAM] = dram_->space().Stats();
-  s.tiers[TM_TIER_NVME] = nvme_->space().Stats();
+  for (int t = 0; t < TM_TIER_COUNT; ++t) s.tiers[t] = tiers_->space(static_cast<tm_tier>(t)).Stats();
   for (int f = 0; f < TM_TIER_COUNT; ++f) {
     for (int t = 0; t < TM_TIER_COUNT; ++t) s.bytes_moved[f][t] = mover_->moved(f, t);
   }
@@ -467,6 +627,16 @@ tm_stats Runtime::Stats() {
   s.eviction_bytes = counters_.eviction_bytes;
   s.schedule_length = schedule_.size();
   s.schedule_relearned = schedule_.relearned();
+  s.prefetches_dropped_no_room = counters_.dropped_no_room;
+  s.prefetches_dropped_demand = counters_.dropped_demand;
+  s.prefetches_dropped_superseded = counters_.dropped_superseded;
+  s.prefetches_dropped = counters_.dropped_no_room + counters_.dropped_demand +
+                         counters_.dropped_superseded;
+  s.prefetches_cancelled = counters_.cancelled;
+  s.moves_failed = counters_.moves_failed;
+  s.demand_waits = counters_.demand_waits;
+  s.demand_wait_ns = counters_.demand_wait_ns;
+  s.fragmentation_evictions = counters_.fragmentation_evictions;
   return s;
 }
 

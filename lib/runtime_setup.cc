@@ -63,7 +63,7 @@ Runtime::~Runtime() {
   if (mover_ != nullptr) {
     MutexLock lock(&mu_);
     tensors_.ForEach([&](Tensor& t) {
-      if (t.pending.has_value()) (void)mover_->copy_engine().Wait(*t.pending);
+      if (t.landing.has_value()) (void)mover_->copy_engine().Wait(*t.landing);
     });
   }
 }
@@ -99,6 +99,9 @@ absl::Status Runtime::Init() {
   }
   info_.device = device_->Describe();
   info_.device_kind = std::string(device_->kind());
+  if (info_.device_kind == "cuda") info_.cuda_device = std::max(config_.cuda_device, 0);
+  // What was chosen, not what was asked: a binding reads it to know its pointers.
+  SetEntry(config_, "TIERMEM_DEVICE", info_.device_kind);
 
   // NUMA: the GPU's node, else this thread's.
   if (auto topo = io::Topology::Load(device_->pci_bus_id().has_value()); topo.ok()) {
@@ -127,16 +130,14 @@ absl::Status Runtime::Init() {
   SetEntry(config_, "TIERMEM_HBM_BYTES", SizeSetting{hbm_bytes, 0}.ToString());
   auto hbm = MemoryTier::CreateHbm(*device_, hbm_bytes);
   if (!hbm.ok()) return hbm.status();
-  hbm_ = std::move(*hbm);
 
   const uint64_t nvme_bytes = config_.nvme_bytes.Resolve(FreeSpace(config_.nvme_paths.front()));
   if (nvme_bytes == 0) return Error(TM_ERR_CONFIG, "TIERMEM_NVME_BYTES resolves to 0 bytes");
   auto nvme = NvmeTier::Create(config_.nvme_paths, nvme_bytes, config_.io_block_size);
   if (!nvme.ok()) return nvme.status();
-  nvme_ = std::move(*nvme);
 
   const uint64_t dram_bytes = config_.dram_bytes.Resolve(PhysicalRam());
-  const uint64_t granule = std::max<uint64_t>(4096, nvme_->alignment());
+  const uint64_t granule = std::max<uint64_t>(4096, (*nvme)->alignment());
   // HBM <-> NVMe moves are staged in pinned slots at the end of the DRAM pool.
   const StagingPool::Shape shape = StagingPool::ShapeFor(
       dram_bytes, std::max<uint64_t>(4ull << 20, config_.io_block_size), granule);
@@ -150,16 +151,19 @@ absl::Status Runtime::Init() {
                                   shape.bytes());
   }
   if (!dram.ok()) return dram.status();
-  dram_ = std::move(*dram);
+  tiers_ = std::make_unique<Tiers>(std::move(*hbm), std::move(*dram), std::move(*nvme));
   info_.numa_node = node;
+  info_.tier_bytes[TM_TIER_HBM] = tiers_->space(TM_TIER_HBM).capacity();
+  info_.tier_bytes[TM_TIER_DRAM] = tiers_->space(TM_TIER_DRAM).capacity();
+  info_.tier_bytes[TM_TIER_NVME] = tiers_->space(TM_TIER_NVME).capacity();
 
   // The I/O engine.
   io::IoEngineOptions opts;
   opts.block_size = config_.io_block_size;
   opts.queue_depth = config_.io_queue_depth;
   opts.threads = config_.io_threads;
-  opts.buffers.push_back({dram_->base(), dram_->mapped_bytes()});
-  for (const auto& f : nvme_->files()) opts.files.push_back(f->fd());
+  opts.buffers.push_back({tiers_->dram().base(), tiers_->dram().mapped_bytes()});
+  for (const auto& f : tiers_->nvme().files()) opts.files.push_back(f->fd());
   if (config_.io_engine == IoEngineKind::kPosix) {
     io_ = io::CreatePosixEngine(opts);
   } else if (auto uring = io::CreateUringEngine(opts); uring.ok()) {
@@ -177,15 +181,16 @@ absl::Status Runtime::Init() {
   info_.io_files_registered = io_->files_registered();
   info_.staging_chunk = shape.chunk;
   info_.staging_slots = shape.slots;
-  staging_ = std::make_unique<StagingPool>(dram_->reserved(), shape);
-  for (const auto& f : nvme_->files()) {
+  staging_ = std::make_unique<StagingPool>(tiers_->dram().reserved(), shape);
+  for (const auto& f : tiers_->nvme().files()) {
     info_.nvme.push_back({f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
   }
-  mover_ = std::make_unique<Mover>(*hbm_, *dram_, *nvme_, *device_, *io_, *staging_);
+  mover_ = std::make_unique<Mover>(*tiers_, *device_, *io_, *staging_);
   trace_ = std::make_unique<Trace>(config_.trace);
   prefetch_limit_ = config_.prefetch_bytes.bytes == 0 && config_.prefetch_bytes.percent == 0
                         ? hbm_bytes / 2
                         : config_.prefetch_bytes.Resolve(hbm_bytes);
+  info_.prefetch_bytes = prefetch_limit_;
   // Asynchronous moves run on a few threads of their own; the engines below them keep the
   // links busy (each mover keeps the I/O queue depth in flight).
   for (int i = 0; i < kMoverThreads; ++i) movers_.emplace_back([this] { MoverLoop(); });

@@ -8,7 +8,7 @@ namespace tiermem {
 void Schedule::Adopt(std::vector<Use> uses) {
   uses_ = std::move(uses);
   positions_.clear();
-  for (uint32_t i = 0; i < uses_.size(); ++i) positions_[uses_[i].handle].push_back(i);
+  for (uint32_t i = 0; i < uses_.size(); ++i) positions_[uses_[i].key].push_back(i);
 }
 
 void Schedule::BeginStep() {
@@ -38,17 +38,17 @@ void Schedule::Set(std::vector<Use> uses) {
   Adopt(std::move(uses));
 }
 
-void Schedule::OnAcquire(uint64_t handle, tm_tier tier, bool fill) {
+void Schedule::OnUse(uint64_t key, tm_tier tier, bool fill, uint64_t bytes) {
   if (!in_step_) return;
-  recording_.push_back({handle, tier, fill});
+  recording_.push_back({key, tier, fill, bytes});
   if (uses_.empty()) return;
-  if (pos_ < uses_.size() && uses_[pos_].handle == handle) {
+  if (pos_ < uses_.size() && uses_[pos_].key == key) {
     ++pos_;
     return;
   }
-  // Off the schedule: resynchronize on the handle's next use if it has one in this step.
+  // Off the schedule: resynchronize on the key's next use if it has one in this step.
   departed_ = true;
-  auto it = positions_.find(handle);
+  auto it = positions_.find(key);
   if (it == positions_.end()) return;
   auto next = std::lower_bound(it->second.begin(), it->second.end(), pos_);
   if (next != it->second.end()) pos_ = *next + 1;
@@ -64,8 +64,8 @@ std::vector<std::pair<uint64_t, Schedule::Use>> Schedule::Upcoming(size_t n) con
   return out;
 }
 
-uint64_t Schedule::NextUse(uint64_t handle) const {
-  auto it = positions_.find(handle);
+uint64_t Schedule::NextUse(uint64_t key) const {
+  auto it = positions_.find(key);
   if (it == positions_.end()) return kNever;
   auto next = std::lower_bound(it->second.begin(), it->second.end(), pos_);
   if (next != it->second.end()) return base_ + *next;

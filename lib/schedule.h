@@ -1,9 +1,14 @@
-// The order of acquires in a training step. Every step is recorded; the first recording becomes
-// the schedule, later steps replay it (the runtime prefetches what comes next and evicts what is
-// used furthest away), and a step that departs from it is relearned at its end. A framework can
-// also set the order explicitly. Positions are absolute (they keep counting across steps), so
-// "next use" compares across the step boundary of a cyclic loop. Not thread-safe: the runtime
-// locks.
+// The order of uses (acquires, writes, reads) in a training step. Every step is recorded; the
+// first recording becomes the schedule, later steps replay it (the runtime prefetches what comes
+// next and evicts what is used furthest away), and a step that departs from it is relearned at
+// its end. A framework can also set the order explicitly. Positions are absolute (they keep
+// counting across steps), so "next use" compares across the step boundary of a cyclic loop.
+//
+// Uses are matched across steps by a tensor's key, not its handle, because frameworks create
+// fresh tensors every step (PyTorch saves new activations each forward). The runtime derives
+// the key (Runtime::KeyFor): from the tensor's name when it has one; else, for a tensor created
+// inside a step, from its creation order within the step and its size; else (created outside
+// any step: parameters, optimizer state) from its handle. Not thread-safe: the runtime locks.
 #pragma once
 
 #include <cstdint>
@@ -19,9 +24,10 @@ class Schedule {
   static constexpr uint64_t kNever = UINT64_MAX;
 
   struct Use {
-    uint64_t handle = 0;
+    uint64_t key = 0;
     tm_tier tier = TM_TIER_HBM;
     bool fill = true;  // false for an acquire that overwrites the whole tensor: nothing to bring
+    uint64_t bytes = 0;  // the tensor's size: room a use needs even before its tensor exists
   };
 
   void BeginStep();
@@ -29,8 +35,8 @@ class Schedule {
   void EndStep();
   // An explicit order; replayed from the next acquire on.
   void Set(std::vector<Use> uses);
-  // Notes an acquire: advances the position, or marks the step as departed.
-  void OnAcquire(uint64_t handle, tm_tier tier, bool fill);
+  // Notes a use: advances the position, or marks the step as departed.
+  void OnUse(uint64_t key, tm_tier tier, bool fill, uint64_t bytes);
 
   // In a step, with a schedule to follow.
   bool replaying() const { return in_step_ && !uses_.empty(); }
@@ -41,8 +47,16 @@ class Schedule {
   // The next `n` uses after the current position (wrapping into the next step), with their
   // absolute positions.
   std::vector<std::pair<uint64_t, Use>> Upcoming(size_t n) const;
-  // Absolute position of the handle's next use, at or after now(); kNever if unscheduled.
-  uint64_t NextUse(uint64_t handle) const;
+  // Absolute position of the key's next use, at or after now(); kNever if unscheduled.
+  uint64_t NextUse(uint64_t key) const;
+  // Calls f(position, use) for the uses at absolute positions [now(), end), at most one step.
+  template <typename F>
+  void ForEachBefore(uint64_t end, F&& f) const {
+    if (uses_.empty()) return;
+    for (size_t k = 0; k < uses_.size() && base_ + pos_ + k < end; ++k) {
+      f(base_ + pos_ + k, uses_[(pos_ + k) % uses_.size()]);
+    }
+  }
   // Steps that departed from the schedule (and were relearned).
   uint64_t relearned() const { return relearned_; }
 
@@ -50,7 +64,7 @@ class Schedule {
   void Adopt(std::vector<Use> uses);
 
   std::vector<Use> uses_;
-  absl::flat_hash_map<uint64_t, std::vector<uint32_t>> positions_;  // handle -> sorted indices
+  absl::flat_hash_map<uint64_t, std::vector<uint32_t>> positions_;  // key -> sorted indices
   std::vector<Use> recording_;
   bool in_step_ = false;
   bool departed_ = false;

@@ -15,6 +15,17 @@ uint32_t NextGeneration() {
 }
 }  // namespace
 
+const char* CopyStateName(CopyState s) {
+  switch (s) {
+    case CopyState::kAbsent: return "absent";
+    case CopyState::kFilling: return "filling";
+    case CopyState::kValid: return "valid";
+    case CopyState::kLanding: return "landing";
+    case CopyState::kWriting: return "writing";
+  }
+  return "?";
+}
+
 uint64_t TensorTable::Insert(std::unique_ptr<Tensor> t) {
   uint32_t index = 0;
   if (!free_.empty()) {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -15,54 +16,111 @@
 
 namespace tiermem {
 
-// A tensor's copy in one tier. Invariant: all valid copies of a tensor hold the same bytes.
+// The state of a tensor's copy in one tier. It changes only through the named transitions of
+// Tensor below, always under the runtime's lock.
+//
+//   kAbsent  --BeginFill-->   kFilling  an extent is reserved; a move or host copy will fill it
+//   kFilling --EndFill-->     kValid    every completion of the fill was checked
+//   kFilling --Drop-->        kAbsent   the fill failed: the extent is freed, every other copy is
+//                                       as it was
+//   kValid   --PinWrite-->    kWriting  acquired for writing: its bytes are in flux
+//   kFilling --PinWrite-->    kWriting  reserved for a whole overwrite (acquire for writing)
+//   kWriting --UnpinWrite-->  kValid    the last release of the writing acquire
+//   kValid   --Land(ticket)-> kLanding  valid in a caller's stream order, not yet on the host's
+//   kLanding --Landed-->      kValid    the host waited for the ticket
+//   kValid   --Drop-->        kAbsent   evicted, superseded or destroyed
+//
+// Invariants:
+// - kAbsent holds no extent; every other state holds one.
+// - kValid, kLanding and kWriting copies are the tensor's bytes; when several tiers hold
+//   kValid/kLanding copies, they hold the same bytes. A kWriting copy is the only copy.
+// - pins > 0 only for kValid, kLanding or kWriting; a pinned copy is never dropped or moved.
+// - A copy is read by a move or a host copy only while its tensor is busy (see Tensor::busy).
+enum class CopyState : uint8_t { kAbsent, kFilling, kValid, kLanding, kWriting };
+
+const char* CopyStateName(CopyState s);
+
 struct TensorCopy {
-  Extent extent;       // reserved space; may be non-empty while not yet valid (filling)
-  bool valid = false;  // set only after every completion of the move into it was checked
-  uint32_t pins = 0;   // outstanding acquires: a pinned copy is never freed or moved
-  // Acquired for writing (until its last release): its bytes are in flux, so no other copy may
-  // be made from it.
-  bool writing = false;
+  Extent extent;
+  CopyState state = CopyState::kAbsent;
+  uint32_t pins = 0;  // outstanding acquires
+
+  // Holds the tensor's bytes (the host may need to wait for a landing copy first).
+  bool valid() const {
+    return state == CopyState::kValid || state == CopyState::kLanding ||
+           state == CopyState::kWriting;
+  }
 };
 
 // All fields are guarded by the runtime's lock.
 struct Tensor {
   uint64_t handle = 0;
-  uint64_t last_use = 0;  // runtime tick of the last acquire: LRU order
+  uint64_t key = 0;       // matches its uses across steps (see Schedule)
+  uint64_t last_use = 0;  // runtime tick of the last use: LRU order without a schedule
   uint64_t bytes = 0;
   tm_tensor_class cls = TM_CLASS_OTHER;
   tm_tier home = TM_TIER_HBM;
   std::string name;
   std::array<TensorCopy, TM_TIER_COUNT> copies;
-  // A move or host copy of this tensor runs outside the runtime's lock: every other operation
-  // on it waits (so extents and copies it uses stay put).
-  bool busy = false;
-  // Asynchronous moves queued and not yet started.
+  // The thread of an operation that runs outside the runtime's lock on this tensor (a move, a
+  // host copy, an eviction's write-down); empty when none. Every other operation on the tensor
+  // waits, so the extents and copies it uses stay put. Set and cleared only by Runtime's
+  // BusyScope. Eviction tells "busy by me" (a wall) from "busy by another thread" (a move in
+  // flight that will finish: a demand may wait for it).
+  std::thread::id busy_by{};
+  bool busy() const { return busy_by != std::thread::id{}; }
+  // Asynchronous moves queued and not yet finished.
   uint32_t queued = 0;
-  // The first failure of an asynchronous move, until a sync reports it.
-  absl::Status error;
-  // A stream-ordered copy into HBM that the host has not waited for yet.
-  std::optional<io::CopyTicket> pending;
+  // The ticket of a kLanding copy (HBM only): a stream-ordered copy the host has not waited for.
+  std::optional<io::CopyTicket> landing;
 
   TensorCopy& copy(tm_tier t) { return copies[t]; }
+  const TensorCopy& copy(tm_tier t) const { return copies[t]; }
+
+  // ---- transitions (the runtime holds its lock) ----
+  void BeginFill(tm_tier t, const Extent& e) {
+    copies[t].extent = e;
+    copies[t].state = CopyState::kFilling;
+  }
+  // On success the copy is valid; on failure the caller frees the extent (Drop).
+  void EndFill(tm_tier t) { copies[t].state = CopyState::kValid; }
+  void PinWrite(tm_tier t) { copies[t].state = CopyState::kWriting; }
+  void UnpinWrite(tm_tier t) { copies[t].state = CopyState::kValid; }
+  void Land(tm_tier t, io::CopyTicket ticket) {
+    copies[t].state = CopyState::kLanding;
+    landing = ticket;
+  }
+  void Landed(tm_tier t) {
+    copies[t].state = CopyState::kValid;
+    landing.reset();
+  }
+  // Forgets the copy; returns the extent for the caller to free in its tier.
+  Extent Drop(tm_tier t) {
+    Extent e = copies[t].extent;
+    copies[t] = TensorCopy{};
+    if (t == TM_TIER_HBM) landing.reset();
+    return e;
+  }
+
+  // ---- queries ----
   // Whether any tier holds it; a tensor never written reads as zeros.
   bool materialized() const {
     for (const auto& c : copies) {
-      if (c.valid) return true;
+      if (c.valid()) return true;
     }
     return false;
   }
   uint32_t ResidencyMask() const {
     uint32_t m = 0;
     for (int t = 0; t < TM_TIER_COUNT; ++t) {
-      if (copies[t].valid) m |= TM_TIER_BIT(t);
+      if (copies[t].valid()) m |= TM_TIER_BIT(t);
     }
     return m;
   }
   // The tier whose copy is being written through an acquire, or -1.
   int writing_tier() const {
     for (int t = 0; t < TM_TIER_COUNT; ++t) {
-      if (copies[t].writing) return t;
+      if (copies[t].state == CopyState::kWriting) return t;
     }
     return -1;
   }
@@ -72,6 +130,8 @@ struct Tensor {
     }
     return false;
   }
+  // The copy in `t` is the tensor's only valid one: evicting it means writing it down first.
+  bool only_copy(tm_tier t) const { return (ResidencyMask() & ~TM_TIER_BIT(t)) == 0; }
 };
 
 // Slots indexed by the low 32 bits of a handle; the high 32 bits are the slot's generation,

@@ -19,7 +19,8 @@ std::string HumanBytes(uint64_t bytes) {
                 : absl::StrFormat("%.4g %s", v, kUnits[u]);
 }
 
-absl::StatusOr<Extent> TierSpace::Allocate(uint64_t bytes, absl::string_view tensor_name) {
+absl::StatusOr<Extent> TierSpace::Allocate(uint64_t bytes, absl::string_view tensor_name,
+                                           uint64_t owner) {
   MutexLock lock(&mu_);
   auto a = alloc_.Allocate(bytes);
   if (!a.has_value()) {
@@ -31,6 +32,8 @@ absl::StatusOr<Extent> TierSpace::Allocate(uint64_t bytes, absl::string_view ten
                            HumanBytes(alloc_.capacity() - alloc_.used()),
                            HumanBytes(alloc_.capacity()), HumanBytes(alloc_.LargestFree())));
   }
+  if (owners_.size() <= a->block) owners_.resize(a->block + 1);
+  owners_[a->block] = owner;
   return Extent{a->offset, a->size, a->block};
 }
 
@@ -38,7 +41,32 @@ void TierSpace::Free(Extent& e) {
   if (e.empty()) return;
   MutexLock lock(&mu_);
   alloc_.Free(e.block);
+  owners_[e.block] = 0;
   e = Extent{};
+}
+
+std::vector<TierSpace::Block> TierSpace::Layout() const {
+  MutexLock lock(&mu_);
+  std::vector<Block> out;
+  alloc_.ForEachBlock([&](const OffsetAllocator::Span& s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    out.push_back(Block{s.offset, s.size, s.free ? 0 : owners_[s.block], s.free});
+  });
+  return out;
+}
+
+uint64_t TierSpace::Rounded(uint64_t bytes) const {
+  MutexLock lock(&mu_);
+  return alloc_.Rounded(bytes);
+}
+
+uint64_t TierSpace::capacity() const {
+  MutexLock lock(&mu_);
+  return alloc_.capacity();
+}
+
+uint64_t TierSpace::free_bytes() const {
+  MutexLock lock(&mu_);
+  return alloc_.capacity() - alloc_.used();
 }
 
 tm_tier_stats TierSpace::Stats() const {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
@@ -25,11 +26,28 @@ class TierSpace {
   TierSpace(tm_tier tier, uint64_t capacity, uint64_t granule)
       : tier_(tier), alloc_(capacity, granule) {}
 
-  // Reserves `bytes`. When full: TM_ERR_OUT_OF_MEMORY (HBM, DRAM) or TM_ERR_NO_SPACE (NVMe),
-  // naming the tier, the tensor, what was asked and what is free.
-  absl::StatusOr<Extent> Allocate(uint64_t bytes, absl::string_view tensor_name);
+  // Reserves `bytes` for the tensor `owner` (a handle; 0 for none). When full:
+  // TM_ERR_OUT_OF_MEMORY (HBM, DRAM) or TM_ERR_NO_SPACE (NVMe), naming the tier, the tensor,
+  // what was asked and what is free.
+  absl::StatusOr<Extent> Allocate(uint64_t bytes, absl::string_view tensor_name,
+                                  uint64_t owner = 0);
   // Frees and empties `e` (no-op when empty).
   void Free(Extent& e);
+
+  // A block of the tier in address order: free (owner 0, free true) or reserved by `owner`.
+  struct Block {
+    uint64_t offset = 0;
+    uint64_t size = 0;
+    uint64_t owner = 0;
+    bool free = false;
+  };
+  // Every block in address order: what eviction looks at to find a contiguous window.
+  std::vector<Block> Layout() const;
+  // Bytes a request of `bytes` takes in this tier (rounded to the granule); 0 when it could not
+  // fit in the whole capacity.
+  uint64_t Rounded(uint64_t bytes) const;
+  uint64_t capacity() const;
+  uint64_t free_bytes() const;
 
   tm_tier tier() const { return tier_; }
   uint64_t granule() const { return alloc_.granule(); }
@@ -39,6 +57,7 @@ class TierSpace {
   const tm_tier tier_;
   mutable Mutex mu_;
   OffsetAllocator alloc_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> owners_ ABSL_GUARDED_BY(mu_);  // by allocator block index
 };
 
 // Formats a byte count for messages: "64 MiB", "1.5 GiB", "4095 B".

@@ -226,10 +226,45 @@ typedef struct tm_stats {
   uint64_t eviction_bytes;    /**< bytes of those copies */
   uint64_t schedule_length;   /**< acquires per step in the schedule (0: none) */
   uint64_t schedule_relearned; /**< steps that departed from the schedule, which was relearned */
+  /* Appended in 0.2: memory under pressure. */
+  uint64_t prefetches_dropped;          /**< prefetches not done (sum of the three below) */
+  uint64_t prefetches_dropped_no_room;  /**< no room without harming an earlier use (or at all) */
+  uint64_t prefetches_dropped_demand;   /**< a demand was making room in that tier */
+  uint64_t prefetches_dropped_superseded; /**< the tensor was acquired for writing meanwhile */
+  uint64_t prefetches_cancelled;        /**< queued prefetches removed for a demand's room */
+  uint64_t moves_failed;                /**< asynchronous moves that failed (kept until reported) */
+  uint64_t demand_waits;                /**< demand calls that waited for moves in flight */
+  uint64_t demand_wait_ns;              /**< time those calls waited */
+  uint64_t fragmentation_evictions;     /**< evictions made because no hole fit, though the
+                                             free bytes sufficed */
 } tm_stats;
 
 #define TM_STATS_INIT \
-  { sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  { sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+/** What a runtime resolved when it was created. Fill with TM_INFO_INIT. */
+typedef struct tm_info {
+  size_t struct_size;
+  tm_device_kind device;        /**< TM_DEVICE_CUDA or TM_DEVICE_EMULATED: the one in use */
+  int32_t cuda_device;          /**< the CUDA ordinal in use; -1 with the emulated device */
+  int32_t hbm_device_pointers;  /**< 1: HBM addresses are CUDA device pointers; 0: host memory */
+  tm_io_engine io_engine;       /**< TM_IO_ENGINE_URING or TM_IO_ENGINE_POSIX */
+  int32_t numa_node;            /**< node the DRAM tier is bound to; -1 when unbound */
+  uint64_t tier_bytes[TM_TIER_COUNT]; /**< each tier's budget, as resolved */
+  uint32_t io_block_size;       /**< bytes per I/O request */
+  uint32_t io_queue_depth;      /**< requests in flight per ring */
+  uint32_t io_threads;          /**< I/O threads (rings) */
+  uint32_t nvme_paths;          /**< swap file directories */
+  uint32_t nvme_alignment;      /**< O_DIRECT alignment in bytes (1: buffered) */
+  int32_t prefetch_depth;       /**< scheduled uses prefetched ahead */
+  uint64_t prefetch_bytes;      /**< bound on prefetch bytes in flight */
+  tm_placement placement;       /**< home tiers by class */
+  char device_name[128];        /**< a line describing the device, NUL-terminated */
+} tm_info;
+
+#define TM_INFO_INIT \
+  { sizeof(tm_info), TM_DEVICE_DEFAULT, -1, 0, TM_IO_ENGINE_DEFAULT, -1, {0, 0, 0}, \
+    0, 0, 0, 0, 0, 0, 0, TM_PLACEMENT_DEFAULT, {0} }
 
 /** A runtime: the tiers, the engines and the tensors. Zero is never a valid handle. */
 typedef struct tm_runtime {
@@ -269,6 +304,13 @@ TM_API tm_status tm_runtime_destroy(tm_runtime runtime);
 
 /** Fills *out with the runtime's counters. out->struct_size must be set. */
 TM_API tm_status tm_runtime_stats(tm_runtime runtime, tm_stats* out);
+
+/**
+ * Fills *out with what the runtime resolved: the device actually used (a binding needs to know
+ * whether HBM addresses are device or host pointers), the I/O engine, the NUMA node, the
+ * budgets. out->struct_size must be set; a smaller (older) struct gets what it has room for.
+ */
+TM_API tm_status tm_runtime_info(tm_runtime runtime, tm_info* out);
 
 /**
  * Effective value of a configuration setting by its variable name, e.g. "TIERMEM_HBM_BYTES",
@@ -336,7 +378,11 @@ TM_API tm_status tm_tensor_prefetch(tm_runtime runtime, tm_tensor tensor, tm_tie
  */
 TM_API tm_status tm_tensor_sync(tm_runtime runtime, tm_tensor tensor);
 
-/** Waits for every queued and running move of the runtime; returns the first failure, once. */
+/**
+ * Waits for every queued and running move of the runtime; returns the first failure (and how
+ * many failed), once. Failures are kept until reported, even when their tensor was destroyed.
+ * A prefetch that found no room is not a failure: it is dropped and counted in tm_stats.
+ */
 TM_API tm_status tm_runtime_sync(tm_runtime runtime);
 
 /**
@@ -346,7 +392,10 @@ TM_API tm_status tm_runtime_sync(tm_runtime runtime);
  */
 TM_API tm_status tm_step_begin(tm_runtime runtime);
 
-/** Marks the end of a step. A step that departed from the schedule replaces it. */
+/**
+ * Marks the end of a step. A step that departed from the schedule replaces it. Returns the
+ * asynchronous failures kept so far (as tm_runtime_sync does, without waiting).
+ */
 TM_API tm_status tm_step_end(tm_runtime runtime);
 
 /**
