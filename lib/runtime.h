@@ -96,6 +96,8 @@ class Runtime {
   tm_stats Stats();
   // For tests and tools: the blocks of a tier in address order, with their owners' handles.
   std::vector<TierSpace::Block> Layout(tm_tier tier) { return tiers_->space(tier).Layout(); }
+  // Bytes a tensor of `bytes` takes in `tier` (its granule); 0 when it exceeds the tier.
+  uint64_t Rounded(tm_tier tier, uint64_t bytes) { return tiers_->space(tier).Rounded(bytes); }
   const Config& config() const { return config_; }
   const RuntimeInfo& info() const { return info_; }
   // The HBM tier's backend, for tiermem-probe's copy measurements.
