@@ -106,8 +106,8 @@ absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle) {
 void Runtime::EnterRoom() {
   const std::thread::id me = std::this_thread::get_id();
   while (room_depth_ > 0 && room_owner_ != me) changed_.Wait(&mu_);
+  if (room_depth_++ == 0) ++room_generation_;
   room_owner_ = me;
-  ++room_depth_;
 }
 
 void Runtime::LeaveRoom() {
@@ -117,15 +117,27 @@ void Runtime::LeaveRoom() {
   }
 }
 
+void Runtime::ReleaseRoom() {
+  if (room_depth_ == 0 || room_owner_ != std::this_thread::get_id()) return;
+  room_depth_ = 0;
+  room_owner_ = std::thread::id{};
+  changed_.SignalAll();
+}
+
 // Holds the room token for a scope (or until Leave).
 class Runtime::RoomScope {
  public:
   explicit RoomScope(Runtime& rt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rt.mu_) : rt_(rt) {
     rt_.EnterRoom();
+    generation_ = rt_.room_generation_;
   }
   ~RoomScope() ABSL_NO_THREAD_SAFETY_ANALYSIS { Leave(); }
+  // Hands the token back, unless a move already did (ReleaseRoom).
   void Leave() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (held_) rt_.LeaveRoom();
+    if (held_ && rt_.room_depth_ > 0 && rt_.room_owner_ == std::this_thread::get_id() &&
+        rt_.room_generation_ == generation_) {
+      rt_.LeaveRoom();
+    }
     held_ = false;
   }
   RoomScope(const RoomScope&) = delete;
@@ -134,6 +146,7 @@ class Runtime::RoomScope {
  private:
   Runtime& rt_;
   bool held_ = true;
+  uint64_t generation_ = 0;
 };
 
 void Runtime::FreeCopy(Tensor& t, tm_tier tier) {
@@ -170,6 +183,7 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, void* stream, Want want,
   }
   BusyScope busy(t, changed_);  // for the whole move: eviction below may release the lock too
   auto extent = Allocate(t, dst, want, why);
+  if (want.release_room) ReleaseRoom();  // the room is made; the move needs no token
   if (!extent.ok()) return extent.status();
 
   // Prepare: the nearest valid copy is the source (on a tie, the faster tier).
@@ -354,7 +368,8 @@ absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, u
                                                         : t.home;
   if (auto s = CheckOthersUnpinned(t, target); !s.ok()) return WithContext(s, "cannot write");
   const bool fresh = whole && !t.copy(target).valid();
-  absl::Status s = fresh ? Reserve(t, target) : MakeValid(t, target, nullptr, Want{});
+  absl::Status s = fresh ? Reserve(t, target)
+                         : MakeValid(t, target, nullptr, Want{Want::kDemand, Schedule::kNever, true});
   if (!s.ok()) return s;
   room.Leave();  // the room is made: the copy itself needs no token
   char* addr = tiers_->Address(target, t.copy(target).extent) + offset;
@@ -436,8 +451,10 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   }
   // Only a read may leave its copy in flight on the caller's stream: a writer frees the other
   // copies next, so its data must have landed first.
-  absl::Status s = access == TM_ACCESS_WRITE ? Reserve(t, tier)
-                                             : MakeValid(t, tier, writes ? nullptr : stream, Want{});
+  absl::Status s = access == TM_ACCESS_WRITE
+                       ? Reserve(t, tier)
+                       : MakeValid(t, tier, writes ? nullptr : stream,
+                                   Want{Want::kDemand, Schedule::kNever, true});
   if (!s.ok()) return s;
   if (writes) {
     DropOthers(t, tier);
@@ -482,7 +499,9 @@ absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {
 absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
   if (!t.materialized()) return absl::OkStatus();  // zeros need no space anywhere
   if (auto s = CheckAboveUnpinned(t, tier); !s.ok()) return s;
-  if (auto s = MakeValid(t, tier, nullptr, Want{}); !s.ok()) return s;
+  if (auto s = MakeValid(t, tier, nullptr, Want{Want::kDemand, Schedule::kNever, true}); !s.ok()) {
+    return s;
+  }
   for (int above = 0; above < tier; ++above) FreeCopy(t, static_cast<tm_tier>(above));
   return absl::OkStatus();
 }

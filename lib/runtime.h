@@ -113,6 +113,10 @@ class Runtime {
       kPrefetch,  // a scheduled prefetch serving the use at `horizon`: do no harm (see Allocate)
     } kind = kDemand;
     uint64_t horizon = Schedule::kNever;
+    // The outermost demand move of an operation holding the room token: the token is handed
+    // back once the room is made, before the bytes move, so that other demands need not wait
+    // for this move (evictions' write-downs keep it: they are part of making room).
+    bool release_room = false;
   };
   // Why a prefetch was dropped (counted in tm_stats, never reported as a failure).
   enum class DropReason { kNone, kNoRoom, kDemand, kSuperseded };
@@ -138,6 +142,8 @@ class Runtime {
   // which never wait), so waiting cannot deadlock. Re-entrant for the holder's own evictions.
   void EnterRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LeaveRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the token back early when this thread holds it (see Want::release_room).
+  void ReleaseRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   class RoomScope;
 
   // Makes t's copy in `dst` valid (a claimed tensor). Releases the lock during the move, and
@@ -221,6 +227,7 @@ class Runtime {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread::id room_owner_ ABSL_GUARDED_BY(mu_);
   int room_depth_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t room_generation_ ABSL_GUARDED_BY(mu_) = 0;  // counts fresh takes of the token
   // Demands making room in a tier now: prefetches into it are dropped meanwhile.
   uint32_t room_wanted_[TM_TIER_COUNT] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
   struct Failure {

@@ -224,9 +224,11 @@ absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want) {
     // The only copy: write it one tier down first (which may evict there in turn). From HBM,
     // when DRAM cannot take it, straight to NVMe through the staging slots.
     const tm_tier lower = static_cast<tm_tier>(tier + 1);
-    absl::Status s = MakeValid(v, lower, nullptr, want);
+    Want down = want;
+    down.release_room = false;  // part of making room: the token stays
+    absl::Status s = MakeValid(v, lower, nullptr, down);
     if (!s.ok() && tier == TM_TIER_HBM && absl::IsResourceExhausted(s)) {
-      s = MakeValid(v, TM_TIER_NVME, nullptr, want);
+      s = MakeValid(v, TM_TIER_NVME, nullptr, down);
     }
     if (!s.ok()) return s;
     // Acquired or changed while the lock was released: look again.
