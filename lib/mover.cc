@@ -71,7 +71,8 @@ void Mover::Commit(Tensor& t, const MovePlan& p, const absl::Status& outcome) {
 }
 
 absl::Status Mover::Io(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write) {
-  return Retag(io_.Run(nvme_.Requests(e, offset, buffer, n, write)), TM_ERR_IO);
+  // Also records (write) or checks (read) the extent's checksums when they are on.
+  return nvme_.Transfer(io_, e, offset, buffer, n, write);
 }
 
 absl::Status Mover::Execute(const MovePlan& p, std::optional<CopyTicket>* pending) {

@@ -256,7 +256,8 @@ absl::Status Runtime::Read(uint64_t handle, uint64_t offset, void* dst, uint64_t
   // Only on NVMe: through a staging slot, leaving residency as it is.
   const Extent e = t.copy(TM_TIER_NVME).extent;
   const uint64_t size = t.bytes;
-  return Unlocked(t, [&] { return mover_->ReadNvme(e, size, offset, dst, bytes); });
+  absl::Status s = Unlocked(t, [&] { return mover_->ReadNvme(e, size, offset, dst, bytes); });
+  return s.ok() ? s : WithContext(s, absl::StrFormat("reading tensor \"%s\" from NVMe", t.name));
 }
 
 absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access access,

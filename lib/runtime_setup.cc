@@ -178,6 +178,11 @@ absl::Status Runtime::Init() {
   info_.staging_chunk = shape.chunk;
   info_.staging_slots = shape.slots;
   staging_ = std::make_unique<StagingPool>(dram_->reserved(), shape);
+  // One sum per I/O block, or per staging chunk when the DRAM budget made chunks smaller: both
+  // are powers of two, so every chunk-by-chunk transfer covers whole checksum blocks.
+  if (config_.checksum == ChecksumKind::kXxh3) {
+    nvme_->EnableChecksums(std::min<uint64_t>(config_.io_block_size, shape.chunk));
+  }
   for (const auto& f : nvme_->files()) {
     info_.nvme.push_back({f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
   }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string_view>
 
 #include "absl/strings/string_view.h"
@@ -30,6 +31,9 @@ class TierSpace {
   absl::StatusOr<Extent> Allocate(uint64_t bytes, absl::string_view tensor_name);
   // Frees and empties `e` (no-op when empty).
   void Free(Extent& e);
+  // Called with each extent about to be freed, before its space can be handed out again (the
+  // NVMe tier drops the extent's checksums). Set once, before the tier is used.
+  void set_on_free(std::function<void(const Extent&)> f) { on_free_ = std::move(f); }
 
   tm_tier tier() const { return tier_; }
   uint64_t granule() const { return alloc_.granule(); }
@@ -37,6 +41,7 @@ class TierSpace {
 
  private:
   const tm_tier tier_;
+  std::function<void(const Extent&)> on_free_;
   mutable Mutex mu_;
   OffsetAllocator alloc_ ABSL_GUARDED_BY(mu_);
 };
