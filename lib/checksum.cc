@@ -10,9 +10,9 @@
 
 namespace tiermem {
 
-absl::Status BlockChecksums::Record(uint64_t extent, uint64_t offset, const char* data,
-                                    uint64_t n) {
-  if (n == 0) return absl::OkStatus();
+absl::StatusOr<std::vector<BlockChecksums::Sum>> BlockChecksums::Hash(uint64_t offset,
+                                                                      const char* data,
+                                                                      uint64_t n) const {
   if (offset % block_ != 0) {
     return Error(TM_ERR_INTERNAL,
                  absl::StrFormat("a write at extent offset %llu is not on a %llu-byte checksum "
@@ -20,18 +20,30 @@ absl::Status BlockChecksums::Record(uint64_t extent, uint64_t offset, const char
                                  static_cast<unsigned long long>(offset),
                                  static_cast<unsigned long long>(block_)));
   }
-  // Hashed without the lock: moves of other extents record and verify meanwhile.
-  std::vector<Sum> fresh;
-  fresh.reserve((n + block_ - 1) / block_);
+  std::vector<Sum> sums;
+  sums.reserve((n + block_ - 1) / block_);
   for (uint64_t done = 0; done < n; done += block_) {
     const uint64_t len = std::min(block_, n - done);
-    fresh.push_back({XXH3_64bits(data + done, len), len});
+    sums.push_back({XXH3_64bits(data + done, len), len});
   }
+  return sums;
+}
+
+void BlockChecksums::Store(uint64_t extent, uint64_t offset, const std::vector<Sum>& sums) {
+  if (sums.empty()) return;
   const uint64_t first = offset / block_;
   MutexLock lock(&mu_);
-  std::vector<Sum>& sums = sums_[extent];
-  if (sums.size() < first + fresh.size()) sums.resize(first + fresh.size());
-  std::copy(fresh.begin(), fresh.end(), sums.begin() + static_cast<ptrdiff_t>(first));
+  std::vector<Sum>& all = sums_[extent];
+  if (all.size() < first + sums.size()) all.resize(first + sums.size());
+  std::copy(sums.begin(), sums.end(), all.begin() + static_cast<ptrdiff_t>(first));
+}
+
+absl::Status BlockChecksums::Record(uint64_t extent, uint64_t offset, const char* data,
+                                    uint64_t n) {
+  // Hashed without the lock: moves of other extents record and verify meanwhile.
+  auto sums = Hash(offset, data, n);
+  if (!sums.ok()) return sums.status();
+  Store(extent, offset, *sums);
   return absl::OkStatus();
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "io/sync.h"
 
 namespace tiermem {
@@ -27,6 +28,15 @@ class BlockChecksums {
   // TM_ERR_INTERNAL when `offset` is not a multiple of block(): the sum of a block written in
   // part would need the rest of the block.
   absl::Status Record(uint64_t extent, uint64_t offset, const char* data, uint64_t n);
+
+  // Record in two halves, so that the hashing can run while the write does: the sums of
+  // `data`, to be stored once the write is known good.
+  struct Sum {
+    uint64_t hash = 0;
+    uint64_t length = 0;  // 0: nothing recorded
+  };
+  absl::StatusOr<std::vector<Sum>> Hash(uint64_t offset, const char* data, uint64_t n) const;
+  void Store(uint64_t extent, uint64_t offset, const std::vector<Sum>& sums);
 
   // What a read of [offset, offset + n) of an extent, landed in `data`, proved.
   struct Check {
@@ -54,11 +64,6 @@ class BlockChecksums {
   size_t extents() const;
 
  private:
-  struct Sum {
-    uint64_t hash = 0;
-    uint64_t length = 0;  // 0: nothing recorded
-  };
-
   const uint64_t block_;
   mutable Mutex mu_;
   absl::flat_hash_map<uint64_t, std::vector<Sum>> sums_ ABSL_GUARDED_BY(mu_);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -102,13 +103,57 @@ void NvmeTier::EnableChecksums(uint64_t block) {
   space_->set_on_free([sums = checksums_.get()](const Extent& e) { sums->Forget(e.offset); });
 }
 
+namespace {
+// A checksummed transfer longer than this is cut into segments of this size, so that hashing
+// one segment overlaps the I/O of another instead of adding to it.
+constexpr uint64_t kOverlapSegment = 64ull << 20;
+}  // namespace
+
+absl::Status NvmeTier::Run(io::IoEngine& engine, const Extent& e, uint64_t offset, char* buffer,
+                           uint64_t length, bool write) const {
+  return Retag(engine.Run(Requests(e, offset, buffer, length, write)), TM_ERR_IO);
+}
+
 absl::Status NvmeTier::Transfer(io::IoEngine& engine, const Extent& e, uint64_t offset,
                                 char* buffer, uint64_t length, bool write) const {
-  absl::Status s = Retag(engine.Run(Requests(e, offset, buffer, length, write)), TM_ERR_IO);
-  if (!s.ok() || checksums_ == nullptr) return s;
-  // A write's sums come from the buffer it wrote, recorded only once the write is known good.
-  if (write) return checksums_->Record(e.offset, offset, buffer, length);
-  return VerifyRead(engine, e, offset, buffer, length);
+  if (checksums_ == nullptr) return Run(engine, e, offset, buffer, length, write);
+  const uint64_t segment = std::max(kOverlapSegment, checksums_->block());
+  if (length <= segment || offset % checksums_->block() != 0) {
+    absl::Status s = Run(engine, e, offset, buffer, length, write);
+    if (!s.ok()) return s;
+    // A write's sums come from the buffer it wrote, recorded only once the write is known good.
+    if (write) return checksums_->Record(e.offset, offset, buffer, length);
+    return VerifyRead(engine, e, offset, buffer, length);
+  }
+  if (write) {
+    // The buffer holds still while it is written: it is hashed meanwhile, on this thread.
+    auto io = std::async(std::launch::async,
+                         [&] { return Run(engine, e, offset, buffer, length, true); });
+    auto sums = checksums_->Hash(offset, buffer, length);
+    absl::Status s = io.get();
+    if (!s.ok()) return s;
+    if (!sums.ok()) return sums.status();
+    checksums_->Store(e.offset, offset, *sums);
+    return absl::OkStatus();
+  }
+  // Segment k is checked while segment k + 1 is read. Segments start on block boundaries, so
+  // only the last can cover a block in part.
+  auto read = [&](uint64_t at) {
+    return std::async(std::launch::async, [&, at] {
+      return Run(engine, e, offset + at, buffer + at, std::min(segment, length - at), false);
+    });
+  };
+  std::future<absl::Status> next = read(0);
+  absl::Status status;
+  for (uint64_t at = 0; at < length && status.ok(); at += segment) {
+    status = next.get();
+    if (status.ok() && at + segment < length) next = read(at + segment);
+    if (status.ok()) {
+      status = VerifyRead(engine, e, offset + at, buffer + at, std::min(segment, length - at));
+    }
+  }
+  if (next.valid()) (void)next.get();  // never return while a read still lands in the buffer
+  return status;
 }
 
 absl::Status NvmeTier::VerifyRead(io::IoEngine& engine, const Extent& e, uint64_t offset,

@@ -60,6 +60,9 @@ class NvmeTier {
     uint64_t run;
   };
   Place Locate(uint64_t logical) const;
+  // The transfer itself, without checksums.
+  absl::Status Run(io::IoEngine& engine, const Extent& e, uint64_t offset, char* buffer,
+                   uint64_t length, bool write) const;
   // The files and file offsets of bytes [offset, offset + length) of `e`, for messages.
   std::string Describe(const Extent& e, uint64_t offset, uint64_t length) const;
   absl::Status VerifyRead(io::IoEngine& engine, const Extent& e, uint64_t offset, char* buffer,

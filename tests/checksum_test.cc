@@ -7,10 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io/io_engine.h"
@@ -337,6 +340,72 @@ TEST_P(Corruption, AValidCopyAboveIsStillServed) {
   ExpectCorrupt(tm_tensor_acquire(rt_, t, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &p),
                 "has-dram-copy");
   TM_ASSERT_OK(tm_tensor_destroy(rt_, t));
+}
+
+// Moves above 64 MiB hash one segment while the next is read or written: a flip in the first
+// segment (found while the second is still being read) and one in the short last segment are
+// both caught.
+TEST_P(Corruption, LargeMovesAreCheckedSegmentBySegment) {
+  const uint64_t bytes = (72ull << 20) + 4097;
+  const auto data = RandomBytes(bytes, 13);
+  tm_tensor a = Make("large-a", data);
+  TM_ASSERT_OK(OffloadNow(rt_, a, TM_TIER_DRAM));
+  TM_ASSERT_OK(OffloadNow(rt_, a, TM_TIER_NVME));  // DRAM -> NVMe in one transfer
+  Corrupt(data, (20ull << 20) + 3);
+  void* p = nullptr;
+  ExpectCorrupt(tm_tensor_acquire(rt_, a, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &p), "large-a");
+  EXPECT_EQ(Residency(rt_, a), TM_TIER_BIT(TM_TIER_NVME));
+  EXPECT_EQ(Used(rt_, TM_TIER_DRAM), 0u);
+  TM_ASSERT_OK(tm_tensor_destroy(rt_, a));
+
+  const auto other = RandomBytes(bytes, 14);
+  tm_tensor b = Make("large-b", other);
+  TM_ASSERT_OK(OffloadNow(rt_, b, TM_TIER_DRAM));
+  TM_ASSERT_OK(OffloadNow(rt_, b, TM_TIER_NVME));
+  TM_ASSERT_OK(tm_tensor_acquire(rt_, b, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &p));
+  EXPECT_EQ(std::memcmp(p, other.data(), bytes), 0);
+  TM_ASSERT_OK(tm_tensor_release(rt_, b, TM_TIER_DRAM));
+  TM_ASSERT_OK(OffloadNow(rt_, b, TM_TIER_NVME));
+  Corrupt(other, bytes - 2);
+  ExpectCorrupt(tm_tensor_acquire(rt_, b, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &p), "large-b");
+  TM_ASSERT_OK(tm_tensor_destroy(rt_, b));
+}
+
+// Tensors moving through NVMe on several threads at once keep their own sums.
+TEST_P(Corruption, ConcurrentMovesNoFalseAlarms) {
+  constexpr int kThreads = 4, kRounds = 8;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  std::mutex mu;
+  std::string first_error;
+  auto fail = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    if (failures++ == 0) first_error = tm_last_error();  // this thread's last failure
+  };
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      const uint64_t bytes = (1ull << 20) * (i + 1) + 333 * i;
+      tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+      d.bytes = bytes;
+      d.home_tier = TM_TIER_DRAM;
+      tm_tensor t{};
+      if (tm_tensor_create(rt_, &d, &t) != TM_OK) return fail();
+      for (int r = 0; r < kRounds; ++r) {
+        const auto data = RandomBytes(bytes, 100 * i + r);
+        std::vector<uint8_t> back(bytes);
+        void* p = nullptr;
+        bool ok = tm_tensor_write(rt_, t, 0, data.data(), bytes) == TM_OK &&
+                  OffloadNow(rt_, t, TM_TIER_NVME) == TM_OK &&
+                  tm_tensor_read(rt_, t, 0, back.data(), bytes) == TM_OK && back == data &&
+                  tm_tensor_acquire(rt_, t, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p) == TM_OK &&
+                  tm_tensor_release(rt_, t, TM_TIER_HBM) == TM_OK;
+        if (!ok) fail();
+      }
+      if (tm_tensor_destroy(rt_, t) != TM_OK) fail();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0) << first_error;
 }
 
 // Writes, rewrites and reuse of NVMe space through several tensors: every read is clean.
