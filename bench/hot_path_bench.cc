@@ -1,10 +1,12 @@
-// Hot-path micro benchmarks: allocator alloc/free at a steady fill, and acquire/release of a
-// tensor already resident (DESIGN: well under a microsecond).
+// Hot-path micro benchmarks: allocator alloc/free at a steady fill, acquire/release of a
+// tensor already resident (DESIGN: well under a microsecond), and the XXH3-64 of one checksum
+// block (the CPU ceiling of TIERMEM_CHECKSUM=xxh3).
 #include <benchmark/benchmark.h>
 
 #include <random>
 #include <vector>
 
+#include "lib/checksum.h"
 #include "lib/config.h"
 #include "lib/offset_allocator.h"
 #include "lib/runtime.h"
@@ -51,6 +53,19 @@ void BM_AcquireResident(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_AcquireResident);
+
+// Sums of a 1 MiB block (in cache) and of 256 MiB of blocks (from memory, as a large move hashes).
+void BM_ChecksumBlocks(benchmark::State& state) {
+  const uint64_t bytes = static_cast<uint64_t>(state.range(0));
+  std::vector<char> data(bytes, 0x5a);
+  BlockChecksums sums(1 << 20);
+  for (auto _ : state) {
+    auto s = sums.Hash(0, data.data(), bytes);
+    benchmark::DoNotOptimize(s);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+}
+BENCHMARK(BM_ChecksumBlocks)->Arg(1 << 20)->Arg(256 << 20);
 
 }  // namespace
 }  // namespace tiermem

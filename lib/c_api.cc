@@ -195,6 +195,15 @@ absl::StatusOr<ConfigOverrides> OverridesFrom(const tm_config* c) {
     }
   }
   if (TM_HAS(trace) && c->trace != nullptr) o.trace = std::string(c->trace);
+  if (TM_HAS(checksum) && c->checksum != TM_CHECKSUM_DEFAULT) {
+    switch (c->checksum) {
+      case TM_CHECKSUM_OFF: o.checksum = ChecksumKind::kOff; break;
+      case TM_CHECKSUM_XXH3: o.checksum = ChecksumKind::kXxh3; break;
+      default:
+        return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.checksum=%d is out of range",
+                                                    static_cast<int>(c->checksum)));
+    }
+  }
 #undef TM_HAS
   return o;
 }

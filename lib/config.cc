@@ -54,6 +54,8 @@ constexpr Choice<Placement> kPlacementChoices[] = {{"none", Placement::kNone},
                                                    {"zero-offload", Placement::kZeroOffload},
                                                    {"zero-infinity", Placement::kZeroInfinity},
                                                    {"activations", Placement::kActivations}};
+constexpr Choice<ChecksumKind> kChecksumChoices[] = {{"off", ChecksumKind::kOff},
+                                                     {"xxh3", ChecksumKind::kXxh3}};
 constexpr Choice<LogLevel> kLogChoices[] = {{"error", LogLevel::kError},
                                             {"warn", LogLevel::kWarn},
                                             {"info", LogLevel::kInfo},
@@ -251,6 +253,13 @@ absl::string_view PlacementName(Placement p) {
   return "?";
 }
 
+absl::string_view ChecksumKindName(ChecksumKind k) {
+  for (const auto& c : kChecksumChoices) {
+    if (c.value == k) return c.name;
+  }
+  return "?";
+}
+
 absl::string_view LogLevelName(LogLevel l) {
   for (const auto& c : kLogChoices) {
     if (c.value == l) return c.name;
@@ -266,7 +275,7 @@ const std::vector<absl::string_view>& KnownVariables() {
       "TIERMEM_IO_THREADS",
       "TIERMEM_NUMA",          "TIERMEM_LOG_LEVEL",    "TIERMEM_EMU_LINK_GBPS",
       "TIERMEM_PREFETCH_DEPTH", "TIERMEM_PREFETCH_BYTES", "TIERMEM_PLACEMENT",
-      "TIERMEM_TRACE",         "TIERMEM_ENV_FILE"};
+      "TIERMEM_TRACE",         "TIERMEM_CHECKSUM",     "TIERMEM_ENV_FILE"};
   return kNames;
 }
 
@@ -489,6 +498,12 @@ absl::StatusOr<Config> LoadConfig(const ConfigOverrides& o, const EnvLookup& env
         return std::string(t);
       },
       ident);
+  if (!status.ok()) return status;
+
+  status = r.Resolve<ChecksumKind>(
+      "TIERMEM_CHECKSUM", o.checksum, c.checksum,
+      [](absl::string_view t) { return ParseChoice("TIERMEM_CHECKSUM", t, kChecksumChoices); },
+      [](ChecksumKind k) { return std::string(ChecksumKindName(k)); });
   if (!status.ok()) return status;
 
   auto known = [](absl::string_view name) {

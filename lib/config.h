@@ -21,6 +21,8 @@ enum class NumaMode { kAuto, kOff, kNode };
 enum class LogLevel { kError = 1, kWarn = 2, kInfo = 3, kDebug = 4 };
 // Tensor class -> home tier presets (TIERMEM_PLACEMENT).
 enum class Placement { kNone, kZeroOffload, kZeroInfinity, kActivations };
+// Integrity of the NVMe tier (TIERMEM_CHECKSUM).
+enum class ChecksumKind { kOff, kXxh3 };
 
 // A byte size given either absolutely or as a percentage of a tier's physical size.
 struct SizeSetting {
@@ -46,6 +48,7 @@ struct ConfigOverrides {
   std::optional<SizeSetting> prefetch_bytes;
   std::optional<Placement> placement;
   std::optional<std::string> trace;
+  std::optional<ChecksumKind> checksum;
 };
 
 struct Config {
@@ -67,6 +70,7 @@ struct Config {
   SizeSetting prefetch_bytes;   // bound on prefetch bytes in flight; 0: half the HBM budget
   Placement placement = Placement::kNone;
   std::string trace;            // Chrome-trace JSON written here at runtime destruction
+  ChecksumKind checksum = ChecksumKind::kOff;  // sums of what is written to NVMe, checked on read
 
   // One row per setting: variable name, effective value as text, and where it came from
   // ("config", "environment" or "default").
@@ -114,6 +118,7 @@ absl::string_view DeviceKindName(DeviceKind k);
 absl::string_view IoEngineKindName(IoEngineKind k);
 absl::string_view LogLevelName(LogLevel l);
 absl::string_view PlacementName(Placement p);
+absl::string_view ChecksumKindName(ChecksumKind k);
 
 // The variables tiermem reads, in documentation order.
 const std::vector<absl::string_view>& KnownVariables();

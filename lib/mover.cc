@@ -23,7 +23,8 @@ void Mover::Count(const MovePlan& p) {
 }
 
 absl::Status Mover::Io(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write) {
-  return Retag(io_.Run(tiers_.nvme().Requests(e, offset, buffer, n, write)), TM_ERR_IO);
+  // Also records (write) or checks (read) the extent's checksums when they are on.
+  return tiers_.nvme().Transfer(io_, e, offset, buffer, n, write);
 }
 
 absl::Status Mover::Execute(const MovePlan& p, std::optional<CopyTicket>* pending) {

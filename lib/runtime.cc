@@ -408,7 +408,8 @@ absl::Status Runtime::Read(uint64_t handle, uint64_t offset, void* dst, uint64_t
   const Extent e = t.copy(TM_TIER_NVME).extent;
   const uint64_t size = t.bytes;
   absl::Status s = Unlocked(t, [&] { return mover_->ReadNvme(e, size, offset, dst, bytes); });
-  if (s.ok()) NoteUse(t, TM_TIER_DRAM, true);
+  if (!s.ok()) return WithContext(s, absl::StrFormat("reading tensor \"%s\" from NVMe", t.name));
+  NoteUse(t, TM_TIER_DRAM, true);
   return s;
 }
 

@@ -182,6 +182,12 @@ absl::Status Runtime::Init() {
   info_.staging_chunk = shape.chunk;
   info_.staging_slots = shape.slots;
   staging_ = std::make_unique<StagingPool>(tiers_->dram().reserved(), shape);
+  // One sum per I/O block, or per staging chunk when the DRAM budget made chunks smaller: a
+  // power of two dividing the chunk, so every chunk-by-chunk transfer covers whole blocks.
+  if (config_.checksum == ChecksumKind::kXxh3) {
+    tiers_->nvme().EnableChecksums(
+        std::min<uint64_t>(config_.io_block_size, shape.chunk & -shape.chunk));
+  }
   for (const auto& f : tiers_->nvme().files()) {
     info_.nvme.push_back({f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
   }

@@ -19,7 +19,8 @@ absl::StatusCode CanonicalFor(tm_status code) {
     case TM_ERR_INVALID_HANDLE: return absl::StatusCode::kNotFound;
     case TM_ERR_OUT_OF_MEMORY:
     case TM_ERR_NO_SPACE: return absl::StatusCode::kResourceExhausted;
-    case TM_ERR_IO: return absl::StatusCode::kDataLoss;
+    case TM_ERR_IO:
+    case TM_ERR_CORRUPT: return absl::StatusCode::kDataLoss;
     case TM_ERR_DEVICE: return absl::StatusCode::kUnavailable;
     case TM_ERR_CONFIG: return absl::StatusCode::kInvalidArgument;
     case TM_ERR_BUSY: return absl::StatusCode::kFailedPrecondition;

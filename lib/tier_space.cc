@@ -39,6 +39,7 @@ absl::StatusOr<Extent> TierSpace::Allocate(uint64_t bytes, absl::string_view ten
 
 void TierSpace::Free(Extent& e) {
   if (e.empty()) return;
+  if (on_free_) on_free_(e);  // while the space is still e's: nothing new lands there yet
   MutexLock lock(&mu_);
   alloc_.Free(e.block);
   owners_[e.block] = 0;

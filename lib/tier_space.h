@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -33,6 +34,9 @@ class TierSpace {
                                   uint64_t owner = 0);
   // Frees and empties `e` (no-op when empty).
   void Free(Extent& e);
+  // Called with each extent about to be freed, before its space can be handed out again (the
+  // NVMe tier drops the extent's checksums). Set once, before the tier is used.
+  void set_on_free(std::function<void(const Extent&)> f) { on_free_ = std::move(f); }
 
   // A block of the tier in address order: free (owner 0, free true) or reserved by `owner`.
   struct Block {
@@ -55,6 +59,7 @@ class TierSpace {
 
  private:
   const tm_tier tier_;
+  std::function<void(const Extent&)> on_free_;
   mutable Mutex mu_;
   OffsetAllocator alloc_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> owners_ ABSL_GUARDED_BY(mu_);  // by allocator block index

@@ -53,6 +53,7 @@ TEST(LoadConfig, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(c->dram_bytes.bytes, 2ull << 30);
   EXPECT_EQ(c->numa, NumaMode::kAuto);
   EXPECT_EQ(c->log_level, LogLevel::kWarn);
+  EXPECT_EQ(c->checksum, ChecksumKind::kOff);
   for (const auto& e : c->entries) EXPECT_EQ(e.source, "default") << e.name;
   EXPECT_EQ(c->entries.size(), KnownVariables().size());
 }
@@ -141,7 +142,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadValue{"TIERMEM_PREFETCH_DEPTH", "2000"},
                       BadValue{"TIERMEM_PREFETCH_BYTES", "some"},
                       BadValue{"TIERMEM_PLACEMENT", "zero3"},
-                      BadValue{"TIERMEM_TRACE", "/tmp/dir/"}));
+                      BadValue{"TIERMEM_TRACE", "/tmp/dir/"},
+                      BadValue{"TIERMEM_CHECKSUM", "crc32"}));
 
 // A TIERMEM_ENV_FILE, as tiermem-probe --tune writes it.
 class EnvFileTest : public ::testing::Test {

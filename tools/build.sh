@@ -13,7 +13,7 @@ jobs=${JOBS:-$(nproc)}
 cuda=${TIERMEM_WITH_CUDA:-AUTO}
 
 packages=(cmake ninja-build g++ pkg-config binutils liburing-dev libhwloc-dev libabsl-dev
-          libgtest-dev libgmock-dev libbenchmark-dev fio)
+          libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev fio)
 
 install_missing() {
   local missing=()

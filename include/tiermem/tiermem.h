@@ -54,6 +54,7 @@ typedef enum tm_status {
   TM_ERR_BUSY = 8,             /**< the tensor is pinned by an acquire and cannot be moved */
   TM_ERR_UNSUPPORTED = 9,      /**< the operation is not possible on this machine or tier */
   TM_ERR_INTERNAL = 10,        /**< a bug in tiermem: please report the message */
+  TM_ERR_CORRUPT = 11,         /**< NVMe data failed its checksum (tensor, file, offset in the message) */
   TM_STATUS_COUNT,
   TM_STATUS_MIN_ENUM = -0x7fffffff - 1,
   TM_STATUS_MAX_ENUM = 0x7fffffff
@@ -142,6 +143,16 @@ typedef enum tm_placement {
   TM_PLACEMENT_MAX_ENUM = 0x7fffffff
 } tm_placement;
 
+/** Integrity of the NVMe tier (TIERMEM_CHECKSUM). */
+typedef enum tm_checksum {
+  TM_CHECKSUM_DEFAULT = 0, /**< from TIERMEM_CHECKSUM, else off */
+  TM_CHECKSUM_OFF = 1,     /**< NVMe data is trusted as read */
+  TM_CHECKSUM_XXH3 = 2,    /**< an XXH3-64 per block written, checked on every read */
+  TM_CHECKSUM_COUNT,
+  TM_CHECKSUM_MIN_ENUM = -0x7fffffff - 1,
+  TM_CHECKSUM_MAX_ENUM = 0x7fffffff
+} tm_checksum;
+
 /** In tm_config.prefetch_depth: take TIERMEM_PREFETCH_DEPTH, else 4. */
 #define TM_PREFETCH_DEPTH_DEFAULT (-1)
 
@@ -181,13 +192,14 @@ typedef struct tm_config {
   uint64_t prefetch_bytes;  /**< TIERMEM_PREFETCH_BYTES: bound on prefetch bytes in flight */
   tm_placement placement;   /**< TIERMEM_PLACEMENT */
   const char* trace;        /**< TIERMEM_TRACE: Chrome-trace JSON file written at destroy */
+  tm_checksum checksum;     /**< TIERMEM_CHECKSUM: verify NVMe data on every read */
 } tm_config;
 
 #define TM_CONFIG_INIT                                                                         \
   {                                                                                            \
     sizeof(tm_config), TM_VERSION, TM_DEVICE_DEFAULT, TM_CUDA_DEVICE_DEFAULT, 0, 0, NULL, 0,   \
         TM_IO_ENGINE_DEFAULT, 0, 0, TM_NUMA_DEFAULT, TM_LOG_DEFAULT, 0.0, 0,                   \
-        TM_PREFETCH_DEPTH_DEFAULT, 0, TM_PLACEMENT_DEFAULT, NULL                               \
+        TM_PREFETCH_DEPTH_DEFAULT, 0, TM_PLACEMENT_DEFAULT, NULL, TM_CHECKSUM_DEFAULT          \
   }
 
 /** Describes a tensor to create. Fill with TM_TENSOR_DESC_INIT. */
