@@ -366,6 +366,12 @@ TM_API tm_status tm_step_end(tm_runtime runtime) {
 TM_API tm_status tm_schedule_set(tm_runtime runtime, const tm_tensor* tensors,
                                  const tm_tier* tiers, size_t count) {
   if (tensors == nullptr && count > 0) return NullArgument("tm_schedule_set", "tensors");
+  // More uses than any step holds is a caller's mistake (a negative count cast to size_t).
+  if (count > (size_t{1} << 32)) {
+    return Fail(TM_ERR_INVALID_ARGUMENT,
+                absl::StrFormat("tm_schedule_set: count=%zu is beyond any schedule (at most 2^32)",
+                                count));
+  }
   return WithRuntime(runtime, [&](Runtime& rt) {
     std::vector<Schedule::Use> uses(count);
     for (size_t i = 0; i < count; ++i) {

@@ -4,6 +4,8 @@
 #include <bit>
 #include <cassert>
 
+#include "io/checked.h"
+
 namespace tiermem {
 
 OffsetAllocator::OffsetAllocator(uint64_t capacity, uint64_t granule)
@@ -31,14 +33,15 @@ void OffsetAllocator::Mapping(uint64_t n, uint32_t& fl, uint32_t& sl) {
   sl = static_cast<uint32_t>((n >> (f - kSlBits)) ^ kSlCount);
 }
 
-uint64_t OffsetAllocator::SearchSize(uint64_t bytes) const {
-  uint64_t n = (bytes + granule_ - 1) / granule_;
+std::optional<uint64_t> OffsetAllocator::SearchSize(uint64_t bytes) const {
+  uint64_t n = DivideRoundingUp(bytes, granule_);
   if (n >= kSlCount) {
     int f = std::bit_width(n) - 1;
-    uint64_t step = uint64_t{1} << (f - kSlBits);
-    n = (n + step - 1) & ~(step - 1);
+    auto up = RoundUp(n, uint64_t{1} << (f - kSlBits));
+    if (!up.has_value()) return std::nullopt;
+    n = *up;
   }
-  return n * granule_;
+  return CheckedMul(n, granule_);
 }
 
 uint32_t OffsetAllocator::NewBlock() {
@@ -100,13 +103,17 @@ uint32_t OffsetAllocator::FindFree(uint32_t fl, uint32_t sl) const {
 std::optional<OffsetAllocator::Allocation> OffsetAllocator::Allocate(uint64_t bytes,
                                                                      uint64_t alignment) {
   if (bytes == 0 || (alignment & (alignment - 1)) != 0) return std::nullopt;
-  const uint64_t n = (bytes + granule_ - 1) / granule_;
+  // Granule counts never exceed capacity_ / granule_, so with the bound below nothing that
+  // follows can wrap; the round-up itself is written not to wrap near 2^64.
+  const uint64_t n = DivideRoundingUp(bytes, granule_);
   const uint64_t align = alignment > granule_ ? alignment / granule_ : 1;
-  if (n > capacity_ / granule_ || n + align - 1 < n) return std::nullopt;
+  const uint64_t total = capacity_ / granule_;
+  if (n > total || align - 1 > total - n) return std::nullopt;
   // Search one class up so that any block found fits without walking the list.
-  uint64_t search = SearchSize((n + align - 1) * granule_) / granule_;
+  auto search = SearchSize((n + align - 1) * granule_);
+  if (!search.has_value()) return std::nullopt;
   uint32_t fl = 0, sl = 0;
-  Mapping(search, fl, sl);
+  Mapping(*search / granule_, fl, sl);
   uint32_t b = FindFree(fl, sl);
   if (b == kNone) return std::nullopt;
   RemoveFree(b);

@@ -142,7 +142,8 @@ absl::Status Runtime::Init() {
       dram_bytes, std::max<uint64_t>(4ull << 20, config_.io_block_size), granule);
   auto dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule,
                                      shape.bytes());
-  if (!dram.ok() && config_.numa == NumaMode::kAuto && node >= 0) {
+  if (!dram.ok() && ToTmStatus(dram.status()) != TM_ERR_CONFIG &&
+      config_.numa == NumaMode::kAuto && node >= 0) {
     Log(LogSeverity::kWarn, "%s; the DRAM tier is left unbound",
         std::string(dram.status().message()).c_str());
     node = -1;

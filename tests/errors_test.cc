@@ -222,6 +222,87 @@ TEST(BufferedNvme, RuntimeRoundTripWhereODirectIsRefused) {
   EXPECT_EQ(umount2(mnt.path().c_str(), MNT_DETACH), 0) << std::strerror(errno);
 }
 
+// Budgets near 2^64 once wrapped in their round-ups: the DRAM tier mapped nothing and the first
+// offload crashed; the NVMe tier reserved nothing yet reported success. Each is now a clear
+// error at create: TM_ERR_CONFIG for a size no file system or address space can hold (naming
+// the variable and the value), TM_ERR_NO_SPACE for one the file system refuses to reserve,
+// whatever errno it chose (EFBIG, EINVAL).
+TEST(Budgets, ImpossibleBudgetsFailAtCreateNamingTheValue) {
+  TempDir dir;
+  struct Case {
+    const char* variable;
+    uint64_t dram, nvme, hbm;
+    std::string paths;
+    tm_status expected;
+    std::string value;
+  };
+  const std::string two = dir.path() + ":" + dir.path();
+  const Case cases[] = {
+      {"TIERMEM_NVME_BYTES", 0, UINT64_MAX, 0, dir.path(), TM_ERR_CONFIG, "18446744073709551615"},
+      {"TIERMEM_NVME_BYTES", 0, 16777215ull << 40, 0, dir.path(), TM_ERR_CONFIG,
+       std::to_string(16777215ull << 40)},
+      {"TIERMEM_NVME_BYTES", 0, 1000000ull << 40, 0, dir.path(), TM_ERR_NO_SPACE,
+       std::to_string(1000000ull << 40)},
+      // Each of two files just under 2^63 bytes: the kernel's EFBIG or EINVAL is NO_SPACE too.
+      {"TIERMEM_NVME_BYTES", 0, 16777215ull << 40, 0, two, TM_ERR_NO_SPACE,
+       std::to_string(16777215ull << 40)},
+      {"TIERMEM_DRAM_BYTES", UINT64_MAX, 0, 0, dir.path(), TM_ERR_CONFIG, "18446744073709551615"},
+      {"TIERMEM_DRAM_BYTES", UINT64_MAX - (1 << 20), 0, 0, dir.path(), TM_ERR_CONFIG,
+       std::to_string(UINT64_MAX - (1 << 20))},
+  };
+  for (const Case& c : cases) {
+    tm_config cfg = SmallConfig(c.paths);
+    if (c.dram != 0) cfg.dram_bytes = c.dram;
+    if (c.nvme != 0) cfg.nvme_bytes = c.nvme;
+    tm_runtime rt{};
+    tm_status st = tm_runtime_create(&cfg, &rt);
+    std::string msg = tm_last_error();
+    EXPECT_EQ(st, c.expected) << c.variable << "=" << c.value << ": " << tm_status_string(st)
+                              << ": " << msg;
+    EXPECT_NE(msg.find(c.variable), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.value), std::string::npos) << msg;
+    EXPECT_EQ(rt.bits, 0u);
+    EXPECT_EQ(dir.Entries(), 0) << "a failed create left a file behind";
+  }
+  // Sizes that parse but no machine has: a clear error, never TM_OK, never a crash.
+  for (uint64_t bytes : {uint64_t{1} << 61, UINT64_MAX - 4095}) {
+    tm_config cfg = SmallConfig(dir.path());
+    cfg.hbm_bytes = bytes;
+    tm_runtime rt{};
+    EXPECT_NE(tm_runtime_create(&cfg, &rt), TM_OK) << "hbm " << bytes;
+    cfg = SmallConfig(dir.path());
+    cfg.dram_bytes = bytes;
+    EXPECT_NE(tm_runtime_create(&cfg, &rt), TM_OK) << "dram " << bytes;
+  }
+}
+
+// The same values through the environment and its size suffixes.
+TEST(Budgets, ImpossibleBudgetsFromTheEnvironment) {
+  TempDir dir;
+  tm_config cfg = SmallConfig(dir.path());
+  cfg.nvme_bytes = 0;
+  cfg.dram_bytes = 0;
+  struct Case {
+    const char* variable;
+    const char* value;
+    tm_status expected;
+  };
+  for (const Case& c : {Case{"TIERMEM_NVME_BYTES", "18446744073709551615", TM_ERR_CONFIG},
+                        Case{"TIERMEM_NVME_BYTES", "16777215T", TM_ERR_CONFIG},
+                        Case{"TIERMEM_NVME_BYTES", "1000000T", TM_ERR_NO_SPACE},
+                        Case{"TIERMEM_NVME_BYTES", "16777216T", TM_ERR_CONFIG},
+                        Case{"TIERMEM_DRAM_BYTES", "18446744073709551615", TM_ERR_CONFIG},
+                        Case{"TIERMEM_DRAM_BYTES", "17592186044415M", TM_ERR_CONFIG}}) {
+    testing::ScopedEnv env(c.variable, c.value);
+    tm_runtime rt{};
+    tm_status st = tm_runtime_create(&cfg, &rt);
+    std::string msg = tm_last_error();
+    EXPECT_EQ(st, c.expected) << c.variable << "=" << c.value << ": " << msg;
+    EXPECT_NE(msg.find(c.variable), std::string::npos) << msg;
+    if (st == TM_OK) tm_runtime_destroy(rt);
+  }
+}
+
 TEST(BadPaths, MissingDirectoryIsAConfigError) {
   const std::string missing = "/nonexistent/tiermem";
   tm_config cfg = SmallConfig(missing);
