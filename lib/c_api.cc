@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "io/sync.h"
 #include "lib/config.h"
+#include "lib/handle.h"
 #include "lib/planner.h"
 #include "lib/runtime.h"
 #include "lib/status.h"
@@ -30,8 +31,9 @@ tm_status Report(const absl::Status& s) {
   return Fail(ToTmStatus(s), s.message());
 }
 
-// Runtimes live in a process-wide table of generation-checked slots. Calls hold a shared_ptr,
-// so a destroy racing with a call frees the runtime only after that call returns.
+// Runtimes live in a process-wide table of generation-checked slots, their handles tagged with
+// the runtime kind (lib/handle.h). Calls hold a shared_ptr, so a destroy racing with a call
+// frees the runtime only after that call returns.
 class RuntimeRegistry {
  public:
   uint64_t Add(std::shared_ptr<Runtime> rt) {
@@ -44,9 +46,9 @@ class RuntimeRegistry {
       index = static_cast<uint32_t>(slots_.size());
       slots_.emplace_back();
     }
-    if (++next_generation_ == 0) ++next_generation_;
+    next_generation_ = NextHandleGeneration(next_generation_);
     slots_[index] = {next_generation_, std::move(rt)};
-    return uint64_t{next_generation_} << 32 | index;
+    return MakeHandle(HandleKind::kRuntime, next_generation_, index);
   }
   std::shared_ptr<Runtime> Get(uint64_t bits) {
     MutexLock lock(&mu_);
@@ -69,8 +71,10 @@ class RuntimeRegistry {
     std::shared_ptr<Runtime> runtime;
   };
   Slot* Find(uint64_t bits) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    uint32_t index = static_cast<uint32_t>(bits);
-    uint32_t gen = static_cast<uint32_t>(bits >> 32);
+    // A tensor handle never names a runtime, whatever its generation and index bits.
+    if (!HandleIsKind(bits, HandleKind::kRuntime)) return nullptr;
+    const uint32_t index = HandleIndex(bits);
+    const uint32_t gen = HandleGeneration(bits);
     if (gen == 0 || index >= slots_.size() || slots_[index].generation != gen) return nullptr;
     return &slots_[index];
   }

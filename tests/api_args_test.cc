@@ -249,6 +249,43 @@ TEST_F(ApiArgs, TensorHandles) {
   EXPECT_EQ(bytes, 4096u);
 }
 
+// Runtime and tensor handles once shared one numbering space (generation << 32 | slot), so a
+// runtime handle passed as a tensor could name a live tensor. Each kind now carries its own
+// tag in the top four bits (lib/handle.h): no handle of one kind is ever taken for the other.
+TEST_F(ApiArgs, HandlesOfOneKindNeverNameTheOther) {
+  constexpr uint64_t kKindBits = 0xFull << 60;
+  std::vector<tm_tensor> tensors{t_};
+  for (int i = 0; i < 64; ++i) {
+    tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+    d.bytes = 64;
+    tm_tensor t;
+    ASSERT_EQ(tm_tensor_create(rt_, &d, &t), TM_OK);
+    tensors.push_back(t);
+  }
+  uint64_t bytes = 0;
+  EXPECT_NE(rt_.bits & kKindBits, t_.bits & kKindBits);
+  // The runtime's own handle, as a tensor of itself.
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_bytes(rt_, tm_tensor{rt_.bits}, &bytes));
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_write(rt_, tm_tensor{rt_.bits}, 0, buf_, 1));
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_destroy(rt_, tm_tensor{rt_.bits}));
+  // The runtime's generation and slot with the tensor tag, and each tensor's with the runtime
+  // tag: the same low bits as a live handle of the other kind, refused all the same.
+  const uint64_t tensor_tag = t_.bits & kKindBits, runtime_tag = rt_.bits & kKindBits;
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE,
+                tm_tensor_bytes(rt_, tm_tensor{(rt_.bits & ~kKindBits) | tensor_tag}, &bytes));
+  for (tm_tensor t : tensors) {
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_bytes(tm_runtime{t.bits}, t, &bytes));
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE,
+                  tm_tensor_bytes(tm_runtime{(t.bits & ~kKindBits) | runtime_tag}, t, &bytes));
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_destroy(tm_runtime{t.bits}));
+    EXPECT_STATUS(TM_OK, tm_tensor_bytes(rt_, t, &bytes));
+  }
+  // Every handle of either kind carries a non-zero tag: no tagless value is ever valid.
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_bytes(rt_, tm_tensor{t_.bits & ~kKindBits}, &bytes));
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_sync(tm_runtime{rt_.bits & ~kKindBits}));
+  EXPECT_STATUS(TM_OK, tm_runtime_sync(rt_));
+}
+
 TEST_F(ApiArgs, NullOutputs) {
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_bytes(rt_, t_, nullptr));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_residency(rt_, t_, nullptr));
