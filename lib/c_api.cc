@@ -293,7 +293,11 @@ TM_API tm_status tm_tensor_create(tm_runtime runtime, const tm_tensor_desc* desc
     d.bytes = desc->bytes;
     d.cls = desc->cls;
     d.home_tier = desc->home_tier;
-    if (desc->name != nullptr) d.name = std::string(desc->name, strnlen(desc->name, 256));
+    // At most 256 bytes are kept, cut before a UTF-8 character rather than inside one (one
+    // byte more is read to see whether the cut falls inside a character).
+    if (desc->name != nullptr) {
+      d.name = std::string(Utf8Prefix(absl::string_view(desc->name, strnlen(desc->name, 257)), 256));
+    }
     auto h = rt.CreateTensor(d);
     if (!h.ok()) return h.status();
     out->bits = *h;

@@ -183,7 +183,10 @@ absl::Status Runtime::Init() {
     info_.nvme.push_back({f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
   }
   mover_ = std::make_unique<Mover>(*hbm_, *dram_, *nvme_, *device_, *io_, *staging_);
-  trace_ = std::make_unique<Trace>(config_.trace);
+  // Opened now, not at destroy: a path that cannot be written fails create (TM_ERR_CONFIG).
+  auto trace = Trace::Open(config_.trace, config_.local_rank);
+  if (!trace.ok()) return trace.status();
+  trace_ = std::move(*trace);
   prefetch_limit_ = config_.prefetch_bytes.bytes == 0 && config_.prefetch_bytes.percent == 0
                         ? hbm_bytes / 2
                         : config_.prefetch_bytes.Resolve(hbm_bytes);

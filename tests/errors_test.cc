@@ -2,14 +2,17 @@
 // and the runtime keeps working afterwards.
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "json_check.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 
@@ -301,6 +304,131 @@ TEST(Budgets, ImpossibleBudgetsFromTheEnvironment) {
     EXPECT_NE(msg.find(c.variable), std::string::npos) << msg;
     if (st == TM_OK) tm_runtime_destroy(rt);
   }
+}
+
+// TIERMEM_TRACE is opened at create, beside its final path, and renamed into place at destroy.
+class TracePaths : public ::testing::Test {
+ protected:
+  tm_status Create(const std::string& trace) {
+    trace_ = trace;
+    tm_config cfg = SmallConfig(swap_.path());
+    cfg.trace = trace_.c_str();
+    return tm_runtime_create(&cfg, &rt_);
+  }
+  // A runtime that moves one tensor, so its trace holds events named `name`.
+  void MoveOne(const std::string& name) {
+    tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+    d.bytes = 64 << 10;
+    d.name = name.c_str();
+    tm_tensor t;
+    TM_ASSERT_OK(tm_tensor_create(rt_, &d, &t));
+    auto data = RandomBytes(d.bytes, 9);
+    TM_ASSERT_OK(tm_tensor_write(rt_, t, 0, data.data(), d.bytes));
+    TM_ASSERT_OK(OffloadNow(rt_, t, TM_TIER_DRAM));
+  }
+  static std::string Slurp(const std::string& path) {
+    std::string out;
+    if (std::FILE* f = std::fopen(path.c_str(), "r")) {
+      char buf[4096];
+      size_t n = 0;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+      std::fclose(f);
+    }
+    return out;
+  }
+  TempDir swap_, dir_;
+  std::string trace_;
+  tm_runtime rt_{};
+};
+
+TEST_F(TracePaths, UnwritablePathsFailCreateNamingThem) {
+  for (const std::string& bad : {std::string("/proc/tiermem-trace.json"),
+                                 dir_.path() + "/missing/trace.json", dir_.path()}) {
+    ASSERT_EQ(Create(bad), TM_ERR_CONFIG) << bad;
+    EXPECT_NE(std::string(tm_last_error()).find("TIERMEM_TRACE=" + bad), std::string::npos)
+        << tm_last_error();
+  }
+  // A FIFO (which once hung destroy) and a device are refused, never opened or replaced.
+  const std::string fifo = dir_.path() + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  for (const std::string& bad : {fifo, std::string("/dev/null")}) {
+    ASSERT_EQ(Create(bad), TM_ERR_CONFIG) << bad;
+    EXPECT_NE(std::string(tm_last_error()).find("not a regular file"), std::string::npos)
+        << tm_last_error();
+  }
+  struct stat st = {};
+  ASSERT_EQ(lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  ASSERT_EQ(stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  EXPECT_EQ(dir_.Entries(), 1) << "a refused trace left a file behind";
+}
+
+// A symlink at the path (once followed: its target truncated, or created 0644 when dangling)
+// is replaced by the trace; its target is never touched.
+TEST_F(TracePaths, SymlinksAreReplacedNeverFollowed) {
+  const std::string target = dir_.path() + "/precious";
+  {
+    std::FILE* f = std::fopen(target.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("keep me", f);
+    std::fclose(f);
+  }
+  const std::string link = dir_.path() + "/trace.json";
+  const std::string dangling = dir_.path() + "/dangling.json";
+  const std::string nowhere = dir_.path() + "/nowhere";
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  ASSERT_EQ(symlink(nowhere.c_str(), dangling.c_str()), 0);
+  for (const std::string& path : {link, dangling}) {
+    ASSERT_EQ(Create(path), TM_OK) << tm_last_error();
+    MoveOne("t");
+    ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);
+    struct stat st = {};
+    ASSERT_EQ(lstat(path.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode)) << path << " is still a link";
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_TRUE(testing::Json(Slurp(path)).Valid());
+  }
+  EXPECT_EQ(Slurp(target), "keep me");
+  EXPECT_NE(access(nowhere.c_str(), F_OK), 0) << "the dangling link's target was created";
+  EXPECT_EQ(dir_.Entries(), 3) << "precious, trace.json, dangling.json and nothing else";
+}
+
+// %p and %r give each process and rank its own file; %% is a percent sign.
+TEST_F(TracePaths, PidAndRankExpand) {
+  testing::ScopedEnv env("TIERMEM_LOCAL_RANK", "3");
+  ASSERT_EQ(Create(dir_.path() + "/t-%p-r%r-%%.json"), TM_OK) << tm_last_error();
+  MoveOne("t");
+  ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);
+  const std::string expected =
+      dir_.path() + "/t-" + std::to_string(getpid()) + "-r3-%.json";
+  EXPECT_TRUE(testing::Json(Slurp(expected)).Valid()) << expected;
+  EXPECT_EQ(dir_.Entries(), 1);
+  env.Set("TIERMEM_LOCAL_RANK", std::nullopt);
+  env.Set("LOCAL_RANK", "5");
+  ASSERT_EQ(Create(dir_.path() + "/u-%r.json"), TM_OK) << tm_last_error();
+  ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);
+  EXPECT_TRUE(testing::Json(Slurp(dir_.path() + "/u-5.json")).Valid());
+}
+
+// Names with control characters, quotes, bytes that are not UTF-8, and a 256-byte cut that
+// falls inside a character (once invalid JSON): the trace is valid JSON all the same, and the
+// cut lands before the character.
+TEST_F(TracePaths, AnyTensorNameGivesValidJson) {
+  ASSERT_EQ(Create(dir_.path() + "/trace.json"), TM_OK) << tm_last_error();
+  const std::string cut_inside = std::string(255, 'a') + "\xc3\xa9" + "tail";  // e-acute at 255
+  MoveOne(cut_inside);
+  MoveOne(std::string("ctl\x01\x1f\x7f \"q\" \\ bad\xff\xfe\xc3 over\xe0\x80\x80 sur\xed\xa0\x80"));
+  MoveOne("\xf0\x9f\x98\x80 ok \xe2\x82\xac");
+  ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);
+  const std::string text = Slurp(dir_.path() + "/trace.json");
+  EXPECT_TRUE(testing::Json(text).Valid()) << text.substr(0, 2000);
+  EXPECT_NE(text.find("\"name\":\"" + std::string(255, 'a') + "\""), std::string::npos)
+      << "the cut should fall before the 2-byte character";
+  EXPECT_NE(text.find("\\u0001"), std::string::npos);
+  EXPECT_NE(text.find("\\u007f"), std::string::npos);
+  EXPECT_NE(text.find("\\ufffd"), std::string::npos);
+  EXPECT_NE(text.find("\xf0\x9f\x98\x80 ok \xe2\x82\xac"), std::string::npos) << "valid UTF-8 is kept";
 }
 
 TEST(BadPaths, MissingDirectoryIsAConfigError) {
