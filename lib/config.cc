@@ -142,7 +142,11 @@ absl::StatusOr<EnvFile> ParseEnvFile(const std::string& path) {
 }
 
 uint64_t SizeSetting::Resolve(uint64_t physical) const {
-  if (percent > 0) return static_cast<uint64_t>(static_cast<double>(physical) * percent / 100.0);
+  if (percent > 0) {
+    // percent <= 100, but a double of a size near 2^64 rounds up to 2^64, which no uint64_t holds.
+    const double v = static_cast<double>(physical) * percent / 100.0;
+    return v >= 18446744073709551616.0 ? UINT64_MAX : static_cast<uint64_t>(v);
+  }
   return bytes;
 }
 

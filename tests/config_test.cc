@@ -45,6 +45,7 @@ TEST(ParseSize, AcceptsUnitsAndPercent) {
   EXPECT_EQ(ParseSize("X", " 7 B ")->bytes, 7u);
   EXPECT_DOUBLE_EQ(ParseSize("X", "50%")->percent, 50.0);
   EXPECT_EQ(ParseSize("X", "50%")->Resolve(1000), 500u);
+  EXPECT_EQ(ParseSize("X", "100%")->Resolve(UINT64_MAX), UINT64_MAX);  // no float overflow
 }
 
 TEST(ParseSize, RejectsGarbageNamingIt) {
