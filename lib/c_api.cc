@@ -296,7 +296,8 @@ TM_API tm_status tm_tensor_create(tm_runtime runtime, const tm_tensor_desc* desc
     // At most 256 bytes are kept, cut before a UTF-8 character rather than inside one (one
     // byte more is read to see whether the cut falls inside a character).
     if (desc->name != nullptr) {
-      d.name = std::string(Utf8Prefix(absl::string_view(desc->name, strnlen(desc->name, 257)), 256));
+      const absl::string_view given(desc->name, strnlen(desc->name, 257));
+      d.name = std::string(Utf8Prefix(given, 256));
     }
     auto h = rt.CreateTensor(d);
     if (!h.ok()) return h.status();

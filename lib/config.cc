@@ -296,8 +296,11 @@ Setting ChoiceRow(std::string name, std::string default_text, std::string summar
     c.*field = *v;
     return absl::OkStatus();
   };
-  s.format = [field, &choices](const Config& c) { return std::string(ChoiceName(choices, c.*field)); };
-  s.override_text = [override_field, &choices](const ConfigOverrides& o) -> std::optional<std::string> {
+  s.format = [field, &choices](const Config& c) {
+    return std::string(ChoiceName(choices, c.*field));
+  };
+  s.override_text = [override_field,
+                     &choices](const ConfigOverrides& o) -> std::optional<std::string> {
     if (!(o.*override_field).has_value()) return std::nullopt;
     return std::string(ChoiceName(choices, *(o.*override_field)));
   };
@@ -314,7 +317,9 @@ Setting RangeRow(std::string name, std::string values_prefix, uint64_t min, uint
   s.values = absl::StrCat(values_prefix, min, "-", max);
   s.default_doc = absl::StrCat("`", default_value, "`");
   s.summary = std::move(summary);
-  s.default_value = [default_value](const EnvLookup&) { return Fixed(absl::StrCat(default_value)); };
+  s.default_value = [default_value](const EnvLookup&) {
+    return Fixed(absl::StrCat(default_value));
+  };
   s.parse = [name, min, max, field](absl::string_view t, Config& c) -> absl::Status {
     auto v = ParseUnsigned(name, t);
     if (!v.ok()) return v.status();
@@ -333,7 +338,8 @@ Setting RangeRow(std::string name, std::string values_prefix, uint64_t min, uint
 // A byte size or a percentage. `default_text` empty: unset until given (shown as `unset_as`).
 Setting SizeRow(std::string name, std::string values, std::string default_text,
                 std::string default_doc, std::string summary, bool allow_zero,
-                SizeSetting Config::*field, std::optional<SizeSetting> ConfigOverrides::*override_field,
+                SizeSetting Config::*field,
+                std::optional<SizeSetting> ConfigOverrides::*override_field,
                 std::string unset_as = "") {
   Setting s;
   s.name = name;
@@ -347,7 +353,9 @@ Setting SizeRow(std::string name, std::string values, std::string default_text,
   s.parse = [name, allow_zero, field](absl::string_view t, Config& c) -> absl::Status {
     auto v = ParseSize(name, t);
     if (!v.ok()) return v.status();
-    if (!allow_zero && v->percent == 0 && v->bytes == 0) return Bad(name, t, "must be greater than zero");
+    if (!allow_zero && v->percent == 0 && v->bytes == 0) {
+      return Bad(name, t, "must be greater than zero");
+    }
     c.*field = *v;
     return absl::OkStatus();
   };
@@ -373,7 +381,9 @@ Setting TextRow(std::string name, std::string values, std::string default_doc,
   s.values = std::move(values);
   s.default_doc = std::move(default_doc);
   s.summary = std::move(summary);
-  s.default_value = [](const EnvLookup&) -> std::optional<Setting::Default> { return std::nullopt; };
+  s.default_value = [](const EnvLookup&) -> std::optional<Setting::Default> {
+    return std::nullopt;
+  };
   s.parse = [field, check](absl::string_view t, Config& c) -> absl::Status {
     if (auto st = check(t); !st.ok()) return st;
     c.*field = std::string(t);
@@ -388,7 +398,9 @@ Setting TextRow(std::string name, std::string values, std::string default_doc,
 
 // A trace path may hold %p (the process id), %r (the local rank) and %% (a percent sign).
 absl::Status CheckTracePath(absl::string_view t) {
-  if (!t.empty() && t.back() == '/') return Bad("TIERMEM_TRACE", t, "names a directory: give a file path");
+  if (!t.empty() && t.back() == '/') {
+    return Bad("TIERMEM_TRACE", t, "names a directory: give a file path");
+  }
   for (size_t i = 0; i < t.size(); ++i) {
     if (t[i] != '%') continue;
     if (i + 1 < t.size() && (t[i + 1] == 'p' || t[i + 1] == 'r' || t[i + 1] == '%')) {
@@ -433,7 +445,9 @@ std::vector<Setting> BuildSettings() {
       if (t.empty()) return Bad("TIERMEM_NVME_PATHS", t, "no directory given");
       for (absl::string_view p : absl::StrSplit(t, ':')) {
         if (p.empty()) return Bad("TIERMEM_NVME_PATHS", t, "empty directory in the list");
-        if (p[0] != '/') return Bad("TIERMEM_NVME_PATHS", t, absl::StrCat("\"", p, "\" is not absolute"));
+        if (p[0] != '/') {
+          return Bad("TIERMEM_NVME_PATHS", t, absl::StrCat("\"", p, "\" is not absolute"));
+        }
       }
       c.nvme_paths = absl::StrSplit(t, ':');
       return absl::OkStatus();
@@ -534,7 +548,8 @@ std::vector<Setting> BuildSettings() {
     Setting s;
     s.name = "TIERMEM_LOCAL_RANK";
     s.values = "0-65535";
-    s.default_doc = "the launcher's `LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK` or `SLURM_LOCALID`, else `0`";
+    s.default_doc =
+        "the launcher's `LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK` or `SLURM_LOCALID`, else `0`";
     s.summary = "This process's rank among those on its node, for `%r` in `TIERMEM_TRACE`.";
     s.default_value = [](const EnvLookup& env) -> std::optional<Setting::Default> {
       // The launchers' variables are not ours to judge: one that is not a rank is passed over.
@@ -661,7 +676,9 @@ absl::StatusOr<Config> LoadConfig(const ConfigOverrides& o, const EnvLookup& env
     if (!known(name)) c.unknown_variables.push_back(name);
   }
   for (const auto& [name, v] : file.values) {
-    if (!known(name)) c.unknown_variables.push_back(absl::StrFormat("%s (%s:%d)", name, file.path, v.line));
+    if (!known(name)) {
+      c.unknown_variables.push_back(absl::StrFormat("%s (%s:%d)", name, file.path, v.line));
+    }
   }
   return c;
 }

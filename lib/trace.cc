@@ -230,8 +230,9 @@ absl::Status Trace::Write() {
   fd_ = -1;
   if (!written || !closed) {
     unlink(temp_path_.c_str());
-    return Error(TM_ERR_IO, absl::StrFormat("TIERMEM_TRACE=%s: cannot write %s: %s", path_,
-                                            temp_path_, ErrnoText(written ? close_err : write_err)));
+    return Error(TM_ERR_IO,
+                 absl::StrFormat("TIERMEM_TRACE=%s: cannot write %s: %s", path_, temp_path_,
+                                 ErrnoText(written ? close_err : write_err)));
   }
   // rename replaces what is at path_ (a symlink itself, not its target) in one step; what
   // appeared there since create is checked again.
