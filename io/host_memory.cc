@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "io/checked.h"
 
 namespace tiermem::io {
 
@@ -18,7 +19,15 @@ absl::StatusOr<std::unique_ptr<HostRegion>> HostRegion::Create(uint64_t bytes, c
   // 1 MiB then spans one physically contiguous segment instead of 256 pages, which a virtio or
   // NVMe queue with a segment limit (often 254) would split; DMA mapping and the TLB gain too.
   constexpr uint64_t kHuge = 2ull << 20;
-  bytes = (bytes + kHuge - 1) / kHuge * kHuge;
+  // The round-up and the alignment slack must not wrap: near 2^64 they once mapped nothing.
+  // No address space holds half of 2^64 either, so larger requests are refused as invalid.
+  const auto rounded = RoundUp(bytes, kHuge);
+  if (bytes == 0 || !rounded.has_value() || *rounded > (uint64_t{1} << 62)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%llu bytes of host memory is not a possible size (1 byte to 4 EiB)",
+        static_cast<unsigned long long>(bytes)));
+  }
+  bytes = *rounded;
   void* raw = mmap(nullptr, bytes + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                    -1, 0);
   if (raw == MAP_FAILED) {

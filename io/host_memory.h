@@ -11,7 +11,9 @@ namespace tiermem::io {
 
 class HostRegion {
  public:
-  // Maps `bytes` (rounded up to pages) and, when node >= 0, binds it to that node.
+  // Maps `bytes` (rounded up to 2 MiB) and, when node >= 0, binds it to that node.
+  // InvalidArgument for 0 or a size no address space can hold; ResourceExhausted when the
+  // mapping is refused.
   static absl::StatusOr<std::unique_ptr<HostRegion>> Create(uint64_t bytes, const Topology* topo,
                                                             int node);
   ~HostRegion();

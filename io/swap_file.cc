@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "io/checked.h"
 #include "io/errno_status.h"
 #include "io/log.h"
 
@@ -31,6 +32,11 @@ bool DirectIoWorks(int fd, uint32_t align) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SwapFile>> SwapFile::Create(const std::string& dir, uint64_t bytes) {
+  if (bytes > kMaxFileBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a swap file of %llu bytes is beyond the largest file offset (2^63 - 1)",
+        static_cast<unsigned long long>(bytes)));
+  }
   struct stat st = {};
   if (stat(dir.c_str(), &st) != 0) {
     int err = errno;
@@ -68,18 +74,26 @@ absl::StatusOr<std::unique_ptr<SwapFile>> SwapFile::Create(const std::string& di
   f->fd_ = fd;
 
   if (bytes > 0) {
+    // Whatever errno the file system picks for "that much will not fit" (ENOSPC, EDQUOT; EFBIG
+    // beyond its largest file; EINVAL from some for sizes near 2^63), the caller hears one thing:
+    // the space cannot be reserved.
+    auto cannot_reserve = [&](int err, const char* how) {
+      absl::Status s = ErrnoStatus(
+          err, absl::StrFormat("cannot %s %llu bytes for the swap file in \"%s\"", how,
+                               static_cast<unsigned long long>(bytes), dir));
+      if (err == ENOSPC || err == EDQUOT || err == EFBIG || err == EINVAL) {
+        return absl::ResourceExhaustedError(s.message());
+      }
+      return s;
+    };
     if (fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0) {
       int err = errno;
       if (err == EOPNOTSUPP) {
         Log(LogSeverity::kInfo, "%s does not support fallocate; space is not reserved ahead",
             dir.c_str());
-        if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-          err = errno;
-          return ErrnoStatus(err, absl::StrFormat("cannot size the swap file in \"%s\"", dir));
-        }
+        if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return cannot_reserve(errno, "size");
       } else {
-        return ErrnoStatus(err, absl::StrFormat("cannot reserve %llu bytes for the swap file in \"%s\"",
-                                               static_cast<unsigned long long>(bytes), dir));
+        return cannot_reserve(err, "reserve");
       }
     }
   }

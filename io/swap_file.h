@@ -13,7 +13,8 @@ namespace tiermem::io {
 class SwapFile {
  public:
   // Creates a file of `bytes` in directory `dir`. ResourceExhausted when the file system cannot
-  // reserve the space; NotFound / FailedPrecondition for a bad directory.
+  // reserve the space (whatever errno it gave); InvalidArgument for more than 2^63 - 1 bytes;
+  // NotFound / FailedPrecondition for a bad directory.
   static absl::StatusOr<std::unique_ptr<SwapFile>> Create(const std::string& dir, uint64_t bytes);
   ~SwapFile();
   SwapFile(const SwapFile&) = delete;

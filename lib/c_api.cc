@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "io/sync.h"
 #include "lib/config.h"
+#include "lib/handle.h"
 #include "lib/planner.h"
 #include "lib/runtime.h"
 #include "lib/status.h"
@@ -32,8 +33,9 @@ tm_status Report(const absl::Status& s) {
   return Fail(ToTmStatus(s), s.message());
 }
 
-// Runtimes live in a process-wide table of generation-checked slots. Calls hold a shared_ptr,
-// so a destroy racing with a call frees the runtime only after that call returns.
+// Runtimes live in a process-wide table of generation-checked slots, their handles tagged with
+// the runtime kind (lib/handle.h). Calls hold a shared_ptr, so a destroy racing with a call
+// frees the runtime only after that call returns.
 class RuntimeRegistry {
  public:
   uint64_t Add(std::shared_ptr<Runtime> rt) {
@@ -46,9 +48,9 @@ class RuntimeRegistry {
       index = static_cast<uint32_t>(slots_.size());
       slots_.emplace_back();
     }
-    if (++next_generation_ == 0) ++next_generation_;
+    next_generation_ = NextHandleGeneration(next_generation_);
     slots_[index] = {next_generation_, std::move(rt)};
-    return uint64_t{next_generation_} << 32 | index;
+    return MakeHandle(HandleKind::kRuntime, next_generation_, index);
   }
   std::shared_ptr<Runtime> Get(uint64_t bits) {
     MutexLock lock(&mu_);
@@ -71,8 +73,10 @@ class RuntimeRegistry {
     std::shared_ptr<Runtime> runtime;
   };
   Slot* Find(uint64_t bits) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    uint32_t index = static_cast<uint32_t>(bits);
-    uint32_t gen = static_cast<uint32_t>(bits >> 32);
+    // A tensor handle never names a runtime, whatever its generation and index bits.
+    if (!HandleIsKind(bits, HandleKind::kRuntime)) return nullptr;
+    const uint32_t index = HandleIndex(bits);
+    const uint32_t gen = HandleGeneration(bits);
     if (gen == 0 || index >= slots_.size() || slots_[index].generation != gen) return nullptr;
     return &slots_[index];
   }
@@ -336,7 +340,12 @@ TM_API tm_status tm_tensor_create(tm_runtime runtime, const tm_tensor_desc* desc
     d.bytes = desc->bytes;
     d.cls = desc->cls;
     d.home_tier = desc->home_tier;
-    if (desc->name != nullptr) d.name = std::string(desc->name, strnlen(desc->name, 256));
+    // At most 256 bytes are kept, cut before a UTF-8 character rather than inside one (one
+    // byte more is read to see whether the cut falls inside a character).
+    if (desc->name != nullptr) {
+      const absl::string_view given(desc->name, strnlen(desc->name, 257));
+      d.name = std::string(Utf8Prefix(given, 256));
+    }
     auto h = rt.CreateTensor(d);
     if (!h.ok()) return h.status();
     out->bits = *h;
@@ -413,6 +422,12 @@ TM_API tm_status tm_step_end(tm_runtime runtime) {
 TM_API tm_status tm_schedule_set(tm_runtime runtime, const tm_tensor* tensors,
                                  const tm_tier* tiers, size_t count) {
   if (tensors == nullptr && count > 0) return NullArgument("tm_schedule_set", "tensors");
+  // More uses than any step holds is a caller's mistake (a negative count cast to size_t).
+  if (count > (size_t{1} << 32)) {
+    return Fail(TM_ERR_INVALID_ARGUMENT,
+                absl::StrFormat("tm_schedule_set: count=%zu is beyond any schedule (at most 2^32)",
+                                count));
+  }
   return WithRuntime(runtime, [&](Runtime& rt) {
     std::vector<Runtime::ScheduledUse> uses(count);
     for (size_t i = 0; i < count; ++i) {

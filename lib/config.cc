@@ -1,6 +1,10 @@
 // Parses and validates every TIERMEM_* variable in one place (see docs/environment.md).
 #include "lib/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
@@ -61,52 +66,6 @@ constexpr Choice<LogLevel> kLogChoices[] = {{"error", LogLevel::kError},
                                             {"info", LogLevel::kInfo},
                                             {"debug", LogLevel::kDebug}};
 
-std::string DefaultNvmePath() {
-  const char* tmp = std::getenv("TMPDIR");
-  return tmp != nullptr && *tmp != '\0' ? tmp : "/var/tmp";
-}
-
-// Resolves one setting: override, then environment, then default; records its source.
-class Resolver {
- public:
-  Resolver(const EnvLookup& env, const EnvFile& file, Config& config)
-      : env_(env), file_(file), config_(config) {}
-
-  // parse(text) -> StatusOr<T>; format(T) -> string.
-  template <typename T, typename Parse, typename Format>
-  absl::Status Resolve(const char* name, const std::optional<T>& override_value, T& out,
-                       Parse parse, Format format) {
-    std::string source = "default";
-    if (override_value.has_value()) {
-      // Overrides are re-validated through the same parser, from their text form.
-      auto parsed = parse(format(*override_value));
-      if (!parsed.ok()) return parsed.status();
-      out = *parsed;
-      source = "config";
-    } else if (auto text = env_(name); text.has_value()) {
-      auto parsed = parse(*text);
-      if (!parsed.ok()) return parsed.status();
-      out = *parsed;
-      source = "environment";
-    } else if (auto it = file_.values.find(name); it != file_.values.end()) {
-      auto parsed = parse(it->second.value);
-      if (!parsed.ok()) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s:%d: %s", file_.path, it->second.line, parsed.status().message()));
-      }
-      out = *parsed;
-      source = absl::StrCat("file ", file_.path);
-    }
-    config_.entries.push_back({name, format(out), source});
-    return absl::OkStatus();
-  }
-
- private:
-  const EnvLookup& env_;
-  const EnvFile& file_;
-  Config& config_;
-};
-
 }  // namespace
 
 absl::StatusOr<EnvFile> ParseEnvFile(const std::string& path) {
@@ -115,10 +74,22 @@ absl::StatusOr<EnvFile> ParseEnvFile(const std::string& path) {
     return Bad("TIERMEM_ENV_FILE", path, why);
   };
   if (path.empty()) return bad("no file given");
-  std::FILE* f = std::fopen(path.c_str(), "r");
-  if (f == nullptr) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever. Only a
+  // regular file is read; a FIFO, device or directory is refused before any read.
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
     char msg[128];
     return bad(absl::StrCat("cannot open it: ", strerror_r(errno, msg, sizeof msg)));
+  }
+  struct stat st = {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return bad("not a regular file (a FIFO, device or directory is never read)");
+  }
+  std::FILE* f = fdopen(fd, "r");
+  if (f == nullptr) {
+    close(fd);
+    return bad("cannot read it");
   }
   std::string text;
   char buf[4096];
@@ -173,7 +144,11 @@ absl::StatusOr<EnvFile> ParseEnvFile(const std::string& path) {
 }
 
 uint64_t SizeSetting::Resolve(uint64_t physical) const {
-  if (percent > 0) return static_cast<uint64_t>(static_cast<double>(physical) * percent / 100.0);
+  if (percent > 0) {
+    // percent <= 100, but a double of a size near 2^64 rounds up to 2^64, which no uint64_t holds.
+    const double v = static_cast<double>(physical) * percent / 100.0;
+    return v >= 18446744073709551616.0 ? UINT64_MAX : static_cast<uint64_t>(v);
+  }
   return bytes;
 }
 
@@ -267,18 +242,6 @@ absl::string_view LogLevelName(LogLevel l) {
   return "?";
 }
 
-const std::vector<absl::string_view>& KnownVariables() {
-  static const std::vector<absl::string_view> kNames = {
-      "TIERMEM_DEVICE",        "TIERMEM_CUDA_DEVICE",  "TIERMEM_HBM_BYTES",
-      "TIERMEM_DRAM_BYTES",    "TIERMEM_NVME_PATHS",   "TIERMEM_NVME_BYTES",
-      "TIERMEM_IO_ENGINE",     "TIERMEM_IO_BLOCK_SIZE", "TIERMEM_IO_QUEUE_DEPTH",
-      "TIERMEM_IO_THREADS",
-      "TIERMEM_NUMA",          "TIERMEM_LOG_LEVEL",    "TIERMEM_EMU_LINK_GBPS",
-      "TIERMEM_PREFETCH_DEPTH", "TIERMEM_PREFETCH_BYTES", "TIERMEM_PLACEMENT",
-      "TIERMEM_TRACE",         "TIERMEM_CHECKSUM",     "TIERMEM_ENV_FILE"};
-  return kNames;
-}
-
 std::optional<std::string> Config::Value(absl::string_view name) const {
   for (const auto& e : entries) {
     if (e.name == name) return e.value;
@@ -304,211 +267,419 @@ std::vector<std::string> ProcessTiermemVariables() {
   return names;
 }
 
+namespace {
+
+// Builders for the rows of the settings table. Each row's parser validates and stores; its
+// formatter gives back text that the parser accepts (overrides are re-validated that way).
+
+template <typename T, size_t N>
+std::string ChoiceValues(const Choice<T> (&choices)[N]) {
+  std::string out;
+  for (const auto& c : choices) absl::StrAppend(&out, out.empty() ? "" : ", ", "`", c.name, "`");
+  return out;
+}
+
+template <typename T, size_t N>
+absl::string_view ChoiceName(const Choice<T> (&choices)[N], T value) {
+  for (const auto& c : choices) {
+    if (c.value == value) return c.name;
+  }
+  return "?";
+}
+
+Setting::Default Fixed(std::string text) { return {std::move(text), "default"}; }
+
+template <typename T, size_t N>
+Setting ChoiceRow(std::string name, std::string default_text, std::string summary,
+                  T Config::*field, std::optional<T> ConfigOverrides::*override_field,
+                  const Choice<T> (&choices)[N]) {
+  Setting s;
+  s.name = name;
+  s.values = ChoiceValues(choices);
+  s.default_doc = absl::StrCat("`", default_text, "`");
+  s.summary = std::move(summary);
+  s.default_value = [default_text](const EnvLookup&) { return Fixed(default_text); };
+  s.parse = [name, field, &choices](absl::string_view t, Config& c) -> absl::Status {
+    auto v = ParseChoice(name, t, choices);
+    if (!v.ok()) return v.status();
+    c.*field = *v;
+    return absl::OkStatus();
+  };
+  s.format = [field, &choices](const Config& c) {
+    return std::string(ChoiceName(choices, c.*field));
+  };
+  s.override_text = [override_field,
+                     &choices](const ConfigOverrides& o) -> std::optional<std::string> {
+    if (!(o.*override_field).has_value()) return std::nullopt;
+    return std::string(ChoiceName(choices, *(o.*override_field)));
+  };
+  return s;
+}
+
+// An integer in [min, max]; `values_prefix` leads the docs' values column ("device index, ").
+template <typename T>
+Setting RangeRow(std::string name, std::string values_prefix, uint64_t min, uint64_t max,
+                 uint64_t default_value, std::string summary, T Config::*field,
+                 std::optional<T> ConfigOverrides::*override_field) {
+  Setting s;
+  s.name = name;
+  s.values = absl::StrCat(values_prefix, min, "-", max);
+  s.default_doc = absl::StrCat("`", default_value, "`");
+  s.summary = std::move(summary);
+  s.default_value = [default_value](const EnvLookup&) {
+    return Fixed(absl::StrCat(default_value));
+  };
+  s.parse = [name, min, max, field](absl::string_view t, Config& c) -> absl::Status {
+    auto v = ParseUnsigned(name, t);
+    if (!v.ok()) return v.status();
+    if (*v < min || *v > max) return Bad(name, t, absl::StrCat("must be ", min, " to ", max));
+    c.*field = static_cast<T>(*v);
+    return absl::OkStatus();
+  };
+  s.format = [field](const Config& c) { return absl::StrCat(c.*field); };
+  s.override_text = [override_field](const ConfigOverrides& o) -> std::optional<std::string> {
+    if (!(o.*override_field).has_value()) return std::nullopt;
+    return absl::StrCat(*(o.*override_field));
+  };
+  return s;
+}
+
+// A byte size or a percentage. `default_text` empty: unset until given (shown as `unset_as`).
+Setting SizeRow(std::string name, std::string values, std::string default_text,
+                std::string default_doc, std::string summary, bool allow_zero,
+                SizeSetting Config::*field,
+                std::optional<SizeSetting> ConfigOverrides::*override_field,
+                std::string unset_as = "") {
+  Setting s;
+  s.name = name;
+  s.values = std::move(values);
+  s.default_doc = std::move(default_doc);
+  s.summary = std::move(summary);
+  s.default_value = [default_text](const EnvLookup&) -> std::optional<Setting::Default> {
+    if (default_text.empty()) return std::nullopt;
+    return Fixed(default_text);
+  };
+  s.parse = [name, allow_zero, field](absl::string_view t, Config& c) -> absl::Status {
+    auto v = ParseSize(name, t);
+    if (!v.ok()) return v.status();
+    if (!allow_zero && v->percent == 0 && v->bytes == 0) {
+      return Bad(name, t, "must be greater than zero");
+    }
+    c.*field = *v;
+    return absl::OkStatus();
+  };
+  s.format = [field, unset_as](const Config& c) {
+    const SizeSetting& v = c.*field;
+    if (!unset_as.empty() && v.bytes == 0 && v.percent == 0) return unset_as;
+    return v.ToString();
+  };
+  s.override_text = [override_field](const ConfigOverrides& o) -> std::optional<std::string> {
+    if (!(o.*override_field).has_value()) return std::nullopt;
+    return (o.*override_field)->ToString();
+  };
+  return s;
+}
+
+// A free-form text with its own check.
+Setting TextRow(std::string name, std::string values, std::string default_doc,
+                std::string summary, std::string Config::*field,
+                std::optional<std::string> ConfigOverrides::*override_field,
+                std::function<absl::Status(absl::string_view)> check) {
+  Setting s;
+  s.name = name;
+  s.values = std::move(values);
+  s.default_doc = std::move(default_doc);
+  s.summary = std::move(summary);
+  s.default_value = [](const EnvLookup&) -> std::optional<Setting::Default> {
+    return std::nullopt;
+  };
+  s.parse = [field, check](absl::string_view t, Config& c) -> absl::Status {
+    if (auto st = check(t); !st.ok()) return st;
+    c.*field = std::string(t);
+    return absl::OkStatus();
+  };
+  s.format = [field](const Config& c) { return c.*field; };
+  if (override_field != nullptr) {
+    s.override_text = [override_field](const ConfigOverrides& o) { return o.*override_field; };
+  }
+  return s;
+}
+
+// A trace path may hold %p (the process id), %r (the local rank) and %% (a percent sign).
+absl::Status CheckTracePath(absl::string_view t) {
+  if (!t.empty() && t.back() == '/') {
+    return Bad("TIERMEM_TRACE", t, "names a directory: give a file path");
+  }
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] != '%') continue;
+    if (i + 1 < t.size() && (t[i + 1] == 'p' || t[i + 1] == 'r' || t[i + 1] == '%')) {
+      ++i;
+      continue;
+    }
+    return Bad("TIERMEM_TRACE", t, "only %p (process id), %r (local rank) and %% may follow a %");
+  }
+  return absl::OkStatus();
+}
+
+// The launchers' names for the local rank, after TIERMEM_LOCAL_RANK: torchrun and DeepSpeed,
+// Open MPI, Slurm.
+constexpr const char* kLauncherRankVariables[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                                  "SLURM_LOCALID"};
+
+std::vector<Setting> BuildSettings() {
+  std::vector<Setting> rows;
+  rows.push_back(ChoiceRow("TIERMEM_DEVICE", "auto", "Backend of the HBM tier.", &Config::device,
+                           &ConfigOverrides::device, kDeviceChoices));
+  rows.push_back(RangeRow<int>("TIERMEM_CUDA_DEVICE", "device index, ", 0, 1024, 0,
+                               "Which CUDA device to use.", &Config::cuda_device,
+                               &ConfigOverrides::cuda_device));
+  rows.push_back(SizeRow("TIERMEM_HBM_BYTES", "size or %", "",
+                         "1 GiB (emulated, at most 1/4 of RAM); 50% of device memory (CUDA)",
+                         "Budget of the HBM tier:", false, &Config::hbm_bytes,
+                         &ConfigOverrides::hbm_bytes, "auto"));
+  rows.push_back(SizeRow("TIERMEM_DRAM_BYTES", "size or %", "2GiB", "`2GiB`",
+                         "Budget of the pinned DRAM tier:", false, &Config::dram_bytes,
+                         &ConfigOverrides::dram_bytes));
+  {
+    Setting s;
+    s.name = "TIERMEM_NVME_PATHS";
+    s.values = "absolute directories separated by `:`";
+    s.default_doc = "`$TMPDIR`, else `/var/tmp`";
+    s.summary = "Where swap files go:";
+    s.default_value = [](const EnvLookup& env) -> std::optional<Setting::Default> {
+      auto tmp = env("TMPDIR");
+      return Fixed(tmp.has_value() && !tmp->empty() ? *tmp : "/var/tmp");
+    };
+    s.parse = [](absl::string_view t, Config& c) -> absl::Status {
+      if (t.empty()) return Bad("TIERMEM_NVME_PATHS", t, "no directory given");
+      for (absl::string_view p : absl::StrSplit(t, ':')) {
+        if (p.empty()) return Bad("TIERMEM_NVME_PATHS", t, "empty directory in the list");
+        if (p[0] != '/') {
+          return Bad("TIERMEM_NVME_PATHS", t, absl::StrCat("\"", p, "\" is not absolute"));
+        }
+      }
+      c.nvme_paths = absl::StrSplit(t, ':');
+      return absl::OkStatus();
+    };
+    s.format = [](const Config& c) { return absl::StrJoin(c.nvme_paths, ":"); };
+    s.override_text = [](const ConfigOverrides& o) { return o.nvme_paths; };
+    rows.push_back(std::move(s));
+  }
+  rows.push_back(SizeRow("TIERMEM_NVME_BYTES", "size or %", "4GiB", "`4GiB`",
+                         "Budget of the NVMe tier over all paths, split evenly.", false,
+                         &Config::nvme_bytes, &ConfigOverrides::nvme_bytes));
+  rows.push_back(ChoiceRow("TIERMEM_IO_ENGINE", "auto", "Engine for DRAM <-> NVMe.",
+                           &Config::io_engine, &ConfigOverrides::io_engine, kEngineChoices));
+  {
+    Setting s;
+    s.name = "TIERMEM_IO_BLOCK_SIZE";
+    s.values = "power of two, 4KiB-64MiB";
+    s.default_doc = "`1MiB`";
+    s.summary = "Size of each I/O request, and the stripe unit over NVMe paths.";
+    s.default_value = [](const EnvLookup&) { return Fixed("1MiB"); };
+    s.parse = [](absl::string_view t, Config& c) -> absl::Status {
+      auto v = ParseSize("TIERMEM_IO_BLOCK_SIZE", t);
+      if (!v.ok()) return v.status();
+      const uint64_t b = v->bytes;
+      if (v->percent > 0 || b < 4 * kKiB || b > (64u << 20) || (b & (b - 1)) != 0) {
+        return Bad("TIERMEM_IO_BLOCK_SIZE", t, "must be a power of two from 4KiB to 64MiB");
+      }
+      c.io_block_size = static_cast<uint32_t>(b);
+      return absl::OkStatus();
+    };
+    s.format = [](const Config& c) { return SizeSetting{c.io_block_size, 0}.ToString(); };
+    s.override_text = [](const ConfigOverrides& o) -> std::optional<std::string> {
+      if (!o.io_block_size.has_value()) return std::nullopt;
+      return SizeSetting{*o.io_block_size, 0}.ToString();
+    };
+    rows.push_back(std::move(s));
+  }
+  rows.push_back(RangeRow<uint32_t>("TIERMEM_IO_QUEUE_DEPTH", "", 1, 4096, 32,
+                                    "I/O requests in flight per I/O thread",
+                                    &Config::io_queue_depth, &ConfigOverrides::io_queue_depth));
+  rows.push_back(RangeRow<uint32_t>("TIERMEM_IO_THREADS", "", 1, 64, 1,
+                                    "I/O threads, each with its own io_uring ring",
+                                    &Config::io_threads, &ConfigOverrides::io_threads));
+  {
+    Setting s;
+    s.name = "TIERMEM_NUMA";
+    s.values = "`auto`, `off`, node number";
+    s.default_doc = "`auto`";
+    s.summary = "NUMA node of the DRAM tier.";
+    s.default_value = [](const EnvLookup&) { return Fixed("auto"); };
+    s.parse = [](absl::string_view t, Config& c) -> absl::Status {
+      std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(t));
+      uint64_t node = 0;
+      if (lower == "auto") {
+        c.numa = NumaMode::kAuto;
+        c.numa_node = -1;
+      } else if (lower == "off") {
+        c.numa = NumaMode::kOff;
+        c.numa_node = -1;
+      } else if (absl::SimpleAtoi(lower, &node) && lower[0] != '-' && lower[0] != '+' &&
+                 node <= 4096) {
+        c.numa = NumaMode::kNode;
+        c.numa_node = static_cast<int>(node);
+      } else {
+        return Bad("TIERMEM_NUMA", t, "expected auto, off or a NUMA node number");
+      }
+      return absl::OkStatus();
+    };
+    auto text = [](NumaMode mode, int node) -> std::string {
+      if (mode == NumaMode::kAuto) return "auto";
+      if (mode == NumaMode::kOff) return "off";
+      return absl::StrCat(node);
+    };
+    s.format = [text](const Config& c) { return text(c.numa, c.numa_node); };
+    s.override_text = [text](const ConfigOverrides& o) -> std::optional<std::string> {
+      if (!o.numa.has_value()) return std::nullopt;
+      return text(o.numa->first, o.numa->second);
+    };
+    rows.push_back(std::move(s));
+  }
+  rows.push_back(ChoiceRow("TIERMEM_LOG_LEVEL", "warn", "Lines on stderr,", &Config::log_level,
+                           &ConfigOverrides::log_level, kLogChoices));
+  rows.push_back(RangeRow<uint32_t>("TIERMEM_PREFETCH_DEPTH", "", 0, 1024, 4,
+                                    "Scheduled acquires kept moving up ahead of the current one",
+                                    &Config::prefetch_depth, &ConfigOverrides::prefetch_depth));
+  rows.push_back(SizeRow("TIERMEM_PREFETCH_BYTES", "size or % of the HBM budget", "0",
+                         "`0`: half the HBM budget",
+                         "Bound on the bytes of scheduled prefetches in flight.", true,
+                         &Config::prefetch_bytes, &ConfigOverrides::prefetch_bytes));
+  rows.push_back(ChoiceRow("TIERMEM_PLACEMENT", "none",
+                           "Home tier of a tensor by class, where a tensor is written first and "
+                           "stays at rest:",
+                           &Config::placement, &ConfigOverrides::placement, kPlacementChoices));
+  rows.push_back(TextRow("TIERMEM_TRACE", "file path, `%p` and `%r` expanded", "unset",
+                         "Writes a Chrome-trace JSON timeline there when the runtime is destroyed:",
+                         &Config::trace, &ConfigOverrides::trace, CheckTracePath));
+  rows.push_back(ChoiceRow("TIERMEM_CHECKSUM", "off", "Integrity of the NVMe tier.",
+                           &Config::checksum, &ConfigOverrides::checksum, kChecksumChoices));
+  {
+    Setting s;
+    s.name = "TIERMEM_LOCAL_RANK";
+    s.values = "0-65535";
+    s.default_doc =
+        "the launcher's `LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK` or `SLURM_LOCALID`, else `0`";
+    s.summary = "This process's rank among those on its node, for `%r` in `TIERMEM_TRACE`.";
+    s.default_value = [](const EnvLookup& env) -> std::optional<Setting::Default> {
+      // The launchers' variables are not ours to judge: one that is not a rank is passed over.
+      for (const char* name : kLauncherRankVariables) {
+        auto v = env(name);
+        if (!v.has_value()) continue;
+        if (auto rank = ParseUnsigned(name, *v); rank.ok() && *rank <= 65535) {
+          return Setting::Default{absl::StrCat(*rank), absl::StrCat("environment ", name)};
+        }
+      }
+      return Fixed("0");
+    };
+    s.parse = [](absl::string_view t, Config& c) -> absl::Status {
+      auto v = ParseUnsigned("TIERMEM_LOCAL_RANK", t);
+      if (!v.ok()) return v.status();
+      if (*v > 65535) return Bad("TIERMEM_LOCAL_RANK", t, "must be 0 to 65535");
+      c.local_rank = static_cast<int>(*v);
+      return absl::OkStatus();
+    };
+    s.format = [](const Config& c) { return absl::StrCat(c.local_rank); };
+    rows.push_back(std::move(s));
+  }
+  {
+    Setting s = TextRow("TIERMEM_ENV_FILE", "file path", "unset",
+                        "A file of settings read when a runtime is created, below the "
+                        "environment:",
+                        &Config::env_file, nullptr,
+                        [](absl::string_view) { return absl::OkStatus(); });
+    s.environment_only = true;
+    rows.push_back(std::move(s));
+  }
+  {
+    Setting s;
+    s.name = "TIERMEM_EMU_LINK_GBPS";
+    s.values = "GB/s, 0-1e6";
+    s.default_doc = "`0` (no cap)";
+    s.summary = "For the emulated device: caps each direction of the emulated link,";
+    s.default_value = [](const EnvLookup&) { return Fixed("0"); };
+    s.parse = [](absl::string_view t, Config& c) -> absl::Status {
+      double v = 0;
+      if (!absl::SimpleAtod(absl::StripAsciiWhitespace(t), &v) || !std::isfinite(v) || v < 0 ||
+          v > 1e6) {
+        return Bad("TIERMEM_EMU_LINK_GBPS", t, "expected GB/s from 0 (no cap) to 1e6");
+      }
+      c.emu_link_gbps = v;
+      return absl::OkStatus();
+    };
+    s.format = [](const Config& c) { return absl::StrCat(c.emu_link_gbps); };
+    s.override_text = [](const ConfigOverrides& o) -> std::optional<std::string> {
+      if (!o.emu_link_gbps.has_value()) return std::nullopt;
+      return absl::StrCat(*o.emu_link_gbps);
+    };
+    rows.push_back(std::move(s));
+  }
+  return rows;
+}
+
+}  // namespace
+
+const std::vector<Setting>& Settings() {
+  static const std::vector<Setting>* rows = new std::vector<Setting>(BuildSettings());
+  return *rows;
+}
+
+const std::vector<absl::string_view>& KnownVariables() {
+  static const std::vector<absl::string_view>* names = [] {
+    auto* v = new std::vector<absl::string_view>();
+    for (const Setting& s : Settings()) v->push_back(s.name);
+    return v;
+  }();
+  return *names;
+}
+
 absl::StatusOr<Config> LoadConfig(const ConfigOverrides& o, const EnvLookup& env,
                                   const std::vector<std::string>& env_names) {
   Config c;
   // TIERMEM_ENV_FILE (a file of export lines, as tiermem-probe --tune writes) sits between the
   // environment and the defaults: a variable set in the environment still wins.
   EnvFile file;
-  {
-    std::optional<std::string> path = env("TIERMEM_ENV_FILE");
-    if (path.has_value()) {
-      auto parsed = ParseEnvFile(*path);
-      if (!parsed.ok()) return parsed.status();
-      file = std::move(*parsed);
-    }
-    c.entries.push_back({"TIERMEM_ENV_FILE", path.value_or(""),
-                         path.has_value() ? "environment" : "default"});
+  if (std::optional<std::string> path = env("TIERMEM_ENV_FILE"); path.has_value()) {
+    auto parsed = ParseEnvFile(*path);
+    if (!parsed.ok()) return parsed.status();
+    file = std::move(*parsed);
   }
-  Resolver r(env, file, c);
-  auto ident = [](const std::string& s) { return s; };
-
-  auto status = r.Resolve<DeviceKind>(
-      "TIERMEM_DEVICE", o.device, c.device,
-      [](absl::string_view t) { return ParseChoice("TIERMEM_DEVICE", t, kDeviceChoices); },
-      [](DeviceKind k) { return std::string(DeviceKindName(k)); });
-  if (!status.ok()) return status;
-
-  status = r.Resolve<int>(
-      "TIERMEM_CUDA_DEVICE", o.cuda_device, c.cuda_device,
-      [](absl::string_view t) -> absl::StatusOr<int> {
-        auto v = ParseUnsigned("TIERMEM_CUDA_DEVICE", t);
-        if (!v.ok()) return v.status();
-        if (*v > 1024) return Bad("TIERMEM_CUDA_DEVICE", t, "device index out of range");
-        return static_cast<int>(*v);
-      },
-      [](int v) { return absl::StrCat(v); });
-  if (!status.ok()) return status;
-
-  auto size_parser = [](const char* name, bool allow_zero) {
-    return [name, allow_zero](absl::string_view t) -> absl::StatusOr<SizeSetting> {
-      auto s = ParseSize(name, t);
-      if (s.ok() && !allow_zero && s->percent == 0 && s->bytes == 0) {
-        return Bad(name, t, "must be greater than zero");
+  // Each setting: the tm_config field, then the environment, then the file, then the default.
+  for (const Setting& s : Settings()) {
+    std::optional<std::string> text;
+    std::string source;
+    std::string where;  // "FILE:LINE: " before a bad value from the file
+    if (auto ov = s.override_text ? s.override_text(o) : std::nullopt; ov.has_value()) {
+      // Overrides are re-validated through the same parser, from their text form.
+      text = std::move(ov);
+      source = "config";
+    } else if (auto e = env(s.name.c_str()); e.has_value()) {
+      text = std::move(e);
+      source = "environment";
+    } else if (auto it = file.values.find(s.name);
+               !s.environment_only && it != file.values.end()) {
+      text = it->second.value;
+      source = absl::StrCat("file ", file.path);
+      where = absl::StrFormat("%s:%d: ", file.path, it->second.line);
+    } else if (auto d = s.default_value(env); d.has_value()) {
+      text = std::move(d->text);
+      source = std::move(d->source);
+    } else {
+      source = "default";
+    }
+    if (text.has_value()) {
+      if (auto st = s.parse(*text, c); !st.ok()) {
+        if (where.empty()) return st;
+        return absl::InvalidArgumentError(absl::StrCat(where, st.message()));
       }
-      return s;
-    };
-  };
-  auto size_format = [](const SizeSetting& s) { return s.ToString(); };
-  c.dram_bytes.bytes = 2ull << 30;
-  c.nvme_bytes.bytes = 4ull << 30;
-  // hbm_bytes stays zero by default: the device backend picks (1 GiB emulated, 50% of a GPU).
-  for (auto [name, ov, out] :
-       {std::tuple{"TIERMEM_HBM_BYTES", &o.hbm_bytes, &c.hbm_bytes},
-        std::tuple{"TIERMEM_DRAM_BYTES", &o.dram_bytes, &c.dram_bytes},
-        std::tuple{"TIERMEM_NVME_BYTES", &o.nvme_bytes, &c.nvme_bytes}}) {
-    status = r.Resolve<SizeSetting>(name, *ov, *out, size_parser(name, false), size_format);
-    if (!status.ok()) return status;
-  }
-  // The HBM default is shown as "auto" until the backend resolves it.
-  if (c.hbm_bytes.bytes == 0 && c.hbm_bytes.percent == 0) {
-    for (auto& e : c.entries) {
-      if (e.name == "TIERMEM_HBM_BYTES") e.value = "auto";
     }
+    c.entries.push_back({s.name, s.format(c), source});
   }
-
-  std::string paths = DefaultNvmePath();
-  status = r.Resolve<std::string>(
-      "TIERMEM_NVME_PATHS", o.nvme_paths, paths,
-      [](absl::string_view t) -> absl::StatusOr<std::string> {
-        if (t.empty()) return Bad("TIERMEM_NVME_PATHS", t, "no directory given");
-        for (absl::string_view p : absl::StrSplit(t, ':')) {
-          if (p.empty()) return Bad("TIERMEM_NVME_PATHS", t, "empty directory in the list");
-          if (p[0] != '/') {
-            return Bad("TIERMEM_NVME_PATHS", t, absl::StrCat("\"", p, "\" is not absolute"));
-          }
-        }
-        return std::string(t);
-      },
-      ident);
-  if (!status.ok()) return status;
-  c.nvme_paths = absl::StrSplit(paths, ':');
-
-  status = r.Resolve<IoEngineKind>(
-      "TIERMEM_IO_ENGINE", o.io_engine, c.io_engine,
-      [](absl::string_view t) { return ParseChoice("TIERMEM_IO_ENGINE", t, kEngineChoices); },
-      [](IoEngineKind k) { return std::string(IoEngineKindName(k)); });
-  if (!status.ok()) return status;
-
-  status = r.Resolve<uint32_t>(
-      "TIERMEM_IO_BLOCK_SIZE", o.io_block_size, c.io_block_size,
-      [](absl::string_view t) -> absl::StatusOr<uint32_t> {
-        auto s = ParseSize("TIERMEM_IO_BLOCK_SIZE", t);
-        if (!s.ok()) return s.status();
-        uint64_t b = s->bytes;
-        if (s->percent > 0 || b < 4 * kKiB || b > (64u << 20) || (b & (b - 1)) != 0) {
-          return Bad("TIERMEM_IO_BLOCK_SIZE", t, "must be a power of two from 4KiB to 64MiB");
-        }
-        return static_cast<uint32_t>(b);
-      },
-      [](uint32_t v) { return SizeSetting{v, 0}.ToString(); });
-  if (!status.ok()) return status;
-
-  status = r.Resolve<uint32_t>(
-      "TIERMEM_IO_QUEUE_DEPTH", o.io_queue_depth, c.io_queue_depth,
-      [](absl::string_view t) -> absl::StatusOr<uint32_t> {
-        auto v = ParseUnsigned("TIERMEM_IO_QUEUE_DEPTH", t);
-        if (!v.ok()) return v.status();
-        if (*v < 1 || *v > 4096) return Bad("TIERMEM_IO_QUEUE_DEPTH", t, "must be 1 to 4096");
-        return static_cast<uint32_t>(*v);
-      },
-      [](uint32_t v) { return absl::StrCat(v); });
-  if (!status.ok()) return status;
-
-  status = r.Resolve<uint32_t>(
-      "TIERMEM_IO_THREADS", o.io_threads, c.io_threads,
-      [](absl::string_view t) -> absl::StatusOr<uint32_t> {
-        auto v = ParseUnsigned("TIERMEM_IO_THREADS", t);
-        if (!v.ok()) return v.status();
-        if (*v < 1 || *v > 64) return Bad("TIERMEM_IO_THREADS", t, "must be 1 to 64");
-        return static_cast<uint32_t>(*v);
-      },
-      [](uint32_t v) { return absl::StrCat(v); });
-  if (!status.ok()) return status;
-
-  std::pair<NumaMode, int> numa{NumaMode::kAuto, -1};
-  status = r.Resolve<std::pair<NumaMode, int>>(
-      "TIERMEM_NUMA", o.numa, numa,
-      [](absl::string_view t) -> absl::StatusOr<std::pair<NumaMode, int>> {
-        std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(t));
-        if (lower == "auto") return std::pair{NumaMode::kAuto, -1};
-        if (lower == "off") return std::pair{NumaMode::kOff, -1};
-        uint64_t node = 0;
-        if (!absl::SimpleAtoi(lower, &node) || lower[0] == '-' || lower[0] == '+' ||
-            node > 4096) {
-          return Bad("TIERMEM_NUMA", t, "expected auto, off or a NUMA node number");
-        }
-        return std::pair{NumaMode::kNode, static_cast<int>(node)};
-      },
-      [](const std::pair<NumaMode, int>& v) -> std::string {
-        if (v.first == NumaMode::kAuto) return "auto";
-        if (v.first == NumaMode::kOff) return "off";
-        return absl::StrCat(v.second);
-      });
-  if (!status.ok()) return status;
-  c.numa = numa.first;
-  c.numa_node = numa.second;
-
-  status = r.Resolve<LogLevel>(
-      "TIERMEM_LOG_LEVEL", o.log_level, c.log_level,
-      [](absl::string_view t) { return ParseChoice("TIERMEM_LOG_LEVEL", t, kLogChoices); },
-      [](LogLevel l) { return std::string(LogLevelName(l)); });
-  if (!status.ok()) return status;
-
-  status = r.Resolve<double>(
-      "TIERMEM_EMU_LINK_GBPS", o.emu_link_gbps, c.emu_link_gbps,
-      [](absl::string_view t) -> absl::StatusOr<double> {
-        double v = 0;
-        if (!absl::SimpleAtod(absl::StripAsciiWhitespace(t), &v) || !std::isfinite(v) || v < 0 ||
-            v > 1e6) {
-          return Bad("TIERMEM_EMU_LINK_GBPS", t, "expected GB/s from 0 (no cap) to 1e6");
-        }
-        return v;
-      },
-      [](double v) { return absl::StrCat(v); });
-  if (!status.ok()) return status;
-
-  status = r.Resolve<uint32_t>(
-      "TIERMEM_PREFETCH_DEPTH", o.prefetch_depth, c.prefetch_depth,
-      [](absl::string_view t) -> absl::StatusOr<uint32_t> {
-        auto v = ParseUnsigned("TIERMEM_PREFETCH_DEPTH", t);
-        if (!v.ok()) return v.status();
-        if (*v > 1024) return Bad("TIERMEM_PREFETCH_DEPTH", t, "must be 0 to 1024");
-        return static_cast<uint32_t>(*v);
-      },
-      [](uint32_t v) { return absl::StrCat(v); });
-  if (!status.ok()) return status;
-
-  status = r.Resolve<SizeSetting>("TIERMEM_PREFETCH_BYTES", o.prefetch_bytes, c.prefetch_bytes,
-                                  size_parser("TIERMEM_PREFETCH_BYTES", true), size_format);
-  if (!status.ok()) return status;
-
-  status = r.Resolve<Placement>(
-      "TIERMEM_PLACEMENT", o.placement, c.placement,
-      [](absl::string_view t) { return ParseChoice("TIERMEM_PLACEMENT", t, kPlacementChoices); },
-      [](Placement p) { return std::string(PlacementName(p)); });
-  if (!status.ok()) return status;
-
-  status = r.Resolve<std::string>(
-      "TIERMEM_TRACE", o.trace, c.trace,
-      [](absl::string_view t) -> absl::StatusOr<std::string> {
-        if (!t.empty() && t.back() == '/') {
-          return Bad("TIERMEM_TRACE", t, "names a directory: give a file path");
-        }
-        return std::string(t);
-      },
-      ident);
-  if (!status.ok()) return status;
-
-  status = r.Resolve<ChecksumKind>(
-      "TIERMEM_CHECKSUM", o.checksum, c.checksum,
-      [](absl::string_view t) { return ParseChoice("TIERMEM_CHECKSUM", t, kChecksumChoices); },
-      [](ChecksumKind k) { return std::string(ChecksumKindName(k)); });
-  if (!status.ok()) return status;
 
   auto known = [](absl::string_view name) {
-    for (auto k : KnownVariables()) {
-      if (k == name) return true;
+    for (const Setting& s : Settings()) {
+      if (s.name == name) return true;
     }
     return false;
   };
@@ -516,7 +687,9 @@ absl::StatusOr<Config> LoadConfig(const ConfigOverrides& o, const EnvLookup& env
     if (!known(name)) c.unknown_variables.push_back(name);
   }
   for (const auto& [name, v] : file.values) {
-    if (!known(name)) c.unknown_variables.push_back(absl::StrFormat("%s (%s:%d)", name, file.path, v.line));
+    if (!known(name)) {
+      c.unknown_variables.push_back(absl::StrFormat("%s (%s:%d)", name, file.path, v.line));
+    }
   }
   return c;
 }

@@ -69,7 +69,9 @@ struct Config {
   uint32_t prefetch_depth = 4;  // scheduled uses kept moving up ahead of the current one
   SizeSetting prefetch_bytes;   // bound on prefetch bytes in flight; 0: half the HBM budget
   Placement placement = Placement::kNone;
-  std::string trace;            // Chrome-trace JSON written here at runtime destruction
+  std::string trace;            // Chrome-trace JSON path (%p, %r expanded when the runtime opens it)
+  std::string env_file;         // the TIERMEM_ENV_FILE that was read, or empty
+  int local_rank = 0;           // this process's rank on its node: names traces (%r)
   ChecksumKind checksum = ChecksumKind::kOff;  // sums of what is written to NVMe, checked on read
 
   // One row per setting: variable name, effective value as text, and where it came from
@@ -110,6 +112,34 @@ std::vector<std::string> ProcessTiermemVariables();
 absl::StatusOr<Config> LoadConfig(const ConfigOverrides& overrides, const EnvLookup& env,
                                   const std::vector<std::string>& env_names);
 
+// One TIERMEM_* variable: its row in the settings table, from which parsing, the
+// unknown-variable warning, tm_runtime_config_value and tiermem-probe --config all derive, and
+// which a test holds against docs/environment.md (one table row per variable, both ways).
+struct Setting {
+  std::string name;
+  std::string values;       // accepted values: the "values" column of docs/environment.md
+  std::string default_doc;  // the "default" column of docs/environment.md
+  std::string summary;      // the first sentence of the docs' "what it does" column
+  // The default as parser input and where it came from ("default", or e.g. "environment
+  // LOCAL_RANK"); nullopt: the setting stays unset (its Config field keeps its initial value).
+  struct Default {
+    std::string text, source;
+  };
+  std::function<std::optional<Default>(const EnvLookup&)> default_value;
+  // Validates `text` and stores it in the config; InvalidArgument naming the variable and value.
+  std::function<absl::Status(absl::string_view text, Config&)> parse;
+  // The effective value as text.
+  std::function<std::string(const Config&)> format;
+  // The tm_config field's value as parser input, or nullopt when not set there. Empty function:
+  // the variable has no field.
+  std::function<std::optional<std::string>(const ConfigOverrides&)> override_text;
+  // Read from the environment only (never from a TIERMEM_ENV_FILE).
+  bool environment_only = false;
+};
+
+// Every setting, in documentation order.
+const std::vector<Setting>& Settings();
+
 // Parsers, exposed for tests. `what` names the setting in error messages.
 absl::StatusOr<SizeSetting> ParseSize(absl::string_view what, absl::string_view text);
 absl::StatusOr<uint64_t> ParseUnsigned(absl::string_view what, absl::string_view text);
@@ -120,7 +150,7 @@ absl::string_view LogLevelName(LogLevel l);
 absl::string_view PlacementName(Placement p);
 absl::string_view ChecksumKindName(ChecksumKind k);
 
-// The variables tiermem reads, in documentation order.
+// The names of Settings(), in documentation order.
 const std::vector<absl::string_view>& KnownVariables();
 
 }  // namespace tiermem

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "io/checked.h"
 #include "lib/status.h"
 
 namespace tiermem {
@@ -19,15 +20,31 @@ absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Create(const std::vector<std
   std::unique_ptr<NvmeTier> t(new NvmeTier());
   t->stripe_ = stripe;
   const uint64_t n = paths.size();
-  // Every file holds the same whole number of stripes.
-  uint64_t per_file = (bytes + n * stripe - 1) / (n * stripe) * stripe;
+  // Every file holds the same whole number of stripes. A budget whose share does not fit in
+  // one file's offsets (2^63 - 1), or whose rounding wraps, can never be reserved: a
+  // configuration error, not a full disk.
+  const auto row = CheckedMul(n, stripe);
+  const auto per_file = row.has_value() ? CheckedMul(DivideRoundingUp(bytes, *row), stripe)
+                                        : std::nullopt;
+  if (!per_file.has_value() || *per_file > kMaxFileBytes ||
+      !CheckedMul(*per_file, n).has_value()) {
+    return Error(TM_ERR_CONFIG,
+                 absl::StrFormat("TIERMEM_NVME_BYTES=%llu is beyond what a file system can hold "
+                                 "(%llu path(s), at most 2^63 - 1 bytes each)",
+                                 static_cast<unsigned long long>(bytes),
+                                 static_cast<unsigned long long>(n)));
+  }
   for (const std::string& dir : paths) {
-    auto f = io::SwapFile::Create(dir, per_file);
+    auto f = io::SwapFile::Create(dir, *per_file);
     if (!f.ok()) {
       const absl::Status& s = f.status();
-      tm_status code = absl::IsResourceExhausted(s) ? TM_ERR_NO_SPACE
-                       : (absl::IsNotFound(s) || absl::IsFailedPrecondition(s) ||
-                          absl::IsPermissionDenied(s))
+      if (absl::IsResourceExhausted(s)) {
+        return Error(TM_ERR_NO_SPACE,
+                     absl::StrFormat("TIERMEM_NVME_BYTES=%llu over TIERMEM_NVME_PATHS: %s",
+                                     static_cast<unsigned long long>(bytes), s.message()));
+      }
+      tm_status code = (absl::IsNotFound(s) || absl::IsFailedPrecondition(s) ||
+                        absl::IsPermissionDenied(s) || absl::IsInvalidArgument(s))
                            ? TM_ERR_CONFIG
                            : TM_ERR_IO;
       return Error(code, absl::StrFormat("TIERMEM_NVME_PATHS: %s", s.message()));
@@ -41,14 +58,15 @@ absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Create(const std::vector<std
                                  "%u of the NVMe paths",
                                  stripe, t->alignment_));
   }
-  t->space_ = std::make_unique<TierSpace>(TM_TIER_NVME, per_file * n, t->alignment_);
+  t->space_ = std::make_unique<TierSpace>(TM_TIER_NVME, *per_file * n, t->alignment_);
   return t;
 }
 
 std::vector<io::IoRequest> NvmeTier::Requests(const Extent& e, uint64_t offset, void* buffer,
                                               uint64_t length, bool write) const {
   std::vector<io::IoRequest> out;
-  length = (length + alignment_ - 1) / alignment_ * alignment_;
+  // Extents are whole granules of at least the alignment, so this round-up stays inside one.
+  length = RoundUp(length, alignment_).value_or(length);
   uint64_t done = 0;
   while (done < length) {
     const Place p = Locate(e.offset + offset + done);

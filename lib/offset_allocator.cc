@@ -4,6 +4,8 @@
 #include <bit>
 #include <cassert>
 
+#include "io/checked.h"
+
 namespace tiermem {
 
 OffsetAllocator::OffsetAllocator(uint64_t capacity, uint64_t granule)
@@ -32,14 +34,15 @@ void OffsetAllocator::Mapping(uint64_t n, uint32_t& fl, uint32_t& sl) {
   sl = static_cast<uint32_t>((n >> (f - kSlBits)) ^ kSlCount);
 }
 
-uint64_t OffsetAllocator::SearchSize(uint64_t bytes) const {
-  uint64_t n = bytes / granule_ + (bytes % granule_ != 0);
+std::optional<uint64_t> OffsetAllocator::SearchSize(uint64_t bytes) const {
+  uint64_t n = DivideRoundingUp(bytes, granule_);
   if (n >= kSlCount) {
     int f = std::bit_width(n) - 1;
-    uint64_t step = uint64_t{1} << (f - kSlBits);
-    n = (n + step - 1) & ~(step - 1);
+    auto up = RoundUp(n, uint64_t{1} << (f - kSlBits));
+    if (!up.has_value()) return std::nullopt;
+    n = *up;
   }
-  return n * granule_;
+  return CheckedMul(n, granule_);
 }
 
 uint32_t OffsetAllocator::NewBlock() {
@@ -101,21 +104,24 @@ uint32_t OffsetAllocator::FindFree(uint32_t fl, uint32_t sl) const {
 std::optional<OffsetAllocator::Allocation> OffsetAllocator::Allocate(uint64_t bytes,
                                                                      uint64_t alignment) {
   if (bytes == 0 || (alignment & (alignment - 1)) != 0) return std::nullopt;
-  // Rounded without `bytes + granule - 1`, which wraps near 2^64.
-  const uint64_t n = bytes / granule_ + (bytes % granule_ != 0);
+  // Granule counts never exceed capacity_ / granule_, so with the bound below nothing that
+  // follows can wrap; the round-up itself is written not to wrap near 2^64.
+  const uint64_t n = DivideRoundingUp(bytes, granule_);
   const uint64_t align = alignment > granule_ ? alignment / granule_ : 1;
-  if (n > capacity_ / granule_ || n + align - 1 < n) return std::nullopt;
+  const uint64_t total = capacity_ / granule_;
+  if (n > total || align - 1 > total - n) return std::nullopt;
   // Search one class up so that any block found fits without walking the list.
-  uint64_t search = SearchSize((n + align - 1) * granule_) / granule_;
+  auto search = SearchSize((n + align - 1) * granule_);
+  if (!search.has_value()) return std::nullopt;
   uint32_t fl = 0, sl = 0;
-  Mapping(search, fl, sl);
+  Mapping(*search / granule_, fl, sl);
   uint32_t b = FindFree(fl, sl);
   if (b == kNone) {
     // A block of at least n granules is in class(n) or above, and every class from the search
     // class up is empty: walk the lists of the classes in between.
     uint32_t lo_fl = 0, lo_sl = 0, hi_fl = 0, hi_sl = 0;
     Mapping(n, lo_fl, lo_sl);
-    Mapping(search, hi_fl, hi_sl);
+    Mapping(*search / granule_, hi_fl, hi_sl);
     for (uint32_t f = lo_fl, s = lo_sl; b == kNone && (f < hi_fl || (f == hi_fl && s < hi_sl));) {
       b = WalkClass(f, s, n, align);
       if (++s == kSlCount) {

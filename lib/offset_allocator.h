@@ -61,8 +61,9 @@ class OffsetAllocator {
   uint64_t peak() const { return peak_ * granule_; }
   // Size of the largest free block, in bytes (walks one size class: for messages and tests).
   uint64_t LargestFree() const;
-  // Smallest request size (in bytes) that Allocate rounds `bytes` up to when searching.
-  uint64_t SearchSize(uint64_t bytes) const;
+  // Smallest request size (in bytes) that Allocate rounds `bytes` up to when searching;
+  // nullopt when that size does not fit in 64 bits.
+  std::optional<uint64_t> SearchSize(uint64_t bytes) const;
 
  private:
   static constexpr int kSlBits = 4;

@@ -262,6 +262,19 @@ void Runtime::DropOthers(Tensor& t, tm_tier keep) {
 
 absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
   if (desc.bytes == 0) return Error(TM_ERR_INVALID_ARGUMENT, "a tensor needs at least 1 byte");
+  // A tensor larger than every tier could never hold a copy anywhere; near 2^64 its size would
+  // also wrap the round-ups of the allocator and the movers (it once aliased another tensor).
+  uint64_t largest = 0;
+  for (int tier = 0; tier < TM_TIER_COUNT; ++tier) {
+    largest = std::max(largest, tiers_->space(static_cast<tm_tier>(tier)).capacity());
+  }
+  if (desc.bytes > largest) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("tensor \"%s\" of %llu bytes is larger than every tier (the "
+                                 "largest holds %llu bytes): it could never be placed",
+                                 desc.name, static_cast<unsigned long long>(desc.bytes),
+                                 static_cast<unsigned long long>(largest)));
+  }
   if (desc.cls < 0 || desc.cls >= TM_CLASS_COUNT) {
     return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("tensor class %d is out of range", desc.cls));
   }

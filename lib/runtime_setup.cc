@@ -143,7 +143,8 @@ absl::Status Runtime::Init() {
       dram_bytes, std::max<uint64_t>(4ull << 20, config_.io_block_size), granule);
   auto dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule,
                                      shape.bytes());
-  if (!dram.ok() && config_.numa == NumaMode::kAuto && node >= 0) {
+  if (!dram.ok() && ToTmStatus(dram.status()) != TM_ERR_CONFIG &&
+      config_.numa == NumaMode::kAuto && node >= 0) {
     Log(LogSeverity::kWarn, "%s; the DRAM tier is left unbound",
         std::string(dram.status().message()).c_str());
     node = -1;
@@ -192,7 +193,10 @@ absl::Status Runtime::Init() {
     info_.nvme.push_back({f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
   }
   mover_ = std::make_unique<Mover>(*tiers_, *device_, *io_, *staging_);
-  trace_ = std::make_unique<Trace>(config_.trace);
+  // Opened now, not at destroy: a path that cannot be written fails create (TM_ERR_CONFIG).
+  auto trace = Trace::Open(config_.trace, config_.local_rank);
+  if (!trace.ok()) return trace.status();
+  trace_ = std::move(*trace);
   prefetch_limit_ = config_.prefetch_bytes.bytes == 0 && config_.prefetch_bytes.percent == 0
                         ? hbm_bytes / 2
                         : config_.prefetch_bytes.Resolve(hbm_bytes);

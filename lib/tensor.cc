@@ -3,15 +3,17 @@
 
 #include <atomic>
 
+#include "lib/handle.h"
+
 namespace tiermem {
 namespace {
 std::atomic<uint32_t> g_generation{0};
 
 uint32_t NextGeneration() {
-  uint32_t g = 0;
-  while ((g = ++g_generation) == 0) {
+  uint32_t previous = g_generation.load();
+  while (!g_generation.compare_exchange_weak(previous, NextHandleGeneration(previous))) {
   }
-  return g;
+  return NextHandleGeneration(previous);
 }
 }  // namespace
 
@@ -39,12 +41,14 @@ uint64_t TensorTable::Insert(std::unique_ptr<Tensor> t) {
   s.generation = NextGeneration();
   s.tensor = std::move(t);
   ++live_;
-  return uint64_t{s.generation} << 32 | index;
+  return MakeHandle(HandleKind::kTensor, s.generation, index);
 }
 
 Tensor* TensorTable::Find(uint64_t handle) const {
-  uint32_t index = static_cast<uint32_t>(handle);
-  uint32_t gen = static_cast<uint32_t>(handle >> 32);
+  // A handle of another kind (a runtime's) never names a tensor, whatever its low bits.
+  if (!HandleIsKind(handle, HandleKind::kTensor)) return nullptr;
+  const uint32_t index = HandleIndex(handle);
+  const uint32_t gen = HandleGeneration(handle);
   if (gen == 0 || index >= slots_.size()) return nullptr;
   const Slot& s = slots_[index];
   return s.generation == gen ? s.tensor.get() : nullptr;
@@ -52,10 +56,9 @@ Tensor* TensorTable::Find(uint64_t handle) const {
 
 std::unique_ptr<Tensor> TensorTable::Remove(uint64_t handle) {
   if (Find(handle) == nullptr) return nullptr;
-  uint32_t index = static_cast<uint32_t>(handle);
-  Slot& s = slots_[index];
+  Slot& s = slots_[HandleIndex(handle)];
   s.generation = 0;
-  free_.push_back(index);
+  free_.push_back(HandleIndex(handle));
   --live_;
   return std::move(s.tensor);
 }

@@ -134,9 +134,10 @@ struct Tensor {
   bool only_copy(tm_tier t) const { return (ResidencyMask() & ~TM_TIER_BIT(t)) == 0; }
 };
 
-// Slots indexed by the low 32 bits of a handle; the high 32 bits are the slot's generation,
-// drawn from a process-wide counter so that a handle from one runtime never names a tensor of
-// another and a destroyed handle never names its slot's next tenant. Not thread-safe.
+// Slots indexed by the low 32 bits of a handle; above them the slot's generation, drawn from a
+// process-wide counter so that a handle from one runtime never names a tensor of another and a
+// destroyed handle never names its slot's next tenant, and the tensor kind tag, so that no
+// runtime handle is ever taken for a tensor (layout in lib/handle.h). Not thread-safe.
 class TensorTable {
  public:
   uint64_t Insert(std::unique_ptr<Tensor> t);

@@ -4,16 +4,27 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "io/sync.h"
 
 namespace tiermem {
 
-// `s` as the inside of a JSON string.
-std::string JsonEscape(const std::string& s);
+// `s` as the inside of a JSON string: quotes, backslashes and every control character
+// (U+0000-U+001F, U+007F) escaped, and each byte that is not part of valid UTF-8 replaced by
+// U+FFFD, so the result is always a valid JSON string whatever bytes a caller named a tensor.
+std::string JsonEscape(absl::string_view s);
+
+// The longest prefix of `s` of at most `max` bytes that does not end inside a UTF-8 character.
+absl::string_view Utf8Prefix(absl::string_view s, size_t max);
+
+// A TIERMEM_TRACE path with %p (the process id), %r (the local rank) and %% expanded.
+std::string ExpandTracePath(absl::string_view path, int64_t pid, int local_rank);
 
 class Trace {
  public:
@@ -31,12 +42,26 @@ class Trace {
   };
   using Clock = std::chrono::steady_clock;
 
-  explicit Trace(std::string path);
-  bool enabled() const { return !path_.empty(); }
+  // Tracing off.
+  Trace();
+  // Tracing to `path` (a TIERMEM_TRACE value; empty: off), opened now so that a path that
+  // cannot be written fails runtime creation: TM_ERR_CONFIG naming it. The events go to a new
+  // file beside it (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600), renamed over `path` by Write, so
+  // nothing at `path` is ever opened: a regular file or symlink there is replaced (the link,
+  // not its target), a directory, FIFO or device refused; and no reader sees half a trace.
+  static absl::StatusOr<std::unique_ptr<Trace>> Open(const std::string& path, int local_rank);
+  // Removes the unfinished file when Write never ran.
+  ~Trace();
+  Trace(const Trace&) = delete;
+  Trace& operator=(const Trace&) = delete;
+
+  bool enabled() const { return fd_ >= 0; }
+  // The expanded path the trace is written to.
+  const std::string& path() const { return path_; }
   void Add(Track track, std::string name, Clock::time_point start, Clock::time_point end,
            uint64_t bytes);
-  // Writes the JSON file. Called once, at runtime destruction.
-  absl::Status Write() const;
+  // Writes the JSON and renames it into place. Called once, at runtime destruction.
+  absl::Status Write();
 
  private:
   struct Event {
@@ -46,7 +71,9 @@ class Trace {
     uint64_t bytes;
   };
   static constexpr size_t kMaxEvents = 1 << 20;
-  std::string path_;
+  std::string path_;       // where the trace ends up
+  std::string temp_path_;  // where it is written until then
+  int fd_ = -1;            // temp_path_, open for writing
   Clock::time_point origin_;
   mutable Mutex mu_;
   std::vector<Event> events_ ABSL_GUARDED_BY(mu_);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <thread>
 #include <string>
+#include <vector>
 
 #include "test_util.h"
 #include "tiermem/tiermem.h"
@@ -167,12 +168,54 @@ TEST_F(ApiArgs, TensorCreate) {
   d.struct_size = sizeof d;
   EXPECT_STATUS(TM_OK, tm_tensor_create(rt_, &d, &t));
   EXPECT_NE(t.bits, 0u);
-  // Too large for any tier: created, and the first use says why.
+  // Too large for every tier (the largest, NVMe, holds 256 MiB here): it could never be placed.
   d.bytes = 1ull << 50;
   tm_tensor huge;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_create(rt_, &d, &huge));
+  EXPECT_NE(std::string(tm_last_error()).find("1125899906842624"), std::string::npos)
+      << tm_last_error();
+  EXPECT_EQ(huge.bits, 0u);
+  // As large as the largest tier: fine, and the first use of a smaller tier says why not there.
+  d.bytes = 256ull << 20;
   EXPECT_STATUS(TM_OK, tm_tensor_create(rt_, &d, &huge));
   void* p;
   EXPECT_STATUS(TM_ERR_OUT_OF_MEMORY, tm_tensor_acquire(rt_, huge, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p));
+}
+
+// Sizes near 2^64 once rounded up to nothing in the allocator: create, acquire and write
+// returned TM_OK and the bytes landed in the next tensor of the tier. Every such size is
+// refused at create, naming the value, and no other tensor changes.
+TEST_F(ApiArgs, TensorSizesNear2To64NeverAliasAnotherTensor) {
+  auto before = testing::RandomBytes(4096, 7);
+  ASSERT_EQ(tm_tensor_write(rt_, t_, 0, before.data(), before.size()), TM_OK) << tm_last_error();
+  for (tm_tier home : {TM_TIER_HBM, TM_TIER_DRAM, TM_TIER_NVME}) {
+    for (uint64_t bytes : {UINT64_MAX, UINT64_MAX - 255, UINT64_MAX - 4095, uint64_t{1} << 63,
+                           (uint64_t{1} << 63) + 1}) {
+      tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+      d.bytes = bytes;
+      d.home_tier = home;
+      tm_tensor big{};
+      EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_create(rt_, &d, &big));
+      EXPECT_NE(std::string(tm_last_error()).find(std::to_string(bytes)), std::string::npos)
+          << tm_last_error();
+      EXPECT_EQ(big.bits, 0u);
+      // Whatever a caller does with the handle it did not get is refused too.
+      EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_write(rt_, big, 0, buf_, 16));
+    }
+  }
+  // A neighbour created after the attempts sits beside t_, not on top of it.
+  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+  d.bytes = 4096;
+  tm_tensor next;
+  ASSERT_EQ(tm_tensor_create(rt_, &d, &next), TM_OK);
+  std::memset(buf_, 0x5a, 4096);
+  ASSERT_EQ(tm_tensor_write(rt_, next, 0, buf_, 4096), TM_OK) << tm_last_error();
+  std::vector<uint8_t> back(4096);
+  ASSERT_EQ(tm_tensor_read(rt_, t_, 0, back.data(), back.size()), TM_OK);
+  EXPECT_EQ(back, before);
+  tm_stats s = TM_STATS_INIT;
+  ASSERT_EQ(tm_runtime_stats(rt_, &s), TM_OK);
+  EXPECT_EQ(s.tensors, 2u);
 }
 
 TEST_F(ApiArgs, TensorHandles) {
@@ -206,6 +249,39 @@ TEST_F(ApiArgs, TensorHandles) {
   EXPECT_EQ(bytes, 4096u);
 }
 
+// Runtime and tensor handles once shared one numbering space (generation << 32 | slot), so a
+// runtime handle passed as a tensor could name a live tensor. Each kind now carries its own
+// tag in the top four bits (lib/handle.h): no handle of one kind is ever taken for the other.
+TEST_F(ApiArgs, HandlesOfOneKindNeverNameTheOther) {
+  constexpr uint64_t kKindBits = 0xFull << 60;
+  std::vector<tm_tensor> tensors{t_};
+  for (int i = 0; i < 64; ++i) {
+    tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+    d.bytes = 64;
+    tm_tensor t;
+    ASSERT_EQ(tm_tensor_create(rt_, &d, &t), TM_OK);
+    tensors.push_back(t);
+  }
+  uint64_t bytes = 0;
+  EXPECT_NE(rt_.bits & kKindBits, t_.bits & kKindBits);
+  // The runtime's own handle, as a tensor of itself.
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_bytes(rt_, tm_tensor{rt_.bits}, &bytes));
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_write(rt_, tm_tensor{rt_.bits}, 0, buf_, 1));
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_destroy(rt_, tm_tensor{rt_.bits}));
+  // (Run alone, this process's first runtime and first tensor have the same generation and
+  // slot: with one numbering space their handles were equal, and the line above reached t_.)
+  // Each tensor's handle, as a runtime.
+  for (tm_tensor t : tensors) {
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_bytes(tm_runtime{t.bits}, t, &bytes));
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_destroy(tm_runtime{t.bits}));
+    EXPECT_STATUS(TM_OK, tm_tensor_bytes(rt_, t, &bytes));
+  }
+  // Every handle of either kind carries a non-zero tag: no tagless value is ever valid.
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_bytes(rt_, tm_tensor{t_.bits & ~kKindBits}, &bytes));
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_sync(tm_runtime{rt_.bits & ~kKindBits}));
+  EXPECT_STATUS(TM_OK, tm_runtime_sync(rt_));
+}
+
 TEST_F(ApiArgs, NullOutputs) {
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_bytes(rt_, t_, nullptr));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_residency(rt_, t_, nullptr));
@@ -232,6 +308,8 @@ TEST_F(ApiArgs, OutOfRange) {
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_offload(rt_, t_, static_cast<tm_tier>(3)));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_prefetch(rt_, t_, TM_TIER_NVME));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_prefetch(rt_, t_, static_cast<tm_tier>(-4)));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_schedule_set(rt_, &t_, nullptr, static_cast<size_t>(-1)));
+  EXPECT_NE(std::string(tm_last_error()).find("count="), std::string::npos) << tm_last_error();
   EXPECT_STATUS(TM_OK, tm_tensor_sync(rt_, t_));
   EXPECT_STATUS(TM_OK, tm_runtime_sync(rt_));
   // The tensor is untouched by all of this.

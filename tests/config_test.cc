@@ -3,10 +3,25 @@
 #include "lib/config.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdio>
+#include <fstream>
 #include <map>
+#include <set>
+#include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+#include "json_check.h"
+#include "lib/trace.h"
 #include "test_util.h"
 
 namespace tiermem {
@@ -30,6 +45,7 @@ TEST(ParseSize, AcceptsUnitsAndPercent) {
   EXPECT_EQ(ParseSize("X", " 7 B ")->bytes, 7u);
   EXPECT_DOUBLE_EQ(ParseSize("X", "50%")->percent, 50.0);
   EXPECT_EQ(ParseSize("X", "50%")->Resolve(1000), 500u);
+  EXPECT_EQ(ParseSize("X", "100%")->Resolve(UINT64_MAX), UINT64_MAX);  // no float overflow
 }
 
 TEST(ParseSize, RejectsGarbageNamingIt) {
@@ -102,6 +118,139 @@ TEST(LoadConfig, UnknownVariablesAreReported) {
   EXPECT_EQ(c->unknown_variables, std::vector<std::string>{"TIERMEM_PREFETCH_DEPHT"});
 }
 
+// The settings table and docs/environment.md: every variable in one has a row in the other,
+// with the same accepted values and default, and the docs' description starts with the table's
+// summary; a default the docs show as a value is the value a default configuration has.
+TEST(Settings, TableAndDocsAgree) {
+  std::ifstream docs(std::string(TIERMEM_SOURCE_DIR) + "/docs/environment.md");
+  ASSERT_TRUE(docs.good()) << "cannot read docs/environment.md";
+  struct Row {
+    std::string values, default_doc, description;
+  };
+  std::map<std::string, Row> documented;
+  std::string line;
+  while (std::getline(docs, line)) {
+    if (!absl::StartsWith(line, "| `TIERMEM_")) continue;
+    absl::string_view body(line);
+    body.remove_prefix(2);
+    ASSERT_TRUE(absl::ConsumeSuffix(&body, " |")) << line;
+    std::vector<std::string> cells = absl::StrSplit(body, " | ");
+    ASSERT_GE(cells.size(), 4u) << line;
+    std::string name = cells[0].substr(1, cells[0].size() - 2);
+    std::string description = absl::StrJoin(cells.begin() + 3, cells.end(), " | ");
+    EXPECT_TRUE(documented.emplace(name, Row{cells[1], cells[2], description}).second)
+        << name << " has two rows in docs/environment.md";
+  }
+  auto defaults = LoadConfig({}, FakeEnv({}), {});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  std::set<std::string> in_table;
+  for (const Setting& s : Settings()) {
+    in_table.insert(s.name);
+    auto it = documented.find(s.name);
+    if (it == documented.end()) {
+      ADD_FAILURE() << s.name << " is in the settings table but has no row in docs/environment.md";
+      continue;
+    }
+    EXPECT_EQ(it->second.values, s.values) << s.name << ": values column";
+    EXPECT_EQ(it->second.default_doc, s.default_doc) << s.name << ": default column";
+    EXPECT_FALSE(s.summary.empty()) << s.name;
+    EXPECT_TRUE(absl::StartsWith(it->second.description, s.summary))
+        << s.name << ": the description should start with \"" << s.summary << "\"";
+    if (absl::StartsWith(s.default_doc, "`") && !absl::StartsWith(s.default_doc, "`$")) {
+      std::string shown = s.default_doc.substr(1, s.default_doc.find('`', 1) - 1);
+      EXPECT_EQ(defaults->Value(s.name).value_or("?"), shown) << s.name << ": documented default";
+    }
+  }
+  for (const auto& [name, row] : documented) {
+    EXPECT_TRUE(in_table.count(name)) << name << " is documented but not in the settings table";
+  }
+  EXPECT_EQ(KnownVariables().size(), Settings().size());
+}
+
+// Sizes at the edge of 64 bits parse exactly or are refused by name; none wraps.
+TEST(ParseSize, EdgesOf64Bits) {
+  EXPECT_EQ(ParseSize("X", "18446744073709551615")->bytes, UINT64_MAX);
+  EXPECT_EQ(ParseSize("X", "16777215T")->bytes, 16777215ull << 40);
+  EXPECT_EQ(ParseSize("X", "17179869183G")->bytes, 17179869183ull << 30);
+  for (const char* bad : {"18446744073709551616", "16777216T", "17179869184G", "17592186044416M",
+                          "18014398509481984K"}) {
+    auto s = ParseSize("TIERMEM_DRAM_BYTES", bad);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.status().message().find(std::string("TIERMEM_DRAM_BYTES=\"") + bad),
+              std::string::npos)
+        << s.status().message();
+  }
+}
+
+// %r in a trace path: TIERMEM_LOCAL_RANK, else the launcher's variable, else 0.
+TEST(LoadConfig, LocalRankFromTiermemThenLaunchers) {
+  struct Case {
+    std::map<std::string, std::string> env;
+    int rank;
+    std::string source;
+  };
+  for (const Case& k :
+       {Case{{}, 0, "default"},
+        Case{{{"SLURM_LOCALID", "3"}}, 3, "environment SLURM_LOCALID"},
+        Case{{{"SLURM_LOCALID", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}}, 2,
+             "environment OMPI_COMM_WORLD_LOCAL_RANK"},
+        Case{{{"SLURM_LOCALID", "3"}, {"LOCAL_RANK", "1"}}, 1, "environment LOCAL_RANK"},
+        Case{{{"LOCAL_RANK", "junk"}, {"SLURM_LOCALID", "5"}}, 5, "environment SLURM_LOCALID"},
+        Case{{{"LOCAL_RANK", "1"}, {"TIERMEM_LOCAL_RANK", "7"}}, 7, "environment"}}) {
+    auto c = LoadConfig({}, FakeEnv(k.env), {});
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->local_rank, k.rank);
+    for (const auto& e : c->entries) {
+      if (e.name == "TIERMEM_LOCAL_RANK") {
+        EXPECT_EQ(e.source, k.source);
+        EXPECT_EQ(e.value, std::to_string(k.rank));
+      }
+    }
+  }
+}
+
+TEST(LoadConfig, TracePathPercentSequences) {
+  auto c = LoadConfig({}, FakeEnv({{"TIERMEM_TRACE", "/tmp/t-%p-%r-%%.json"}}), {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->trace, "/tmp/t-%p-%r-%%.json");  // expanded when the runtime opens it
+}
+
+TEST(TraceText, PathExpansion) {
+  EXPECT_EQ(ExpandTracePath("/t/%p-%r.json", 1234, 7), "/t/1234-7.json");
+  EXPECT_EQ(ExpandTracePath("/t/100%%-%r%r", 1, 0), "/t/100%-00");
+  EXPECT_EQ(ExpandTracePath("/t/plain", 1, 2), "/t/plain");
+}
+
+TEST(TraceText, Utf8PrefixNeverCutsACharacter) {
+  const std::string euro = "\xe2\x82\xac";  // 3 bytes
+  const std::string s = "ab" + euro + "cd";
+  EXPECT_EQ(Utf8Prefix(s, 10), s);
+  EXPECT_EQ(Utf8Prefix(s, 5), "ab" + euro);
+  EXPECT_EQ(Utf8Prefix(s, 4), "ab");
+  EXPECT_EQ(Utf8Prefix(s, 3), "ab");
+  EXPECT_EQ(Utf8Prefix(s, 2), "ab");
+  // Bytes that are not UTF-8 at all are cut where asked (the escaper replaces them).
+  const std::string junk(8, '\x80');
+  EXPECT_EQ(Utf8Prefix(junk, 5).size(), 5u);
+}
+
+TEST(TraceText, JsonEscapeGivesValidJsonForAnyBytes) {
+  EXPECT_EQ(JsonEscape("a\"b\\c"), "a\\\"b\\\\c");
+  EXPECT_EQ(JsonEscape(std::string("\x00\x1f\x7f", 3)), "\\u0000\\u001f\\u007f");
+  EXPECT_EQ(JsonEscape("\xff\xc3"), "\\ufffd\\ufffd");
+  EXPECT_EQ(JsonEscape("\xe0\x80\x80"), "\\ufffd\\ufffd\\ufffd");  // overlong
+  EXPECT_EQ(JsonEscape("\xed\xa0\x80"), "\\ufffd\\ufffd\\ufffd");  // a surrogate
+  EXPECT_EQ(JsonEscape("\xc3\xa9\xf0\x9f\x98\x80"), "\xc3\xa9\xf0\x9f\x98\x80");
+  // Every single byte and every pair of bytes: a valid JSON string each time.
+  for (int a = 0; a < 256; ++a) {
+    for (int b = 0; b < 256; b += (a < 0x80 ? 255 : 1)) {
+      std::string raw{static_cast<char>(a), static_cast<char>(b)};
+      std::string json = "\"" + JsonEscape(raw) + "\"";
+      ASSERT_TRUE(testing::Json(json).Valid()) << a << " " << b;
+    }
+  }
+}
+
 struct BadValue {
   const char* name;
   const char* value;
@@ -143,7 +292,12 @@ INSTANTIATE_TEST_SUITE_P(
                       BadValue{"TIERMEM_PREFETCH_BYTES", "some"},
                       BadValue{"TIERMEM_PLACEMENT", "zero3"},
                       BadValue{"TIERMEM_TRACE", "/tmp/dir/"},
-                      BadValue{"TIERMEM_CHECKSUM", "crc32"}));
+                      BadValue{"TIERMEM_CHECKSUM", "crc32"},
+                      BadValue{"TIERMEM_TRACE", "/tmp/t-%d.json"},
+                      BadValue{"TIERMEM_TRACE", "/tmp/t-%"},
+                      BadValue{"TIERMEM_LOCAL_RANK", "-1"},
+                      BadValue{"TIERMEM_LOCAL_RANK", "65536"},
+                      BadValue{"TIERMEM_LOCAL_RANK", "first"}));
 
 // A TIERMEM_ENV_FILE, as tiermem-probe --tune writes it.
 class EnvFileTest : public ::testing::Test {
@@ -225,6 +379,20 @@ TEST_F(EnvFileTest, MissingFileAndUnknownNames) {
   c = LoadConfig({}, FakeEnv({{"TIERMEM_ENV_FILE", path}}), {});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->unknown_variables, std::vector<std::string>{"TIERMEM_IO_DEPHT (" + path + ":1)"});
+}
+
+// A FIFO once blocked runtime creation forever (waiting for a writer); a device was read as a
+// file. Both are refused at once, naming the file.
+TEST_F(EnvFileTest, FifosAndDevicesAreRefusedWithoutWaiting) {
+  const std::string fifo = dir_.path() + "/fifo.env";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  for (const std::string& path : {fifo, std::string("/dev/zero"), dir_.path()}) {
+    auto c = LoadConfig({}, FakeEnv({{"TIERMEM_ENV_FILE", path}}), {});
+    ASSERT_FALSE(c.ok()) << path;
+    std::string msg(c.status().message());
+    EXPECT_NE(msg.find("TIERMEM_ENV_FILE=\"" + path + "\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find("not a regular file"), std::string::npos) << msg;
+  }
 }
 
 // The runtime reads the file named in the process environment.

@@ -2,14 +2,17 @@
 // and the runtime keeps working afterwards.
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "json_check.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 
@@ -220,6 +223,212 @@ TEST(BufferedNvme, RuntimeRoundTripWhereODirectIsRefused) {
   // Detached: a closed io_uring ring drops its registered files asynchronously, so the mount
   // can be busy for a moment after the runtime is gone.
   EXPECT_EQ(umount2(mnt.path().c_str(), MNT_DETACH), 0) << std::strerror(errno);
+}
+
+// Budgets near 2^64 once wrapped in their round-ups: the DRAM tier mapped nothing and the first
+// offload crashed; the NVMe tier reserved nothing yet reported success. Each is now a clear
+// error at create: TM_ERR_CONFIG for a size no file system or address space can hold (naming
+// the variable and the value), TM_ERR_NO_SPACE for one the file system refuses to reserve,
+// whatever errno it chose (EFBIG, EINVAL).
+TEST(Budgets, ImpossibleBudgetsFailAtCreateNamingTheValue) {
+  TempDir dir;
+  struct Case {
+    const char* variable;
+    uint64_t dram, nvme, hbm;
+    std::string paths;
+    tm_status expected;
+    std::string value;
+  };
+  const std::string two = dir.path() + ":" + dir.path();
+  const Case cases[] = {
+      {"TIERMEM_NVME_BYTES", 0, UINT64_MAX, 0, dir.path(), TM_ERR_CONFIG, "18446744073709551615"},
+      {"TIERMEM_NVME_BYTES", 0, 16777215ull << 40, 0, dir.path(), TM_ERR_CONFIG,
+       std::to_string(16777215ull << 40)},
+      {"TIERMEM_NVME_BYTES", 0, 1000000ull << 40, 0, dir.path(), TM_ERR_NO_SPACE,
+       std::to_string(1000000ull << 40)},
+      // Each of two files just under 2^63 bytes: the kernel's EFBIG or EINVAL is NO_SPACE too.
+      {"TIERMEM_NVME_BYTES", 0, 16777215ull << 40, 0, two, TM_ERR_NO_SPACE,
+       std::to_string(16777215ull << 40)},
+      {"TIERMEM_DRAM_BYTES", UINT64_MAX, 0, 0, dir.path(), TM_ERR_CONFIG, "18446744073709551615"},
+      {"TIERMEM_DRAM_BYTES", UINT64_MAX - (1 << 20), 0, 0, dir.path(), TM_ERR_CONFIG,
+       std::to_string(UINT64_MAX - (1 << 20))},
+  };
+  for (const Case& c : cases) {
+    tm_config cfg = SmallConfig(c.paths);
+    if (c.dram != 0) cfg.dram_bytes = c.dram;
+    if (c.nvme != 0) cfg.nvme_bytes = c.nvme;
+    tm_runtime rt{};
+    tm_status st = tm_runtime_create(&cfg, &rt);
+    std::string msg = tm_last_error();
+    EXPECT_EQ(st, c.expected) << c.variable << "=" << c.value << ": " << tm_status_string(st)
+                              << ": " << msg;
+    EXPECT_NE(msg.find(c.variable), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.value), std::string::npos) << msg;
+    EXPECT_EQ(rt.bits, 0u);
+    EXPECT_EQ(dir.Entries(), 0) << "a failed create left a file behind";
+  }
+  // Sizes that parse but no machine has: a clear error, never TM_OK, never a crash.
+  for (uint64_t bytes : {uint64_t{1} << 61, UINT64_MAX - 4095}) {
+    tm_config cfg = SmallConfig(dir.path());
+    cfg.hbm_bytes = bytes;
+    tm_runtime rt{};
+    EXPECT_NE(tm_runtime_create(&cfg, &rt), TM_OK) << "hbm " << bytes;
+    cfg = SmallConfig(dir.path());
+    cfg.dram_bytes = bytes;
+    EXPECT_NE(tm_runtime_create(&cfg, &rt), TM_OK) << "dram " << bytes;
+  }
+}
+
+// The same values through the environment and its size suffixes.
+TEST(Budgets, ImpossibleBudgetsFromTheEnvironment) {
+  TempDir dir;
+  tm_config cfg = SmallConfig(dir.path());
+  cfg.nvme_bytes = 0;
+  cfg.dram_bytes = 0;
+  struct Case {
+    const char* variable;
+    const char* value;
+    tm_status expected;
+  };
+  for (const Case& c : {Case{"TIERMEM_NVME_BYTES", "18446744073709551615", TM_ERR_CONFIG},
+                        Case{"TIERMEM_NVME_BYTES", "16777215T", TM_ERR_CONFIG},
+                        Case{"TIERMEM_NVME_BYTES", "1000000T", TM_ERR_NO_SPACE},
+                        Case{"TIERMEM_NVME_BYTES", "16777216T", TM_ERR_CONFIG},
+                        Case{"TIERMEM_DRAM_BYTES", "18446744073709551615", TM_ERR_CONFIG},
+                        Case{"TIERMEM_DRAM_BYTES", "17592186044415M", TM_ERR_CONFIG}}) {
+    testing::ScopedEnv env(c.variable, c.value);
+    tm_runtime rt{};
+    tm_status st = tm_runtime_create(&cfg, &rt);
+    std::string msg = tm_last_error();
+    EXPECT_EQ(st, c.expected) << c.variable << "=" << c.value << ": " << msg;
+    EXPECT_NE(msg.find(c.variable), std::string::npos) << msg;
+    if (st == TM_OK) tm_runtime_destroy(rt);
+  }
+}
+
+// TIERMEM_TRACE is opened at create, beside its final path, and renamed into place at destroy.
+class TracePaths : public ::testing::Test {
+ protected:
+  tm_status Create(const std::string& trace) {
+    trace_ = trace;
+    tm_config cfg = SmallConfig(swap_.path());
+    cfg.trace = trace_.c_str();
+    return tm_runtime_create(&cfg, &rt_);
+  }
+  // A runtime that moves one tensor, so its trace holds events named `name`.
+  void MoveOne(const std::string& name) {
+    tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+    d.bytes = 64 << 10;
+    d.name = name.c_str();
+    tm_tensor t;
+    TM_ASSERT_OK(tm_tensor_create(rt_, &d, &t));
+    auto data = RandomBytes(d.bytes, 9);
+    TM_ASSERT_OK(tm_tensor_write(rt_, t, 0, data.data(), d.bytes));
+    TM_ASSERT_OK(OffloadNow(rt_, t, TM_TIER_DRAM));
+  }
+  static std::string Slurp(const std::string& path) {
+    std::string out;
+    if (std::FILE* f = std::fopen(path.c_str(), "r")) {
+      char buf[4096];
+      size_t n = 0;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+      std::fclose(f);
+    }
+    return out;
+  }
+  TempDir swap_, dir_;
+  std::string trace_;
+  tm_runtime rt_{};
+};
+
+TEST_F(TracePaths, UnwritablePathsFailCreateNamingThem) {
+  for (const std::string& bad : {std::string("/proc/tiermem-trace.json"),
+                                 dir_.path() + "/missing/trace.json", dir_.path()}) {
+    ASSERT_EQ(Create(bad), TM_ERR_CONFIG) << bad;
+    EXPECT_NE(std::string(tm_last_error()).find("TIERMEM_TRACE=" + bad), std::string::npos)
+        << tm_last_error();
+  }
+  // A FIFO (which once hung destroy) and a device are refused, never opened or replaced.
+  const std::string fifo = dir_.path() + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  for (const std::string& bad : {fifo, std::string("/dev/null")}) {
+    ASSERT_EQ(Create(bad), TM_ERR_CONFIG) << bad;
+    EXPECT_NE(std::string(tm_last_error()).find("not a regular file"), std::string::npos)
+        << tm_last_error();
+  }
+  struct stat st = {};
+  ASSERT_EQ(lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  ASSERT_EQ(stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  EXPECT_EQ(dir_.Entries(), 1) << "a refused trace left a file behind";
+}
+
+// A symlink at the path (once followed: its target truncated, or created 0644 when dangling)
+// is replaced by the trace; its target is never touched.
+TEST_F(TracePaths, SymlinksAreReplacedNeverFollowed) {
+  const std::string target = dir_.path() + "/precious";
+  {
+    std::FILE* f = std::fopen(target.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("keep me", f);
+    std::fclose(f);
+  }
+  const std::string link = dir_.path() + "/trace.json";
+  const std::string dangling = dir_.path() + "/dangling.json";
+  const std::string nowhere = dir_.path() + "/nowhere";
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  ASSERT_EQ(symlink(nowhere.c_str(), dangling.c_str()), 0);
+  for (const std::string& path : {link, dangling}) {
+    ASSERT_EQ(Create(path), TM_OK) << tm_last_error();
+    MoveOne("t");
+    ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);
+    struct stat st = {};
+    ASSERT_EQ(lstat(path.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode)) << path << " is still a link";
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_TRUE(testing::Json(Slurp(path)).Valid());
+  }
+  EXPECT_EQ(Slurp(target), "keep me");
+  EXPECT_NE(access(nowhere.c_str(), F_OK), 0) << "the dangling link's target was created";
+  EXPECT_EQ(dir_.Entries(), 3) << "precious, trace.json, dangling.json and nothing else";
+}
+
+// %p and %r give each process and rank its own file; %% is a percent sign.
+TEST_F(TracePaths, PidAndRankExpand) {
+  testing::ScopedEnv env("TIERMEM_LOCAL_RANK", "3");
+  ASSERT_EQ(Create(dir_.path() + "/t-%p-r%r-%%.json"), TM_OK) << tm_last_error();
+  MoveOne("t");
+  ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);
+  const std::string expected =
+      dir_.path() + "/t-" + std::to_string(getpid()) + "-r3-%.json";
+  EXPECT_TRUE(testing::Json(Slurp(expected)).Valid()) << expected;
+  EXPECT_EQ(dir_.Entries(), 1);
+  env.Set("TIERMEM_LOCAL_RANK", std::nullopt);
+  env.Set("LOCAL_RANK", "5");
+  ASSERT_EQ(Create(dir_.path() + "/u-%r.json"), TM_OK) << tm_last_error();
+  ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);
+  EXPECT_TRUE(testing::Json(Slurp(dir_.path() + "/u-5.json")).Valid());
+}
+
+// Names with control characters, quotes, bytes that are not UTF-8, and a 256-byte cut that
+// falls inside a character (once invalid JSON): the trace is valid JSON all the same, and the
+// cut lands before the character.
+TEST_F(TracePaths, AnyTensorNameGivesValidJson) {
+  ASSERT_EQ(Create(dir_.path() + "/trace.json"), TM_OK) << tm_last_error();
+  const std::string cut_inside = std::string(255, 'a') + "\xc3\xa9" + "tail";  // e-acute at 255
+  MoveOne(cut_inside);
+  MoveOne(std::string("ctl\x01\x1f\x7f \"q\" \\ bad\xff\xfe\xc3 over\xe0\x80\x80 sur\xed\xa0\x80"));
+  MoveOne("\xf0\x9f\x98\x80 ok \xe2\x82\xac");
+  ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);
+  const std::string text = Slurp(dir_.path() + "/trace.json");
+  EXPECT_TRUE(testing::Json(text).Valid()) << text.substr(0, 2000);
+  EXPECT_NE(text.find("\"name\":\"" + std::string(255, 'a') + "\""), std::string::npos)
+      << "the cut should fall before the 2-byte character";
+  EXPECT_NE(text.find("\\u0001"), std::string::npos);
+  EXPECT_NE(text.find("\\u007f"), std::string::npos);
+  EXPECT_NE(text.find("\\ufffd"), std::string::npos);
+  EXPECT_NE(text.find("\xf0\x9f\x98\x80 ok \xe2\x82\xac"), std::string::npos) << "valid UTF-8 is kept";
 }
 
 TEST(BadPaths, MissingDirectoryIsAConfigError) {

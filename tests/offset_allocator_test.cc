@@ -66,6 +66,31 @@ TEST(OffsetAllocator, RejectsZeroAndTooLarge) {
   EXPECT_FALSE(a.Allocate(4096, 3).has_value());  // alignment not a power of two
 }
 
+// Sizes near 2^64 once rounded up to 0 granules: an allocation of "nothing" that aliased the
+// next block. They must be refused, and leave the allocator as it was.
+TEST(OffsetAllocator, RefusesSizesThatWouldWrap) {
+  for (uint64_t granule : {256u, 4096u}) {
+    OffsetAllocator a(1 << 20, granule);
+    auto first = a.Allocate(4096);
+    ASSERT_TRUE(first.has_value());
+    for (uint64_t bytes : {UINT64_MAX, UINT64_MAX - granule + 2, UINT64_MAX - granule + 1,
+                           uint64_t{1} << 63, (uint64_t{1} << 63) + 1}) {
+      EXPECT_FALSE(a.Allocate(bytes).has_value()) << bytes;
+      EXPECT_FALSE(a.Allocate(bytes, 1 << 20).has_value()) << bytes;
+    }
+    EXPECT_FALSE(a.Allocate(4096, uint64_t{1} << 63).has_value());  // alignment beyond the range
+    EXPECT_EQ(a.used(), 4096u);
+    auto second = a.Allocate(4096);
+    ASSERT_TRUE(second.has_value());
+    EXPECT_GE(second->offset, first->offset + first->size);  // no overlap with the first
+  }
+  OffsetAllocator a(1 << 20, 4096);
+  EXPECT_FALSE(a.SearchSize(UINT64_MAX).has_value());
+  EXPECT_FALSE(a.SearchSize(UINT64_MAX - 4094).has_value());
+  EXPECT_EQ(a.SearchSize(1).value(), 4096u);
+  EXPECT_EQ(a.SearchSize(uint64_t{1} << 62).value(), uint64_t{1} << 62);
+}
+
 TEST(OffsetAllocator, RoundsToGranule) {
   OffsetAllocator a(1 << 20, 4096);
   auto x = a.Allocate(1);
@@ -118,7 +143,7 @@ TEST(OffsetAllocator, MatchesReferenceUnderRandomLoad) {
         if (!x.has_value()) {
           ++failures;
           uint64_t slack = align > granule ? align - granule : 0;
-          ASSERT_LT(ref.LargestGap(), a.SearchSize(size + slack))
+          ASSERT_LT(ref.LargestGap(), a.SearchSize(size + slack).value())
               << "refused " << size << " with a gap of " << ref.LargestGap();
           continue;
         }

@@ -191,7 +191,7 @@ typedef struct tm_config {
   int32_t prefetch_depth;   /**< TIERMEM_PREFETCH_DEPTH; TM_PREFETCH_DEPTH_DEFAULT to leave unset */
   uint64_t prefetch_bytes;  /**< TIERMEM_PREFETCH_BYTES: bound on prefetch bytes in flight */
   tm_placement placement;   /**< TIERMEM_PLACEMENT */
-  const char* trace;        /**< TIERMEM_TRACE: Chrome-trace JSON file written at destroy */
+  const char* trace;        /**< TIERMEM_TRACE: Chrome-trace JSON file, opened at create, written at destroy */
   tm_checksum checksum;     /**< TIERMEM_CHECKSUM: verify NVMe data on every read */
 } tm_config;
 
