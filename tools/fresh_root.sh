@@ -43,6 +43,7 @@ if [ -n "${FRESH_DIR:-}" ]; then
 else
   root=$(mktemp -d /var/tmp/tiermem-fresh-XXXXXX)
 fi
+chmod 755 "$root"  # a root file system: apt's _apt user must be able to enter it
 mounted=()
 cleanup() {
   local i
@@ -68,7 +69,7 @@ cp /etc/resolv.conf "$root/etc/resolv.conf"
 echo "== git clone $repo (HEAD $(git -C "$repo" rev-parse --short HEAD))"
 git clone -q --no-hardlinks "$repo" "$root/src/tiermem"
 
-for m in proc sys dev dev/shm; do
+for m in proc sys dev dev/pts dev/shm; do  # dev/pts: apt and dpkg want a terminal log
   mkdir -p "$root/$m"
   case $m in
     proc) mount -t proc proc "$root/proc" ;;
