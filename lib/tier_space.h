@@ -25,7 +25,7 @@ struct Extent {
 class TierSpace {
  public:
   TierSpace(tm_tier tier, uint64_t capacity, uint64_t granule)
-      : tier_(tier), alloc_(capacity, granule) {}
+      : tier_(tier), granule_(granule), alloc_(capacity, granule) {}
 
   // Reserves `bytes` for the tensor `owner` (a handle; 0 for none). When full:
   // TM_ERR_OUT_OF_MEMORY (HBM, DRAM) or TM_ERR_NO_SPACE (NVMe), naming the tier, the tensor,
@@ -54,11 +54,12 @@ class TierSpace {
   uint64_t free_bytes() const;
 
   tm_tier tier() const { return tier_; }
-  uint64_t granule() const { return alloc_.granule(); }
+  uint64_t granule() const { return granule_; }
   tm_tier_stats Stats() const;
 
  private:
   const tm_tier tier_;
+  const uint64_t granule_;  // fixed at construction: read without the lock
   std::function<void(const Extent&)> on_free_;
   mutable Mutex mu_;
   OffsetAllocator alloc_ ABSL_GUARDED_BY(mu_);

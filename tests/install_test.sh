@@ -13,7 +13,8 @@ test -f "$libdir/cmake/tiermem/tiermemConfig.cmake"
 test -f "$libdir/pkgconfig/tiermem.pc"
 
 flags=${CONSUMER_FLAGS:-}
-cmake -S "$src/consumer" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" \
+# Ninja, as the main build: a minimal machine has no make.
+cmake -S "$src/consumer" -B "$work/cmake-build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" \
   -DCMAKE_C_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" >/dev/null
 cmake --build "$work/cmake-build" >/dev/null
 "$work/cmake-build/consumer" "$work"

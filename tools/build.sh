@@ -2,8 +2,11 @@
 # The two commands of the README.
 #   tools/build.sh demo   install what is missing, build, run tiermem-probe (probe + offload demo)
 #   tools/build.sh test   install what is missing, build with -Werror, run every test, then again
-#                         under ASan+UBSan, then under TSan
-# Environment: BUILD_DIR (default build), JOBS (default: all cores), TIERMEM_WITH_CUDA (AUTO).
+#                         under ASan+UBSan, then under TSan; then compile lib/ and io/ with clang's
+#                         -Wthread-safety, fuzz each target for FUZZ_SECONDS, check the format
+# Environment: BUILD_DIR (default build), JOBS (default: all cores), TIERMEM_WITH_CUDA (AUTO),
+#   FUZZ_SECONDS (per fuzz target, default 60; 0 skips the fuzz run),
+#   FORMAT_CHECK (1, the default: tools/format.sh --check is a step of test; 0 skips it).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -11,13 +14,17 @@ mode=${1:-demo}
 build=${BUILD_DIR:-$root/build}
 jobs=${JOBS:-$(nproc)}
 cuda=${TIERMEM_WITH_CUDA:-AUTO}
+fuzz_seconds=${FUZZ_SECONDS:-60}
+format_check=${FORMAT_CHECK:-1}
 
 packages=(cmake ninja-build g++ pkg-config binutils liburing-dev libhwloc-dev libabsl-dev
           libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev fio)
+# Only test needs these: clang for the thread-safety check and libFuzzer, the formatter.
+test_packages=(clang-14 libclang-rt-14-dev libfuzzer-14-dev clang-format-14)
 
 install_missing() {
   local missing=()
-  for p in "${packages[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -44,7 +51,21 @@ run_tests() {  # dir, label
   ctest --test-dir "$1" --output-on-failure -j "$jobs" --timeout 600
 }
 
-install_missing
+# lib/ and io/ compiled by clang with -Wthread-safety as an error: every ABSL_GUARDED_BY and
+# lock annotation is checked. Compile only; nothing runs.
+thread_safety_check() {
+  echo "== clang -Wthread-safety (lib/, io/)"
+  cmake -S "$root" -B "$build-thread-safety" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DTIERMEM_THREAD_SAFETY=ON \
+    -DTIERMEM_WERROR=ON -DTIERMEM_BUILD_TESTS=OFF -DTIERMEM_BUILD_BENCH=OFF \
+    -DTIERMEM_WITH_CUDA="$cuda" >/dev/null
+  cmake --build "$build-thread-safety" -j "$jobs" --target tiermem_io tiermem_core tiermem
+}
+
+case "$mode" in
+  demo) install_missing "${packages[@]}" ;;
+  test) install_missing "${packages[@]}" "${test_packages[@]}" ;;
+esac
 case "$mode" in
   demo)
     configure_and_build "$build"
@@ -61,6 +82,15 @@ case "$mode" in
       run_tests "$build-asan" "ASan+UBSan"
     configure_and_build "$build-tsan" -DTIERMEM_TSAN=ON -DTIERMEM_BUILD_BENCH=OFF
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_tests "$build-tsan" "TSan"
+    thread_safety_check
+    if [ "$fuzz_seconds" != 0 ]; then
+      echo "== fuzz (${fuzz_seconds} s per target)"
+      FUZZ_BUILD_DIR="$build-fuzz" JOBS="$jobs" bash "$root/tools/fuzz.sh" "$fuzz_seconds"
+    fi
+    if [ "$format_check" != 0 ]; then
+      echo "== format"
+      bash "$root/tools/format.sh" --check
+    fi
     ;;
   *)
     echo "usage: tools/build.sh demo|test" >&2
