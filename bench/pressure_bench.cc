@@ -1,0 +1,308 @@
+// pressure_bench: a ZeRO-Infinity style training step under memory pressure, with tensors of
+// several sizes. Parameters (a different size per layer) live on NVMe; forward acquires each in
+// HBM, "computes", writes a fresh activation (another size per layer, created anew every step
+// as a framework does) and offloads it to NVMe; backward walks back, re-acquiring activations
+// and parameters and computing twice as long. Every byte is checked. For HBM budgets of 2, 3 and
+// 4 layers and each prefetch depth it prints the step time against the overlap bound
+//   max(compute, link bytes / link bandwidth (each direction), NVMe bytes / NVMe bandwidth)
+// with the bytes each run actually moved and the NVMe bandwidth measured in the same run.
+//   pressure_bench [--layers N] [--compute-ms T] [--link-gbps G] [--steps S]
+//                  [--hbm-layers 2,3,4] [--depths 0,1,2,4,8]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "lib/config.h"
+#include "lib/runtime.h"
+
+namespace tiermem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kMiB = 1 << 20;
+
+struct Options {
+  int layers = 8;
+  double compute_ms = 4;  // forward, per layer; backward is twice that
+  double link_gbps = 5;
+  int steps = 6;
+  std::vector<int> hbm_layers = {2, 3, 4};
+  std::vector<int> depths = {0, 1, 2, 4, 8};
+};
+
+// Sizes that differ per layer and are not powers of two: fragmentation is real.
+uint64_t ParamBytes(int l) {
+  static constexpr uint64_t kMib[] = {12, 7, 9, 14, 8, 11, 6, 10};
+  return kMib[l % 8] * kMiB + 4097 * static_cast<uint64_t>(l + 1);
+}
+uint64_t ActBytes(int l) {
+  static constexpr uint64_t kMib[] = {5, 9, 6, 4, 8, 7, 10, 5};
+  return kMib[l % 8] * kMiB + 513 * static_cast<uint64_t>(l + 1);
+}
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+#define BENCH_RETURN_IF_ERROR(expr) \
+  do {                              \
+    absl::Status s_ = (expr);       \
+    if (!s_.ok()) return s_;        \
+  } while (0)
+
+absl::StatusOr<std::unique_ptr<Runtime>> Make(const Options& o, uint64_t hbm, int depth) {
+  ConfigOverrides c;
+  c.device = DeviceKind::kEmulated;
+  c.emu_link_gbps = o.link_gbps;
+  c.hbm_bytes = SizeSetting{hbm, 0};
+  uint64_t all = 0;
+  for (int l = 0; l < o.layers; ++l) all += ParamBytes(l) + ActBytes(l);
+  c.dram_bytes = SizeSetting{all + 256 * kMiB, 0};
+  c.nvme_bytes = SizeSetting{2 * all + 512 * kMiB, 0};
+  if (depth >= 0) c.prefetch_depth = static_cast<uint32_t>(depth);
+  c.placement = Placement::kZeroInfinity;
+  auto cfg = LoadConfig(c, ProcessEnvironment(), ProcessTiermemVariables());
+  if (!cfg.ok()) return cfg.status();
+  return Runtime::Create(*cfg);
+}
+
+// The runtime path's NVMe bandwidth, write and read, median of 5 of 256 MiB.
+absl::Status MeasureNvme(Runtime& rt, double* write_gbps, double* read_gbps) {
+  const uint64_t bytes = 256 * kMiB;
+  auto h = rt.CreateTensor({bytes, TM_CLASS_OTHER, TM_TIER_DRAM, "probe"});
+  if (!h.ok()) return h.status();
+  std::vector<char> data(bytes, 1);
+  BENCH_RETURN_IF_ERROR(rt.Write(*h, 0, data.data(), bytes));
+  std::vector<double> w, r;
+  for (int i = 0; i < 5; ++i) {
+    // Dirty in DRAM again (its NVMe copy is dropped), so that the offload writes it all.
+    auto d = rt.Acquire(*h, TM_TIER_DRAM, TM_ACCESS_READ_WRITE, nullptr);
+    if (!d.ok()) return d.status();
+    BENCH_RETURN_IF_ERROR(rt.Release(*h, TM_TIER_DRAM));
+    auto t0 = Clock::now();
+    BENCH_RETURN_IF_ERROR(rt.Offload(*h, TM_TIER_NVME));
+    BENCH_RETURN_IF_ERROR(rt.Sync(*h));
+    w.push_back(Seconds(Clock::now() - t0));
+    t0 = Clock::now();
+    auto p = rt.Acquire(*h, TM_TIER_DRAM, TM_ACCESS_READ, nullptr);
+    if (!p.ok()) return p.status();
+    r.push_back(Seconds(Clock::now() - t0));
+    BENCH_RETURN_IF_ERROR(rt.Release(*h, TM_TIER_DRAM));
+  }
+  std::sort(w.begin(), w.end());
+  std::sort(r.begin(), r.end());
+  *write_gbps = static_cast<double>(bytes) / w[2] / 1e9;
+  *read_gbps = static_cast<double>(bytes) / r[2] / 1e9;
+  return rt.DestroyTensor(*h);
+}
+
+struct Result {
+  double step = 0;             // median seconds of the steps after the first
+  double h2d = 0, d2h = 0;     // link bytes per step
+  double nvme_read = 0, nvme_write = 0;
+  tm_stats stats{};
+};
+
+// A byte pattern that differs per layer, step and position, checked whole.
+void Fill(char* p, uint64_t n, uint64_t seed) {
+  for (uint64_t i = 0; i + 8 <= n; i += 8) {
+    const uint64_t v = (seed * 0x9E3779B97F4A7C15ull) ^ i;
+    std::memcpy(p + i, &v, 8);
+  }
+  for (uint64_t i = n & ~7ull; i < n; ++i) p[i] = static_cast<char>(seed + i);
+}
+bool Check(const char* p, uint64_t n, uint64_t seed) {
+  for (uint64_t i = 0; i + 8 <= n; i += 8) {
+    const uint64_t v = (seed * 0x9E3779B97F4A7C15ull) ^ i;
+    if (std::memcmp(p + i, &v, 8) != 0) return false;
+  }
+  for (uint64_t i = n & ~7ull; i < n; ++i) {
+    if (p[i] != static_cast<char>(seed + i)) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<Result> Run(Runtime& rt, const Options& o) {
+  std::vector<uint64_t> params;
+  for (int l = 0; l < o.layers; ++l) {
+    auto h = rt.CreateTensor({ParamBytes(l), TM_CLASS_PARAM, TM_TIER_BY_PLACEMENT,
+                              "param" + std::to_string(l)});
+    if (!h.ok()) return h.status();
+    std::vector<char> init(ParamBytes(l));
+    Fill(init.data(), init.size(), 1000 + l);
+    BENCH_RETURN_IF_ERROR(rt.Write(*h, 0, init.data(), init.size()));  // lands on NVMe
+    params.push_back(*h);
+  }
+  const auto fwd = std::chrono::duration<double, std::milli>(o.compute_ms);
+  const auto bwd = 2 * fwd;
+  std::vector<double> times;
+  tm_stats first{};
+  for (int step = 0; step < o.steps; ++step) {
+    if (step == 1) first = rt.Stats();
+    BENCH_RETURN_IF_ERROR(rt.StepBegin());
+    const auto t0 = Clock::now();
+    Clock::duration checking{};  // the bench's own byte checks, not the step's
+    std::vector<uint64_t> acts;
+    for (int l = 0; l < o.layers; ++l) {
+      auto p = rt.Acquire(params[l], TM_TIER_HBM, TM_ACCESS_READ, nullptr);
+      if (!p.ok()) return p.status();
+      auto c0 = Clock::now();
+      if (!Check(static_cast<char*>(*p), ParamBytes(l), 1000 + l)) {
+        return absl::DataLossError("a parameter came back with the wrong bytes");
+      }
+      checking += Clock::now() - c0;
+      std::this_thread::sleep_for(fwd);
+      auto h = rt.CreateTensor({ActBytes(l), TM_CLASS_ACTIVATION, TM_TIER_HBM,
+                                "act" + std::to_string(l)});
+      if (!h.ok()) return h.status();
+      acts.push_back(*h);
+      auto a = rt.Acquire(*h, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr);
+      if (!a.ok()) return a.status();
+      c0 = Clock::now();
+      Fill(static_cast<char*>(*a), ActBytes(l), step * 100 + l);  // the forward's output
+      checking += Clock::now() - c0;
+      BENCH_RETURN_IF_ERROR(rt.Release(*h, TM_TIER_HBM));
+      BENCH_RETURN_IF_ERROR(rt.Offload(*h, TM_TIER_NVME));
+      BENCH_RETURN_IF_ERROR(rt.Release(params[l], TM_TIER_HBM));
+    }
+    for (int l = o.layers - 1; l >= 0; --l) {
+      auto a = rt.Acquire(acts[l], TM_TIER_HBM, TM_ACCESS_READ, nullptr);
+      if (!a.ok()) return a.status();
+      auto p = rt.Acquire(params[l], TM_TIER_HBM, TM_ACCESS_READ, nullptr);
+      if (!p.ok()) return p.status();
+      auto c0 = Clock::now();
+      if (!Check(static_cast<char*>(*a), ActBytes(l), step * 100 + l) ||
+          !Check(static_cast<char*>(*p), ParamBytes(l), 1000 + l)) {
+        return absl::DataLossError("an activation or parameter came back with the wrong bytes");
+      }
+      checking += Clock::now() - c0;
+      std::this_thread::sleep_for(bwd);
+      BENCH_RETURN_IF_ERROR(rt.Release(params[l], TM_TIER_HBM));
+      BENCH_RETURN_IF_ERROR(rt.Release(acts[l], TM_TIER_HBM));
+      BENCH_RETURN_IF_ERROR(rt.DestroyTensor(acts[l]));
+    }
+    BENCH_RETURN_IF_ERROR(rt.StepEnd());
+    times.push_back(Seconds(Clock::now() - t0 - checking));
+  }
+  BENCH_RETURN_IF_ERROR(rt.SyncAll());
+  Result r;
+  r.stats = rt.Stats();
+  const double n = o.steps - 1;
+  auto per_step = [&](int from, int to) {
+    return static_cast<double>(r.stats.bytes_moved[from][to] - first.bytes_moved[from][to]) / n;
+  };
+  r.h2d = per_step(TM_TIER_DRAM, TM_TIER_HBM);
+  r.d2h = per_step(TM_TIER_HBM, TM_TIER_DRAM);
+  r.nvme_read = per_step(TM_TIER_NVME, TM_TIER_DRAM);
+  r.nvme_write = per_step(TM_TIER_DRAM, TM_TIER_NVME);
+  std::vector<double> measured(times.begin() + 1, times.end());
+  std::sort(measured.begin(), measured.end());
+  r.step = measured[measured.size() / 2];
+  for (uint64_t h : params) BENCH_RETURN_IF_ERROR(rt.DestroyTensor(h));
+  return r;
+}
+
+std::vector<int> IntList(const std::string& v) {
+  std::vector<int> out;
+  for (absl::string_view p : absl::StrSplit(v, ',')) out.push_back(std::atoi(std::string(p).c_str()));
+  return out;
+}
+
+int Main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    double d = 0;
+    if (k == "--depths") {
+      o.depths = IntList(v);
+    } else if (k == "--hbm-layers") {
+      o.hbm_layers = IntList(v);
+    } else if (!absl::SimpleAtod(v, &d)) {
+      std::fprintf(stderr, "pressure_bench: bad value %s for %s\n", v.c_str(), k.c_str());
+      return 2;
+    } else if (k == "--layers") {
+      o.layers = std::max(1, static_cast<int>(d));
+    } else if (k == "--compute-ms") {
+      o.compute_ms = d;
+    } else if (k == "--link-gbps") {
+      o.link_gbps = d;
+    } else if (k == "--steps") {
+      o.steps = std::max(2, static_cast<int>(d));
+    } else {
+      std::fprintf(stderr, "pressure_bench: unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  uint64_t widest = 0;
+  for (int l = 0; l < o.layers; ++l) widest = std::max(widest, ParamBytes(l) + ActBytes(l));
+  auto probe = Make(o, widest, 0);
+  if (!probe.ok()) {
+    std::fprintf(stderr, "pressure_bench: %s\n", std::string(probe.status().message()).c_str());
+    return 1;
+  }
+  double nvme_w = 0, nvme_r = 0;
+  if (auto s = MeasureNvme(**probe, &nvme_w, &nvme_r); !s.ok()) {
+    std::fprintf(stderr, "pressure_bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  probe->reset();
+  const double compute = o.layers * o.compute_ms * 3 / 1e3;
+  std::printf("pressure_bench: %d layers, parameters 6-14 MiB on NVMe, activations 4-10 MiB "
+              "offloaded to NVMe (all sizes odd)\n",
+              o.layers);
+  std::printf("  compute %.1f ms/step; link %.1f GB/s each way; NVMe (measured, runtime path) "
+              "write %.2f, read %.2f GB/s\n\n",
+              compute * 1e3, o.link_gbps, nvme_w, nvme_r);
+  std::printf("%10s %6s %9s %9s %8s %11s %10s %9s %8s %8s %7s\n", "hbm", "depth", "step ms",
+              "bound ms", "/ bound", "vs depth 0", "bound by", "misses", "evicted", "dropped",
+              "waits");
+  bool ok = true;
+  for (int k : o.hbm_layers) {
+    const uint64_t hbm = static_cast<uint64_t>(k) * widest;
+    double base = 0;
+    for (int depth : o.depths) {
+      auto rt = Make(o, hbm, depth);
+      if (!rt.ok()) {
+        std::fprintf(stderr, "pressure_bench: %s\n", std::string(rt.status().message()).c_str());
+        return 1;
+      }
+      auto r = Run(**rt, o);
+      if (!r.ok()) {
+        std::printf("%4d layers %6d   FAILED: %s\n", k, depth,
+                    std::string(r.status().message()).c_str());
+        ok = false;
+        continue;
+      }
+      const double link = o.link_gbps * 1e9;
+      const double nvme = r->nvme_read / (nvme_r * 1e9) + r->nvme_write / (nvme_w * 1e9);
+      const double terms[] = {compute, r->h2d / link, r->d2h / link, nvme};
+      static constexpr const char* kNames[] = {"compute", "h2d", "d2h", "nvme"};
+      const int by = static_cast<int>(std::max_element(terms, terms + 4) - terms);
+      const double bound = terms[by];
+      if (depth == 0) base = r->step;
+      if (getenv("PRESSURE_BENCH_TERMS") != nullptr) {
+        std::printf("  terms ms: compute %.1f h2d %.1f d2h %.1f nvme %.1f (read %.0f MiB, write %.0f MiB)\n",
+                    terms[0] * 1e3, terms[1] * 1e3, terms[2] * 1e3, terms[3] * 1e3,
+                    r->nvme_read / kMiB, r->nvme_write / kMiB);
+      }
+      std::printf("%4d layers %6d %9.1f %9.1f %8.2f %10.2fx %10s %9llu %8llu %8llu %7llu\n", k,
+                  depth, r->step * 1e3, bound * 1e3, r->step / bound,
+                  base > 0 ? base / r->step : 0.0, kNames[by],
+                  static_cast<unsigned long long>(r->stats.acquire_misses),
+                  static_cast<unsigned long long>(r->stats.evictions),
+                  static_cast<unsigned long long>(r->stats.prefetches_dropped),
+                  static_cast<unsigned long long>(r->stats.demand_waits));
+    }
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace tiermem
+
+int main(int argc, char** argv) { return tiermem::Main(argc, argv); }
