@@ -19,7 +19,8 @@ void BM_AllocatorAllocFree(benchmark::State& state) {
   OffsetAllocator a(1ull << 40, 4096);
   std::mt19937_64 rng(1);
   std::vector<uint32_t> live;
-  for (int64_t i = 0; i < state.range(0); ++i) live.push_back(a.Allocate(4096 + rng() % (1 << 20))->block);
+  for (int64_t i = 0; i < state.range(0); ++i)
+    live.push_back(a.Allocate(4096 + rng() % (1 << 20))->block);
   size_t i = 0;
   for (auto _ : state) {
     auto x = a.Allocate(4096 + rng() % (1 << 20));

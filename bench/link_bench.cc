@@ -27,7 +27,8 @@ BENCHMARK(BM_Memcpy)->UseRealTime()->Unit(benchmark::kMillisecond);
 void BM_EmulatedLink(benchmark::State& state) {
   const double cap = static_cast<double>(state.range(0));
   auto dev = io::CreateEmulatedDevice({0, cap});
-  auto dir = state.range(1) == 0 ? io::CopyDirection::kHostToDevice : io::CopyDirection::kDeviceToHost;
+  auto dir =
+      state.range(1) == 0 ? io::CopyDirection::kHostToDevice : io::CopyDirection::kDeviceToHost;
   std::vector<char> src(kBytes, 1), dst(kBytes);
   std::memcpy(dst.data(), src.data(), kBytes);  // touch both
   for (auto _ : state) {

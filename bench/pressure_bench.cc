@@ -102,8 +102,8 @@ absl::Status MeasureNvme(Runtime& rt, double* write_gbps, double* read_gbps) {
 }
 
 struct Result {
-  double step = 0;             // median seconds of the steps after the first
-  double h2d = 0, d2h = 0;     // link bytes per step
+  double step = 0;          // median seconds of the steps after the first
+  double h2d = 0, d2h = 0;  // link bytes per step
   double nvme_read = 0, nvme_write = 0;
   tm_stats stats{};
 };
@@ -130,8 +130,8 @@ bool Check(const char* p, uint64_t n, uint64_t seed) {
 absl::StatusOr<Result> Run(Runtime& rt, const Options& o) {
   std::vector<uint64_t> params;
   for (int l = 0; l < o.layers; ++l) {
-    auto h = rt.CreateTensor({ParamBytes(l), TM_CLASS_PARAM, TM_TIER_BY_PLACEMENT,
-                              "param" + std::to_string(l)});
+    auto h = rt.CreateTensor(
+        {ParamBytes(l), TM_CLASS_PARAM, TM_TIER_BY_PLACEMENT, "param" + std::to_string(l)});
     if (!h.ok()) return h.status();
     std::vector<char> init(ParamBytes(l));
     Fill(init.data(), init.size(), 1000 + l);
@@ -157,8 +157,8 @@ absl::StatusOr<Result> Run(Runtime& rt, const Options& o) {
       }
       checking += Clock::now() - c0;
       std::this_thread::sleep_for(fwd);
-      auto h = rt.CreateTensor({ActBytes(l), TM_CLASS_ACTIVATION, TM_TIER_HBM,
-                                "act" + std::to_string(l)});
+      auto h = rt.CreateTensor(
+          {ActBytes(l), TM_CLASS_ACTIVATION, TM_TIER_HBM, "act" + std::to_string(l)});
       if (!h.ok()) return h.status();
       acts.push_back(*h);
       auto a = rt.Acquire(*h, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr);
@@ -209,7 +209,8 @@ absl::StatusOr<Result> Run(Runtime& rt, const Options& o) {
 
 std::vector<int> IntList(const std::string& v) {
   std::vector<int> out;
-  for (absl::string_view p : absl::StrSplit(v, ',')) out.push_back(std::atoi(std::string(p).c_str()));
+  for (absl::string_view p : absl::StrSplit(v, ','))
+    out.push_back(std::atoi(std::string(p).c_str()));
   return out;
 }
 
@@ -252,12 +253,14 @@ int Main(int argc, char** argv) {
   }
   probe->reset();
   const double compute = o.layers * o.compute_ms * 3 / 1e3;
-  std::printf("pressure_bench: %d layers, parameters 6-14 MiB on NVMe, activations 4-10 MiB "
-              "offloaded to NVMe (all sizes odd)\n",
-              o.layers);
-  std::printf("  compute %.1f ms/step; link %.1f GB/s each way; NVMe (measured, runtime path) "
-              "write %.2f, read %.2f GB/s\n\n",
-              compute * 1e3, o.link_gbps, nvme_w, nvme_r);
+  std::printf(
+      "pressure_bench: %d layers, parameters 6-14 MiB on NVMe, activations 4-10 MiB "
+      "offloaded to NVMe (all sizes odd)\n",
+      o.layers);
+  std::printf(
+      "  compute %.1f ms/step; link %.1f GB/s each way; NVMe (measured, runtime path) "
+      "write %.2f, read %.2f GB/s\n\n",
+      compute * 1e3, o.link_gbps, nvme_w, nvme_r);
   std::printf("%10s %6s %9s %9s %8s %11s %10s %9s %8s %8s %7s\n", "hbm", "depth", "step ms",
               "bound ms", "/ bound", "vs depth 0", "bound by", "misses", "evicted", "dropped",
               "waits");
@@ -286,9 +289,11 @@ int Main(int argc, char** argv) {
       const double bound = terms[by];
       if (depth == 0) base = r->step;
       if (getenv("PRESSURE_BENCH_TERMS") != nullptr) {
-        std::printf("  terms ms: compute %.1f h2d %.1f d2h %.1f nvme %.1f (read %.0f MiB, write %.0f MiB)\n",
-                    terms[0] * 1e3, terms[1] * 1e3, terms[2] * 1e3, terms[3] * 1e3,
-                    r->nvme_read / kMiB, r->nvme_write / kMiB);
+        std::printf(
+            "  terms ms: compute %.1f h2d %.1f d2h %.1f nvme %.1f (read %.0f MiB, write %.0f "
+            "MiB)\n",
+            terms[0] * 1e3, terms[1] * 1e3, terms[2] * 1e3, terms[3] * 1e3, r->nvme_read / kMiB,
+            r->nvme_write / kMiB);
       }
       std::printf("%4d layers %6d %9.1f %9.1f %8.2f %10.2fx %10s %9llu %8llu %8llu %7llu\n", k,
                   depth, r->step * 1e3, bound * 1e3, r->step / bound,

@@ -55,10 +55,10 @@ absl::StatusOr<std::unique_ptr<Runtime>> Make(const Options& o, int depth) {
   return Runtime::Create(*cfg);
 }
 
-#define BENCH_RETURN_IF_ERROR(expr)    \
-  do {                                 \
-    absl::Status s_ = (expr);          \
-    if (!s_.ok()) return s_;           \
+#define BENCH_RETURN_IF_ERROR(expr) \
+  do {                              \
+    absl::Status s_ = (expr);       \
+    if (!s_.ok()) return s_;        \
   } while (0)
 
 // NVMe -> DRAM bandwidth of the runtime's own path, median of 5.
@@ -91,13 +91,20 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "step_bench: bad value %s for %s\n", v.c_str(), k.c_str());
       return 2;
     }
-    if (k == "--layers") o.layers = static_cast<int>(d);
-    else if (k == "--param-mib") o.param = static_cast<uint64_t>(d * (1 << 20));
-    else if (k == "--act-mib") o.act = static_cast<uint64_t>(d * (1 << 20));
-    else if (k == "--compute-ms") o.compute_ms = d;
-    else if (k == "--link-gbps") o.link_gbps = d;
-    else if (k == "--hbm-mib") o.hbm = static_cast<uint64_t>(d * (1 << 20));
-    else if (k == "--steps") o.steps = std::max(2, static_cast<int>(d));
+    if (k == "--layers")
+      o.layers = static_cast<int>(d);
+    else if (k == "--param-mib")
+      o.param = static_cast<uint64_t>(d * (1 << 20));
+    else if (k == "--act-mib")
+      o.act = static_cast<uint64_t>(d * (1 << 20));
+    else if (k == "--compute-ms")
+      o.compute_ms = d;
+    else if (k == "--link-gbps")
+      o.link_gbps = d;
+    else if (k == "--hbm-mib")
+      o.hbm = static_cast<uint64_t>(d * (1 << 20));
+    else if (k == "--steps")
+      o.steps = std::max(2, static_cast<int>(d));
     else if (k == "--depths") {
       o.depths.clear();
       for (absl::string_view p : absl::StrSplit(v, ',')) {
@@ -110,10 +117,12 @@ int Main(int argc, char** argv) {
   }
   // Measured NVMe read bandwidth for the bound (the link's is its cap).
   auto probe = Make(o, 0);
-  if (!probe.ok()) return std::fprintf(stderr, "%s\n", std::string(probe.status().message()).c_str()), 1;
+  if (!probe.ok())
+    return std::fprintf(stderr, "%s\n", std::string(probe.status().message()).c_str()), 1;
   auto nvme = NvmeReadGbps(**probe, 256ull << 20);
   probe->reset();
-  if (!nvme.ok()) return std::fprintf(stderr, "%s\n", std::string(nvme.status().message()).c_str()), 1;
+  if (!nvme.ok())
+    return std::fprintf(stderr, "%s\n", std::string(nvme.status().message()).c_str()), 1;
 
   const double L = o.layers, P = static_cast<double>(o.param), A = static_cast<double>(o.act);
   const double compute = L * o.compute_ms * 3 / 1e3;
@@ -122,11 +131,13 @@ int Main(int argc, char** argv) {
   // after the first step need no NVMe read), at the measured NVMe bandwidth.
   const double h2d = (2 * L * P + L * A) / (o.link_gbps * 1e9);
   const double d2h = L * A / (o.link_gbps * 1e9);
-  std::printf("step_bench: %d layers, params %.0f MiB (NVMe home), activations %.0f MiB, HBM %.0f MiB\n",
-              o.layers, P / (1 << 20), A / (1 << 20), static_cast<double>(o.hbm) / (1 << 20));
-  std::printf("  compute %.1f ms/step; link %.1f GB/s: h2d %.1f ms, d2h %.1f ms; NVMe read %.2f GB/s "
-              "(measured)\n\n",
-              compute * 1e3, o.link_gbps, h2d * 1e3, d2h * 1e3, *nvme);
+  std::printf(
+      "step_bench: %d layers, params %.0f MiB (NVMe home), activations %.0f MiB, HBM %.0f MiB\n",
+      o.layers, P / (1 << 20), A / (1 << 20), static_cast<double>(o.hbm) / (1 << 20));
+  std::printf(
+      "  compute %.1f ms/step; link %.1f GB/s: h2d %.1f ms, d2h %.1f ms; NVMe read %.2f GB/s "
+      "(measured)\n\n",
+      compute * 1e3, o.link_gbps, h2d * 1e3, d2h * 1e3, *nvme);
   std::printf("%6s %10s %10s %10s %12s %8s %8s %10s\n", "depth", "step ms", "ideal ms", "/ ideal",
               "vs depth 0", "hits", "misses", "evictions");
   double base = 0;
@@ -138,7 +149,8 @@ int Main(int argc, char** argv) {
     }
     auto r = RunSteps(**rt, {o.layers, o.param, o.act, o.compute_ms, o.steps});
     if (!r.ok()) {
-      std::fprintf(stderr, "step_bench: depth %d: %s\n", depth, std::string(r.status().message()).c_str());
+      std::fprintf(stderr, "step_bench: depth %d: %s\n", depth,
+                   std::string(r.status().message()).c_str());
       return 1;
     }
     const double nvme_s = r->nvme_bytes_per_step / (*nvme * 1e9);

@@ -11,9 +11,9 @@
 #include <atomic>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "io/sync.h"
 
 namespace tiermem::io {
@@ -21,14 +21,15 @@ namespace {
 
 absl::Status CudaError(cudaError_t err, const char* what) {
   cudaGetLastError();  // clear the sticky error
-  std::string msg = absl::StrFormat("%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
+  std::string msg =
+      absl::StrFormat("%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
   if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
   return absl::InternalError(msg);
 }
 
-#define TM_CUDA_RETURN_IF_ERROR(call)                      \
-  do {                                                     \
-    cudaError_t tm_cuda_err_ = (call);                     \
+#define TM_CUDA_RETURN_IF_ERROR(call)                                       \
+  do {                                                                      \
+    cudaError_t tm_cuda_err_ = (call);                                      \
     if (tm_cuda_err_ != cudaSuccess) return CudaError(tm_cuda_err_, #call); \
   } while (0)
 
@@ -215,8 +216,8 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int device_index) {
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
     cudaGetLastError();
-    return absl::UnavailableError(
-        absl::StrFormat("no usable CUDA device: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e)));
+    return absl::UnavailableError(absl::StrFormat("no usable CUDA device: %s (%s)",
+                                                  cudaGetErrorString(e), cudaGetErrorName(e)));
   }
   if (count == 0) return absl::UnavailableError("no CUDA device present");
   if (device_index < 0 || device_index >= count) {

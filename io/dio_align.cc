@@ -19,8 +19,8 @@ namespace {
 uint32_t SysfsLogicalBlockSize(uint32_t major, uint32_t minor) {
   // A partition has no queue/ of its own: its parent's holds the limits.
   for (const char* rel : {"queue/logical_block_size", "../queue/logical_block_size"}) {
-    std::string path = "/sys/dev/block/" + std::to_string(major) + ":" + std::to_string(minor) +
-                       "/" + rel;
+    std::string path =
+        "/sys/dev/block/" + std::to_string(major) + ":" + std::to_string(minor) + "/" + rel;
     FILE* f = std::fopen(path.c_str(), "re");
     if (f == nullptr) continue;
     unsigned v = 0;
@@ -39,7 +39,7 @@ uint32_t ProbeDirectIoAlignment(int fd, std::string* source) {
   if (rc == 0) {
     if ((stx.stx_mask & STATX_DIOALIGN) != 0 && stx.stx_dio_offset_align != 0) {
       uint32_t a = stx.stx_dio_offset_align > stx.stx_dio_mem_align ? stx.stx_dio_offset_align
-                                                                     : stx.stx_dio_mem_align;
+                                                                    : stx.stx_dio_mem_align;
       *source = "statx";
       return a;
     }

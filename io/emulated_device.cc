@@ -14,8 +14,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
-#include "io/sync.h"
 #include "io/device.h"
+#include "io/sync.h"
 
 namespace tiermem::io {
 namespace {
@@ -48,7 +48,8 @@ class EmulatedCopyEngine final : public CopyEngine {
     if (bytes == 0) {
       lane.done_set.insert(seq);
     } else {
-      lane.active.push_back(Job{seq, static_cast<char*>(dst), static_cast<const char*>(src), bytes, 0});
+      lane.active.push_back(
+          Job{seq, static_cast<char*>(dst), static_cast<const char*>(src), bytes, 0});
       lane.work.Signal();
     }
     return CopyTicket{seq << 1 | static_cast<uint64_t>(dir)};
@@ -137,9 +138,10 @@ class EmulatedDevice final : public Device {
 
   absl::string_view kind() const override { return "emulated"; }
   std::string Describe() const override {
-    return link_gbps_ > 0 ? absl::StrFormat("emulated device (host memory, link capped at %.3g GB/s)",
-                                            link_gbps_)
-                          : std::string("emulated device (host memory, link uncapped)");
+    return link_gbps_ > 0
+               ? absl::StrFormat("emulated device (host memory, link capped at %.3g GB/s)",
+                                 link_gbps_)
+               : std::string("emulated device (host memory, link uncapped)");
   }
   uint64_t physical_bytes() const override { return physical_; }
   uint64_t default_budget() const override { return std::min<uint64_t>(1ull << 30, physical_ / 4); }
@@ -147,8 +149,8 @@ class EmulatedDevice final : public Device {
 
   absl::StatusOr<void*> AllocateSlab(uint64_t bytes) override {
     // Reserved, not touched: the budget is enforced by the HBM tier's allocator.
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
       return absl::ResourceExhaustedError(
           absl::StrFormat("emulated device: cannot map %llu bytes: %s",

@@ -23,18 +23,18 @@ absl::StatusOr<std::unique_ptr<HostRegion>> HostRegion::Create(uint64_t bytes, c
   // No address space holds half of 2^64 either, so larger requests are refused as invalid.
   const auto rounded = RoundUp(bytes, kHuge);
   if (bytes == 0 || !rounded.has_value() || *rounded > (uint64_t{1} << 62)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%llu bytes of host memory is not a possible size (1 byte to 4 EiB)",
-        static_cast<unsigned long long>(bytes)));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%llu bytes of host memory is not a possible size (1 byte to 4 EiB)",
+                        static_cast<unsigned long long>(bytes)));
   }
   bytes = *rounded;
-  void* raw = mmap(nullptr, bytes + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
+  void* raw =
+      mmap(nullptr, bytes + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) {
     int err = errno;
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "cannot map %llu bytes of host memory for the DRAM tier: %s",
-        static_cast<unsigned long long>(bytes), std::strerror(err)));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("cannot map %llu bytes of host memory for the DRAM tier: %s",
+                        static_cast<unsigned long long>(bytes), std::strerror(err)));
   }
   // Trim the mapping to the aligned range.
   const uintptr_t start = reinterpret_cast<uintptr_t>(raw);

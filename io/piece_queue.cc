@@ -22,11 +22,11 @@ int FilterResult(const Piece& p, int result) {
 }
 
 absl::Status PieceError(const Piece& p, int err) {
-  return ErrnoStatus(err, absl::StrFormat("%s of %llu bytes at offset %llu of the swap file in %s",
-                                          p.request->write ? "write" : "read",
-                                          static_cast<unsigned long long>(p.remaining()),
-                                          static_cast<unsigned long long>(p.file_offset()),
-                                          p.request->label));
+  return ErrnoStatus(
+      err, absl::StrFormat("%s of %llu bytes at offset %llu of the swap file in %s",
+                           p.request->write ? "write" : "read",
+                           static_cast<unsigned long long>(p.remaining()),
+                           static_cast<unsigned long long>(p.file_offset()), p.request->label));
 }
 
 absl::Status PieceQueue::RunJob(std::span<const IoRequest> requests, uint64_t block_size) {

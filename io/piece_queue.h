@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "io/sync.h"
 #include "io/io_engine.h"
+#include "io/sync.h"
 
 namespace tiermem::io {
 
@@ -19,10 +19,10 @@ struct Piece {
   // Shared: the last piece's completer may still be unlocking the job when its waiter returns.
   std::shared_ptr<IoJob> job;
   const IoRequest* request = nullptr;
-  uint64_t start = 0;   // offset of the piece within the request
+  uint64_t start = 0;  // offset of the piece within the request
   uint64_t length = 0;
-  uint64_t done = 0;    // bytes of the piece already moved
-  int stalls = 0;       // completions that moved nothing
+  uint64_t done = 0;  // bytes of the piece already moved
+  int stalls = 0;     // completions that moved nothing
 
   char* buffer() const { return static_cast<char*>(request->buffer) + start + done; }
   uint64_t file_offset() const { return request->offset + start + done; }

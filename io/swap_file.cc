@@ -33,9 +33,9 @@ bool DirectIoWorks(int fd, uint32_t align) {
 
 absl::StatusOr<std::unique_ptr<SwapFile>> SwapFile::Create(const std::string& dir, uint64_t bytes) {
   if (bytes > kMaxFileBytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "a swap file of %llu bytes is beyond the largest file offset (2^63 - 1)",
-        static_cast<unsigned long long>(bytes)));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a swap file of %llu bytes is beyond the largest file offset (2^63 - 1)",
+                        static_cast<unsigned long long>(bytes)));
   }
   struct stat st = {};
   if (stat(dir.c_str(), &st) != 0) {
@@ -43,7 +43,8 @@ absl::StatusOr<std::unique_ptr<SwapFile>> SwapFile::Create(const std::string& di
     return ErrnoStatus(err, absl::StrFormat("NVMe path \"%s\"", dir));
   }
   if (!S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrFormat("NVMe path \"%s\" is not a directory", dir));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("NVMe path \"%s\" is not a directory", dir));
   }
   std::unique_ptr<SwapFile> f(new SwapFile());
   f->dir_ = dir;
@@ -78,9 +79,9 @@ absl::StatusOr<std::unique_ptr<SwapFile>> SwapFile::Create(const std::string& di
     // beyond its largest file; EINVAL from some for sizes near 2^63), the caller hears one thing:
     // the space cannot be reserved.
     auto cannot_reserve = [&](int err, const char* how) {
-      absl::Status s = ErrnoStatus(
-          err, absl::StrFormat("cannot %s %llu bytes for the swap file in \"%s\"", how,
-                               static_cast<unsigned long long>(bytes), dir));
+      absl::Status s =
+          ErrnoStatus(err, absl::StrFormat("cannot %s %llu bytes for the swap file in \"%s\"", how,
+                                           static_cast<unsigned long long>(bytes), dir));
       if (err == ENOSPC || err == EDQUOT || err == EFBIG || err == EINVAL) {
         return absl::ResourceExhaustedError(s.message());
       }

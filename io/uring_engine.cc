@@ -44,7 +44,8 @@ class Ring {
  private:
   absl::Status Init() {
     if (FaultInjector* f = CurrentFaultInjector(); f != nullptr && f->FailUringSetup()) {
-      return absl::UnavailableError("io_uring_queue_init: Operation not permitted (errno 1, injected)");
+      return absl::UnavailableError(
+          "io_uring_queue_init: Operation not permitted (errno 1, injected)");
     }
     unsigned entries = 1;
     while (entries < options_.queue_depth) entries <<= 1;

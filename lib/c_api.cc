@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "io/sync.h"
 #include "lib/config.h"
 #include "lib/handle.h"
@@ -120,16 +120,22 @@ absl::StatusOr<ConfigOverrides> OverridesFrom(const tm_config* c) {
   // Older callers pass a smaller struct: only the fields it contains are read.
   const size_t size = c->struct_size;
   if (size < offsetof(tm_config, device) || size > (1u << 16)) {
-    return Error(TM_ERR_INVALID_ARGUMENT,
-                 absl::StrFormat("tm_config.struct_size is %zu: fill the struct with TM_CONFIG_INIT",
-                                 size));
+    return Error(
+        TM_ERR_INVALID_ARGUMENT,
+        absl::StrFormat("tm_config.struct_size is %zu: fill the struct with TM_CONFIG_INIT", size));
   }
 #define TM_HAS(field) (size >= offsetof(tm_config, field) + sizeof(c->field))
   if (TM_HAS(device) && c->device != TM_DEVICE_DEFAULT) {
     switch (c->device) {
-      case TM_DEVICE_AUTO: o.device = DeviceKind::kAuto; break;
-      case TM_DEVICE_CUDA: o.device = DeviceKind::kCuda; break;
-      case TM_DEVICE_EMULATED: o.device = DeviceKind::kEmulated; break;
+      case TM_DEVICE_AUTO:
+        o.device = DeviceKind::kAuto;
+        break;
+      case TM_DEVICE_CUDA:
+        o.device = DeviceKind::kCuda;
+        break;
+      case TM_DEVICE_EMULATED:
+        o.device = DeviceKind::kEmulated;
+        break;
       default:
         return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.device=%d is out of range",
                                                     static_cast<int>(c->device)));
@@ -137,7 +143,8 @@ absl::StatusOr<ConfigOverrides> OverridesFrom(const tm_config* c) {
   }
   if (TM_HAS(cuda_device) && c->cuda_device != TM_CUDA_DEVICE_DEFAULT) {
     if (c->cuda_device < 0) {
-      return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.cuda_device=%d is negative", c->cuda_device));
+      return Error(TM_ERR_CONFIG,
+                   absl::StrFormat("tm_config.cuda_device=%d is negative", c->cuda_device));
     }
     o.cuda_device = c->cuda_device;
   }
@@ -147,9 +154,15 @@ absl::StatusOr<ConfigOverrides> OverridesFrom(const tm_config* c) {
   if (TM_HAS(nvme_bytes) && c->nvme_bytes != 0) o.nvme_bytes = SizeSetting{c->nvme_bytes, 0};
   if (TM_HAS(io_engine) && c->io_engine != TM_IO_ENGINE_DEFAULT) {
     switch (c->io_engine) {
-      case TM_IO_ENGINE_AUTO: o.io_engine = IoEngineKind::kAuto; break;
-      case TM_IO_ENGINE_URING: o.io_engine = IoEngineKind::kUring; break;
-      case TM_IO_ENGINE_POSIX: o.io_engine = IoEngineKind::kPosix; break;
+      case TM_IO_ENGINE_AUTO:
+        o.io_engine = IoEngineKind::kAuto;
+        break;
+      case TM_IO_ENGINE_URING:
+        o.io_engine = IoEngineKind::kUring;
+        break;
+      case TM_IO_ENGINE_POSIX:
+        o.io_engine = IoEngineKind::kPosix;
+        break;
       default:
         return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.io_engine=%d is out of range",
                                                     static_cast<int>(c->io_engine)));
@@ -165,7 +178,8 @@ absl::StatusOr<ConfigOverrides> OverridesFrom(const tm_config* c) {
     } else if (c->numa_node >= 0) {
       o.numa = std::pair{NumaMode::kNode, static_cast<int>(c->numa_node)};
     } else {
-      return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.numa_node=%d is out of range", c->numa_node));
+      return Error(TM_ERR_CONFIG,
+                   absl::StrFormat("tm_config.numa_node=%d is out of range", c->numa_node));
     }
   }
   if (TM_HAS(log_level) && c->log_level != TM_LOG_DEFAULT) {
@@ -179,8 +193,8 @@ absl::StatusOr<ConfigOverrides> OverridesFrom(const tm_config* c) {
   if (TM_HAS(io_threads) && c->io_threads != 0) o.io_threads = c->io_threads;
   if (TM_HAS(prefetch_depth) && c->prefetch_depth != TM_PREFETCH_DEPTH_DEFAULT) {
     if (c->prefetch_depth < 0) {
-      return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.prefetch_depth=%d is negative",
-                                                  c->prefetch_depth));
+      return Error(TM_ERR_CONFIG,
+                   absl::StrFormat("tm_config.prefetch_depth=%d is negative", c->prefetch_depth));
     }
     o.prefetch_depth = static_cast<uint32_t>(c->prefetch_depth);
   }
@@ -189,10 +203,18 @@ absl::StatusOr<ConfigOverrides> OverridesFrom(const tm_config* c) {
   }
   if (TM_HAS(placement) && c->placement != TM_PLACEMENT_DEFAULT) {
     switch (c->placement) {
-      case TM_PLACEMENT_NONE: o.placement = Placement::kNone; break;
-      case TM_PLACEMENT_ZERO_OFFLOAD: o.placement = Placement::kZeroOffload; break;
-      case TM_PLACEMENT_ZERO_INFINITY: o.placement = Placement::kZeroInfinity; break;
-      case TM_PLACEMENT_ACTIVATIONS: o.placement = Placement::kActivations; break;
+      case TM_PLACEMENT_NONE:
+        o.placement = Placement::kNone;
+        break;
+      case TM_PLACEMENT_ZERO_OFFLOAD:
+        o.placement = Placement::kZeroOffload;
+        break;
+      case TM_PLACEMENT_ZERO_INFINITY:
+        o.placement = Placement::kZeroInfinity;
+        break;
+      case TM_PLACEMENT_ACTIVATIONS:
+        o.placement = Placement::kActivations;
+        break;
       default:
         return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.placement=%d is out of range",
                                                     static_cast<int>(c->placement)));
@@ -201,8 +223,12 @@ absl::StatusOr<ConfigOverrides> OverridesFrom(const tm_config* c) {
   if (TM_HAS(trace) && c->trace != nullptr) o.trace = std::string(c->trace);
   if (TM_HAS(checksum) && c->checksum != TM_CHECKSUM_DEFAULT) {
     switch (c->checksum) {
-      case TM_CHECKSUM_OFF: o.checksum = ChecksumKind::kOff; break;
-      case TM_CHECKSUM_XXH3: o.checksum = ChecksumKind::kXxh3; break;
+      case TM_CHECKSUM_OFF:
+        o.checksum = ChecksumKind::kOff;
+        break;
+      case TM_CHECKSUM_XXH3:
+        o.checksum = ChecksumKind::kXxh3;
+        break;
       default:
         return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.checksum=%d is out of range",
                                                     static_cast<int>(c->checksum)));
@@ -243,17 +269,16 @@ TM_API tm_status tm_runtime_create(const tm_config* config, tm_runtime* out) {
 TM_API tm_status tm_runtime_destroy(tm_runtime runtime) {
   std::shared_ptr<Runtime> r = Registry().Remove(runtime.bits);
   if (r == nullptr) {
-    return Fail(TM_ERR_INVALID_HANDLE, absl::StrFormat(
-                                           "runtime handle 0x%016x is zero, destroyed or invalid",
-                                           runtime.bits));
+    return Fail(
+        TM_ERR_INVALID_HANDLE,
+        absl::StrFormat("runtime handle 0x%016x is zero, destroyed or invalid", runtime.bits));
   }
   return TM_OK;  // freed when the last call using it returns
 }
 
 TM_API tm_status tm_runtime_stats(tm_runtime runtime, tm_stats* out) {
   if (out == nullptr) return NullArgument("tm_runtime_stats", "out");
-  if (out->struct_size < offsetof(tm_stats, tensors) ||
-      out->struct_size > (1u << 16)) {
+  if (out->struct_size < offsetof(tm_stats, tensors) || out->struct_size > (1u << 16)) {
     return Fail(TM_ERR_INVALID_ARGUMENT,
                 absl::StrFormat("tm_stats.struct_size is %zu: initialize it with TM_STATS_INIT",
                                 out->struct_size));
@@ -311,7 +336,8 @@ TM_API tm_status tm_runtime_config_value(tm_runtime runtime, const char* name, c
   return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
     auto v = rt.config().Value(name);
     if (!v.has_value()) {
-      return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("\"%s\" is not a tiermem setting", name));
+      return Error(TM_ERR_INVALID_ARGUMENT,
+                   absl::StrFormat("\"%s\" is not a tiermem setting", name));
     }
     if (needed != nullptr) *needed = v->size() + 1;
     if (buf_size < v->size() + 1) {
@@ -331,9 +357,10 @@ TM_API tm_status tm_tensor_create(tm_runtime runtime, const tm_tensor_desc* desc
   out->bits = 0;
   if (desc->struct_size < offsetof(tm_tensor_desc, name) + sizeof(desc->name) ||
       desc->struct_size > (1u << 16)) {
-    return Fail(TM_ERR_INVALID_ARGUMENT,
-                absl::StrFormat("tm_tensor_desc.struct_size is %zu: fill it with TM_TENSOR_DESC_INIT",
-                                desc->struct_size));
+    return Fail(
+        TM_ERR_INVALID_ARGUMENT,
+        absl::StrFormat("tm_tensor_desc.struct_size is %zu: fill it with TM_TENSOR_DESC_INIT",
+                        desc->struct_size));
   }
   return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
     TensorDesc d;
@@ -370,13 +397,15 @@ TM_API tm_status tm_tensor_bytes(tm_runtime runtime, tm_tensor tensor, uint64_t*
 TM_API tm_status tm_tensor_write(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
                                  const void* src, uint64_t bytes) {
   if (src == nullptr && bytes > 0) return NullArgument("tm_tensor_write", "src");
-  return WithRuntime(runtime, [&](Runtime& rt) { return rt.Write(tensor.bits, offset, src, bytes); });
+  return WithRuntime(runtime,
+                     [&](Runtime& rt) { return rt.Write(tensor.bits, offset, src, bytes); });
 }
 
 TM_API tm_status tm_tensor_read(tm_runtime runtime, tm_tensor tensor, uint64_t offset, void* dst,
                                 uint64_t bytes) {
   if (dst == nullptr && bytes > 0) return NullArgument("tm_tensor_read", "dst");
-  return WithRuntime(runtime, [&](Runtime& rt) { return rt.Read(tensor.bits, offset, dst, bytes); });
+  return WithRuntime(runtime,
+                     [&](Runtime& rt) { return rt.Read(tensor.bits, offset, dst, bytes); });
 }
 
 TM_API tm_status tm_tensor_acquire(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
@@ -419,14 +448,14 @@ TM_API tm_status tm_step_end(tm_runtime runtime) {
   return WithRuntime(runtime, [&](Runtime& rt) { return rt.StepEnd(); });
 }
 
-TM_API tm_status tm_schedule_set(tm_runtime runtime, const tm_tensor* tensors,
-                                 const tm_tier* tiers, size_t count) {
+TM_API tm_status tm_schedule_set(tm_runtime runtime, const tm_tensor* tensors, const tm_tier* tiers,
+                                 size_t count) {
   if (tensors == nullptr && count > 0) return NullArgument("tm_schedule_set", "tensors");
   // More uses than any step holds is a caller's mistake (a negative count cast to size_t).
   if (count > (size_t{1} << 32)) {
-    return Fail(TM_ERR_INVALID_ARGUMENT,
-                absl::StrFormat("tm_schedule_set: count=%zu is beyond any schedule (at most 2^32)",
-                                count));
+    return Fail(
+        TM_ERR_INVALID_ARGUMENT,
+        absl::StrFormat("tm_schedule_set: count=%zu is beyond any schedule (at most 2^32)", count));
   }
   return WithRuntime(runtime, [&](Runtime& rt) {
     std::vector<Runtime::ScheduledUse> uses(count);
@@ -441,8 +470,9 @@ TM_API tm_status tm_plan(const tm_plan_input* in, tm_plan_result* out) {
   if (in == nullptr) return NullArgument("tm_plan", "input");
   if (out == nullptr) return NullArgument("tm_plan", "out");
   if (in->struct_size != sizeof(tm_plan_input) || out->struct_size != sizeof(tm_plan_result)) {
-    return Fail(TM_ERR_INVALID_ARGUMENT,
-                "tm_plan: struct_size mismatch: fill with TM_PLAN_INPUT_INIT / TM_PLAN_RESULT_INIT");
+    return Fail(
+        TM_ERR_INVALID_ARGUMENT,
+        "tm_plan: struct_size mismatch: fill with TM_PLAN_INPUT_INIT / TM_PLAN_RESULT_INIT");
   }
   PlanInput p;
   p.layers = in->layers;

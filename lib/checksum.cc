@@ -57,7 +57,8 @@ BlockChecksums::Check BlockChecksums::Verify(uint64_t extent, uint64_t offset, c
   {
     MutexLock lock(&mu_);
     if (auto it = sums_.find(extent); it != sums_.end()) {
-      for (uint64_t k = first; k <= last && k < it->second.size(); ++k) sums[k - first] = it->second[k];
+      for (uint64_t k = first; k <= last && k < it->second.size(); ++k)
+        sums[k - first] = it->second[k];
     }
   }
   const uint64_t end = offset + n;

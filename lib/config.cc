@@ -8,16 +8,16 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 
-#include "absl/strings/string_view.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 
 extern char** environ;
@@ -28,8 +28,7 @@ namespace {
 constexpr uint64_t kKiB = 1024;
 
 absl::Status Bad(absl::string_view what, absl::string_view text, absl::string_view why) {
-  return absl::InvalidArgumentError(
-      absl::StrFormat("%s=\"%s\" is invalid: %s", what, text, why));
+  return absl::InvalidArgumentError(absl::StrFormat("%s=\"%s\" is invalid: %s", what, text, why));
 }
 
 template <typename T>
@@ -70,9 +69,7 @@ constexpr Choice<LogLevel> kLogChoices[] = {{"error", LogLevel::kError},
 
 absl::StatusOr<EnvFile> ParseEnvFile(const std::string& path) {
   constexpr uint64_t kMaxBytes = 1u << 20;
-  auto bad = [&](absl::string_view why) {
-    return Bad("TIERMEM_ENV_FILE", path, why);
-  };
+  auto bad = [&](absl::string_view why) { return Bad("TIERMEM_ENV_FILE", path, why); };
   if (path.empty()) return bad("no file given");
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever. Only a
   // regular file is read; a FIFO, device or directory is refused before any read.
@@ -123,7 +120,8 @@ absl::StatusOr<EnvFile> ParseEnvFile(const std::string& path) {
     absl::string_view name = line.substr(0, eq);
     absl::string_view value = line.substr(eq + 1);
     bool name_ok = absl::StartsWith(name, "TIERMEM_") && name.size() > 8;
-    for (char ch : name) name_ok = name_ok && (absl::ascii_isupper(ch) || absl::ascii_isdigit(ch) || ch == '_');
+    for (char ch : name)
+      name_ok = name_ok && (absl::ascii_isupper(ch) || absl::ascii_isdigit(ch) || ch == '_');
     if (!name_ok) {
       return line_error(absl::StrCat("\"", name, "\" is not a TIERMEM_ variable name"));
     }
@@ -135,9 +133,11 @@ absl::StatusOr<EnvFile> ParseEnvFile(const std::string& path) {
     if (value.find_first_of("$`\\\"'") != absl::string_view::npos) {
       return line_error("quotes, escapes and shell expansion are not supported in values");
     }
-    auto [it, inserted] = out.values.try_emplace(std::string(name), EnvFile::Value{std::string(value), line_no});
+    auto [it, inserted] =
+        out.values.try_emplace(std::string(name), EnvFile::Value{std::string(value), line_no});
     if (!inserted) {
-      return line_error(absl::StrFormat("%s is set twice (first on line %d)", name, it->second.line));
+      return line_error(
+          absl::StrFormat("%s is set twice (first on line %d)", name, it->second.line));
     }
   }
   return out;
@@ -290,8 +290,8 @@ absl::string_view ChoiceName(const Choice<T> (&choices)[N], T value) {
 Setting::Default Fixed(std::string text) { return {std::move(text), "default"}; }
 
 template <typename T, size_t N>
-Setting ChoiceRow(std::string name, std::string default_text, std::string summary,
-                  T Config::*field, std::optional<T> ConfigOverrides::*override_field,
+Setting ChoiceRow(std::string name, std::string default_text, std::string summary, T Config::*field,
+                  std::optional<T> ConfigOverrides::*override_field,
                   const Choice<T> (&choices)[N]) {
   Setting s;
   s.name = name;
@@ -381,8 +381,8 @@ Setting SizeRow(std::string name, std::string values, std::string default_text,
 }
 
 // A free-form text with its own check.
-Setting TextRow(std::string name, std::string values, std::string default_doc,
-                std::string summary, std::string Config::*field,
+Setting TextRow(std::string name, std::string values, std::string default_doc, std::string summary,
+                std::string Config::*field,
                 std::optional<std::string> ConfigOverrides::*override_field,
                 std::function<absl::Status(absl::string_view)> check) {
   Setting s;
@@ -584,11 +584,11 @@ std::vector<Setting> BuildSettings() {
     rows.push_back(std::move(s));
   }
   {
-    Setting s = TextRow("TIERMEM_ENV_FILE", "file path", "unset",
-                        "A file of settings read when a runtime is created, below the "
-                        "environment:",
-                        &Config::env_file, nullptr,
-                        [](absl::string_view) { return absl::OkStatus(); });
+    Setting s =
+        TextRow("TIERMEM_ENV_FILE", "file path", "unset",
+                "A file of settings read when a runtime is created, below the "
+                "environment:",
+                &Config::env_file, nullptr, [](absl::string_view) { return absl::OkStatus(); });
     s.environment_only = true;
     rows.push_back(std::move(s));
   }
@@ -657,8 +657,7 @@ absl::StatusOr<Config> LoadConfig(const ConfigOverrides& o, const EnvLookup& env
     } else if (auto e = env(s.name.c_str()); e.has_value()) {
       text = std::move(e);
       source = "environment";
-    } else if (auto it = file.values.find(s.name);
-               !s.environment_only && it != file.values.end()) {
+    } else if (auto it = file.values.find(s.name); !s.environment_only && it != file.values.end()) {
       text = it->second.value;
       source = absl::StrCat("file ", file.path);
       where = absl::StrFormat("%s:%d: ", file.path, it->second.line);

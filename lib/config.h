@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace tiermem {
 
@@ -69,9 +69,9 @@ struct Config {
   uint32_t prefetch_depth = 4;  // scheduled uses kept moving up ahead of the current one
   SizeSetting prefetch_bytes;   // bound on prefetch bytes in flight; 0: half the HBM budget
   Placement placement = Placement::kNone;
-  std::string trace;            // Chrome-trace JSON path (%p, %r expanded when the runtime opens it)
-  std::string env_file;         // the TIERMEM_ENV_FILE that was read, or empty
-  int local_rank = 0;           // this process's rank on its node: names traces (%r)
+  std::string trace;     // Chrome-trace JSON path (%p, %r expanded when the runtime opens it)
+  std::string env_file;  // the TIERMEM_ENV_FILE that was read, or empty
+  int local_rank = 0;    // this process's rank on its node: names traces (%r)
   ChecksumKind checksum = ChecksumKind::kOff;  // sums of what is written to NVMe, checked on read
 
   // One row per setting: variable name, effective value as text, and where it came from

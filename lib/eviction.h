@@ -27,7 +27,7 @@ struct EvictionSlot {
   };
   uint64_t size = 0;  // bytes
   Kind kind = Kind::kFree;
-  double cost = 0;    // kEvictable only; >= 0
+  double cost = 0;  // kEvictable only; >= 0
 };
 
 struct EvictionWindow {
@@ -41,8 +41,7 @@ struct EvictionWindow {
 // The window of consecutive slots with no wall whose sizes add up to at least `need`, of least
 // cost; among equal costs, the one evicting the fewest bytes, then the lowest address. nullopt
 // when every run between walls is smaller than `need` (or `need` is 0).
-std::optional<EvictionWindow> CheapestWindow(const std::vector<EvictionSlot>& slots,
-                                             uint64_t need);
+std::optional<EvictionWindow> CheapestWindow(const std::vector<EvictionSlot>& slots, uint64_t need);
 
 // The price of evicting one copy of `bytes`, used to rank windows:
 //   bytes x (dirty ? 2 : 1) x urgency,  urgency = 1 + horizon / (distance + 1)

@@ -37,10 +37,11 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateDram(io::Device& d
       new MemoryTier(TM_TIER_DRAM, device, (bytes - reserved) / granule * granule, granule));
   auto region = io::HostRegion::Create(bytes, topo, numa_node);
   if (!region.ok()) {
-    tm_status code = absl::IsInvalidArgument(region.status()) ? TM_ERR_CONFIG : TM_ERR_OUT_OF_MEMORY;
-    return Error(code, absl::StrFormat("TIERMEM_DRAM_BYTES=%llu: %s",
-                                       static_cast<unsigned long long>(bytes),
-                                       region.status().message()));
+    tm_status code =
+        absl::IsInvalidArgument(region.status()) ? TM_ERR_CONFIG : TM_ERR_OUT_OF_MEMORY;
+    return Error(
+        code, absl::StrFormat("TIERMEM_DRAM_BYTES=%llu: %s", static_cast<unsigned long long>(bytes),
+                              region.status().message()));
   }
   t->host_ = std::move(*region);
   t->base_ = static_cast<char*>(t->host_->data());

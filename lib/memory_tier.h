@@ -46,10 +46,10 @@ class MemoryTier {
   io::Device& device_;
   TierSpace space_;
   char* base_ = nullptr;
-  uint64_t mapped_ = 0;                    // bytes at base_
-  uint64_t reserved_ = 0;                  // DRAM: the staging tail
-  uint64_t slab_bytes_ = 0;                // HBM: the device slab
-  std::unique_ptr<io::HostRegion> host_;   // DRAM: the host region
+  uint64_t mapped_ = 0;                   // bytes at base_
+  uint64_t reserved_ = 0;                 // DRAM: the staging tail
+  uint64_t slab_bytes_ = 0;               // HBM: the device slab
+  std::unique_ptr<io::HostRegion> host_;  // DRAM: the host region
   bool registered_ = false;
   int numa_node_ = -1;
 };

@@ -37,14 +37,20 @@ absl::Status Mover::ExecuteUncounted(const MovePlan& p, std::optional<CopyTicket
   io::CopyEngine& copy = device_.copy_engine();
   if (p.src < 0) {  // zeros
     switch (p.dst) {
-      case TM_TIER_HBM: return Retag(device_.Fill(p.dst_addr, 0, p.dst_extent.size), TM_ERR_DEVICE);
-      case TM_TIER_DRAM: std::memset(p.dst_addr, 0, p.dst_extent.size); return absl::OkStatus();
-      default: return ZeroNvme(p.dst_extent, p.bytes);
+      case TM_TIER_HBM:
+        return Retag(device_.Fill(p.dst_addr, 0, p.dst_extent.size), TM_ERR_DEVICE);
+      case TM_TIER_DRAM:
+        std::memset(p.dst_addr, 0, p.dst_extent.size);
+        return absl::OkStatus();
+      default:
+        return ZeroNvme(p.dst_extent, p.bytes);
     }
   }
   const tm_tier src = static_cast<tm_tier>(p.src);
-  if (src == TM_TIER_NVME && p.dst == TM_TIER_HBM) return StagedUp(p.src_extent, p.dst_addr, p.bytes);
-  if (src == TM_TIER_HBM && p.dst == TM_TIER_NVME) return StagedDown(p.src_addr, p.dst_extent, p.bytes);
+  if (src == TM_TIER_NVME && p.dst == TM_TIER_HBM)
+    return StagedUp(p.src_extent, p.dst_addr, p.bytes);
+  if (src == TM_TIER_HBM && p.dst == TM_TIER_NVME)
+    return StagedDown(p.src_addr, p.dst_extent, p.bytes);
   if (src == TM_TIER_NVME) return Io(p.src_extent, 0, p.dst_addr, p.bytes, false);
   if (p.dst == TM_TIER_NVME) return Io(p.dst_extent, 0, p.src_addr, p.bytes, true);
   const CopyDirection dir =
@@ -172,7 +178,9 @@ absl::Status Mover::WriteNvme(const Extent& old, const Extent& fresh, uint64_t b
         break;
       }
     }
-    if (from < to) std::memcpy(slot[0] + (from - start), static_cast<const char*>(src) + (from - offset), to - from);
+    if (from < to)
+      std::memcpy(slot[0] + (from - start), static_cast<const char*>(src) + (from - offset),
+                  to - from);
     status = Io(fresh, start, slot[0], len, true);
   }
   staging_.Release(slot);
@@ -185,7 +193,8 @@ absl::Status Mover::CopyIn(tm_tier tier, char* addr, const void* src, uint64_t n
     return absl::OkStatus();
   }
   // A caller's buffer is not a tier: these bytes are not counted as moved.
-  return Retag(device_.copy_engine().Copy(CopyDirection::kHostToDevice, addr, src, n), TM_ERR_DEVICE);
+  return Retag(device_.copy_engine().Copy(CopyDirection::kHostToDevice, addr, src, n),
+               TM_ERR_DEVICE);
 }
 
 absl::Status Mover::CopyOut(tm_tier tier, const char* addr, void* dst, uint64_t n) {
@@ -193,7 +202,8 @@ absl::Status Mover::CopyOut(tm_tier tier, const char* addr, void* dst, uint64_t 
     std::memcpy(dst, addr, n);
     return absl::OkStatus();
   }
-  return Retag(device_.copy_engine().Copy(CopyDirection::kDeviceToHost, dst, addr, n), TM_ERR_DEVICE);
+  return Retag(device_.copy_engine().Copy(CopyDirection::kDeviceToHost, dst, addr, n),
+               TM_ERR_DEVICE);
 }
 
 }  // namespace tiermem

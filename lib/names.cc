@@ -4,10 +4,18 @@
 extern "C" {
 
 TM_API const char* tm_status_string(tm_status status) {
-  static constexpr const char* kNames[] = {
-      "TM_OK",           "TM_ERR_INVALID_ARGUMENT", "TM_ERR_INVALID_HANDLE", "TM_ERR_OUT_OF_MEMORY",
-      "TM_ERR_NO_SPACE", "TM_ERR_IO",               "TM_ERR_DEVICE",         "TM_ERR_CONFIG",
-      "TM_ERR_BUSY",     "TM_ERR_UNSUPPORTED",      "TM_ERR_INTERNAL",       "TM_ERR_CORRUPT"};
+  static constexpr const char* kNames[] = {"TM_OK",
+                                           "TM_ERR_INVALID_ARGUMENT",
+                                           "TM_ERR_INVALID_HANDLE",
+                                           "TM_ERR_OUT_OF_MEMORY",
+                                           "TM_ERR_NO_SPACE",
+                                           "TM_ERR_IO",
+                                           "TM_ERR_DEVICE",
+                                           "TM_ERR_CONFIG",
+                                           "TM_ERR_BUSY",
+                                           "TM_ERR_UNSUPPORTED",
+                                           "TM_ERR_INTERNAL",
+                                           "TM_ERR_CORRUPT"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == TM_STATUS_COUNT);
   int i = static_cast<int>(status);
   return i >= 0 && i < TM_STATUS_COUNT ? kNames[i] : "TM_STATUS_UNKNOWN";
@@ -30,10 +38,14 @@ TM_API const char* tm_version_string(void) {
 
 TM_API const char* tm_tier_name(tm_tier tier) {
   switch (tier) {
-    case TM_TIER_HBM: return "hbm";
-    case TM_TIER_DRAM: return "dram";
-    case TM_TIER_NVME: return "nvme";
-    default: return "unknown";
+    case TM_TIER_HBM:
+      return "hbm";
+    case TM_TIER_DRAM:
+      return "dram";
+    case TM_TIER_NVME:
+      return "nvme";
+    default:
+      return "unknown";
   }
 }
 

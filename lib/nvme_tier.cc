@@ -24,10 +24,9 @@ absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Create(const std::vector<std
   // one file's offsets (2^63 - 1), or whose rounding wraps, can never be reserved: a
   // configuration error, not a full disk.
   const auto row = CheckedMul(n, stripe);
-  const auto per_file = row.has_value() ? CheckedMul(DivideRoundingUp(bytes, *row), stripe)
-                                        : std::nullopt;
-  if (!per_file.has_value() || *per_file > kMaxFileBytes ||
-      !CheckedMul(*per_file, n).has_value()) {
+  const auto per_file =
+      row.has_value() ? CheckedMul(DivideRoundingUp(bytes, *row), stripe) : std::nullopt;
+  if (!per_file.has_value() || *per_file > kMaxFileBytes || !CheckedMul(*per_file, n).has_value()) {
     return Error(TM_ERR_CONFIG,
                  absl::StrFormat("TIERMEM_NVME_BYTES=%llu is beyond what a file system can hold "
                                  "(%llu path(s), at most 2^63 - 1 bytes each)",
@@ -106,11 +105,11 @@ std::string NvmeTier::Describe(const Extent& e, uint64_t offset, uint64_t length
   for (uint64_t done = 0; done < length;) {
     const Place p = Locate(e.offset + offset + done);
     const uint64_t run = std::min(p.run, length - done);
-    absl::StrAppend(&out, out.empty() ? "" : ", ",
-                    absl::StrFormat("the swap file in \"%s\" (fd %d) at offset %llu (+%llu)",
-                                    p.file->dir(), p.file->fd(),
-                                    static_cast<unsigned long long>(p.offset),
-                                    static_cast<unsigned long long>(run)));
+    absl::StrAppend(
+        &out, out.empty() ? "" : ", ",
+        absl::StrFormat("the swap file in \"%s\" (fd %d) at offset %llu (+%llu)", p.file->dir(),
+                        p.file->fd(), static_cast<unsigned long long>(p.offset),
+                        static_cast<unsigned long long>(run)));
     done += run;
   }
   return out;
@@ -189,8 +188,7 @@ absl::Status NvmeTier::VerifyRead(io::IoEngine& engine, const Extent& e, uint64_
     return Error(TM_ERR_INTERNAL,
                  absl::StrFormat("no checksum vouches for the NVMe bytes at offset %llu of an "
                                  "extent, in %s: they were never written",
-                                 static_cast<unsigned long long>(at),
-                                 Describe(e, at, alignment_)));
+                                 static_cast<unsigned long long>(at), Describe(e, at, alignment_)));
   };
   BlockChecksums::Check check = checksums_->Verify(e.offset, offset, buffer, length);
   if (check.unrecorded.has_value()) return unrecorded(*check.unrecorded);

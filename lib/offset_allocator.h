@@ -15,9 +15,9 @@ class OffsetAllocator {
   static constexpr uint32_t kNone = UINT32_MAX;
 
   struct Allocation {
-    uint64_t offset = 0;      // bytes from the start of the range, aligned as requested
-    uint64_t size = 0;        // bytes reserved, a multiple of the granule
-    uint32_t block = kNone;   // handle to pass to Free
+    uint64_t offset = 0;     // bytes from the start of the range, aligned as requested
+    uint64_t size = 0;       // bytes reserved, a multiple of the granule
+    uint32_t block = kNone;  // handle to pass to Free
   };
 
   // `granule` (a power of two) is the unit of every offset and size: 4096 keeps O_DIRECT happy.

@@ -20,30 +20,29 @@ absl::Status Need(bool ok, const char* field, double value, const char* why) {
 
 const char* RungName(Rung r) {
   static constexpr const char* kNames[] = {
-      "keep all activations",        "selective recompute",
-      "per-layer recompute",         "optimizer-state offload",
-      "activation offload to DRAM",  "activation offload to NVMe",
+      "keep all activations",    "selective recompute",        "per-layer recompute",
+      "optimizer-state offload", "activation offload to DRAM", "activation offload to NVMe",
       "parameter offload (NVMe)"};
   return kNames[static_cast<int>(r)];
 }
 
 absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
-  for (auto [ok, field, v, why] : {
-           std::tuple{in.layers >= 1, "layers", in.layers, "at least 1"},
-           std::tuple{in.hidden >= 1, "hidden", in.hidden, "at least 1"},
-           std::tuple{in.heads >= 1, "heads", in.heads, "at least 1"},
-           std::tuple{in.seq >= 1, "seq", in.seq, "at least 1"},
-           std::tuple{in.micro_batch >= 1, "micro_batch", in.micro_batch, "at least 1"},
-           std::tuple{in.tensor_parallel >= 1, "tensor_parallel", in.tensor_parallel, "at least 1"},
-           std::tuple{in.params > 0, "params", in.params, "must be positive"},
-           std::tuple{in.bytes_per_element > 0, "bytes_per_element", in.bytes_per_element,
-                      "must be positive"},
-           std::tuple{in.hbm_bytes > 0, "hbm_bytes", in.hbm_bytes, "must be positive"},
-           std::tuple{in.link_bytes_per_s > 0, "link_bytes_per_s", in.link_bytes_per_s,
-                      "must be positive"},
-           std::tuple{in.nvme_bytes_per_s >= 0, "nvme_bytes_per_s", in.nvme_bytes_per_s,
-                      "must not be negative"},
-           std::tuple{in.flops_per_s > 0, "flops_per_s", in.flops_per_s, "must be positive"}}) {
+  for (auto [ok, field, v, why] :
+       {std::tuple{in.layers >= 1, "layers", in.layers, "at least 1"},
+        std::tuple{in.hidden >= 1, "hidden", in.hidden, "at least 1"},
+        std::tuple{in.heads >= 1, "heads", in.heads, "at least 1"},
+        std::tuple{in.seq >= 1, "seq", in.seq, "at least 1"},
+        std::tuple{in.micro_batch >= 1, "micro_batch", in.micro_batch, "at least 1"},
+        std::tuple{in.tensor_parallel >= 1, "tensor_parallel", in.tensor_parallel, "at least 1"},
+        std::tuple{in.params > 0, "params", in.params, "must be positive"},
+        std::tuple{in.bytes_per_element > 0, "bytes_per_element", in.bytes_per_element,
+                   "must be positive"},
+        std::tuple{in.hbm_bytes > 0, "hbm_bytes", in.hbm_bytes, "must be positive"},
+        std::tuple{in.link_bytes_per_s > 0, "link_bytes_per_s", in.link_bytes_per_s,
+                   "must be positive"},
+        std::tuple{in.nvme_bytes_per_s >= 0, "nvme_bytes_per_s", in.nvme_bytes_per_s,
+                   "must not be negative"},
+        std::tuple{in.flops_per_s > 0, "flops_per_s", in.flops_per_s, "must be positive"}}) {
     if (auto st = Need(ok && std::isfinite(v), field, v, why); !st.ok()) return st;
   }
   const double s = in.seq, b = in.micro_batch, h = in.hidden, a = in.heads, L = in.layers;
@@ -89,8 +88,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   // Activations leave HBM after their layer's forward and come back for its backward.
   const double act_bytes = L * p.activation_selective;
   const double act_transfer = 2 * act_bytes / in.link_bytes_per_s;
-  r[4] = {Rung::kActivationOffloadDram,
-          weights_grads + working_layers * p.activation_selective,
+  r[4] = {Rung::kActivationOffloadDram, weights_grads + working_layers * p.activation_selective,
           r[1].added_seconds + hidden_under_compute(opt_transfer + act_transfer)};
   const bool nvme = in.nvme_bytes_per_s > 0;
   const double nvme_bw = nvme ? std::min(in.nvme_bytes_per_s, in.link_bytes_per_s) : 1;

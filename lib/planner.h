@@ -22,10 +22,10 @@ struct PlanInput {
   double params = 0;             // parameter count of the whole model
   double bytes_per_element = 2;  // activation element size (the paper's coefficients are for 2)
   // Machine.
-  double hbm_bytes = 0;          // per GPU
-  double link_bytes_per_s = 0;   // HBM <-> DRAM, per direction
-  double nvme_bytes_per_s = 0;   // DRAM <-> NVMe (0: no NVMe rungs)
-  double flops_per_s = 0;        // achieved compute throughput per GPU
+  double hbm_bytes = 0;         // per GPU
+  double link_bytes_per_s = 0;  // HBM <-> DRAM, per direction
+  double nvme_bytes_per_s = 0;  // DRAM <-> NVMe (0: no NVMe rungs)
+  double flops_per_s = 0;       // achieved compute throughput per GPU
 };
 
 enum class Rung {
@@ -45,19 +45,19 @@ struct RungResult {
   double hbm_bytes = 0;      // needed per GPU
   double added_seconds = 0;  // per step, over keep-all
   bool fits = false;
-  bool available = true;     // false: needs NVMe and none was given
+  bool available = true;  // false: needs NVMe and none was given
 };
 
 struct Plan {
   // Per layer, per GPU, bytes.
-  double activation_full = 0;       // no recomputation
-  double activation_selective = 0;  // attention core recomputed (or FlashAttention)
-  double activation_checkpoint = 0; // full recomputation: the layer's input only
-  double model_state = 0;           // 16 bytes per parameter (mixed-precision Adam), per GPU
-  double forward_flops = 0;         // per step, per GPU
-  double step_compute_seconds = 0;  // forward + backward (3x forward)
+  double activation_full = 0;        // no recomputation
+  double activation_selective = 0;   // attention core recomputed (or FlashAttention)
+  double activation_checkpoint = 0;  // full recomputation: the layer's input only
+  double model_state = 0;            // 16 bytes per parameter (mixed-precision Adam), per GPU
+  double forward_flops = 0;          // per step, per GPU
+  double step_compute_seconds = 0;   // forward + backward (3x forward)
   std::array<RungResult, kRungCount> rungs{};
-  int recommended = -1;             // index into rungs, -1 when nothing fits
+  int recommended = -1;  // index into rungs, -1 when nothing fits
 };
 
 // InvalidArgument naming the field when an input is missing or out of range.

@@ -32,9 +32,9 @@ bool ValidTier(int tier) { return tier >= 0 && tier < TM_TIER_COUNT; }
 absl::StatusOr<Tensor*> Runtime::Find(uint64_t handle) {
   Tensor* t = tensors_.Find(handle);
   if (t == nullptr) {
-    return Error(TM_ERR_INVALID_HANDLE,
-                 absl::StrFormat("tensor handle 0x%016x is zero, destroyed or of another runtime",
-                                 handle));
+    return Error(
+        TM_ERR_INVALID_HANDLE,
+        absl::StrFormat("tensor handle 0x%016x is zero, destroyed or of another runtime", handle));
   }
   return t;
 }
@@ -82,8 +82,8 @@ void Runtime::Land(Tensor& t) {
   }
   // The stream-ordered copy failed: that HBM copy never became what it claimed.
   FreeCopy(t, TM_TIER_HBM);
-  RecordFailure(t, WithContext(s, absl::StrFormat("stream-ordered copy of tensor \"%s\" to hbm",
-                                                  t.name)));
+  RecordFailure(
+      t, WithContext(s, absl::StrFormat("stream-ordered copy of tensor \"%s\" to hbm", t.name)));
 }
 
 absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle) {
@@ -178,8 +178,8 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, void* stream, Want want,
   if (int w = t.writing_tier(); w >= 0) {
     // Copying bytes that a writer is changing would make a torn copy look valid.
     if (why != nullptr) *why = DropReason::kSuperseded;
-    return Error(TM_ERR_BUSY, absl::StrFormat("tensor \"%s\" is acquired for writing in %s",
-                                              t.name, tm_tier_name(static_cast<tm_tier>(w))));
+    return Error(TM_ERR_BUSY, absl::StrFormat("tensor \"%s\" is acquired for writing in %s", t.name,
+                                              tm_tier_name(static_cast<tm_tier>(w))));
   }
   BusyScope busy(t, changed_);  // for the whole move: eviction below may release the lock too
   auto extent = Allocate(t, dst, want, why);
@@ -236,9 +236,10 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, void* stream, Want want,
 absl::Status Runtime::CheckOthersUnpinned(const Tensor& t, int keep) const {
   for (int i = 0; i < TM_TIER_COUNT; ++i) {
     if (i != keep && t.copies[i].pins > 0) {
-      return Error(TM_ERR_BUSY,
-                   absl::StrFormat("tensor \"%s\" is acquired in %s (%u outstanding acquire(s))",
-                                   t.name, tm_tier_name(static_cast<tm_tier>(i)), t.copies[i].pins));
+      return Error(
+          TM_ERR_BUSY,
+          absl::StrFormat("tensor \"%s\" is acquired in %s (%u outstanding acquire(s))", t.name,
+                          tm_tier_name(static_cast<tm_tier>(i)), t.copies[i].pins));
     }
   }
   return absl::OkStatus();
@@ -247,8 +248,9 @@ absl::Status Runtime::CheckOthersUnpinned(const Tensor& t, int keep) const {
 absl::Status Runtime::CheckAboveUnpinned(const Tensor& t, tm_tier tier) const {
   for (int above = 0; above < tier; ++above) {
     if (t.copies[above].pins > 0) {
-      return Error(TM_ERR_BUSY, absl::StrFormat("cannot offload tensor \"%s\": it is acquired in %s",
-                                                t.name, tm_tier_name(static_cast<tm_tier>(above))));
+      return Error(TM_ERR_BUSY,
+                   absl::StrFormat("cannot offload tensor \"%s\": it is acquired in %s", t.name,
+                                   tm_tier_name(static_cast<tm_tier>(above))));
     }
   }
   return absl::OkStatus();
@@ -276,7 +278,8 @@ absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
                                  static_cast<unsigned long long>(largest)));
   }
   if (desc.cls < 0 || desc.cls >= TM_CLASS_COUNT) {
-    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("tensor class %d is out of range", desc.cls));
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("tensor class %d is out of range", desc.cls));
   }
   if (desc.home_tier != TM_TIER_BY_PLACEMENT && !ValidTier(desc.home_tier)) {
     return Error(TM_ERR_INVALID_ARGUMENT,
@@ -291,8 +294,9 @@ absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
   Tensor* raw = t.get();
   uint64_t handle = tensors_.Insert(std::move(t));
   raw->handle = handle;
-  raw->name = desc.name.empty() ? absl::StrFormat("tensor-%08x", static_cast<uint32_t>(handle >> 32))
-                                : desc.name;
+  raw->name = desc.name.empty()
+                  ? absl::StrFormat("tensor-%08x", static_cast<uint32_t>(handle >> 32))
+                  : desc.name;
   raw->key = KeyFor(desc, handle);
   keyed_[raw->key] = handle;  // the newest tensor of a key is the one its uses name
   return handle;
@@ -381,8 +385,9 @@ absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, u
                                                         : t.home;
   if (auto s = CheckOthersUnpinned(t, target); !s.ok()) return WithContext(s, "cannot write");
   const bool fresh = whole && !t.copy(target).valid();
-  absl::Status s = fresh ? Reserve(t, target)
-                         : MakeValid(t, target, nullptr, Want{Want::kDemand, Schedule::kNever, true});
+  absl::Status s = fresh
+                       ? Reserve(t, target)
+                       : MakeValid(t, target, nullptr, Want{Want::kDemand, Schedule::kNever, true});
   if (!s.ok()) return s;
   room.Leave();  // the room is made: the copy itself needs no token
   char* addr = tiers_->Address(target, t.copy(target).extent) + offset;
@@ -452,8 +457,8 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   // A hit: the copy is in place and nothing of the tensor is moving. Only a miss may need room,
   // and takes the room token before claiming the tensor.
   Tensor* first = tensors_.Find(handle);
-  const bool hit = first != nullptr && first->copy(tier).state == CopyState::kValid &&
-                   !first->busy();
+  const bool hit =
+      first != nullptr && first->copy(tier).state == CopyState::kValid && !first->busy();
   std::optional<RoomScope> room;
   if (!hit) room.emplace(*this);
   auto claimed = Claim(handle);
@@ -461,7 +466,8 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   Tensor& t = **claimed;
   const bool writes = access != TM_ACCESS_READ;
   if (writes) {
-    if (auto s = CheckOthersUnpinned(t, tier); !s.ok()) return WithContext(s, "cannot acquire for writing");
+    if (auto s = CheckOthersUnpinned(t, tier); !s.ok())
+      return WithContext(s, "cannot acquire for writing");
   }
   // Only a read may leave its copy in flight on the caller's stream: a writer frees the other
   // copies next, so its data must have landed first.
@@ -492,7 +498,8 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
 
 absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {
   if (!ValidTier(tier)) {
-    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("tier %d is out of range", static_cast<int>(tier)));
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("tier %d is out of range", static_cast<int>(tier)));
   }
   MutexLock lock(&mu_);
   auto found = Find(handle);
@@ -544,25 +551,31 @@ absl::Status Runtime::Enqueue(uint64_t handle, tm_tier tier, JobKind kind) {
 
 absl::Status Runtime::Prefetch(uint64_t handle, tm_tier tier) {
   if (tier != TM_TIER_HBM && tier != TM_TIER_DRAM) {
-    return Error(TM_ERR_INVALID_ARGUMENT,
-                 absl::StrFormat("prefetch needs tier hbm or dram, not %d", static_cast<int>(tier)));
+    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("prefetch needs tier hbm or dram, not %d",
+                                                          static_cast<int>(tier)));
   }
   return Enqueue(handle, tier, JobKind::kHint);
 }
 
 absl::Status Runtime::Offload(uint64_t handle, tm_tier tier) {
   if (tier != TM_TIER_DRAM && tier != TM_TIER_NVME) {
-    return Error(TM_ERR_INVALID_ARGUMENT,
-                 absl::StrFormat("offload needs tier dram or nvme, not %d", static_cast<int>(tier)));
+    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("offload needs tier dram or nvme, not %d",
+                                                          static_cast<int>(tier)));
   }
   return Enqueue(handle, tier, JobKind::kOffload);
 }
 
 void Runtime::CountDrop(DropReason why) {
   switch (why) {
-    case DropReason::kDemand: ++counters_.dropped_demand; break;
-    case DropReason::kSuperseded: ++counters_.dropped_superseded; break;
-    default: ++counters_.dropped_no_room; break;
+    case DropReason::kDemand:
+      ++counters_.dropped_demand;
+      break;
+    case DropReason::kSuperseded:
+      ++counters_.dropped_superseded;
+      break;
+    default:
+      ++counters_.dropped_no_room;
+      break;
   }
 }
 
@@ -645,7 +658,8 @@ absl::StatusOr<uint32_t> Runtime::Residency(uint64_t handle) {
 
 tm_stats Runtime::Stats() {
   tm_stats s = TM_STATS_INIT;
-  for (int t = 0; t < TM_TIER_COUNT; ++t) s.tiers[t] = tiers_->space(static_cast<tm_tier>(t)).Stats();
+  for (int t = 0; t < TM_TIER_COUNT; ++t)
+    s.tiers[t] = tiers_->space(static_cast<tm_tier>(t)).Stats();
   for (int f = 0; f < TM_TIER_COUNT; ++f) {
     for (int t = 0; t < TM_TIER_COUNT; ++t) s.bytes_moved[f][t] = mover_->moved(f, t);
   }
@@ -663,8 +677,8 @@ tm_stats Runtime::Stats() {
   s.prefetches_dropped_no_room = counters_.dropped_no_room;
   s.prefetches_dropped_demand = counters_.dropped_demand;
   s.prefetches_dropped_superseded = counters_.dropped_superseded;
-  s.prefetches_dropped = counters_.dropped_no_room + counters_.dropped_demand +
-                         counters_.dropped_superseded;
+  s.prefetches_dropped =
+      counters_.dropped_no_room + counters_.dropped_demand + counters_.dropped_superseded;
   s.prefetches_cancelled = counters_.cancelled;
   s.moves_failed = counters_.moves_failed;
   s.demand_waits = counters_.demand_waits;

@@ -3,25 +3,25 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <deque>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "io/sync.h"
 #include "io/device.h"
 #include "io/io_engine.h"
 #include "io/numa.h"
+#include "io/sync.h"
 #include "lib/config.h"
-#include "absl/container/flat_hash_map.h"
 #include "lib/mover.h"
 #include "lib/schedule.h"
 #include "lib/staging_pool.h"
-#include "lib/trace.h"
 #include "lib/tensor.h"
 #include "lib/tiers.h"
+#include "lib/trace.h"
 #include "tiermem/tiermem.h"
 
 namespace tiermem {
@@ -41,7 +41,7 @@ struct RuntimeInfo {
   std::string no_gpu;       // with the emulated device: why no GPU is used
   int numa_node = -1;       // node the DRAM tier is bound to, -1 when unbound
   int numa_nodes = 1;
-  std::string io_engine;    // "uring" | "posix"
+  std::string io_engine;  // "uring" | "posix"
   bool io_buffers_registered = false;
   bool io_files_registered = false;
   uint64_t staging_chunk = 0;  // bytes per staging slot
@@ -148,8 +148,8 @@ class Runtime {
 
   // Makes t's copy in `dst` valid (a claimed tensor). Releases the lock during the move, and
   // while evicting to make room.
-  absl::Status MakeValid(Tensor& t, tm_tier dst, void* stream, Want want,
-                         DropReason* why = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MakeValid(Tensor& t, tm_tier dst, void* stream, Want want, DropReason* why = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Space for t in `tier` (lib/runtime_policy.cc): evicts the cheapest window of copies when
   // the tier is full, waits for moves in flight when a demand finds nothing to evict.
   absl::StatusOr<Extent> Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why)

@@ -1,7 +1,5 @@
 // The runtime's policies: room (demand waits, fragmentation-aware eviction, do-no-harm
 // prefetching), prefetching along the schedule, steps, and placement of tensor classes.
-#include "lib/runtime.h"
-
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -12,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "lib/eviction.h"
+#include "lib/runtime.h"
 #include "lib/status.h"
 
 namespace tiermem {
@@ -21,9 +20,9 @@ struct Runtime::EvictionPlan {
   std::optional<EvictionWindow> window;
   std::vector<uint64_t> owners;  // the owner of each slot (0: free)
   std::vector<EvictionSlot> slots;
-  uint64_t free_bytes = 0;       // in holes, anywhere
-  uint64_t reclaimable = 0;      // free bytes plus the evictable copies' bytes
-  bool in_flight = false;        // a wall that will move: a copy another thread is moving
+  uint64_t free_bytes = 0;   // in holes, anywhere
+  uint64_t reclaimable = 0;  // free bytes plus the evictable copies' bytes
+  bool in_flight = false;    // a wall that will move: a copy another thread is moving
   // Pinned bytes by tensor, for the message of a demand that cannot fit.
   std::vector<std::pair<std::string, uint64_t>> pinned;
 };
@@ -66,8 +65,8 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
       if (want.kind == Want::kPrefetch && next <= want.horizon) {
         // Do no harm: never evict a copy used before the use this prefetch serves.
       } else {
-        const uint64_t distance = belady ? (next == Schedule::kNever ? kNoNextUse : next - now)
-                                         : tick_ - v->last_use;
+        const uint64_t distance =
+            belady ? (next == Schedule::kNever ? kNoNextUse : next - now) : tick_ - v->last_use;
         slot.kind = EvictionSlot::Kind::kEvictable;
         slot.cost = EvictionCost(b.size, v->only_copy(tier), distance, horizon);
         plan.reclaimable += b.size;
@@ -83,14 +82,14 @@ uint64_t Runtime::NeededBefore(const Tensor& t, tm_tier tier, uint64_t horizon) 
   uint64_t needed = 0;
   absl::flat_hash_map<uint64_t, bool> seen;
   TierSpace& space = tiers_->space(tier);
-  schedule_.ForEachBefore(horizon, [&](uint64_t, const Schedule::Use& use)
-                                       ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (use.tier != tier || use.key == t.key || !seen.emplace(use.key, true).second) return;
-    const Tensor* v = FindKey(use.key);
-    // A use whose tensor is not created yet (a fresh activation) needs its room all the same.
-    if (v != nullptr && v->copies[tier].state != CopyState::kAbsent) return;
-    needed += space.Rounded(v != nullptr ? v->bytes : use.bytes);
-  });
+  schedule_.ForEachBefore(
+      horizon, [&](uint64_t, const Schedule::Use& use) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        if (use.tier != tier || use.key == t.key || !seen.emplace(use.key, true).second) return;
+        const Tensor* v = FindKey(use.key);
+        // A use whose tensor is not created yet (a fresh activation) needs its room all the same.
+        if (v != nullptr && v->copies[tier].state != CopyState::kAbsent) return;
+        needed += space.Rounded(v != nullptr ? v->bytes : use.bytes);
+      });
   return needed;
 }
 
@@ -188,8 +187,9 @@ absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, Dro
               [](const auto& a, const auto& b) { return a.second > b.second; });
     for (size_t i = 0; i < plan.pinned.size(); ++i) {
       pinned += plan.pinned[i].second;
-      if (i < 4) absl::StrAppendFormat(&by, "%s\"%s\" (%s)", i == 0 ? "" : ", ",
-                                       plan.pinned[i].first, HumanBytes(plan.pinned[i].second));
+      if (i < 4)
+        absl::StrAppendFormat(&by, "%s\"%s\" (%s)", i == 0 ? "" : ", ", plan.pinned[i].first,
+                              HumanBytes(plan.pinned[i].second));
     }
     if (plan.pinned.size() > 4) absl::StrAppendFormat(&by, " and %zu more", plan.pinned.size() - 4);
     return finish(absl::StatusOr<Extent>(Error(
@@ -317,8 +317,9 @@ absl::Status Runtime::SetSchedule(const std::vector<ScheduledUse>& uses) {
   for (const auto& u : uses) {
     const Tensor* t = tensors_.Find(u.handle);
     if (t == nullptr) {
-      return Error(TM_ERR_INVALID_HANDLE,
-                   absl::StrFormat("schedule entry 0x%016x is not a tensor of this runtime", u.handle));
+      return Error(
+          TM_ERR_INVALID_HANDLE,
+          absl::StrFormat("schedule entry 0x%016x is not a tensor of this runtime", u.handle));
     }
     if (u.tier != TM_TIER_HBM && u.tier != TM_TIER_DRAM) {
       return Error(TM_ERR_INVALID_ARGUMENT, "schedule tiers must be hbm or dram");
@@ -328,6 +329,5 @@ absl::Status Runtime::SetSchedule(const std::vector<ScheduledUse>& uses) {
   schedule_.Set(std::move(keyed));
   return absl::OkStatus();
 }
-
 
 }  // namespace tiermem

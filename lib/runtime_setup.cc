@@ -1,6 +1,4 @@
 // Runtime set-up and tear-down: device, tiers, engines, staging pool, mover threads.
-#include "lib/runtime.h"
-
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -10,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "io/log.h"
+#include "lib/runtime.h"
 #include "lib/status.h"
 
 namespace tiermem {
@@ -19,7 +18,8 @@ using io::Log;
 using io::LogSeverity;
 
 uint64_t PhysicalRam() {
-  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+         static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
 uint64_t FreeSpace(const std::string& dir) {
@@ -114,8 +114,8 @@ absl::Status Runtime::Init() {
   int node = -1;
   if (config_.numa == NumaMode::kNode) {
     if (topology_ == nullptr) {
-      return Error(TM_ERR_CONFIG, absl::StrFormat("TIERMEM_NUMA=%d: the topology is unknown",
-                                                  config_.numa_node));
+      return Error(TM_ERR_CONFIG,
+                   absl::StrFormat("TIERMEM_NUMA=%d: the topology is unknown", config_.numa_node));
     }
     node = config_.numa_node;
   } else if (config_.numa == NumaMode::kAuto && topology_ != nullptr) {
@@ -141,15 +141,15 @@ absl::Status Runtime::Init() {
   // HBM <-> NVMe moves are staged in pinned slots at the end of the DRAM pool.
   const StagingPool::Shape shape = StagingPool::ShapeFor(
       dram_bytes, std::max<uint64_t>(4ull << 20, config_.io_block_size), granule);
-  auto dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule,
-                                     shape.bytes());
-  if (!dram.ok() && ToTmStatus(dram.status()) != TM_ERR_CONFIG &&
-      config_.numa == NumaMode::kAuto && node >= 0) {
+  auto dram =
+      MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule, shape.bytes());
+  if (!dram.ok() && ToTmStatus(dram.status()) != TM_ERR_CONFIG && config_.numa == NumaMode::kAuto &&
+      node >= 0) {
     Log(LogSeverity::kWarn, "%s; the DRAM tier is left unbound",
         std::string(dram.status().message()).c_str());
     node = -1;
-    dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule,
-                                  shape.bytes());
+    dram =
+        MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule, shape.bytes());
   }
   if (!dram.ok()) return dram.status();
   tiers_ = std::make_unique<Tiers>(std::move(*hbm), std::move(*dram), std::move(*nvme));
@@ -170,8 +170,8 @@ absl::Status Runtime::Init() {
   } else if (auto uring = io::CreateUringEngine(opts); uring.ok()) {
     io_ = std::move(*uring);
   } else if (config_.io_engine == IoEngineKind::kUring) {
-    return Error(TM_ERR_UNSUPPORTED, absl::StrFormat("TIERMEM_IO_ENGINE=uring: %s",
-                                                     uring.status().message()));
+    return Error(TM_ERR_UNSUPPORTED,
+                 absl::StrFormat("TIERMEM_IO_ENGINE=uring: %s", uring.status().message()));
   } else {
     Log(LogSeverity::kWarn, "TIERMEM_IO_ENGINE=auto: io_uring is unavailable (%s); using posix",
         std::string(uring.status().message()).c_str());
@@ -204,7 +204,8 @@ absl::Status Runtime::Init() {
   // Asynchronous moves run on a few threads of their own; the engines below them keep the
   // links busy (each mover keeps the I/O queue depth in flight).
   for (int i = 0; i < kMoverThreads; ++i) movers_.emplace_back([this] { MoverLoop(); });
-  Log(LogSeverity::kInfo, "runtime ready: %s, HBM %s, DRAM %s (NUMA node %d), NVMe %s on %zu path(s), %s I/O",
+  Log(LogSeverity::kInfo,
+      "runtime ready: %s, HBM %s, DRAM %s (NUMA node %d), NVMe %s on %zu path(s), %s I/O",
       info_.device.c_str(), HumanBytes(hbm_bytes).c_str(), HumanBytes(dram_bytes).c_str(), node,
       HumanBytes(nvme_bytes).c_str(), config_.nvme_paths.size(), info_.io_engine.c_str());
   return absl::OkStatus();

@@ -26,7 +26,7 @@ class Schedule {
   struct Use {
     uint64_t key = 0;
     tm_tier tier = TM_TIER_HBM;
-    bool fill = true;  // false for an acquire that overwrites the whole tensor: nothing to bring
+    bool fill = true;    // false for an acquire that overwrites the whole tensor: nothing to bring
     uint64_t bytes = 0;  // the tensor's size: room a use needs even before its tensor exists
   };
 

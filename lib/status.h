@@ -3,8 +3,8 @@
 
 #include <string_view>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "tiermem/tiermem.h"
 
 namespace tiermem {

@@ -19,11 +19,16 @@ uint32_t NextGeneration() {
 
 const char* CopyStateName(CopyState s) {
   switch (s) {
-    case CopyState::kAbsent: return "absent";
-    case CopyState::kFilling: return "filling";
-    case CopyState::kValid: return "valid";
-    case CopyState::kLanding: return "landing";
-    case CopyState::kWriting: return "writing";
+    case CopyState::kAbsent:
+      return "absent";
+    case CopyState::kFilling:
+      return "filling";
+    case CopyState::kValid:
+      return "valid";
+    case CopyState::kLanding:
+      return "landing";
+    case CopyState::kWriting:
+      return "writing";
   }
   return "?";
 }

@@ -1,8 +1,8 @@
 // Tier budgets and their error messages.
 #include "lib/tier_space.h"
 
-#include "absl/strings/string_view.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "lib/status.h"
 
 namespace tiermem {
@@ -25,12 +25,12 @@ absl::StatusOr<Extent> TierSpace::Allocate(uint64_t bytes, absl::string_view ten
   auto a = alloc_.Allocate(bytes);
   if (!a.has_value()) {
     tm_status code = tier_ == TM_TIER_NVME ? TM_ERR_NO_SPACE : TM_ERR_OUT_OF_MEMORY;
-    return Error(code, absl::StrFormat(
-                           "the %s tier is full: tensor \"%s\" needs %s; %s of %s are free, the "
-                           "largest free block is %s",
-                           tm_tier_name(tier_), tensor_name, HumanBytes(bytes),
-                           HumanBytes(alloc_.capacity() - alloc_.used()),
-                           HumanBytes(alloc_.capacity()), HumanBytes(alloc_.LargestFree())));
+    return Error(
+        code, absl::StrFormat("the %s tier is full: tensor \"%s\" needs %s; %s of %s are free, the "
+                              "largest free block is %s",
+                              tm_tier_name(tier_), tensor_name, HumanBytes(bytes),
+                              HumanBytes(alloc_.capacity() - alloc_.used()),
+                              HumanBytes(alloc_.capacity()), HumanBytes(alloc_.LargestFree())));
   }
   if (owners_.size() <= a->block) owners_.resize(a->block + 1);
   owners_[a->block] = owner;

@@ -6,8 +6,8 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "io/sync.h"
 #include "lib/offset_allocator.h"
 #include "tiermem/tiermem.h"

@@ -20,9 +20,12 @@ class Tiers {
 
   TierSpace& space(tm_tier tier) {
     switch (tier) {
-      case TM_TIER_HBM: return hbm_->space();
-      case TM_TIER_DRAM: return dram_->space();
-      default: return nvme_->space();
+      case TM_TIER_HBM:
+        return hbm_->space();
+      case TM_TIER_DRAM:
+        return dram_->space();
+      default:
+        return nvme_->space();
     }
   }
   // The address of an extent of HBM (a device pointer with CUDA) or DRAM.

@@ -19,7 +19,7 @@ namespace {
 
 const char* TrackName(int t) {
   static constexpr const char* kNames[] = {
-      "",           "acquire stalls", "copy dram->hbm",     "copy hbm->dram", "nvme read",
+      "",           "acquire stalls",     "copy dram->hbm",     "copy hbm->dram", "nvme read",
       "nvme write", "nvme->hbm (staged)", "hbm->nvme (staged)", "evictions"};
   return kNames[t];
 }
@@ -205,10 +205,13 @@ absl::Status Trace::Write() {
                           "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"dropped_events\":%llu},\n"
                           "\"traceEvents\":[\n",
                           static_cast<unsigned long long>(dropped_));
-    absl::StrAppend(&text, "{\"ph\":\"M\",\"pid\":1,\"tid\":0,\"name\":\"process_name\",\"args\":{\"name\":\"tiermem\"}}");
+    absl::StrAppend(&text,
+                    "{\"ph\":\"M\",\"pid\":1,\"tid\":0,\"name\":\"process_name\",\"args\":{"
+                    "\"name\":\"tiermem\"}}");
     for (int t = 1; t < kTrackCount; ++t) {
       absl::StrAppendFormat(&text,
-                            ",\n{\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":\"%s\"}}",
+                            ",\n{\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"name\":\"thread_name\","
+                            "\"args\":{\"name\":\"%s\"}}",
                             t, TrackName(t));
     }
     for (const Event& e : events_) {
@@ -217,7 +220,9 @@ absl::Status Trace::Write() {
           ",\n{\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"name\":\"%s\",\"cat\":\"%s\",\"ts\":%.3f,"
           "\"dur\":%.3f,\"args\":{\"bytes\":%llu}}",
           static_cast<int>(e.track), JsonEscape(e.name),
-          e.track == kAcquire ? "stall" : e.track == kEviction ? "eviction" : "transfer",
+          e.track == kAcquire    ? "stall"
+          : e.track == kEviction ? "eviction"
+                                 : "transfer",
           static_cast<double>(e.start_ns) / 1e3, static_cast<double>(e.dur_ns) / 1e3,
           static_cast<unsigned long long>(e.bytes));
     }

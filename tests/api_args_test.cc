@@ -4,8 +4,8 @@
 
 #include <atomic>
 #include <cstring>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "test_util.h"
@@ -39,13 +39,13 @@ class ApiArgs : public ::testing::Test {
   char buf_[8192] = {};
 };
 
-#define EXPECT_STATUS(expected, call)                                        \
-  do {                                                                       \
-    tm_status s_ = (call);                                                   \
-    EXPECT_EQ(s_, expected) << #call << " -> " << tm_status_string(s_);      \
-    if (s_ != TM_OK) {                                                       \
-      EXPECT_STRNE(tm_last_error(), "") << #call;                            \
-    }                                                                        \
+#define EXPECT_STATUS(expected, call)                                   \
+  do {                                                                  \
+    tm_status s_ = (call);                                              \
+    EXPECT_EQ(s_, expected) << #call << " -> " << tm_status_string(s_); \
+    if (s_ != TM_OK) {                                                  \
+      EXPECT_STRNE(tm_last_error(), "") << #call;                       \
+    }                                                                   \
   } while (0)
 
 TEST_F(ApiArgs, Strings) {
@@ -86,7 +86,8 @@ TEST_F(ApiArgs, RuntimeCreateAndDestroy) {
   bad = SmallConfig(dir_.path());
   bad.numa_node = 4000;
   EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
-  EXPECT_NE(std::string(tm_last_error()).find("TIERMEM_NUMA"), std::string::npos) << tm_last_error();
+  EXPECT_NE(std::string(tm_last_error()).find("TIERMEM_NUMA"), std::string::npos)
+      << tm_last_error();
   bad = SmallConfig(dir_.path());
   bad.log_level = static_cast<tm_log_level>(9);
   EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
@@ -135,11 +136,15 @@ TEST_F(ApiArgs, Stats) {
 TEST_F(ApiArgs, ConfigValue) {
   size_t needed = 0;
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_config_value(rt_, nullptr, buf_, 8, &needed));
-  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_config_value(rt_, "TIERMEM_DEVICE", nullptr, 8, &needed));
-  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_config_value(rt_, "TIERMEM_NOPE", buf_, 8, &needed));
-  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_config_value(rt_, "TIERMEM_DEVICE", buf_, 3, &needed));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT,
+                tm_runtime_config_value(rt_, "TIERMEM_DEVICE", nullptr, 8, &needed));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT,
+                tm_runtime_config_value(rt_, "TIERMEM_NOPE", buf_, 8, &needed));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT,
+                tm_runtime_config_value(rt_, "TIERMEM_DEVICE", buf_, 3, &needed));
   EXPECT_EQ(needed, std::strlen("emulated") + 1);
-  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_config_value(zero_rt_, "TIERMEM_DEVICE", buf_, 64, &needed));
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE,
+                tm_runtime_config_value(zero_rt_, "TIERMEM_DEVICE", buf_, 64, &needed));
   EXPECT_STATUS(TM_OK, tm_runtime_config_value(rt_, "TIERMEM_DEVICE", buf_, 64, &needed));
   EXPECT_STREQ(buf_, "emulated");
   EXPECT_STATUS(TM_OK, tm_runtime_config_value(rt_, "TIERMEM_HBM_BYTES", buf_, 64, nullptr));
@@ -179,7 +184,8 @@ TEST_F(ApiArgs, TensorCreate) {
   d.bytes = 256ull << 20;
   EXPECT_STATUS(TM_OK, tm_tensor_create(rt_, &d, &huge));
   void* p;
-  EXPECT_STATUS(TM_ERR_OUT_OF_MEMORY, tm_tensor_acquire(rt_, huge, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p));
+  EXPECT_STATUS(TM_ERR_OUT_OF_MEMORY,
+                tm_tensor_acquire(rt_, huge, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p));
 }
 
 // Sizes near 2^64 once rounded up to nothing in the allocator: create, acquire and write
@@ -222,12 +228,14 @@ TEST_F(ApiArgs, TensorHandles) {
   uint64_t bytes = 0;
   uint32_t mask = 0;
   void* p = nullptr;
-  for (tm_tensor bad : {zero_t_, stale_, tm_tensor{t_.bits + 1}, tm_tensor{t_.bits ^ (1ull << 40)}}) {
+  for (tm_tensor bad :
+       {zero_t_, stale_, tm_tensor{t_.bits + 1}, tm_tensor{t_.bits ^ (1ull << 40)}}) {
     EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_destroy(rt_, bad));
     EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_bytes(rt_, bad, &bytes));
     EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_write(rt_, bad, 0, buf_, 1));
     EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_read(rt_, bad, 0, buf_, 1));
-    EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_acquire(rt_, bad, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p));
+    EXPECT_STATUS(TM_ERR_INVALID_HANDLE,
+                  tm_tensor_acquire(rt_, bad, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p));
     EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_release(rt_, bad, TM_TIER_HBM));
     EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_offload(rt_, bad, TM_TIER_NVME));
     EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_prefetch(rt_, bad, TM_TIER_HBM));
@@ -277,7 +285,8 @@ TEST_F(ApiArgs, HandlesOfOneKindNeverNameTheOther) {
     EXPECT_STATUS(TM_OK, tm_tensor_bytes(rt_, t, &bytes));
   }
   // Every handle of either kind carries a non-zero tag: no tagless value is ever valid.
-  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_bytes(rt_, tm_tensor{t_.bits & ~kKindBits}, &bytes));
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE,
+                tm_tensor_bytes(rt_, tm_tensor{t_.bits & ~kKindBits}, &bytes));
   EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_sync(tm_runtime{rt_.bits & ~kKindBits}));
   EXPECT_STATUS(TM_OK, tm_runtime_sync(rt_));
 }
@@ -285,7 +294,8 @@ TEST_F(ApiArgs, HandlesOfOneKindNeverNameTheOther) {
 TEST_F(ApiArgs, NullOutputs) {
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_bytes(rt_, t_, nullptr));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_residency(rt_, t_, nullptr));
-  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_acquire(rt_, t_, TM_TIER_HBM, TM_ACCESS_READ, nullptr, nullptr));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT,
+                tm_tensor_acquire(rt_, t_, TM_TIER_HBM, TM_ACCESS_READ, nullptr, nullptr));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_write(rt_, t_, 0, nullptr, 1));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_read(rt_, t_, 0, nullptr, 1));
   EXPECT_STATUS(TM_OK, tm_tensor_write(rt_, t_, 0, nullptr, 0));  // nothing to copy
@@ -299,16 +309,20 @@ TEST_F(ApiArgs, OutOfRange) {
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_write(rt_, t_, 4097, buf_, 0));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_read(rt_, t_, 1, buf_, 4096));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_read(rt_, t_, UINT64_MAX, buf_, 2));  // overflow
-  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_acquire(rt_, t_, TM_TIER_NVME, TM_ACCESS_READ, nullptr, &p));
-  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_acquire(rt_, t_, static_cast<tm_tier>(7), TM_ACCESS_READ, nullptr, &p));
-  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_acquire(rt_, t_, TM_TIER_HBM, static_cast<tm_access>(9), nullptr, &p));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT,
+                tm_tensor_acquire(rt_, t_, TM_TIER_NVME, TM_ACCESS_READ, nullptr, &p));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT,
+                tm_tensor_acquire(rt_, t_, static_cast<tm_tier>(7), TM_ACCESS_READ, nullptr, &p));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT,
+                tm_tensor_acquire(rt_, t_, TM_TIER_HBM, static_cast<tm_access>(9), nullptr, &p));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_release(rt_, t_, static_cast<tm_tier>(-1)));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_release(rt_, t_, TM_TIER_DRAM));  // not acquired
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_offload(rt_, t_, TM_TIER_HBM));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_offload(rt_, t_, static_cast<tm_tier>(3)));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_prefetch(rt_, t_, TM_TIER_NVME));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_prefetch(rt_, t_, static_cast<tm_tier>(-4)));
-  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_schedule_set(rt_, &t_, nullptr, static_cast<size_t>(-1)));
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT,
+                tm_schedule_set(rt_, &t_, nullptr, static_cast<size_t>(-1)));
   EXPECT_NE(std::string(tm_last_error()).find("count="), std::string::npos) << tm_last_error();
   EXPECT_STATUS(TM_OK, tm_tensor_sync(rt_, t_));
   EXPECT_STATUS(TM_OK, tm_runtime_sync(rt_));

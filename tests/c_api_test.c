@@ -5,14 +5,14 @@
 
 #include "tiermem/tiermem.h"
 
-#define CHECK(call)                                                                     \
-  do {                                                                                  \
-    tm_status s_ = (call);                                                              \
-    if (s_ != TM_OK) {                                                                  \
-      fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call,               \
-              tm_status_string(s_), tm_last_error());                                   \
-      return 1;                                                                         \
-    }                                                                                   \
+#define CHECK(call)                                                                             \
+  do {                                                                                          \
+    tm_status s_ = (call);                                                                      \
+    if (s_ != TM_OK) {                                                                          \
+      fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, tm_status_string(s_), \
+              tm_last_error());                                                                 \
+      return 1;                                                                                 \
+    }                                                                                           \
   } while (0)
 
 int main(int argc, char** argv) {
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   CHECK(tm_runtime_destroy(rt));
   free(data);
   free(back);
-  printf("c_api_test: round trip of %llu bytes OK (tiermem %s)\n",
-         (unsigned long long)desc.bytes, tm_version_string());
+  printf("c_api_test: round trip of %llu bytes OK (tiermem %s)\n", (unsigned long long)desc.bytes,
+         tm_version_string());
   return 0;
 }

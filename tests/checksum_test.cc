@@ -1,11 +1,12 @@
 // TIERMEM_CHECKSUM=xxh3: a byte flipped in a swap file behind tiermem's back is found on every
 // read path (TM_ERR_CORRUPT naming the tensor, the file and the offset), the bad copy is never
 // served, other copies stay intact, and nothing correct is ever flagged.
+#include "lib/checksum.h"
+
 #include <dirent.h>
 #include <fcntl.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -17,7 +18,6 @@
 #include <vector>
 
 #include "io/io_engine.h"
-#include "lib/checksum.h"
 #include "lib/nvme_tier.h"
 #include "lib/status.h"
 #include "test_util.h"
@@ -205,7 +205,8 @@ TEST_P(TierTransfer, PartialReadsCheckWholeBlocks) {
   EXPECT_EQ(ToTmStatus(s), TM_ERR_CORRUPT) << s;
   EXPECT_TRUE(Contains(std::string(s.message()), dir.path())) << s;
   EXPECT_TRUE(Contains(std::string(s.message()), "fd " + std::to_string(fd))) << s;
-  EXPECT_TRUE(Contains(std::string(s.message()), "offset " + std::to_string(e->offset + 3 * kBlock)))
+  EXPECT_TRUE(
+      Contains(std::string(s.message()), "offset " + std::to_string(e->offset + 3 * kBlock)))
       << s;
   // Blocks 0-2 are untouched and still read.
   s = (*tier)->Transfer(*engine, *e, 0, dst.get(), 3 * kBlock, false);
@@ -245,8 +246,7 @@ class Corruption : public ::testing::TestWithParam<tm_io_engine> {
   void Corrupt(const std::vector<uint8_t>& data, uint64_t at) {
     const int fd = SwapFd(dir_.path());
     ASSERT_GE(fd, 0) << "no unnamed swap file under " << dir_.path() << " in /proc/self/fd";
-    const int64_t start =
-        FindInSwapFile(fd, std::vector<uint8_t>(data.begin(), data.begin() + 64));
+    const int64_t start = FindInSwapFile(fd, std::vector<uint8_t>(data.begin(), data.begin() + 64));
     ASSERT_GE(start, 0) << "the tensor's bytes are not in the swap file";
     ASSERT_TRUE(FlipByte(fd, start + static_cast<int64_t>(at)));
   }

@@ -6,9 +6,8 @@
 #include <sys/stat.h>
 
 #include <cerrno>
-#include <cstring>
-
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -19,7 +18,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-
 #include "json_check.h"
 #include "lib/trace.h"
 #include "test_util.h"
@@ -95,7 +93,7 @@ TEST(LoadConfig, EnvironmentThenOverride) {
   EXPECT_EQ(c->numa, NumaMode::kOff);
   EXPECT_DOUBLE_EQ(c->emu_link_gbps, 12.5);
   for (const auto& e : c->entries) {
-    const char* expected = e.name == "TIERMEM_HBM_BYTES" ? "config"
+    const char* expected = e.name == "TIERMEM_HBM_BYTES"   ? "config"
                            : e.name == "TIERMEM_LOG_LEVEL" ? "default"
                            : e.name == "TIERMEM_DEVICE"    ? "environment"
                                                            : nullptr;
@@ -190,9 +188,9 @@ TEST(LoadConfig, LocalRankFromTiermemThenLaunchers) {
     std::string source;
   };
   for (const Case& k :
-       {Case{{}, 0, "default"},
-        Case{{{"SLURM_LOCALID", "3"}}, 3, "environment SLURM_LOCALID"},
-        Case{{{"SLURM_LOCALID", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}}, 2,
+       {Case{{}, 0, "default"}, Case{{{"SLURM_LOCALID", "3"}}, 3, "environment SLURM_LOCALID"},
+        Case{{{"SLURM_LOCALID", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}},
+             2,
              "environment OMPI_COMM_WORLD_LOCAL_RANK"},
         Case{{{"SLURM_LOCALID", "3"}, {"LOCAL_RANK", "1"}}, 1, "environment LOCAL_RANK"},
         Case{{{"LOCAL_RANK", "junk"}, {"SLURM_LOCALID", "5"}}, 5, "environment SLURM_LOCALID"},
@@ -269,35 +267,27 @@ TEST_P(BadEnvironment, IsRejectedByName) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllVariables, BadEnvironment,
-    ::testing::Values(BadValue{"TIERMEM_DEVICE", "gpu"}, BadValue{"TIERMEM_DEVICE", ""},
-                      BadValue{"TIERMEM_CUDA_DEVICE", "-1"}, BadValue{"TIERMEM_CUDA_DEVICE", "x"},
-                      BadValue{"TIERMEM_CUDA_DEVICE", "5000"},
-                      BadValue{"TIERMEM_HBM_BYTES", "lots"}, BadValue{"TIERMEM_HBM_BYTES", "0"},
-                      BadValue{"TIERMEM_DRAM_BYTES", "12QiB"}, BadValue{"TIERMEM_DRAM_BYTES", "150%"},
-                      BadValue{"TIERMEM_NVME_BYTES", "-1GiB"},
-                      BadValue{"TIERMEM_NVME_PATHS", ""}, BadValue{"TIERMEM_NVME_PATHS", "relative/dir"},
-                      BadValue{"TIERMEM_NVME_PATHS", "/a::/b"},
-                      BadValue{"TIERMEM_IO_ENGINE", "aio"},
-                      BadValue{"TIERMEM_IO_BLOCK_SIZE", "1000"}, BadValue{"TIERMEM_IO_BLOCK_SIZE", "1KiB"},
-                      BadValue{"TIERMEM_IO_BLOCK_SIZE", "128MiB"}, BadValue{"TIERMEM_IO_BLOCK_SIZE", "10%"},
-                      BadValue{"TIERMEM_IO_QUEUE_DEPTH", "0"}, BadValue{"TIERMEM_IO_QUEUE_DEPTH", "9999"},
-                      BadValue{"TIERMEM_IO_QUEUE_DEPTH", "deep"},
-                      BadValue{"TIERMEM_NUMA", "near"}, BadValue{"TIERMEM_NUMA", "-2"},
-                      BadValue{"TIERMEM_LOG_LEVEL", "verbose"},
-                      BadValue{"TIERMEM_EMU_LINK_GBPS", "fast"}, BadValue{"TIERMEM_EMU_LINK_GBPS", "-3"},
-                      BadValue{"TIERMEM_EMU_LINK_GBPS", "nan"},
-                      BadValue{"TIERMEM_IO_THREADS", "0"}, BadValue{"TIERMEM_IO_THREADS", "65"},
-                      BadValue{"TIERMEM_PREFETCH_DEPTH", "-1"},
-                      BadValue{"TIERMEM_PREFETCH_DEPTH", "2000"},
-                      BadValue{"TIERMEM_PREFETCH_BYTES", "some"},
-                      BadValue{"TIERMEM_PLACEMENT", "zero3"},
-                      BadValue{"TIERMEM_TRACE", "/tmp/dir/"},
-                      BadValue{"TIERMEM_CHECKSUM", "crc32"},
-                      BadValue{"TIERMEM_TRACE", "/tmp/t-%d.json"},
-                      BadValue{"TIERMEM_TRACE", "/tmp/t-%"},
-                      BadValue{"TIERMEM_LOCAL_RANK", "-1"},
-                      BadValue{"TIERMEM_LOCAL_RANK", "65536"},
-                      BadValue{"TIERMEM_LOCAL_RANK", "first"}));
+    ::testing::Values(
+        BadValue{"TIERMEM_DEVICE", "gpu"}, BadValue{"TIERMEM_DEVICE", ""},
+        BadValue{"TIERMEM_CUDA_DEVICE", "-1"}, BadValue{"TIERMEM_CUDA_DEVICE", "x"},
+        BadValue{"TIERMEM_CUDA_DEVICE", "5000"}, BadValue{"TIERMEM_HBM_BYTES", "lots"},
+        BadValue{"TIERMEM_HBM_BYTES", "0"}, BadValue{"TIERMEM_DRAM_BYTES", "12QiB"},
+        BadValue{"TIERMEM_DRAM_BYTES", "150%"}, BadValue{"TIERMEM_NVME_BYTES", "-1GiB"},
+        BadValue{"TIERMEM_NVME_PATHS", ""}, BadValue{"TIERMEM_NVME_PATHS", "relative/dir"},
+        BadValue{"TIERMEM_NVME_PATHS", "/a::/b"}, BadValue{"TIERMEM_IO_ENGINE", "aio"},
+        BadValue{"TIERMEM_IO_BLOCK_SIZE", "1000"}, BadValue{"TIERMEM_IO_BLOCK_SIZE", "1KiB"},
+        BadValue{"TIERMEM_IO_BLOCK_SIZE", "128MiB"}, BadValue{"TIERMEM_IO_BLOCK_SIZE", "10%"},
+        BadValue{"TIERMEM_IO_QUEUE_DEPTH", "0"}, BadValue{"TIERMEM_IO_QUEUE_DEPTH", "9999"},
+        BadValue{"TIERMEM_IO_QUEUE_DEPTH", "deep"}, BadValue{"TIERMEM_NUMA", "near"},
+        BadValue{"TIERMEM_NUMA", "-2"}, BadValue{"TIERMEM_LOG_LEVEL", "verbose"},
+        BadValue{"TIERMEM_EMU_LINK_GBPS", "fast"}, BadValue{"TIERMEM_EMU_LINK_GBPS", "-3"},
+        BadValue{"TIERMEM_EMU_LINK_GBPS", "nan"}, BadValue{"TIERMEM_IO_THREADS", "0"},
+        BadValue{"TIERMEM_IO_THREADS", "65"}, BadValue{"TIERMEM_PREFETCH_DEPTH", "-1"},
+        BadValue{"TIERMEM_PREFETCH_DEPTH", "2000"}, BadValue{"TIERMEM_PREFETCH_BYTES", "some"},
+        BadValue{"TIERMEM_PLACEMENT", "zero3"}, BadValue{"TIERMEM_TRACE", "/tmp/dir/"},
+        BadValue{"TIERMEM_CHECKSUM", "crc32"}, BadValue{"TIERMEM_TRACE", "/tmp/t-%d.json"},
+        BadValue{"TIERMEM_TRACE", "/tmp/t-%"}, BadValue{"TIERMEM_LOCAL_RANK", "-1"},
+        BadValue{"TIERMEM_LOCAL_RANK", "65536"}, BadValue{"TIERMEM_LOCAL_RANK", "first"}));
 
 // A TIERMEM_ENV_FILE, as tiermem-probe --tune writes it.
 class EnvFileTest : public ::testing::Test {
@@ -317,13 +307,13 @@ TEST_F(EnvFileTest, ValuesSitBetweenEnvironmentAndDefaults) {
   std::string path = Write(
       "# tuned\n\nexport TIERMEM_IO_BLOCK_SIZE=4MiB\nTIERMEM_IO_QUEUE_DEPTH=\"64\"\n"
       "  export   TIERMEM_PREFETCH_DEPTH='2'  \n");
-  auto c = LoadConfig({}, FakeEnv({{"TIERMEM_ENV_FILE", path}, {"TIERMEM_IO_QUEUE_DEPTH", "8"}}),
-                      {});
+  auto c =
+      LoadConfig({}, FakeEnv({{"TIERMEM_ENV_FILE", path}, {"TIERMEM_IO_QUEUE_DEPTH", "8"}}), {});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->io_block_size, 4u << 20);    // from the file
-  EXPECT_EQ(c->io_queue_depth, 8u);         // the environment wins over the file
-  EXPECT_EQ(c->prefetch_depth, 2u);         // quoted value
-  EXPECT_EQ(c->io_threads, 1u);             // default
+  EXPECT_EQ(c->io_block_size, 4u << 20);  // from the file
+  EXPECT_EQ(c->io_queue_depth, 8u);       // the environment wins over the file
+  EXPECT_EQ(c->prefetch_depth, 2u);       // quoted value
+  EXPECT_EQ(c->io_threads, 1u);           // default
   std::map<std::string, std::string> source;
   for (const auto& e : c->entries) source[e.name] = e.source;
   EXPECT_EQ(source["TIERMEM_IO_BLOCK_SIZE"], "file " + path);
@@ -354,12 +344,13 @@ TEST_F(EnvFileTest, MalformedFilesAreRejectedByLine) {
     const char* text;
     const char* says;
   };
-  for (const Case& k : {Case{"TIERMEM_IO_THREADS 2\n", ":1: expected"},
-                        Case{"# ok\nIO_THREADS=2\n", ":2: \"IO_THREADS\" is not a TIERMEM_"},
-                        Case{"exportTIERMEM_IO_THREADS=2\n", ":1: expected"},
-                        Case{"TIERMEM_IO_THREADS=$N\n", ":1: quotes, escapes and shell"},
-                        Case{"TIERMEM_IO_THREADS=1\nTIERMEM_IO_THREADS=2\n", ":2: TIERMEM_IO_THREADS is set twice"},
-                        Case{"TIERMEM_ENV_FILE=/x\n", ":1: an env file cannot name another"}}) {
+  for (const Case& k :
+       {Case{"TIERMEM_IO_THREADS 2\n", ":1: expected"},
+        Case{"# ok\nIO_THREADS=2\n", ":2: \"IO_THREADS\" is not a TIERMEM_"},
+        Case{"exportTIERMEM_IO_THREADS=2\n", ":1: expected"},
+        Case{"TIERMEM_IO_THREADS=$N\n", ":1: quotes, escapes and shell"},
+        Case{"TIERMEM_IO_THREADS=1\nTIERMEM_IO_THREADS=2\n", ":2: TIERMEM_IO_THREADS is set twice"},
+        Case{"TIERMEM_ENV_FILE=/x\n", ":1: an env file cannot name another"}}) {
     std::string path = Write(k.text);
     auto c = LoadConfig({}, FakeEnv({{"TIERMEM_ENV_FILE", path}}), {});
     ASSERT_FALSE(c.ok()) << k.text;
@@ -403,7 +394,8 @@ TEST_F(EnvFileTest, RuntimeLoadsIt) {
   tm_runtime rt;
   ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_OK) << tm_last_error();
   char value[64];
-  ASSERT_EQ(tm_runtime_config_value(rt, "TIERMEM_IO_QUEUE_DEPTH", value, sizeof value, nullptr), TM_OK);
+  ASSERT_EQ(tm_runtime_config_value(rt, "TIERMEM_IO_QUEUE_DEPTH", value, sizeof value, nullptr),
+            TM_OK);
   EXPECT_STREQ(value, "7");
   EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
 }

@@ -41,11 +41,14 @@ TEST_F(Cuda, SlabCopiesBothWays) {
   std::vector<uint8_t> pinned(n), back(n);
   ASSERT_TRUE(device_->RegisterHost(pinned.data(), n).ok());
   std::memcpy(pinned.data(), data.data(), n);
-  ASSERT_TRUE(device_->copy_engine().Copy(io::CopyDirection::kHostToDevice, *slab, pinned.data(), n).ok());
-  ASSERT_TRUE(device_->copy_engine().Copy(io::CopyDirection::kDeviceToHost, back.data(), *slab, n).ok());
+  ASSERT_TRUE(
+      device_->copy_engine().Copy(io::CopyDirection::kHostToDevice, *slab, pinned.data(), n).ok());
+  ASSERT_TRUE(
+      device_->copy_engine().Copy(io::CopyDirection::kDeviceToHost, back.data(), *slab, n).ok());
   EXPECT_EQ(back, data);
   ASSERT_TRUE(device_->Fill(*slab, 0, n).ok());
-  ASSERT_TRUE(device_->copy_engine().Copy(io::CopyDirection::kDeviceToHost, back.data(), *slab, n).ok());
+  ASSERT_TRUE(
+      device_->copy_engine().Copy(io::CopyDirection::kDeviceToHost, back.data(), *slab, n).ok());
   EXPECT_EQ(back, std::vector<uint8_t>(n, 0));
   device_->UnregisterHost(pinned.data());
   device_->FreeSlab(*slab, n);
@@ -65,8 +68,10 @@ TEST_F(Cuda, TimeCopiesWithEventsEveryKind) {
     Kind kind;
     void* dst;
     const void* src;
-  } cases[] = {{Kind::kHostToDevice, *a, pinned.data()}, {Kind::kDeviceToHost, pinned.data(), *a},
-               {Kind::kHostToDevice, *a, pageable.data()}, {Kind::kDeviceToHost, pageable.data(), *a},
+  } cases[] = {{Kind::kHostToDevice, *a, pinned.data()},
+               {Kind::kDeviceToHost, pinned.data(), *a},
+               {Kind::kHostToDevice, *a, pageable.data()},
+               {Kind::kDeviceToHost, pageable.data(), *a},
                {Kind::kDeviceToDevice, *b, *a}};
   for (const Case& c : cases) {
     auto t = device_->TimeCopies(c.kind, c.dst, c.src, n, 3);
@@ -106,7 +111,8 @@ TEST_F(Cuda, RuntimeRoundTrip) {
   ASSERT_EQ(tm_tensor_write(rt, t, 0, data.data(), d.bytes), TM_OK) << tm_last_error();
   ASSERT_EQ(testing::OffloadNow(rt, t, TM_TIER_NVME), TM_OK) << tm_last_error();
   void* p = nullptr;
-  ASSERT_EQ(tm_tensor_acquire(rt, t, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK) << tm_last_error();
+  ASSERT_EQ(tm_tensor_acquire(rt, t, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
+      << tm_last_error();
   ASSERT_EQ(tm_tensor_release(rt, t, TM_TIER_HBM), TM_OK);
   std::vector<uint8_t> back(d.bytes);
   ASSERT_EQ(tm_tensor_read(rt, t, 0, back.data(), d.bytes), TM_OK) << tm_last_error();
@@ -160,7 +166,8 @@ TEST_F(Cuda, StreamOrderedAcquire) {
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   void* p = nullptr;
-  ASSERT_EQ(tm_tensor_acquire(rt, t, TM_TIER_HBM, TM_ACCESS_READ, stream, &p), TM_OK) << tm_last_error();
+  ASSERT_EQ(tm_tensor_acquire(rt, t, TM_TIER_HBM, TM_ACCESS_READ, stream, &p), TM_OK)
+      << tm_last_error();
   std::vector<uint8_t> back(d.bytes);
   ASSERT_EQ(cudaMemcpyAsync(back.data(), p, d.bytes, cudaMemcpyDeviceToHost, stream), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);

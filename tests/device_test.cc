@@ -1,12 +1,13 @@
 // The emulated device as a device: its copies are bit-exact and asynchronous, a link cap holds,
 // and TimeCopies (what tiermem-probe's copy rows use) reports each copy's time under the cap.
+#include "io/device.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
 #include <vector>
 
-#include "io/device.h"
 #include "test_util.h"
 
 namespace tiermem {
@@ -61,10 +62,12 @@ TEST(EmulatedDevice, CopiesAreAsynchronous) {
   auto data = testing::RandomBytes(n, 6);
   auto t0 = std::chrono::steady_clock::now();
   auto ticket = dev->copy_engine().Enqueue(io::CopyDirection::kHostToDevice, *slab, data.data(), n);
-  const double enqueue_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double enqueue_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(ticket.ok());
   ASSERT_TRUE(dev->copy_engine().Wait(*ticket).ok());
-  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double total_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(enqueue_s, total_s / 2) << "Enqueue waited for the copy";
   EXPECT_EQ(std::memcmp(*slab, data.data(), n), 0);
   dev->FreeSlab(*slab, n);

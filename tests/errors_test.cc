@@ -1,10 +1,9 @@
 // Budget exhaustion, full disks and pinned tensors give their errors, the data stays readable,
 // and the runtime keeps working afterwards.
+#include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -73,7 +72,8 @@ TEST_F(Errors, HbmBudgetExhaustedWithEverythingPinned) {
   EXPECT_NE(msg.find("\"b\""), std::string::npos) << msg;
   EXPECT_NE(msg.find("acquired"), std::string::npos) << msg;
   void* p = nullptr;
-  EXPECT_EQ(tm_tensor_acquire(rt_, b, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(tm_tensor_acquire(rt_, b, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p),
+            TM_ERR_OUT_OF_MEMORY);
   EXPECT_EQ(p, nullptr);
   EXPECT_EQ(Residency(b), 0u);
   ExpectContent(a, 64 << 20, 1);
@@ -97,7 +97,8 @@ TEST_F(Errors, DramBudgetExhaustedOnOffload) {
   tm_tensor b = Make(64 << 20, "b", 2);
   EXPECT_EQ(OffloadNow(rt_, b, TM_TIER_DRAM), TM_ERR_OUT_OF_MEMORY);
   EXPECT_NE(std::string(tm_last_error()).find("dram"), std::string::npos) << tm_last_error();
-  EXPECT_EQ(Residency(b), TM_TIER_BIT(TM_TIER_HBM)) << "a failed move must leave the tensor where it was";
+  EXPECT_EQ(Residency(b), TM_TIER_BIT(TM_TIER_HBM))
+      << "a failed move must leave the tensor where it was";
   ExpectContent(b, 64 << 20, 2);
   // HBM -> NVMe needs no DRAM copy: it streams through the staging pool, so a full DRAM tier
   // does not stop it.
@@ -136,7 +137,8 @@ TEST_F(Errors, PinnedTensorsCannotMoveOrDie) {
   void* p = nullptr;
   TM_ASSERT_OK(tm_tensor_acquire(rt_, a, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p));
   EXPECT_EQ(OffloadNow(rt_, a, TM_TIER_NVME), TM_ERR_BUSY);
-  EXPECT_NE(std::string(tm_last_error()).find("acquired in hbm"), std::string::npos) << tm_last_error();
+  EXPECT_NE(std::string(tm_last_error()).find("acquired in hbm"), std::string::npos)
+      << tm_last_error();
   EXPECT_EQ(tm_tensor_destroy(rt_, a), TM_ERR_BUSY);
   EXPECT_EQ(tm_tensor_acquire(rt_, a, TM_TIER_DRAM, TM_ACCESS_WRITE, nullptr, &p), TM_ERR_BUSY);
   auto data = RandomBytes(16, 4);
@@ -400,8 +402,7 @@ TEST_F(TracePaths, PidAndRankExpand) {
   ASSERT_EQ(Create(dir_.path() + "/t-%p-r%r-%%.json"), TM_OK) << tm_last_error();
   MoveOne("t");
   ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);
-  const std::string expected =
-      dir_.path() + "/t-" + std::to_string(getpid()) + "-r3-%.json";
+  const std::string expected = dir_.path() + "/t-" + std::to_string(getpid()) + "-r3-%.json";
   EXPECT_TRUE(testing::Json(Slurp(expected)).Valid()) << expected;
   EXPECT_EQ(dir_.Entries(), 1);
   env.Set("TIERMEM_LOCAL_RANK", std::nullopt);
@@ -428,7 +429,8 @@ TEST_F(TracePaths, AnyTensorNameGivesValidJson) {
   EXPECT_NE(text.find("\\u0001"), std::string::npos);
   EXPECT_NE(text.find("\\u007f"), std::string::npos);
   EXPECT_NE(text.find("\\ufffd"), std::string::npos);
-  EXPECT_NE(text.find("\xf0\x9f\x98\x80 ok \xe2\x82\xac"), std::string::npos) << "valid UTF-8 is kept";
+  EXPECT_NE(text.find("\xf0\x9f\x98\x80 ok \xe2\x82\xac"), std::string::npos)
+      << "valid UTF-8 is kept";
 }
 
 TEST(BadPaths, MissingDirectoryIsAConfigError) {

@@ -1,11 +1,11 @@
 // The eviction unit alone: the cheapest window over fragmented layouts, walls never crossed,
 // ties, and the cost's order (Belady for single victims of equal size).
+#include "lib/eviction.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
 #include <vector>
-
-#include "lib/eviction.h"
 
 namespace tiermem {
 namespace {
@@ -28,8 +28,8 @@ TEST(CheapestWindow, FreeHoleCostsNothing) {
 
 TEST(CheapestWindow, JoinsHolesAcrossTheCheapestCopy) {
   // 12 bytes are free in total but no hole holds 6: the window clears one copy between holes.
-  std::vector<EvictionSlot> s = {Free(3), Copy(2, 50), Free(3), Copy(2, 5), Free(3), Wall(1),
-                                 Free(3)};
+  std::vector<EvictionSlot> s = {Free(3), Copy(2, 50), Free(3), Copy(2, 5),
+                                 Free(3), Wall(1),     Free(3)};
   auto w = CheapestWindow(s, 6);
   ASSERT_TRUE(w.has_value());
   EXPECT_EQ(w->first, 2u);
@@ -80,9 +80,15 @@ TEST(CheapestWindow, MatchesBruteForceOnRandomLayouts) {
     for (auto& slot : s) {
       const uint64_t size = 1 + rng() % 9;
       switch (rng() % 4) {
-        case 0: slot = Free(size); break;
-        case 1: slot = Wall(size); break;
-        default: slot = Copy(size, static_cast<double>(rng() % 20)); break;
+        case 0:
+          slot = Free(size);
+          break;
+        case 1:
+          slot = Wall(size);
+          break;
+        default:
+          slot = Copy(size, static_cast<double>(rng() % 20));
+          break;
       }
     }
     const uint64_t need = 1 + rng() % 30;

@@ -173,7 +173,8 @@ TEST_P(Faults, ShortTransfersAndEagainAreInvisible) {
   EXPECT_GT(injector_.calls.load(), 40);
 }
 
-INSTANTIATE_TEST_SUITE_P(Both, Faults, ::testing::Values(IoEngineKind::kUring, IoEngineKind::kPosix),
+INSTANTIATE_TEST_SUITE_P(Both, Faults,
+                         ::testing::Values(IoEngineKind::kUring, IoEngineKind::kPosix),
                          [](const auto& i) {
                            return i.param == IoEngineKind::kUring ? "uring" : "posix";
                          });

@@ -1,21 +1,20 @@
 // io/ on its own: swap files (unnamed, 0600, reserved, aligned), the striping map, and both
 // engines moving bytes exactly, with odd pieces and many pieces in flight.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
 #include <atomic>
-#include <cstdlib>
-#include <set>
-#include <tuple>
-#include <vector>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <tuple>
+#include <vector>
 
 #include "io/fault_injection.h"
 #include "io/io_engine.h"
@@ -114,9 +113,9 @@ TEST_P(Engines, ManyPiecesExactBytes) {
   auto data = RandomBytes(n, 5);
   std::memcpy(out, data.data(), n);
   // Two requests, one of them in the middle of the file.
-  io::IoRequest w[2] = {{(*f)->fd(), 0, out, n / 2, true, (*f)->alignment(), "t"},
-                        {(*f)->fd(), n / 2, static_cast<char*>(out) + n / 2, n / 2, true,
-                         (*f)->alignment(), "t"}};
+  io::IoRequest w[2] = {
+      {(*f)->fd(), 0, out, n / 2, true, (*f)->alignment(), "t"},
+      {(*f)->fd(), n / 2, static_cast<char*>(out) + n / 2, n / 2, true, (*f)->alignment(), "t"}};
   ASSERT_TRUE(engine->Run(w).ok());
   io::IoRequest r{(*f)->fd(), 0, in, n, false, (*f)->alignment(), "t"};
   ASSERT_TRUE(engine->Run({&r, 1}).ok());
@@ -163,8 +162,7 @@ TEST_P(Engines, ErrorsNameTheFile) {
   absl::Status s = engine->Run({&r, 1});
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("/some/dir"), absl::string_view::npos) << s;
-  EXPECT_NE(s.message().find("EBADF") == absl::string_view::npos ? s.message().find("errno 9")
-                                                                 : 0,
+  EXPECT_NE(s.message().find("EBADF") == absl::string_view::npos ? s.message().find("errno 9") : 0,
             absl::string_view::npos)
       << s;
 }
@@ -187,7 +185,7 @@ TEST_P(Engines, ReadPastEndIsAnError) {
 // first completion -EAGAIN.
 class Injector : public io::FaultInjector {
  public:
-  std::atomic<int> fail_at{-1};     // index of the completion that fails
+  std::atomic<int> fail_at{-1};  // index of the completion that fails
   std::atomic<int> fail_errno{EIO};
   std::atomic<bool> shorten{false};
   std::atomic<bool> eagain_first{false};

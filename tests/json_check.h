@@ -59,7 +59,10 @@ class Json {
   }
   bool Utf8() {
     const unsigned char c = static_cast<unsigned char>(s_[i_]);
-    size_t n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    size_t n = c >= 0xC2 && c <= 0xDF   ? 2
+               : c >= 0xE0 && c <= 0xEF ? 3
+               : c >= 0xF0 && c <= 0xF4 ? 4
+                                        : 0;
     if (n == 0 || i_ + n > s_.size()) return false;
     uint32_t cp = c & (n == 2 ? 0x1F : n == 3 ? 0x0F : 0x07);
     for (size_t k = 1; k < n; ++k) {

@@ -34,8 +34,8 @@ TEST(Planner, ActivationFormulas) {
   EXPECT_DOUBLE_EQ(p->activation_full, 134217728.0 * 194);  // 24.25 GiB per layer
   EXPECT_DOUBLE_EQ(p->activation_full / kGiB, 24.25);
   EXPECT_DOUBLE_EQ(p->activation_selective, 134217728.0 * 34);  // 4.25 GiB
-  EXPECT_DOUBLE_EQ(p->activation_checkpoint, 134217728.0 * 2);   // 256 MiB
-  EXPECT_DOUBLE_EQ(p->model_state, 112e9);                        // 16 B x 7e9
+  EXPECT_DOUBLE_EQ(p->activation_checkpoint, 134217728.0 * 2);  // 256 MiB
+  EXPECT_DOUBLE_EQ(p->model_state, 112e9);                      // 16 B x 7e9
   // 24 b s L h^2 (1 + s/6h) = 24*8*4096*32*4096^2*(7/6)
   EXPECT_NEAR(p->forward_flops, 4.925812e14, 1e8);
   EXPECT_NEAR(p->step_compute_seconds, 3.694359, 1e-5);

@@ -202,10 +202,11 @@ void RunScenario(uint64_t seed, int steps, uint64_t max_size) {
     for (const Op& base : program) {
       Op op = base;
       if (depart && rng() % 3 == 0) op.target = static_cast<int>(rng() % total);
-      Shadow& t = op.target < persistent ? tensors[op.target] : tensors[acts[op.target - persistent]];
+      Shadow& t =
+          op.target < persistent ? tensors[op.target] : tensors[acts[op.target - persistent]];
       const uint64_t size = t.bytes.size();
       switch (op.kind) {
-        case 0: {  // acquire
+        case 0: {                 // acquire
           if (any_pin(t)) break;  // acquiring a pinned tensor can be TM_ERR_BUSY by design
           const bool fits = OracleFits(*rt, op.tier, size, pinned_in(op.tier));
           auto p = rt->Acquire(t.handle, op.tier, op.access, nullptr);
@@ -290,13 +291,21 @@ void RunScenario(uint64_t seed, int steps, uint64_t max_size) {
   const tm_stats st = rt->Stats();
   EXPECT_EQ(st.tensors, tensors.size());
   if (getenv("PRESSURE_VERBOSE")) {
-    fprintf(stderr, "create %.0f ms, run %.0f ms: ", std::chrono::duration<double, std::milli>(t1 - t0).count(), std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count());
-    fprintf(stderr, "seed %llu hbm %llu dram %llu depth %u: evictions %llu frag %llu waits %llu wait_ms %.1f cancelled %llu dropped %llu prefetches %llu moved %llu MiB\n",
-            (unsigned long long)seed, (unsigned long long)(b.hbm >> 20), (unsigned long long)(b.dram >> 20), b.depth,
-            (unsigned long long)st.evictions, (unsigned long long)st.fragmentation_evictions,
-            (unsigned long long)st.demand_waits, st.demand_wait_ns / 1e6,
-            (unsigned long long)st.prefetches_cancelled, (unsigned long long)st.prefetches_dropped,
-            (unsigned long long)st.prefetches, (unsigned long long)((st.bytes_moved[0][1] + st.bytes_moved[1][0] + st.bytes_moved[1][2] + st.bytes_moved[2][1]) >> 20));
+    fprintf(
+        stderr,
+        "create %.0f ms, run %.0f ms: ", std::chrono::duration<double, std::milli>(t1 - t0).count(),
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count());
+    fprintf(stderr,
+            "seed %llu hbm %llu dram %llu depth %u: evictions %llu frag %llu waits %llu wait_ms "
+            "%.1f cancelled %llu dropped %llu prefetches %llu moved %llu MiB\n",
+            (unsigned long long)seed, (unsigned long long)(b.hbm >> 20),
+            (unsigned long long)(b.dram >> 20), b.depth, (unsigned long long)st.evictions,
+            (unsigned long long)st.fragmentation_evictions, (unsigned long long)st.demand_waits,
+            st.demand_wait_ns / 1e6, (unsigned long long)st.prefetches_cancelled,
+            (unsigned long long)st.prefetches_dropped, (unsigned long long)st.prefetches,
+            (unsigned long long)((st.bytes_moved[0][1] + st.bytes_moved[1][0] +
+                                  st.bytes_moved[1][2] + st.bytes_moved[2][1]) >>
+                                 20));
   }
 }
 
@@ -375,13 +384,14 @@ TEST_F(PressureApi, MixedSizesWithPrefetchNeverRunOutOfMemory) {
       for (int l = 0; l < layers; ++l) {  // forward
         void* p = nullptr;
         ASSERT_EQ(tm_tensor_acquire(rt_, params[l], TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p),
-                  TM_OK) << tm_last_error();
+                  TM_OK)
+            << tm_last_error();
         ASSERT_EQ(std::memcmp(p, param_bytes[l].data(), param_bytes[l].size()), 0);
         ASSERT_EQ(tm_tensor_release(rt_, params[l], TM_TIER_HBM), TM_OK);
         const uint64_t n = (3 + l % 4) * kMiB + 513;
         acts.push_back(Make(n, ("a" + std::to_string(l)).c_str()));
-        ASSERT_EQ(tm_tensor_acquire(rt_, acts[l], TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p),
-                  TM_OK) << tm_last_error();
+        ASSERT_EQ(tm_tensor_acquire(rt_, acts[l], TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
+            << tm_last_error();
         std::memset(p, l + 1, n);
         ASSERT_EQ(tm_tensor_release(rt_, acts[l], TM_TIER_HBM), TM_OK);
         ASSERT_EQ(tm_tensor_offload(rt_, acts[l], TM_TIER_NVME), TM_OK);
@@ -389,10 +399,11 @@ TEST_F(PressureApi, MixedSizesWithPrefetchNeverRunOutOfMemory) {
       for (int l = layers; l-- > 0;) {  // backward
         void* p = nullptr;
         ASSERT_EQ(tm_tensor_acquire(rt_, params[l], TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p),
-                  TM_OK) << tm_last_error();
+                  TM_OK)
+            << tm_last_error();
         ASSERT_EQ(tm_tensor_release(rt_, params[l], TM_TIER_HBM), TM_OK);
-        ASSERT_EQ(tm_tensor_acquire(rt_, acts[l], TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p),
-                  TM_OK) << tm_last_error();
+        ASSERT_EQ(tm_tensor_acquire(rt_, acts[l], TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
+            << tm_last_error();
         EXPECT_EQ(static_cast<uint8_t*>(p)[0], l + 1);
         ASSERT_EQ(tm_tensor_release(rt_, acts[l], TM_TIER_HBM), TM_OK);
         ASSERT_EQ(tm_tensor_destroy(rt_, acts[l]), TM_OK);
@@ -416,8 +427,8 @@ void FreshEachStep(PressureApi* test, tm_runtime rt, bool named, uint64_t* prefe
     std::vector<tm_tensor> acts;
     for (int i = 0; i < 8; ++i) {
       const std::string name = "layer" + std::to_string(i) + ".out";
-      acts.push_back(test->Make(4 * kMiB + 100 * static_cast<uint64_t>(i),
-                                named ? name.c_str() : nullptr));
+      acts.push_back(
+          test->Make(4 * kMiB + 100 * static_cast<uint64_t>(i), named ? name.c_str() : nullptr));
       void* p = nullptr;
       ASSERT_EQ(tm_tensor_acquire(rt, acts[i], TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
           << tm_last_error();

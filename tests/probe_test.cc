@@ -6,9 +6,9 @@
 
 #include "json_check.h"
 #include "lib/config.h"
-#include "tools/json.h"
-#include "tiermem/tiermem.h"
 #include "test_util.h"
+#include "tiermem/tiermem.h"
+#include "tools/json.h"
 
 namespace tiermem {
 namespace {
@@ -26,38 +26,51 @@ std::string Capture(const std::string& command) {
 
 std::string SmallProbe(const std::string& paths, const std::string& flags) {
   return "TIERMEM_DEVICE=emulated TIERMEM_HBM_BYTES=64MiB TIERMEM_DRAM_BYTES=96MiB "
-         "TIERMEM_NVME_BYTES=128MiB TIERMEM_NVME_PATHS=" + paths + " " + TIERMEM_PROBE + " " +
-         flags + " 2>/dev/null";
+         "TIERMEM_NVME_BYTES=128MiB TIERMEM_NVME_PATHS=" +
+         paths + " " + TIERMEM_PROBE + " " + flags + " 2>/dev/null";
 }
 
 TEST(Probe, JsonFollowsTheSchema) {
   testing::TempDir dir;
-  const std::string cmd = SmallProbe(dir.path(),
-                                     "--json --no-demo --bench-bytes 16MiB --repeats 2 "
-                                     "--sweep-bytes 8MiB --sweep-blocks 64KiB,1MiB --sweep-depths 1,8");
+  const std::string cmd =
+      SmallProbe(dir.path(),
+                 "--json --no-demo --bench-bytes 16MiB --repeats 2 "
+                 "--sweep-bytes 8MiB --sweep-blocks 64KiB,1MiB --sweep-depths 1,8");
   const std::string out = Capture(cmd);
   ASSERT_FALSE(out.empty()) << cmd;
   EXPECT_TRUE(testing::Json(out).Valid()) << out;
   // Every key the schema marks required, with the type it gives.
-  for (const char* key : {"\"schema\": \"tiermem-probe/1\"", "\"tiermem_version\": \"",
-                          "\"seconds\": ", "\"device\": {\"kind\": \"emulated\"",
-                          "\"gpu\": {\"present\": false, \"reason\": \"TIERMEM_DEVICE=emulated\"}",
-                          "\"tiers\": {\"hbm_bytes\": 67108864",
-                          "\"numa\": {\"node\": ", "\"io\": {\"engine\": \"",
-                          "\"buffers_registered\": ", "\"staging\": {\"slot_bytes\": ",
-                          "\"nvme_paths\": [", "\"alignment_source\": \"", "\"bandwidth\": [",
-                          "{\"from\": \"dram\", \"to\": \"nvme\"", "{\"from\": \"nvme\", \"to\": \"dram\"",
-                          "{\"from\": \"dram\", \"to\": \"hbm\"", "{\"from\": \"hbm\", \"to\": \"dram\"",
-                          "\"gbps\": ", "\"copies\": [",
-                          "{\"from\": \"dram\", \"to\": \"hbm\", \"host_memory\": \"pinned\", \"bytes\": 16777216, \"repeats\": 2, \"timer\": \"wall-clock\"",
-                          "{\"from\": \"hbm\", \"to\": \"dram\", \"host_memory\": \"pinned\"",
-                          "{\"from\": \"dram\", \"to\": \"hbm\", \"host_memory\": \"pageable\"",
-                          "{\"from\": \"hbm\", \"to\": \"dram\", \"host_memory\": \"pageable\"",
-                          "{\"from\": \"hbm\", \"to\": \"hbm\", \"host_memory\": \"\"",
-                          "\"io_sweep\": [", "\"engine\": \"uring\", \"bytes\": 8388608",
-                          "{\"block_size\": 65536, \"queue_depth\": 1, \"threads\": 1, \"write_gbps\": ",
-                          "{\"block_size\": 1048576, \"queue_depth\": 8, \"threads\": 1, \"write_gbps\": ",
-                          "\"best\": {\"block_size\": "}) {
+  for (const char* key :
+       {"\"schema\": \"tiermem-probe/1\"",
+        "\"tiermem_version\": \"",
+        "\"seconds\": ",
+        "\"device\": {\"kind\": \"emulated\"",
+        "\"gpu\": {\"present\": false, \"reason\": \"TIERMEM_DEVICE=emulated\"}",
+        "\"tiers\": {\"hbm_bytes\": 67108864",
+        "\"numa\": {\"node\": ",
+        "\"io\": {\"engine\": \"",
+        "\"buffers_registered\": ",
+        "\"staging\": {\"slot_bytes\": ",
+        "\"nvme_paths\": [",
+        "\"alignment_source\": \"",
+        "\"bandwidth\": [",
+        "{\"from\": \"dram\", \"to\": \"nvme\"",
+        "{\"from\": \"nvme\", \"to\": \"dram\"",
+        "{\"from\": \"dram\", \"to\": \"hbm\"",
+        "{\"from\": \"hbm\", \"to\": \"dram\"",
+        "\"gbps\": ",
+        "\"copies\": [",
+        "{\"from\": \"dram\", \"to\": \"hbm\", \"host_memory\": \"pinned\", \"bytes\": 16777216, "
+        "\"repeats\": 2, \"timer\": \"wall-clock\"",
+        "{\"from\": \"hbm\", \"to\": \"dram\", \"host_memory\": \"pinned\"",
+        "{\"from\": \"dram\", \"to\": \"hbm\", \"host_memory\": \"pageable\"",
+        "{\"from\": \"hbm\", \"to\": \"dram\", \"host_memory\": \"pageable\"",
+        "{\"from\": \"hbm\", \"to\": \"hbm\", \"host_memory\": \"\"",
+        "\"io_sweep\": [",
+        "\"engine\": \"uring\", \"bytes\": 8388608",
+        "{\"block_size\": 65536, \"queue_depth\": 1, \"threads\": 1, \"write_gbps\": ",
+        "{\"block_size\": 1048576, \"queue_depth\": 8, \"threads\": 1, \"write_gbps\": ",
+        "\"best\": {\"block_size\": "}) {
     EXPECT_NE(out.find(key), std::string::npos) << "missing " << key << " in\n" << out;
   }
   EXPECT_EQ(out.find("\"demo\""), std::string::npos) << "--no-demo";
@@ -67,9 +80,10 @@ TEST(Probe, JsonFollowsTheSchema) {
 // Two paths: a sweep of each and one striped over both.
 TEST(Probe, SweepsEachPathAndStriped) {
   testing::TempDir a, b;
-  const std::string out = Capture(SmallProbe(
-      a.path() + ":" + b.path(), "--json --no-demo --bench-bytes 8MiB --repeats 1 --sweep-bytes 4MiB "
-                                 "--sweep-blocks 1MiB --sweep-depths 4"));
+  const std::string out =
+      Capture(SmallProbe(a.path() + ":" + b.path(),
+                         "--json --no-demo --bench-bytes 8MiB --repeats 1 --sweep-bytes 4MiB "
+                         "--sweep-blocks 1MiB --sweep-depths 4"));
   EXPECT_TRUE(testing::Json(out).Valid()) << out;
   for (const std::string& key :
        {"{\"target\": \"" + a.path() + "\", \"paths\": [\"" + a.path() + "\"]",
@@ -84,8 +98,9 @@ TEST(Probe, SweepsEachPathAndStriped) {
 TEST(Probe, ManyPathsSweepEachAloneAtTheConfiguredBlock) {
   testing::TempDir a, b, c;
   const std::string paths = a.path() + ":" + b.path() + ":" + c.path();
-  const std::string flags = "--json --no-demo --bench-bytes 8MiB --repeats 1 --sweep-bytes 6MiB "
-                            "--sweep-blocks 256KiB,1MiB --sweep-depths 2";
+  const std::string flags =
+      "--json --no-demo --bench-bytes 8MiB --repeats 1 --sweep-bytes 6MiB "
+      "--sweep-blocks 256KiB,1MiB --sweep-depths 2";
   const std::string out = Capture(SmallProbe(paths, flags));
   ASSERT_TRUE(testing::Json(out).Valid()) << out;
   auto parsed = ParseJson(out);
@@ -128,9 +143,11 @@ TEST(Probe, TuneWritesAnEnvFileTheRuntimeLoads) {
   tm_runtime rt;
   ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_OK) << tm_last_error();
   char value[64];
-  ASSERT_EQ(tm_runtime_config_value(rt, "TIERMEM_IO_QUEUE_DEPTH", value, sizeof value, nullptr), TM_OK);
+  ASSERT_EQ(tm_runtime_config_value(rt, "TIERMEM_IO_QUEUE_DEPTH", value, sizeof value, nullptr),
+            TM_OK);
   EXPECT_EQ(std::string(value), parsed->values.at("TIERMEM_IO_QUEUE_DEPTH").value);
-  ASSERT_EQ(tm_runtime_config_value(rt, "TIERMEM_PREFETCH_DEPTH", value, sizeof value, nullptr), TM_OK);
+  ASSERT_EQ(tm_runtime_config_value(rt, "TIERMEM_PREFETCH_DEPTH", value, sizeof value, nullptr),
+            TM_OK);
   EXPECT_EQ(std::string(value), parsed->values.at("TIERMEM_PREFETCH_DEPTH").value);
   EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
   auto c = LoadConfig({}, ProcessEnvironment(), {});
@@ -146,20 +163,26 @@ TEST(Probe, TuneWritesAnEnvFileTheRuntimeLoads) {
 TEST(Probe, PlanReadsTheProbesBandwidths) {
   testing::TempDir dir;
   const std::string file = dir.path() + "/probe.json";
-  Capture(SmallProbe(dir.path(), "--json --no-demo --bench-bytes 16MiB --repeats 2 --no-sweep > " + file));
+  Capture(SmallProbe(dir.path(),
+                     "--json --no-demo --bench-bytes 16MiB --repeats 2 --no-sweep > " + file));
   const std::string plan = std::string(TIERMEM_PLAN) +
                            " --layers 32 --hidden 4096 --heads 32 --seq 4096 --micro-batch 8"
-                           " --params 7B --hbm 80GiB --tflops 400 --json --probe " + file;
+                           " --params 7B --hbm 80GiB --tflops 400 --json --probe " +
+                           file;
   const std::string out = Capture(plan + " 2>&1");
-  EXPECT_NE(out.find("\"link_source\":\"probe copies dram <-> hbm, pinned"), std::string::npos) << out;
-  EXPECT_NE(out.find("\"nvme_source\":\"probe runtime path dram <-> nvme"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"link_source\":\"probe copies dram <-> hbm, pinned"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("\"nvme_source\":\"probe runtime path dram <-> nvme"), std::string::npos)
+      << out;
   EXPECT_NE(out.find("measured without a GPU"), std::string::npos) << out;  // the warning
   // A flag given wins over the file.
   const std::string flagged = Capture(plan + " --link-gbps 25 2>/dev/null");
-  EXPECT_NE(flagged.find("\"link_gbps\":25,\"link_source\":\"--link-gbps\""), std::string::npos) << flagged;
+  EXPECT_NE(flagged.find("\"link_gbps\":25,\"link_source\":\"--link-gbps\""), std::string::npos)
+      << flagged;
   EXPECT_TRUE(testing::Json(flagged).Valid()) << flagged;
   // A file that is not probe output is a usage error naming it.
-  const std::string bad = Capture(std::string(TIERMEM_PLAN) + " --layers 1 --probe /nonexistent 2>&1; echo \"exit=$?\"");
+  const std::string bad = Capture(std::string(TIERMEM_PLAN) +
+                                  " --layers 1 --probe /nonexistent 2>&1; echo \"exit=$?\"");
   EXPECT_NE(bad.find("--probe /nonexistent: No such file"), std::string::npos) << bad;
   EXPECT_NE(bad.find("exit=2"), std::string::npos) << bad;
 }
@@ -167,14 +190,15 @@ TEST(Probe, PlanReadsTheProbesBandwidths) {
 TEST(Probe, BadFlagsExitTwo) {
   for (const char* flags : {"--sweep-blocks 3000", "--sweep-depths 0", "--tune-budget -1",
                             "--repeats x", "--tune-bytes 1KiB", "--frobnicate"}) {
-    const std::string out = Capture(std::string(TIERMEM_PROBE) + " " + flags + " 2>&1; echo \"exit=$?\"");
+    const std::string out =
+        Capture(std::string(TIERMEM_PROBE) + " " + flags + " 2>&1; echo \"exit=$?\"");
     EXPECT_NE(out.find("exit=2"), std::string::npos) << flags << ": " << out;
   }
 }
 
 TEST(Probe, BadSettingExitsNonZeroNamingIt) {
-  const std::string out =
-      Capture(std::string("TIERMEM_IO_ENGINE=aio ") + TIERMEM_PROBE + " --json 2>&1; echo \"exit=$?\"");
+  const std::string out = Capture(std::string("TIERMEM_IO_ENGINE=aio ") + TIERMEM_PROBE +
+                                  " --json 2>&1; echo \"exit=$?\"");
   EXPECT_NE(out.find("TIERMEM_IO_ENGINE"), std::string::npos) << out;
   EXPECT_NE(out.find("exit=1"), std::string::npos) << out;
 }

@@ -3,11 +3,11 @@
 // presets, and the trace file parsed as JSON with its transfer and stall events.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>

@@ -206,7 +206,8 @@ TEST(Stress, EightThreadsTwoHundredTensors) {
     expect.resize(slots[i].bytes);
     got.assign(slots[i].bytes, 0);
     Pattern(i, slots[i].version, expect);
-    ASSERT_EQ(tm_tensor_read(rt, slots[i].tensor, 0, got.data(), got.size()), TM_OK) << tm_last_error();
+    ASSERT_EQ(tm_tensor_read(rt, slots[i].tensor, 0, got.data(), got.size()), TM_OK)
+        << tm_last_error();
     EXPECT_TRUE(got == expect) << "tensor " << i << " lost or tore its bytes";
   }
   EXPECT_EQ(corrupt.load(), 0);
@@ -218,11 +219,12 @@ TEST(Stress, EightThreadsTwoHundredTensors) {
   }
   tm_stats st = TM_STATS_INIT;
   ASSERT_EQ(tm_runtime_stats(rt, &st), TM_OK);
-  std::printf("stress: moved hbm->dram %llu, dram->nvme %llu, nvme->dram %llu, dram->hbm %llu bytes\n",
-              static_cast<unsigned long long>(st.bytes_moved[0][1]),
-              static_cast<unsigned long long>(st.bytes_moved[1][2]),
-              static_cast<unsigned long long>(st.bytes_moved[2][1]),
-              static_cast<unsigned long long>(st.bytes_moved[1][0]));
+  std::printf(
+      "stress: moved hbm->dram %llu, dram->nvme %llu, nvme->dram %llu, dram->hbm %llu bytes\n",
+      static_cast<unsigned long long>(st.bytes_moved[0][1]),
+      static_cast<unsigned long long>(st.bytes_moved[1][2]),
+      static_cast<unsigned long long>(st.bytes_moved[2][1]),
+      static_cast<unsigned long long>(st.bytes_moved[1][0]));
   EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
 }
 

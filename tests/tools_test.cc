@@ -35,20 +35,15 @@ TEST(Json, RejectsMalformedTextSayingWhere) {
     const char* text;
     const char* says;
   };
-  for (const Case& c : {Case{"", "at byte 0, expected a value"},
-                        Case{"{\"a\" 1}", "at byte 5, expected ':'"},
-                        Case{"[1, 2", "expected ',' or ']'"},
-                        Case{"[01]", "expected ',' or ']'"},
-                        Case{"{\"a\": 1,}", "a member name in quotes"},
-                        Case{"\"tab\there\"", "no control character"},
-                        Case{"\"\\x\"", "a valid escape"},
-                        Case{"\"\\ud800\"", "low half of a surrogate"},
-                        Case{"1.", "a digit after '.'"},
-                        Case{"1e", "a digit in the exponent"},
-                        Case{"1e999", "a finite number"},
-                        Case{"tru", "true or false"},
-                        Case{"{} {}", "end of input"},
-                        Case{"\"open", "a closing quote"}}) {
+  for (const Case& c :
+       {Case{"", "at byte 0, expected a value"}, Case{"{\"a\" 1}", "at byte 5, expected ':'"},
+        Case{"[1, 2", "expected ',' or ']'"}, Case{"[01]", "expected ',' or ']'"},
+        Case{"{\"a\": 1,}", "a member name in quotes"},
+        Case{"\"tab\there\"", "no control character"}, Case{"\"\\x\"", "a valid escape"},
+        Case{"\"\\ud800\"", "low half of a surrogate"}, Case{"1.", "a digit after '.'"},
+        Case{"1e", "a digit in the exponent"}, Case{"1e999", "a finite number"},
+        Case{"tru", "true or false"}, Case{"{} {}", "end of input"},
+        Case{"\"open", "a closing quote"}}) {
     auto v = ParseJson(c.text);
     ASSERT_FALSE(v.ok()) << c.text;
     EXPECT_NE(v.status().message().find(c.says), absl::string_view::npos)

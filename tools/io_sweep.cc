@@ -39,15 +39,15 @@ absl::StatusOr<IoPoint> IoSweep::Measure(uint32_t block_size, uint32_t queue_dep
   const uint64_t per_file = bytes_ / n;
   for (const auto& f : files_) {
     if (block_size < f->alignment() || block_size % f->alignment() != 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "block size %u is below the O_DIRECT alignment %u of %s", block_size, f->alignment(),
-          f->dir()));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("block size %u is below the O_DIRECT alignment %u of %s", block_size,
+                          f->alignment(), f->dir()));
     }
   }
   if (per_file % block_size != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "block size %u does not divide the %llu bytes per file", block_size,
-        static_cast<unsigned long long>(per_file)));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("block size %u does not divide the %llu bytes per file", block_size,
+                        static_cast<unsigned long long>(per_file)));
   }
   io::IoEngineOptions o;
   o.block_size = block_size;

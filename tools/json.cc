@@ -47,7 +47,8 @@ class JsonParser {
     return false;
   }
   void Skip() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) {
+    while (i_ < s_.size() &&
+           (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) {
       ++i_;
     }
   }
@@ -68,8 +69,10 @@ class JsonParser {
     if (depth > kMaxDepth) return Mark("less nesting (at most 64 levels)");
     if (i_ >= s_.size()) return Mark("a value");
     switch (s_[i_]) {
-      case '{': return Object(v, depth);
-      case '[': return Array(v, depth);
+      case '{':
+        return Object(v, depth);
+      case '[':
+        return Array(v, depth);
       case '"':
         v.type_ = JsonValue::Type::kString;
         return String(v.string_);
@@ -131,10 +134,14 @@ class JsonParser {
     for (int k = 0; k < 4; ++k) {
       char c = s_[i_++];
       out <<= 4;
-      if (c >= '0' && c <= '9') out |= static_cast<uint32_t>(c - '0');
-      else if (c >= 'a' && c <= 'f') out |= static_cast<uint32_t>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') out |= static_cast<uint32_t>(c - 'A' + 10);
-      else return Mark("four hex digits");
+      if (c >= '0' && c <= '9')
+        out |= static_cast<uint32_t>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        out |= static_cast<uint32_t>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        out |= static_cast<uint32_t>(c - 'A' + 10);
+      else
+        return Mark("four hex digits");
     }
     return true;
   }
@@ -169,14 +176,30 @@ class JsonParser {
       }
       if (i_ >= s_.size()) break;
       switch (s_[i_++]) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           uint32_t cp = 0;
           if (!Hex4(cp)) return false;

@@ -3,8 +3,8 @@
 // parameter offload) needs in HBM and adds to a step, and which one to use. --json for machines.
 #include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -17,7 +17,8 @@ namespace tiermem {
 namespace {
 
 void Usage(FILE* f) {
-  std::fprintf(f,
+  std::fprintf(
+      f,
       "usage: tiermem-plan --layers L --hidden H --heads A --seq S --micro-batch B --params N\n"
       "                    --hbm SIZE --tflops T [--link-gbps G] [--nvme-gbps G] [--tp T]\n"
       "                    [--sequence-parallel] [--flash-attention] [--bytes-per-element E]\n"
@@ -33,11 +34,21 @@ bool Number(const std::string& v, double* out) {
   double mult = 1;
   if (!n.empty()) {
     switch (n.back()) {
-      case 'K': mult = 1e3; break;
-      case 'M': mult = 1e6; break;
-      case 'B': case 'G': mult = 1e9; break;
-      case 'T': mult = 1e12; break;
-      default: break;
+      case 'K':
+        mult = 1e3;
+        break;
+      case 'M':
+        mult = 1e6;
+        break;
+      case 'B':
+      case 'G':
+        mult = 1e9;
+        break;
+      case 'T':
+        mult = 1e12;
+        break;
+      default:
+        break;
     }
     if (mult != 1) n.pop_back();
   }
@@ -55,11 +66,26 @@ int Main(int argc, char** argv) {
   std::string probe_file;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
-    if (k == "--json") { json = true; continue; }
-    if (k == "--sequence-parallel") { in.sequence_parallel = true; continue; }
-    if (k == "--flash-attention") { in.flash_attention = true; continue; }
-    if (k == "--help" || k == "-h") { Usage(stdout); return 0; }
-    if (i + 1 >= argc) { Usage(stderr); return 2; }
+    if (k == "--json") {
+      json = true;
+      continue;
+    }
+    if (k == "--sequence-parallel") {
+      in.sequence_parallel = true;
+      continue;
+    }
+    if (k == "--flash-attention") {
+      in.flash_attention = true;
+      continue;
+    }
+    if (k == "--help" || k == "-h") {
+      Usage(stdout);
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      Usage(stderr);
+      return 2;
+    }
     std::string v = argv[++i];
     bool ok = true;
     if (k == "--probe") {
@@ -71,18 +97,30 @@ int Main(int argc, char** argv) {
     } else {
       double d = 0;
       ok = Number(v, &d);
-      if (k == "--layers") in.layers = d;
-      else if (k == "--hidden") in.hidden = d;
-      else if (k == "--heads") in.heads = d;
-      else if (k == "--seq") in.seq = d;
-      else if (k == "--micro-batch") in.micro_batch = d;
-      else if (k == "--params") in.params = d;
-      else if (k == "--tp") in.tensor_parallel = d;
-      else if (k == "--bytes-per-element") in.bytes_per_element = d;
-      else if (k == "--link-gbps") link = d;
-      else if (k == "--nvme-gbps") nvme = d;
-      else if (k == "--tflops") tflops = d;
-      else ok = false;
+      if (k == "--layers")
+        in.layers = d;
+      else if (k == "--hidden")
+        in.hidden = d;
+      else if (k == "--heads")
+        in.heads = d;
+      else if (k == "--seq")
+        in.seq = d;
+      else if (k == "--micro-batch")
+        in.micro_batch = d;
+      else if (k == "--params")
+        in.params = d;
+      else if (k == "--tp")
+        in.tensor_parallel = d;
+      else if (k == "--bytes-per-element")
+        in.bytes_per_element = d;
+      else if (k == "--link-gbps")
+        link = d;
+      else if (k == "--nvme-gbps")
+        nvme = d;
+      else if (k == "--tflops")
+        tflops = d;
+      else
+        ok = false;
     }
     if (!ok) {
       std::fprintf(stderr, "tiermem-plan: bad argument %s %s\n", k.c_str(), v.c_str());
@@ -99,10 +137,12 @@ int Main(int argc, char** argv) {
     if (std::FILE* f = std::fopen(probe_file.c_str(), "r")) {
       char buf[65536];
       size_t n = 0;
-      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0 && text.size() < (64u << 20)) text.append(buf, n);
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0 && text.size() < (64u << 20))
+        text.append(buf, n);
       std::fclose(f);
     } else {
-      std::fprintf(stderr, "tiermem-plan: --probe %s: %s\n", probe_file.c_str(), std::strerror(errno));
+      std::fprintf(stderr, "tiermem-plan: --probe %s: %s\n", probe_file.c_str(),
+                   std::strerror(errno));
       return 2;
     }
     auto probe = ReadProbeJson(text);
@@ -134,29 +174,35 @@ int Main(int argc, char** argv) {
   }
   const Plan& p = *plan;
   if (json) {
-    std::printf("{\"activation_bytes_per_layer\":{\"full\":%.0f,\"selective\":%.0f,\"checkpoint\":%.0f},\n"
-                " \"model_state_bytes\":%.0f,\"forward_flops\":%.6g,\"step_compute_seconds\":%.6g,\n"
-                " \"hbm_budget_bytes\":%.0f,\n \"link_gbps\":%.6g,\"link_source\":\"%s\","
-                "\"nvme_gbps\":%.6g,\"nvme_source\":\"%s\",\n \"rungs\":[",
-                p.activation_full, p.activation_selective, p.activation_checkpoint, p.model_state,
-                p.forward_flops, p.step_compute_seconds, in.hbm_bytes, in.link_bytes_per_s / 1e9,
-                JsonEscape(link_source).c_str(), in.nvme_bytes_per_s / 1e9,
-                JsonEscape(nvme_source).c_str());
+    std::printf(
+        "{\"activation_bytes_per_layer\":{\"full\":%.0f,\"selective\":%.0f,\"checkpoint\":%.0f},\n"
+        " \"model_state_bytes\":%.0f,\"forward_flops\":%.6g,\"step_compute_seconds\":%.6g,\n"
+        " \"hbm_budget_bytes\":%.0f,\n \"link_gbps\":%.6g,\"link_source\":\"%s\","
+        "\"nvme_gbps\":%.6g,\"nvme_source\":\"%s\",\n \"rungs\":[",
+        p.activation_full, p.activation_selective, p.activation_checkpoint, p.model_state,
+        p.forward_flops, p.step_compute_seconds, in.hbm_bytes, in.link_bytes_per_s / 1e9,
+        JsonEscape(link_source).c_str(), in.nvme_bytes_per_s / 1e9,
+        JsonEscape(nvme_source).c_str());
     for (int i = 0; i < kRungCount; ++i) {
       const RungResult& r = p.rungs[i];
-      std::printf("%s\n  {\"rung\":\"%s\",\"hbm_bytes\":%.0f,\"added_seconds\":%.6g,\"fits\":%s,\"available\":%s}",
-                  i ? "," : "", RungName(r.rung), r.hbm_bytes, r.added_seconds,
-                  r.fits ? "true" : "false", r.available ? "true" : "false");
+      std::printf(
+          "%s\n  "
+          "{\"rung\":\"%s\",\"hbm_bytes\":%.0f,\"added_seconds\":%.6g,\"fits\":%s,\"available\":%"
+          "s}",
+          i ? "," : "", RungName(r.rung), r.hbm_bytes, r.added_seconds, r.fits ? "true" : "false",
+          r.available ? "true" : "false");
     }
     std::printf("],\n \"recommended\":%s%s%s}\n", p.recommended < 0 ? "" : "\"",
                 p.recommended < 0 ? "null" : RungName(p.rungs[p.recommended].rung),
                 p.recommended < 0 ? "" : "\"");
     return 0;
   }
-  std::printf("activations per layer per GPU: %.3f GiB kept, %.3f GiB selective, %.3f GiB checkpointed\n",
-              GiB(p.activation_full), GiB(p.activation_selective), GiB(p.activation_checkpoint));
-  std::printf("model state per GPU: %.2f GiB (16 B/param); compute %.3f s/step (forward %.4g FLOPs)\n",
-              GiB(p.model_state), p.step_compute_seconds, p.forward_flops);
+  std::printf(
+      "activations per layer per GPU: %.3f GiB kept, %.3f GiB selective, %.3f GiB checkpointed\n",
+      GiB(p.activation_full), GiB(p.activation_selective), GiB(p.activation_checkpoint));
+  std::printf(
+      "model state per GPU: %.2f GiB (16 B/param); compute %.3f s/step (forward %.4g FLOPs)\n",
+      GiB(p.model_state), p.step_compute_seconds, p.forward_flops);
   std::printf("bandwidths: link %.2f GB/s (%s), nvme %.2f GB/s (%s)\n", in.link_bytes_per_s / 1e9,
               link_source.c_str(), in.nvme_bytes_per_s / 1e9,
               nvme_source.empty() ? "none" : nvme_source.c_str());
@@ -164,10 +210,14 @@ int Main(int argc, char** argv) {
               "added s/step", "fits");
   for (const RungResult& r : p.rungs) {
     std::printf("%-30s %12.2f %14.4f %s\n", RungName(r.rung), GiB(r.hbm_bytes), r.added_seconds,
-                !r.available ? "n/a (no --nvme-gbps)" : r.fits ? "yes" : "no");
+                !r.available ? "n/a (no --nvme-gbps)"
+                : r.fits     ? "yes"
+                             : "no");
   }
   if (p.recommended < 0) {
-    std::printf("\nnothing fits: raise the budget, the tensor-parallel degree, or shrink the micro-batch\n");
+    std::printf(
+        "\nnothing fits: raise the budget, the tensor-parallel degree, or shrink the "
+        "micro-batch\n");
     return 1;
   }
   const RungResult& best = p.rungs[p.recommended];

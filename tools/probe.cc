@@ -1,18 +1,18 @@
 // tiermem-probe: what tiermem finds on this machine, what its tiers can do (probe_measure.h),
 // and --tune (tune.h); a table for humans or JSON (docs/probe.md).
-#include <chrono>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
-#include <algorithm>
-#include <optional>
-
-#include <unistd.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -34,7 +34,8 @@ using Clock = std::chrono::steady_clock;
 
 void Usage() {
   std::printf(
-      "usage: tiermem-probe [--config] [--json] [--no-bench] [--no-sweep] [--no-demo] [--sweep-only]\n"
+      "usage: tiermem-probe [--config] [--json] [--no-bench] [--no-sweep] [--no-demo] "
+      "[--sweep-only]\n"
       "                     [--bench-bytes SIZE] [--sweep-bytes SIZE] [--sweep-blocks LIST]\n"
       "                     [--sweep-depths LIST] [--sweep-full] [--repeats N]\n"
       "       tiermem-probe --tune [--tune-budget SECONDS] [--tune-out FILE] [--tune-bytes SIZE]\n"
@@ -111,8 +112,10 @@ void PrintSweep(const SweepTarget& t) {
               t.points.empty() ? 0 : t.points[0].threads);
   std::vector<uint32_t> blocks, depths;
   for (const IoPoint& p : t.points) {
-    if (std::find(blocks.begin(), blocks.end(), p.block_size) == blocks.end()) blocks.push_back(p.block_size);
-    if (std::find(depths.begin(), depths.end(), p.queue_depth) == depths.end()) depths.push_back(p.queue_depth);
+    if (std::find(blocks.begin(), blocks.end(), p.block_size) == blocks.end())
+      blocks.push_back(p.block_size);
+    if (std::find(depths.begin(), depths.end(), p.queue_depth) == depths.end())
+      depths.push_back(p.queue_depth);
   }
   std::printf("  %-8s", "block");
   for (uint32_t q : depths) std::printf("  %13s", absl::StrFormat("qd %u", q).c_str());
@@ -149,8 +152,8 @@ void PrintTune(const TuneResult& r, const std::string& file) {
               HumanBytes(r.io_default.block_size).c_str(), r.io_default.queue_depth,
               r.io_default.threads, r.io_default.write_gbps, r.io_default.read_gbps);
   std::printf("  I/O       tuned    block %s qd %u threads %u: %.2f / %.2f GB/s (%.2fx)%s\n",
-              HumanBytes(r.io_tuned.block_size).c_str(), r.io_tuned.queue_depth,
-              r.io_tuned.threads, r.io_tuned.write_gbps, r.io_tuned.read_gbps,
+              HumanBytes(r.io_tuned.block_size).c_str(), r.io_tuned.queue_depth, r.io_tuned.threads,
+              r.io_tuned.write_gbps, r.io_tuned.read_gbps,
               r.io_default.combined_gbps() > 0
                   ? r.io_tuned.combined_gbps() / r.io_default.combined_gbps()
                   : 0.0,
@@ -162,7 +165,8 @@ void PrintTune(const TuneResult& r, const std::string& file) {
     std::printf("  prefetch  depth %u looked faster but lost a recheck against %u\n",
                 r.depth_rejected, r.depth_default);
   }
-  std::printf("  wrote     %s\n  use it    export TIERMEM_ENV_FILE=%s\n", file.c_str(), file.c_str());
+  std::printf("  wrote     %s\n  use it    export TIERMEM_ENV_FILE=%s\n", file.c_str(),
+              file.c_str());
 }
 
 void PrintHuman(Runtime& rt, const Findings& f) {
@@ -181,8 +185,9 @@ void PrintHuman(Runtime& rt, const Findings& f) {
   for (const SweepTarget& t : f.sweep) PrintSweep(t);
   if (!f.bw.empty()) std::printf("\n");
   for (const Measurement& m : f.bw) {
-    std::printf("runtime     %-4s -> %-4s %7.2f GB/s   (%s through offload / acquire, median of 3)\n",
-                m.from, m.to, m.gbps, HumanBytes(m.bytes).c_str());
+    std::printf(
+        "runtime     %-4s -> %-4s %7.2f GB/s   (%s through offload / acquire, median of 3)\n",
+        m.from, m.to, m.gbps, HumanBytes(m.bytes).c_str());
   }
   if (f.tune.has_value()) PrintTune(*f.tune, f.tune_file);
   if (f.demo.has_value()) {
@@ -208,9 +213,10 @@ void PrintHuman(Runtime& rt, const Findings& f) {
 }
 
 std::string JsonPoint(const IoPoint& p) {
-  return absl::StrFormat("{\"block_size\": %u, \"queue_depth\": %u, \"threads\": %u, "
-                         "\"write_gbps\": %.4f, \"read_gbps\": %.4f}",
-                         p.block_size, p.queue_depth, p.threads, p.write_gbps, p.read_gbps);
+  return absl::StrFormat(
+      "{\"block_size\": %u, \"queue_depth\": %u, \"threads\": %u, "
+      "\"write_gbps\": %.4f, \"read_gbps\": %.4f}",
+      p.block_size, p.queue_depth, p.threads, p.write_gbps, p.read_gbps);
 }
 
 void PrintJson(Runtime& rt, const Findings& f) {
@@ -229,28 +235,30 @@ void PrintJson(Runtime& rt, const Findings& f) {
               static_cast<unsigned long long>(s.tiers[TM_TIER_DRAM].capacity),
               static_cast<unsigned long long>(s.tiers[TM_TIER_NVME].capacity));
   std::printf("  \"numa\": {\"node\": %d, \"nodes\": %d},\n", info.numa_node, info.numa_nodes);
-  std::printf("  \"io\": {\"engine\": \"%s\", \"block_size\": %u, \"queue_depth\": %u, "
-              "\"threads\": %u, \"buffers_registered\": %s, \"files_registered\": %s},\n",
-              info.io_engine.c_str(), c.io_block_size, c.io_queue_depth, c.io_threads,
-              info.io_buffers_registered ? "true" : "false",
-              info.io_files_registered ? "true" : "false");
+  std::printf(
+      "  \"io\": {\"engine\": \"%s\", \"block_size\": %u, \"queue_depth\": %u, "
+      "\"threads\": %u, \"buffers_registered\": %s, \"files_registered\": %s},\n",
+      info.io_engine.c_str(), c.io_block_size, c.io_queue_depth, c.io_threads,
+      info.io_buffers_registered ? "true" : "false", info.io_files_registered ? "true" : "false");
   std::printf("  \"staging\": {\"slot_bytes\": %llu, \"slots\": %u},\n",
               static_cast<unsigned long long>(info.staging_chunk), info.staging_slots);
   std::printf("  \"nvme_paths\": [");
   for (size_t i = 0; i < info.nvme.size(); ++i) {
     const auto& p = info.nvme[i];
-    std::printf("%s\n    {\"path\": \"%s\", \"direct\": %s, \"alignment\": %u, "
-                "\"alignment_source\": \"%s\", \"bytes\": %llu}",
-                i ? "," : "", JsonEscape(p.dir).c_str(), p.direct ? "true" : "false", p.alignment,
-                p.alignment_source.c_str(), static_cast<unsigned long long>(p.bytes));
+    std::printf(
+        "%s\n    {\"path\": \"%s\", \"direct\": %s, \"alignment\": %u, "
+        "\"alignment_source\": \"%s\", \"bytes\": %llu}",
+        i ? "," : "", JsonEscape(p.dir).c_str(), p.direct ? "true" : "false", p.alignment,
+        p.alignment_source.c_str(), static_cast<unsigned long long>(p.bytes));
   }
   std::printf("],\n  \"copies\": [");
   for (size_t i = 0; i < f.copies.size(); ++i) {
     const CopyMeasurement& m = f.copies[i];
-    std::printf("%s\n    {\"from\": \"%s\", \"to\": \"%s\", \"host_memory\": \"%s\", "
-                "\"bytes\": %llu, \"repeats\": %d, \"timer\": \"%s\", \"gbps\": %.4f}",
-                i ? "," : "", m.from, m.to, m.host_memory, static_cast<unsigned long long>(m.bytes),
-                m.repeats, info.device_kind == "cuda" ? "cuda-events" : "wall-clock", m.gbps);
+    std::printf(
+        "%s\n    {\"from\": \"%s\", \"to\": \"%s\", \"host_memory\": \"%s\", "
+        "\"bytes\": %llu, \"repeats\": %d, \"timer\": \"%s\", \"gbps\": %.4f}",
+        i ? "," : "", m.from, m.to, m.host_memory, static_cast<unsigned long long>(m.bytes),
+        m.repeats, info.device_kind == "cuda" ? "cuda-events" : "wall-clock", m.gbps);
   }
   std::printf("],\n  \"io_sweep\": [");
   for (size_t i = 0; i < f.sweep.size(); ++i) {
@@ -259,36 +267,39 @@ void PrintJson(Runtime& rt, const Findings& f) {
     for (const auto& p : t.paths) {
       absl::StrAppend(&paths, paths.empty() ? "" : ", ", "\"", JsonEscape(p), "\"");
     }
-    std::printf("%s\n    {\"target\": \"%s\", \"paths\": [%s], \"engine\": \"%s\", \"bytes\": %llu,"
-                "\n     \"points\": [",
-                i ? "," : "", JsonEscape(t.name).c_str(), paths.c_str(), t.engine.c_str(),
-                static_cast<unsigned long long>(t.bytes));
+    std::printf(
+        "%s\n    {\"target\": \"%s\", \"paths\": [%s], \"engine\": \"%s\", \"bytes\": %llu,"
+        "\n     \"points\": [",
+        i ? "," : "", JsonEscape(t.name).c_str(), paths.c_str(), t.engine.c_str(),
+        static_cast<unsigned long long>(t.bytes));
     for (size_t j = 0; j < t.points.size(); ++j) {
       std::printf("%s\n       %s", j ? "," : "", JsonPoint(t.points[j]).c_str());
     }
     std::printf("]");
-    if (const IoPoint* best = Best(t)) std::printf(",\n     \"best\": %s", JsonPoint(*best).c_str());
+    if (const IoPoint* best = Best(t))
+      std::printf(",\n     \"best\": %s", JsonPoint(*best).c_str());
     std::printf("}");
   }
   std::printf("],\n  \"bandwidth\": [");
   for (size_t i = 0; i < f.bw.size(); ++i) {
-    std::printf("%s\n    {\"from\": \"%s\", \"to\": \"%s\", \"bytes\": %llu, \"block_size\": %u, "
-                "\"queue_depth\": %u, \"gbps\": %.4f}",
-                i ? "," : "", f.bw[i].from, f.bw[i].to,
-                static_cast<unsigned long long>(f.bw[i].bytes), c.io_block_size, c.io_queue_depth,
-                f.bw[i].gbps);
+    std::printf(
+        "%s\n    {\"from\": \"%s\", \"to\": \"%s\", \"bytes\": %llu, \"block_size\": %u, "
+        "\"queue_depth\": %u, \"gbps\": %.4f}",
+        i ? "," : "", f.bw[i].from, f.bw[i].to, static_cast<unsigned long long>(f.bw[i].bytes),
+        c.io_block_size, c.io_queue_depth, f.bw[i].gbps);
   }
   std::printf("]");
   if (f.tune.has_value()) {
     const TuneResult& r = *f.tune;
-    std::printf(",\n  \"tune\": {\"file\": \"%s\", \"seconds\": %.3f, \"budget_exhausted\": %s, "
-                "\"engine\": \"%s\",\n    \"io_default\": %s,\n    \"io_tuned\": %s,\n"
-                "    \"io_kept_default\": %s, \"compute_ms\": %.4f, \"prefetch_depth_default\": %u, "
-                "\"prefetch_depth\": %u, \"prefetch_depth_rejected\": %u,\n    \"io_tried\": [",
-                JsonEscape(f.tune_file).c_str(), r.seconds, r.budget_exhausted ? "true" : "false",
-                r.engine.c_str(), JsonPoint(r.io_default).c_str(), JsonPoint(r.io_tuned).c_str(),
-                r.io_kept_default ? "true" : "false", r.compute_ms, r.depth_default, r.depth_tuned,
-                r.depth_rejected);
+    std::printf(
+        ",\n  \"tune\": {\"file\": \"%s\", \"seconds\": %.3f, \"budget_exhausted\": %s, "
+        "\"engine\": \"%s\",\n    \"io_default\": %s,\n    \"io_tuned\": %s,\n"
+        "    \"io_kept_default\": %s, \"compute_ms\": %.4f, \"prefetch_depth_default\": %u, "
+        "\"prefetch_depth\": %u, \"prefetch_depth_rejected\": %u,\n    \"io_tried\": [",
+        JsonEscape(f.tune_file).c_str(), r.seconds, r.budget_exhausted ? "true" : "false",
+        r.engine.c_str(), JsonPoint(r.io_default).c_str(), JsonPoint(r.io_tuned).c_str(),
+        r.io_kept_default ? "true" : "false", r.compute_ms, r.depth_default, r.depth_tuned,
+        r.depth_rejected);
     for (size_t i = 0; i < r.io_tried.size(); ++i) {
       std::printf("%s\n      %s", i ? "," : "", JsonPoint(r.io_tried[i]).c_str());
     }
@@ -301,10 +312,11 @@ void PrintJson(Runtime& rt, const Findings& f) {
   }
   if (f.demo.has_value()) {
     const DemoResult& d = *f.demo;
-    std::printf(",\n  \"demo\": {\"tensors\": %d, \"tensor_bytes\": %llu, \"hbm_budget\": %llu, "
-                "\"offloads\": %d, \"verified\": %d, \"seconds\": %.4f}",
-                d.tensors, static_cast<unsigned long long>(d.tensor_bytes),
-                static_cast<unsigned long long>(d.hbm_budget), d.offloads, d.verified, d.seconds);
+    std::printf(
+        ",\n  \"demo\": {\"tensors\": %d, \"tensor_bytes\": %llu, \"hbm_budget\": %llu, "
+        "\"offloads\": %d, \"verified\": %d, \"seconds\": %.4f}",
+        d.tensors, static_cast<unsigned long long>(d.tensor_bytes),
+        static_cast<unsigned long long>(d.hbm_budget), d.offloads, d.verified, d.seconds);
   }
   std::printf("\n}\n");
 }
@@ -364,21 +376,23 @@ int Main(int argc, char** argv) {
       demo = false;
     } else if (a == "--tune") {
       tune = true;
-    } else if ((a == "--bench-bytes" || a == "--sweep-bytes" || a == "--tune-bytes") &&
-               has_value) {
+    } else if ((a == "--bench-bytes" || a == "--sweep-bytes" || a == "--tune-bytes") && has_value) {
       auto s = ParseSize(a, argv[++i]);
       if (!s.ok() || s->percent > 0 || s->bytes < (1u << 20) || s->bytes > (64ull << 30)) {
         return Usage2((a + " needs a size from 1MiB to 64GiB, such as 256MiB").c_str());
       }
-      (a == "--bench-bytes" ? bench_bytes : a == "--sweep-bytes" ? so.bytes : to.io_bytes) =
-          s->bytes / (1 << 20) * (1 << 20);
+      (a == "--bench-bytes"   ? bench_bytes
+       : a == "--sweep-bytes" ? so.bytes
+                              : to.io_bytes) = s->bytes / (1 << 20) * (1 << 20);
     } else if (a == "--sweep-blocks" && has_value) {
       auto l = ParseList("--sweep-blocks", argv[++i], true);
-      if (!l.has_value()) return Usage2("--sweep-blocks needs powers of two from 4KiB to 64MiB, such as 128KiB,1MiB");
+      if (!l.has_value())
+        return Usage2("--sweep-blocks needs powers of two from 4KiB to 64MiB, such as 128KiB,1MiB");
       so.blocks = *l;
     } else if (a == "--sweep-depths" && has_value) {
       auto l = ParseList("--sweep-depths", argv[++i], false);
-      if (!l.has_value()) return Usage2("--sweep-depths needs queue depths from 1 to 4096, such as 1,4,32");
+      if (!l.has_value())
+        return Usage2("--sweep-depths needs queue depths from 1 to 4096, such as 1,4,32");
       so.depths = *l;
     } else if (a == "--repeats" && has_value) {
       auto v = ParseUnsigned("--repeats", argv[++i]);
@@ -426,18 +440,17 @@ int Main(int argc, char** argv) {
     std::FILE* out = std::fopen(f.tune_file.c_str(), "w");
     const std::string text = EnvFileText(*r, *cfg, f.tune_file);
     if (out == nullptr || std::fputs(text.c_str(), out) < 0 || std::fclose(out) != 0) {
-      return Fail(Error(TM_ERR_IO, absl::StrFormat("cannot write %s: %s", f.tune_file,
-                                                   std::strerror(errno))));
+      return Fail(Error(TM_ERR_IO,
+                        absl::StrFormat("cannot write %s: %s", f.tune_file, std::strerror(errno))));
     }
     // The file must load as the runtime will load it.
     const std::string written = f.tune_file;
-    auto check = LoadConfig(
-        {},
-        [&written](const char* name) -> std::optional<std::string> {
-          if (std::string_view(name) == "TIERMEM_ENV_FILE") return written;
-          return std::nullopt;
-        },
-        {});
+    auto check = LoadConfig({},
+                            [&written](const char* name) -> std::optional<std::string> {
+                              if (std::string_view(name) == "TIERMEM_ENV_FILE") return written;
+                              return std::nullopt;
+                            },
+                            {});
     if (!check.ok()) return Fail(Error(TM_ERR_INTERNAL, check.status().message()));
     for (const char* v : {"TIERMEM_IO_BLOCK_SIZE", "TIERMEM_IO_QUEUE_DEPTH", "TIERMEM_IO_THREADS",
                           "TIERMEM_PREFETCH_DEPTH"}) {

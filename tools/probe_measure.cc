@@ -110,7 +110,6 @@ absl::StatusOr<std::vector<Measurement>> Bench(Runtime& rt, uint64_t bytes) {
   return out;
 }
 
-
 // Tensors worth 1.5x a 256 MiB HBM budget: written into HBM and offloaded to NVMe, brought back
 // one by one and checked byte for byte.
 absl::StatusOr<DemoResult> Demo() {
@@ -132,7 +131,8 @@ absl::StatusOr<DemoResult> Demo() {
   // Each tensor is written in HBM, then sent to NVMe while the next one is written: more than
   // HBM holds passes through it. Then each comes back to HBM and is checked byte for byte.
   for (int i = 0; i < count; ++i) {
-    auto h = rt.CreateTensor({size, TM_CLASS_ACTIVATION, TM_TIER_HBM, absl::StrFormat("act-%d", i)});
+    auto h =
+        rt.CreateTensor({size, TM_CLASS_ACTIVATION, TM_TIER_HBM, absl::StrFormat("act-%d", i)});
     if (!h.ok()) return h.status();
     Fill(data, static_cast<uint64_t>(i));
     if (auto st = rt.Write(*h, 0, data.data(), size); !st.ok()) return st;
@@ -167,7 +167,6 @@ absl::StatusOr<DemoResult> Demo() {
   }
   return r;
 }
-
 
 absl::StatusOr<std::vector<CopyMeasurement>> Copies(Runtime& rt, uint64_t bytes, int repeats) {
   io::Device& dev = rt.device();
@@ -240,14 +239,13 @@ absl::StatusOr<std::vector<CopyMeasurement>> Copies(Runtime& rt, uint64_t bytes,
   return out;
 }
 
-
-
 absl::StatusOr<std::vector<SweepTarget>> Sweep(const Config& c, const SweepOptions& o) {
   std::vector<SweepTarget> targets;
   if (c.nvme_paths.size() > 1) {
     for (const auto& p : c.nvme_paths) targets.push_back({p, {p}, "", 0, {}});
   }
-  targets.push_back({c.nvme_paths.size() > 1 ? "striped" : c.nvme_paths[0], c.nvme_paths, "", 0, {}});
+  targets.push_back(
+      {c.nvme_paths.size() > 1 ? "striped" : c.nvme_paths[0], c.nvme_paths, "", 0, {}});
   // With many paths, a full grid on each alone would take minutes: each path alone is swept
   // over the depths at the configured block size, unless asked for in full.
   const bool per_path_full = o.full_per_path || c.nvme_paths.size() <= kFullGridPaths;

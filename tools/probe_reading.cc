@@ -58,15 +58,17 @@ absl::StatusOr<ProbeBandwidths> ReadProbeJson(absl::string_view text) {
     out.nvme_bytes_per_s = r * 1e9;
     out.nvme_source = "probe runtime path dram <-> nvme, slower direction";
   } else if (const JsonValue* sweep = root->Find("io_sweep");
-             sweep != nullptr && sweep->type() == JsonValue::Type::kArray && !sweep->array().empty()) {
+             sweep != nullptr && sweep->type() == JsonValue::Type::kArray &&
+             !sweep->array().empty()) {
     // The last target is the one over all paths ("striped", or the only path).
     const JsonValue* best = sweep->array().back().Find("best");
     if (best != nullptr) {
       double w = Num(best->Find("write_gbps")), r2 = Num(best->Find("read_gbps"));
       if (w > 0 && r2 > 0) {
         out.nvme_bytes_per_s = std::min(w, r2) * 1e9;
-        out.nvme_source = absl::StrFormat("probe sweep best over all paths (block %.0f, depth %.0f)",
-                                          Num(best->Find("block_size")), Num(best->Find("queue_depth")));
+        out.nvme_source =
+            absl::StrFormat("probe sweep best over all paths (block %.0f, depth %.0f)",
+                            Num(best->Find("block_size")), Num(best->Find("queue_depth")));
       }
     }
   }

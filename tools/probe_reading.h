@@ -13,7 +13,7 @@ struct ProbeBandwidths {
   std::string link_source;      // which measurement it came from
   double nvme_bytes_per_s = 0;  // DRAM <-> NVMe, the slower direction; 0 when none
   std::string nvme_source;
-  bool gpu = false;             // false: the HBM figures are the emulated device's (host memory)
+  bool gpu = false;  // false: the HBM figures are the emulated device's (host memory)
   std::string device;
 };
 

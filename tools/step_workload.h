@@ -21,8 +21,8 @@ struct StepWorkload {
 };
 
 struct StepResult {
-  double step_seconds = 0;          // median over the steps after the first
-  double nvme_bytes_per_step = 0;   // read from NVMe in those steps
+  double step_seconds = 0;         // median over the steps after the first
+  double nvme_bytes_per_step = 0;  // read from NVMe in those steps
   tm_stats stats{};
 };
 

@@ -74,8 +74,8 @@ absl::StatusOr<TuneResult> Tune(const Config& base, const TuneOptions& options,
   TuneResult r;
   // Whole stripes of the largest candidate block on every path.
   const uint64_t unit = (8ull << 20) * base.nvme_paths.size();
-  auto sweep = IoSweep::Create(base.nvme_paths, std::max<uint64_t>(options.io_bytes / unit, 1) * unit,
-                               base.io_engine);
+  auto sweep = IoSweep::Create(
+      base.nvme_paths, std::max<uint64_t>(options.io_bytes / unit, 1) * unit, base.io_engine);
   if (!sweep.ok()) return sweep.status();
   IoSweep& s = **sweep;
 
@@ -92,12 +92,13 @@ absl::StatusOr<TuneResult> Tune(const Config& base, const TuneOptions& options,
   r.engine = s.engine();
   IoPoint cur = *best;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const std::vector<uint32_t> blocks = {256u << 10, 512u << 10, 1u << 20, 2u << 20, 4u << 20,
-                                        8u << 20};
+  const std::vector<uint32_t> blocks = {256u << 10, 512u << 10, 1u << 20,
+                                        2u << 20,   4u << 20,   8u << 20};
   const std::vector<uint32_t> depths = {4, 8, 16, 32, 64, 128};
   std::vector<uint32_t> threads = {1, 2, 4};
-  threads.erase(std::remove_if(threads.begin(), threads.end(), [&](uint32_t t) { return t > cores; }),
-                threads.end());
+  threads.erase(
+      std::remove_if(threads.begin(), threads.end(), [&](uint32_t t) { return t > cores; }),
+      threads.end());
   for (int coord = 0; coord < 3; ++coord) {
     const auto& values = coord == 0 ? blocks : coord == 1 ? depths : threads;
     for (uint32_t v : values) {

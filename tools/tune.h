@@ -21,14 +21,14 @@ struct TuneOptions {
 
 struct TuneResult {
   std::string engine;
-  IoPoint io_default, io_tuned;        // final side-by-side check, medians of interleaved runs
-  std::vector<IoPoint> io_tried;       // every point of the search, in order
-  bool io_kept_default = false;        // the search found nothing better than the defaults
+  IoPoint io_default, io_tuned;   // final side-by-side check, medians of interleaved runs
+  std::vector<IoPoint> io_tried;  // every point of the search, in order
+  bool io_kept_default = false;   // the search found nothing better than the defaults
   uint32_t depth_default = 0, depth_tuned = 0;
-  uint32_t depth_rejected = 0;         // a depth that looked faster but lost the recheck; 0: none
-  double compute_ms = 0;               // per forward layer of the step workload
+  uint32_t depth_rejected = 0;  // a depth that looked faster but lost the recheck; 0: none
+  double compute_ms = 0;        // per forward layer of the step workload
   std::vector<std::pair<uint32_t, double>> depth_tried;  // depth, step seconds
-  bool budget_exhausted = false;       // a stage stopped early for the budget
+  bool budget_exhausted = false;                         // a stage stopped early for the budget
   double seconds = 0;
 };
 

@@ -37,8 +37,9 @@ extern "C" {
 
 /*
  * Every enum ends with _MIN_ENUM and _MAX_ENUM (INT32_MIN and INT32_MAX): they fix the enum's
- * size at 32 bits for the ABI and make any int32 a valid value in C++ too, so that an out-of-range value from a caller
- * is rejected with TM_ERR_INVALID_ARGUMENT instead of being undefined behaviour.
+ * size at 32 bits for the ABI and make any int32 a valid value in C++ too, so that an out-of-range
+ * value from a caller is rejected with TM_ERR_INVALID_ARGUMENT instead of being undefined
+ * behaviour.
  */
 
 /** Result of every call. New codes are only ever added before TM_STATUS_COUNT. */
@@ -54,7 +55,7 @@ typedef enum tm_status {
   TM_ERR_BUSY = 8,             /**< the tensor is pinned by an acquire and cannot be moved */
   TM_ERR_UNSUPPORTED = 9,      /**< the operation is not possible on this machine or tier */
   TM_ERR_INTERNAL = 10,        /**< a bug in tiermem: please report the message */
-  TM_ERR_CORRUPT = 11,         /**< NVMe data failed its checksum (tensor, file, offset in the message) */
+  TM_ERR_CORRUPT = 11, /**< NVMe data failed its checksum (tensor, file, offset in the message) */
   TM_STATUS_COUNT,
   TM_STATUS_MIN_ENUM = -0x7fffffff - 1,
   TM_STATUS_MAX_ENUM = 0x7fffffff
@@ -171,44 +172,45 @@ typedef enum tm_checksum {
  * documented default (docs/environment.md).
  */
 typedef struct tm_config {
-  size_t struct_size;       /**< sizeof(tm_config), set by TM_CONFIG_INIT */
-  uint32_t api_version;     /**< TM_VERSION, set by TM_CONFIG_INIT */
-  tm_device_kind device;    /**< TIERMEM_DEVICE */
-  int32_t cuda_device;      /**< TIERMEM_CUDA_DEVICE; TM_CUDA_DEVICE_DEFAULT to leave unset */
-  uint64_t hbm_bytes;       /**< TIERMEM_HBM_BYTES: the HBM tier's budget */
-  uint64_t dram_bytes;      /**< TIERMEM_DRAM_BYTES: the pinned DRAM tier's budget */
-  const char* nvme_paths;   /**< TIERMEM_NVME_PATHS: colon-separated directories for swap files */
-  uint64_t nvme_bytes;      /**< TIERMEM_NVME_BYTES: the NVMe tier's budget, over all paths */
-  tm_io_engine io_engine;   /**< TIERMEM_IO_ENGINE */
-  uint32_t io_block_size;   /**< TIERMEM_IO_BLOCK_SIZE: bytes per I/O request */
-  uint32_t io_queue_depth;  /**< TIERMEM_IO_QUEUE_DEPTH: requests in flight per ring */
-  int32_t numa_node;        /**< TIERMEM_NUMA; TM_NUMA_DEFAULT to leave unset */
-  tm_log_level log_level;   /**< TIERMEM_LOG_LEVEL */
-  double emu_link_gbps;     /**< TIERMEM_EMU_LINK_GBPS: emulated link cap in GB/s; 0 = none */
+  size_t struct_size;      /**< sizeof(tm_config), set by TM_CONFIG_INIT */
+  uint32_t api_version;    /**< TM_VERSION, set by TM_CONFIG_INIT */
+  tm_device_kind device;   /**< TIERMEM_DEVICE */
+  int32_t cuda_device;     /**< TIERMEM_CUDA_DEVICE; TM_CUDA_DEVICE_DEFAULT to leave unset */
+  uint64_t hbm_bytes;      /**< TIERMEM_HBM_BYTES: the HBM tier's budget */
+  uint64_t dram_bytes;     /**< TIERMEM_DRAM_BYTES: the pinned DRAM tier's budget */
+  const char* nvme_paths;  /**< TIERMEM_NVME_PATHS: colon-separated directories for swap files */
+  uint64_t nvme_bytes;     /**< TIERMEM_NVME_BYTES: the NVMe tier's budget, over all paths */
+  tm_io_engine io_engine;  /**< TIERMEM_IO_ENGINE */
+  uint32_t io_block_size;  /**< TIERMEM_IO_BLOCK_SIZE: bytes per I/O request */
+  uint32_t io_queue_depth; /**< TIERMEM_IO_QUEUE_DEPTH: requests in flight per ring */
+  int32_t numa_node;       /**< TIERMEM_NUMA; TM_NUMA_DEFAULT to leave unset */
+  tm_log_level log_level;  /**< TIERMEM_LOG_LEVEL */
+  double emu_link_gbps;    /**< TIERMEM_EMU_LINK_GBPS: emulated link cap in GB/s; 0 = none */
   /* Fields below were added after 0.1.0's first cut; callers built before see a smaller
      struct_size and keep working. New fields are only ever appended. */
-  uint32_t io_threads;      /**< TIERMEM_IO_THREADS: I/O threads (io_uring rings) */
-  int32_t prefetch_depth;   /**< TIERMEM_PREFETCH_DEPTH; TM_PREFETCH_DEPTH_DEFAULT to leave unset */
-  uint64_t prefetch_bytes;  /**< TIERMEM_PREFETCH_BYTES: bound on prefetch bytes in flight */
-  tm_placement placement;   /**< TIERMEM_PLACEMENT */
-  const char* trace;        /**< TIERMEM_TRACE: Chrome-trace JSON file, opened at create, written at destroy */
-  tm_checksum checksum;     /**< TIERMEM_CHECKSUM: verify NVMe data on every read */
+  uint32_t io_threads;     /**< TIERMEM_IO_THREADS: I/O threads (io_uring rings) */
+  int32_t prefetch_depth;  /**< TIERMEM_PREFETCH_DEPTH; TM_PREFETCH_DEPTH_DEFAULT to leave unset */
+  uint64_t prefetch_bytes; /**< TIERMEM_PREFETCH_BYTES: bound on prefetch bytes in flight */
+  tm_placement placement;  /**< TIERMEM_PLACEMENT */
+  const char*
+      trace; /**< TIERMEM_TRACE: Chrome-trace JSON file, opened at create, written at destroy */
+  tm_checksum checksum; /**< TIERMEM_CHECKSUM: verify NVMe data on every read */
 } tm_config;
 
-#define TM_CONFIG_INIT                                                                         \
-  {                                                                                            \
-    sizeof(tm_config), TM_VERSION, TM_DEVICE_DEFAULT, TM_CUDA_DEVICE_DEFAULT, 0, 0, NULL, 0,   \
-        TM_IO_ENGINE_DEFAULT, 0, 0, TM_NUMA_DEFAULT, TM_LOG_DEFAULT, 0.0, 0,                   \
-        TM_PREFETCH_DEPTH_DEFAULT, 0, TM_PLACEMENT_DEFAULT, NULL, TM_CHECKSUM_DEFAULT          \
+#define TM_CONFIG_INIT                                                                       \
+  {                                                                                          \
+    sizeof(tm_config), TM_VERSION, TM_DEVICE_DEFAULT, TM_CUDA_DEVICE_DEFAULT, 0, 0, NULL, 0, \
+        TM_IO_ENGINE_DEFAULT, 0, 0, TM_NUMA_DEFAULT, TM_LOG_DEFAULT, 0.0, 0,                 \
+        TM_PREFETCH_DEPTH_DEFAULT, 0, TM_PLACEMENT_DEFAULT, NULL, TM_CHECKSUM_DEFAULT        \
   }
 
 /** Describes a tensor to create. Fill with TM_TENSOR_DESC_INIT. */
 typedef struct tm_tensor_desc {
-  size_t struct_size;      /**< sizeof(tm_tensor_desc), set by TM_TENSOR_DESC_INIT */
-  uint64_t bytes;          /**< size in bytes, at least 1 */
-  tm_tensor_class cls;     /**< what it holds */
-  int32_t home_tier;       /**< a tm_tier, or TM_TIER_BY_PLACEMENT */
-  const char* name;        /**< optional, copied; used in messages and traces */
+  size_t struct_size;  /**< sizeof(tm_tensor_desc), set by TM_TENSOR_DESC_INIT */
+  uint64_t bytes;      /**< size in bytes, at least 1 */
+  tm_tensor_class cls; /**< what it holds */
+  int32_t home_tier;   /**< a tm_tier, or TM_TIER_BY_PLACEMENT */
+  const char* name;    /**< optional, copied; used in messages and traces */
 } tm_tensor_desc;
 
 #define TM_TENSOR_DESC_INIT \
@@ -229,26 +231,26 @@ typedef struct tm_stats {
   uint64_t bytes_moved[TM_TIER_COUNT][TM_TIER_COUNT];
   uint64_t tensors; /**< tensors alive */
   /* Appended fields; a caller with a smaller struct_size gets only what it has room for. */
-  uint64_t acquires;          /**< successful acquires */
-  uint64_t acquire_hits;      /**< acquires that found the copy in place, nothing to wait for */
-  uint64_t acquire_misses;    /**< acquires that moved the tensor or waited for its move */
-  uint64_t acquire_stall_ns;  /**< time the misses spent in acquire */
-  uint64_t prefetches;        /**< prefetches queued by the schedule (not counting tm_tensor_prefetch) */
-  uint64_t evictions;         /**< copies evicted to make room */
-  uint64_t eviction_bytes;    /**< bytes of those copies */
-  uint64_t schedule_length;   /**< acquires per step in the schedule (0: none) */
+  uint64_t acquires;         /**< successful acquires */
+  uint64_t acquire_hits;     /**< acquires that found the copy in place, nothing to wait for */
+  uint64_t acquire_misses;   /**< acquires that moved the tensor or waited for its move */
+  uint64_t acquire_stall_ns; /**< time the misses spent in acquire */
+  uint64_t prefetches; /**< prefetches queued by the schedule (not counting tm_tensor_prefetch) */
+  uint64_t evictions;  /**< copies evicted to make room */
+  uint64_t eviction_bytes;     /**< bytes of those copies */
+  uint64_t schedule_length;    /**< acquires per step in the schedule (0: none) */
   uint64_t schedule_relearned; /**< steps that departed from the schedule, which was relearned */
   /* Appended in 0.2: memory under pressure. */
-  uint64_t prefetches_dropped;          /**< prefetches not done (sum of the three below) */
-  uint64_t prefetches_dropped_no_room;  /**< no room without harming an earlier use (or at all) */
-  uint64_t prefetches_dropped_demand;   /**< a demand was making room in that tier */
+  uint64_t prefetches_dropped;            /**< prefetches not done (sum of the three below) */
+  uint64_t prefetches_dropped_no_room;    /**< no room without harming an earlier use (or at all) */
+  uint64_t prefetches_dropped_demand;     /**< a demand was making room in that tier */
   uint64_t prefetches_dropped_superseded; /**< the tensor was acquired for writing meanwhile */
-  uint64_t prefetches_cancelled;        /**< queued prefetches removed for a demand's room */
-  uint64_t moves_failed;                /**< asynchronous moves that failed (kept until reported) */
-  uint64_t demand_waits;                /**< demand calls that waited for moves in flight */
-  uint64_t demand_wait_ns;              /**< time those calls waited */
-  uint64_t fragmentation_evictions;     /**< evictions made because no hole fit, though the
-                                             free bytes sufficed */
+  uint64_t prefetches_cancelled;          /**< queued prefetches removed for a demand's room */
+  uint64_t moves_failed;            /**< asynchronous moves that failed (kept until reported) */
+  uint64_t demand_waits;            /**< demand calls that waited for moves in flight */
+  uint64_t demand_wait_ns;          /**< time those calls waited */
+  uint64_t fragmentation_evictions; /**< evictions made because no hole fit, though the
+                                         free bytes sufficed */
 } tm_stats;
 
 #define TM_STATS_INIT \
@@ -257,26 +259,30 @@ typedef struct tm_stats {
 /** What a runtime resolved when it was created. Fill with TM_INFO_INIT. */
 typedef struct tm_info {
   size_t struct_size;
-  tm_device_kind device;        /**< TM_DEVICE_CUDA or TM_DEVICE_EMULATED: the one in use */
-  int32_t cuda_device;          /**< the CUDA ordinal in use; -1 with the emulated device */
-  int32_t hbm_device_pointers;  /**< 1: HBM addresses are CUDA device pointers; 0: host memory */
-  tm_io_engine io_engine;       /**< TM_IO_ENGINE_URING or TM_IO_ENGINE_POSIX */
-  int32_t numa_node;            /**< node the DRAM tier is bound to; -1 when unbound */
+  tm_device_kind device;       /**< TM_DEVICE_CUDA or TM_DEVICE_EMULATED: the one in use */
+  int32_t cuda_device;         /**< the CUDA ordinal in use; -1 with the emulated device */
+  int32_t hbm_device_pointers; /**< 1: HBM addresses are CUDA device pointers; 0: host memory */
+  tm_io_engine io_engine;      /**< TM_IO_ENGINE_URING or TM_IO_ENGINE_POSIX */
+  int32_t numa_node;           /**< node the DRAM tier is bound to; -1 when unbound */
   uint64_t tier_bytes[TM_TIER_COUNT]; /**< each tier's budget, as resolved */
-  uint32_t io_block_size;       /**< bytes per I/O request */
-  uint32_t io_queue_depth;      /**< requests in flight per ring */
-  uint32_t io_threads;          /**< I/O threads (rings) */
-  uint32_t nvme_paths;          /**< swap file directories */
-  uint32_t nvme_alignment;      /**< O_DIRECT alignment in bytes (1: buffered) */
-  int32_t prefetch_depth;       /**< scheduled uses prefetched ahead */
-  uint64_t prefetch_bytes;      /**< bound on prefetch bytes in flight */
-  tm_placement placement;       /**< home tiers by class */
-  char device_name[128];        /**< a line describing the device, NUL-terminated */
+  uint32_t io_block_size;             /**< bytes per I/O request */
+  uint32_t io_queue_depth;            /**< requests in flight per ring */
+  uint32_t io_threads;                /**< I/O threads (rings) */
+  uint32_t nvme_paths;                /**< swap file directories */
+  uint32_t nvme_alignment;            /**< O_DIRECT alignment in bytes (1: buffered) */
+  int32_t prefetch_depth;             /**< scheduled uses prefetched ahead */
+  uint64_t prefetch_bytes;            /**< bound on prefetch bytes in flight */
+  tm_placement placement;             /**< home tiers by class */
+  char device_name[128];              /**< a line describing the device, NUL-terminated */
 } tm_info;
 
-#define TM_INFO_INIT \
-  { sizeof(tm_info), TM_DEVICE_DEFAULT, -1, 0, TM_IO_ENGINE_DEFAULT, -1, {0, 0, 0}, \
-    0, 0, 0, 0, 0, 0, 0, TM_PLACEMENT_DEFAULT, {0} }
+#define TM_INFO_INIT                                                                               \
+  {                                                                                                \
+    sizeof(tm_info), TM_DEVICE_DEFAULT, -1, 0, TM_IO_ENGINE_DEFAULT, -1, {0, 0, 0}, 0, 0, 0, 0, 0, \
+        0, 0, TM_PLACEMENT_DEFAULT, {                                                              \
+      0                                                                                            \
+    }                                                                                              \
+  }
 
 /** A runtime: the tiers, the engines and the tensors. Zero is never a valid handle. */
 typedef struct tm_runtime {
@@ -414,8 +420,8 @@ TM_API tm_status tm_step_end(tm_runtime runtime);
  * Sets the schedule explicitly: the order in which a step acquires tensors, and for each the
  * tier (tiers may be NULL: all HBM). Replayed from the next acquire on, within steps.
  */
-TM_API tm_status tm_schedule_set(tm_runtime runtime, const tm_tensor* tensors,
-                                 const tm_tier* tiers, size_t count);
+TM_API tm_status tm_schedule_set(tm_runtime runtime, const tm_tensor* tensors, const tm_tier* tiers,
+                                 size_t count);
 
 /** Bit mask (TM_TIER_BIT) of the tiers holding a valid copy; 0 for a never-written tensor. */
 TM_API tm_status tm_tensor_residency(tm_runtime runtime, tm_tensor tensor, uint32_t* mask);
@@ -440,37 +446,37 @@ typedef enum tm_plan_rung {
 typedef struct tm_plan_input {
   size_t struct_size;
   double layers, hidden, heads, seq, micro_batch;
-  double tensor_parallel;     /**< t, default 1 */
-  int32_t sequence_parallel;  /**< nonzero: sequence parallelism with t */
-  int32_t flash_attention;    /**< nonzero: attention scores never stored */
-  double params;              /**< parameters of the whole model */
-  double bytes_per_element;   /**< activation element size, default 2 */
-  double hbm_bytes;           /**< HBM budget per GPU */
-  double link_bytes_per_s;    /**< HBM <-> DRAM per direction */
-  double nvme_bytes_per_s;    /**< DRAM <-> NVMe; 0: no NVMe rungs */
-  double flops_per_s;         /**< achieved compute per GPU */
+  double tensor_parallel;    /**< t, default 1 */
+  int32_t sequence_parallel; /**< nonzero: sequence parallelism with t */
+  int32_t flash_attention;   /**< nonzero: attention scores never stored */
+  double params;             /**< parameters of the whole model */
+  double bytes_per_element;  /**< activation element size, default 2 */
+  double hbm_bytes;          /**< HBM budget per GPU */
+  double link_bytes_per_s;   /**< HBM <-> DRAM per direction */
+  double nvme_bytes_per_s;   /**< DRAM <-> NVMe; 0: no NVMe rungs */
+  double flops_per_s;        /**< achieved compute per GPU */
 } tm_plan_input;
 
 #define TM_PLAN_INPUT_INIT \
   { sizeof(tm_plan_input), 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 0 }
 
 typedef struct tm_plan_rung_result {
-  double hbm_bytes;      /**< needed per GPU */
-  double added_seconds;  /**< per step, over keeping everything */
-  int32_t fits;          /**< within hbm_bytes */
-  int32_t available;     /**< 0: needs NVMe and none was given */
+  double hbm_bytes;     /**< needed per GPU */
+  double added_seconds; /**< per step, over keeping everything */
+  int32_t fits;         /**< within hbm_bytes */
+  int32_t available;    /**< 0: needs NVMe and none was given */
 } tm_plan_rung_result;
 
 typedef struct tm_plan_result {
   size_t struct_size;
-  double activation_full;        /**< bytes per layer per GPU, no recomputation */
-  double activation_selective;   /**< ... with selective recomputation */
-  double activation_checkpoint;  /**< ... with full recomputation (the layer's input) */
-  double model_state;            /**< bytes per GPU: 16 per parameter (mixed-precision Adam) */
-  double forward_flops;          /**< per step per GPU */
-  double step_compute_seconds;   /**< forward + backward */
+  double activation_full;       /**< bytes per layer per GPU, no recomputation */
+  double activation_selective;  /**< ... with selective recomputation */
+  double activation_checkpoint; /**< ... with full recomputation (the layer's input) */
+  double model_state;           /**< bytes per GPU: 16 per parameter (mixed-precision Adam) */
+  double forward_flops;         /**< per step per GPU */
+  double step_compute_seconds;  /**< forward + backward */
   tm_plan_rung_result rungs[TM_PLAN_RUNG_COUNT];
-  int32_t recommended;           /**< a tm_plan_rung, or -1 when nothing fits */
+  int32_t recommended; /**< a tm_plan_rung, or -1 when nothing fits */
 } tm_plan_result;
 
 #define TM_PLAN_RESULT_INIT \

@@ -3,8 +3,8 @@
 //
 // The runtimes use the emulated device (HBM is host memory, so acquired pointers can be read),
 // budgets of a few MiB (so eviction and out-of-space paths run) and swap files in /var/tmp
-// (API_FUZZ_DIR overrides; they are unnamed, so nothing is left behind even after a crash). A finding prints the call, the status
-// and tm_last_error(), then aborts.
+// (API_FUZZ_DIR overrides; they are unnamed, so nothing is left behind even after a crash). A
+// finding prints the call, the status and tm_last_error(), then aborts.
 //
 // Issue 10's findings whose draws are left out while they are open (kOpenFindings, or the
 // variable API_FUZZ_SKIP_OPEN when set; "" checks everything): "1" tensor sizes near 2^64, "2"
@@ -154,8 +154,8 @@ void CheckBytes(const char* where, const Shadow& t, uint64_t offset, const uint8
     if (got[i] != t.At(offset + i)) {
       Finding("%s: tensor 0x%016llx (%llu bytes) byte %llu is 0x%02x, expected 0x%02x", where,
               static_cast<unsigned long long>(t.handle.bits),
-              static_cast<unsigned long long>(t.bytes),
-              static_cast<unsigned long long>(offset + i), got[i], t.At(offset + i));
+              static_cast<unsigned long long>(t.bytes), static_cast<unsigned long long>(offset + i),
+              got[i], t.At(offset + i));
     }
   }
 }
@@ -399,7 +399,8 @@ class Session {
     Expect("tm_runtime_stats(teardown)", tm_runtime_stats(r.handle, &st), {TM_OK});
     for (int tier = 0; tier < TM_TIER_COUNT; ++tier) {
       if (st.tiers[tier].used != 0) {
-        Finding("%s still has %llu bytes used with no tensor left", tm_tier_name(static_cast<tm_tier>(tier)),
+        Finding("%s still has %llu bytes used with no tensor left",
+                tm_tier_name(static_cast<tm_tier>(tier)),
                 static_cast<unsigned long long>(st.tiers[tier].used));
       }
     }
@@ -416,7 +417,8 @@ class Session {
       // Never written: zeros from the first and the last piece are enough.
       if (t.data.empty() && off > 0 && t.bytes - off > buf.size()) continue;
       const uint64_t n = std::min<uint64_t>(buf.size(), t.bytes - off);
-      Expect("tm_tensor_read(read back)", tm_tensor_read(rt, t.handle, off, buf.data(), n), {TM_OK});
+      Expect("tm_tensor_read(read back)", tm_tensor_read(rt, t.handle, off, buf.data(), n),
+             {TM_OK});
       CheckBytes("read back", t, off, buf.data(), n);
     }
   }
@@ -559,10 +561,12 @@ class Session {
     if (s != TM_OK && p != nullptr) Finding("tm_tensor_acquire failed but left *ptr set");
     if (!good_rt) return Expect("tm_tensor_acquire(bad runtime)", s, {TM_ERR_INVALID_HANDLE});
     if (tier != TM_TIER_HBM && tier != TM_TIER_DRAM) {
-      return Expect("tm_tensor_acquire(bad tier)", s, {TM_ERR_INVALID_ARGUMENT, TM_ERR_INVALID_HANDLE});
+      return Expect("tm_tensor_acquire(bad tier)", s,
+                    {TM_ERR_INVALID_ARGUMENT, TM_ERR_INVALID_HANDLE});
     }
     if (access < 0 || access >= TM_ACCESS_COUNT) {
-      return Expect("tm_tensor_acquire(bad access)", s, {TM_ERR_INVALID_ARGUMENT, TM_ERR_INVALID_HANDLE});
+      return Expect("tm_tensor_acquire(bad access)", s,
+                    {TM_ERR_INVALID_ARGUMENT, TM_ERR_INVALID_HANDLE});
     }
     if (t == nullptr) return Expect("tm_tensor_acquire(bad tensor)", s, {TM_ERR_INVALID_HANDLE});
     if (t->bytes > kNeverFits) {
@@ -611,10 +615,12 @@ class Session {
     const tm_status s = tm_tensor_release(rt, t ? t->handle : bad, static_cast<tm_tier>(tier));
     if (!good_rt) return Expect("tm_tensor_release(bad runtime)", s, {TM_ERR_INVALID_HANDLE});
     if (tier < 0 || tier >= TM_TIER_COUNT) {
-      return Expect("tm_tensor_release(bad tier)", s, {TM_ERR_INVALID_ARGUMENT, TM_ERR_INVALID_HANDLE});
+      return Expect("tm_tensor_release(bad tier)", s,
+                    {TM_ERR_INVALID_ARGUMENT, TM_ERR_INVALID_HANDLE});
     }
     if (t == nullptr) return Expect("tm_tensor_release(bad tensor)", s, {TM_ERR_INVALID_HANDLE});
-    if (t->pins[tier] == 0) return Expect("tm_tensor_release(not acquired)", s, {TM_ERR_INVALID_ARGUMENT});
+    if (t->pins[tier] == 0)
+      return Expect("tm_tensor_release(not acquired)", s, {TM_ERR_INVALID_ARGUMENT});
     Expect("tm_tensor_release", s, {TM_OK});
     if (--t->pins[tier] == 0) {
       t->write_pin[tier] = false;
@@ -727,9 +733,11 @@ class Session {
         const int i = PickTensor(r, &bad);
         uint64_t bytes = 0;
         const tm_status s = tm_tensor_bytes(rt, i >= 0 ? r.tensors[i].handle : bad, &bytes);
-        if (!good_rt || i < 0) return Expect("tm_tensor_bytes(bad handle)", s, {TM_ERR_INVALID_HANDLE});
+        if (!good_rt || i < 0)
+          return Expect("tm_tensor_bytes(bad handle)", s, {TM_ERR_INVALID_HANDLE});
         Expect("tm_tensor_bytes", s, {TM_OK});
-        if (bytes != r.tensors[i].bytes) Finding("tm_tensor_bytes says %llu", static_cast<unsigned long long>(bytes));
+        if (bytes != r.tensors[i].bytes)
+          Finding("tm_tensor_bytes says %llu", static_cast<unsigned long long>(bytes));
         break;
       }
       case 1: {
@@ -741,12 +749,13 @@ class Session {
         size_t needed = 0;
         const tm_status s = tm_runtime_config_value(rt, name, size ? buf : nullptr,
                                                     std::min(size, sizeof buf), &needed);
-        if (!good_rt) return Expect("tm_runtime_config_value(bad runtime)", s, {TM_ERR_INVALID_HANDLE});
+        if (!good_rt)
+          return Expect("tm_runtime_config_value(bad runtime)", s, {TM_ERR_INVALID_HANDLE});
         Expect("tm_runtime_config_value", s, {TM_OK, TM_ERR_INVALID_ARGUMENT});
         if (s == TM_OK && std::strlen(buf) + 1 != needed) Finding("config value length mismatch");
         break;
       }
-      default: {  // a plain destroy of a runtime handle that may be stale or foreign
+      default: {              // a plain destroy of a runtime handle that may be stale or foreign
         if (good_rt) return;  // teardown handles the live ones, with their checks
         Expect("tm_runtime_destroy(bad)", tm_runtime_destroy(rt), {TM_ERR_INVALID_HANDLE});
         break;
