@@ -291,7 +291,12 @@ class Session {
         } else {
           const tm_status s = tm_step_end(rt);
           if (!good_rt) return Expect("tm_step_end(bad runtime)", s, {bad_rt});
-          Expect("tm_step_end", s, {r.in_step ? TM_OK : TM_ERR_INVALID_ARGUMENT});
+          // Ending a step reports the asynchronous failures kept so far, as a sync does.
+          if (r.in_step) {
+            Expect("tm_step_end", s, {TM_OK, TM_ERR_OUT_OF_MEMORY, TM_ERR_NO_SPACE, TM_ERR_BUSY});
+          } else {
+            Expect("tm_step_end(no step)", s, {TM_ERR_INVALID_ARGUMENT});
+          }
           r.in_step = false;
         }
         break;
