@@ -134,6 +134,9 @@ struct RuntimeState {
   tm_runtime handle{};
   bool alive = false;
   bool in_step = false;
+  // An offload was queued since the last runtime-wide report (tm_runtime_sync, tm_step_end):
+  // only an offload's failure is kept; a prefetch that finds no room is dropped, never reported.
+  bool offloads_unreported = false;
   std::vector<Shadow> tensors;
   std::vector<tm_tensor> dead;  // destroyed handles, to be refused
 };
@@ -173,6 +176,15 @@ class Session {
 
  private:
   RuntimeState& PickRuntime() { return runtimes_[in_.U8() % 2]; }
+
+  // What a sync or a step end may report: a failed offload (no room below, BUSY when a writer
+  // got in first); after prefetches alone, nothing.
+  static std::initializer_list<tm_status> Reported(const RuntimeState& r) {
+    static constexpr std::initializer_list<tm_status> kAfterOffload = {
+        TM_OK, TM_ERR_OUT_OF_MEMORY, TM_ERR_NO_SPACE, TM_ERR_BUSY};
+    static constexpr std::initializer_list<tm_status> kNothing = {TM_OK};
+    return r.offloads_unreported ? kAfterOffload : kNothing;
+  }
 
   // A runtime handle: mostly a live one, sometimes zero, destroyed or made up.
   tm_runtime RuntimeHandle(RuntimeState& r, bool* good) {
@@ -272,14 +284,14 @@ class Session {
         const tm_status s = tm_tensor_sync(rt, h);
         if (!good_rt) return Expect("tm_tensor_sync(bad runtime)", s, {bad_rt});
         if (i < 0) return Expect("tm_tensor_sync(bad tensor)", s, {TM_ERR_INVALID_HANDLE});
-        // A failed move reports here; BUSY: a prefetch that met a writer.
-        Expect("tm_tensor_sync", s, {TM_OK, TM_ERR_OUT_OF_MEMORY, TM_ERR_NO_SPACE, TM_ERR_BUSY});
+        Expect("tm_tensor_sync", s, Reported(r));
         break;
       }
       case 10: {
         const tm_status s = tm_runtime_sync(rt);
         if (!good_rt) return Expect("tm_runtime_sync(bad runtime)", s, {bad_rt});
-        Expect("tm_runtime_sync", s, {TM_OK, TM_ERR_OUT_OF_MEMORY, TM_ERR_NO_SPACE, TM_ERR_BUSY});
+        Expect("tm_runtime_sync", s, Reported(r));
+        r.offloads_unreported = false;
         break;
       }
       case 11: {
@@ -291,7 +303,13 @@ class Session {
         } else {
           const tm_status s = tm_step_end(rt);
           if (!good_rt) return Expect("tm_step_end(bad runtime)", s, {bad_rt});
-          Expect("tm_step_end", s, {r.in_step ? TM_OK : TM_ERR_INVALID_ARGUMENT});
+          // Ending a step reports the asynchronous failures kept so far, as a sync does.
+          if (r.in_step) {
+            Expect("tm_step_end", s, Reported(r));
+            r.offloads_unreported = false;
+          } else {
+            Expect("tm_step_end(no step)", s, {TM_ERR_INVALID_ARGUMENT});
+          }
           r.in_step = false;
         }
         break;
@@ -389,8 +407,7 @@ class Session {
       }
     }
     // Moves still in flight may fail (no space); what they leave must still read back.
-    Expect("tm_runtime_sync(teardown)", tm_runtime_sync(r.handle),
-           {TM_OK, TM_ERR_OUT_OF_MEMORY, TM_ERR_NO_SPACE, TM_ERR_BUSY});
+    Expect("tm_runtime_sync(teardown)", tm_runtime_sync(r.handle), Reported(r));
     for (Shadow& t : r.tensors) {
       ReadBack(r.handle, t);
       Expect("tm_tensor_destroy(teardown)", tm_tensor_destroy(r.handle, t.handle), {TM_OK});
@@ -646,6 +663,7 @@ class Session {
       bool above = false;
       for (int k = 0; k < tier; ++k) above |= t->pins[k] > 0;
       Expect("tm_tensor_offload", s, {above ? TM_ERR_BUSY : TM_OK});
+      r.offloads_unreported |= s == TM_OK;
     } else {
       Expect("tm_tensor_prefetch", s, {TM_OK, t->write_pinned() ? TM_ERR_BUSY : TM_OK});
     }
