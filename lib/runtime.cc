@@ -626,6 +626,10 @@ void Runtime::MoverLoop() {
     room.reset();
     prefetch_in_flight_ -= job.prefetch_bytes;
     --outstanding_;
+    // A scheduled use skipped while an offload of its tensor was queued can be prefetched now,
+    // without waiting for the next use to look ahead again. (Only after an offload: after a
+    // dropped prefetch it would only queue the same prefetch again.)
+    if (job.kind == JobKind::kOffload) IssuePrefetches();
     changed_.SignalAll();
   }
 }

@@ -385,8 +385,10 @@ TM_API tm_status tm_tensor_offload(tm_runtime runtime, tm_tensor tensor, tm_tier
 
 /**
  * Starts bringing the tensor up to tier (HBM or DRAM) ahead of use and returns at once; the
- * copies below stay valid. A later acquire waits only for this tensor's move. Failures are
- * reported by tm_tensor_sync / tm_runtime_sync.
+ * copies below stay valid. A later acquire waits only for this tensor's move. A prefetch is a
+ * hint: when there is no room (without evicting a pinned copy or waiting) it is dropped and
+ * counted in tm_stats.prefetches_dropped, never reported as a failure. Other failures of the move
+ * (TM_ERR_IO, TM_ERR_CORRUPT) are reported by tm_tensor_sync / tm_runtime_sync.
  */
 TM_API tm_status tm_tensor_prefetch(tm_runtime runtime, tm_tensor tensor, tm_tier tier);
 
