@@ -536,6 +536,41 @@ TEST_F(PressureApi, DroppedPrefetchIsCountedNotReported) {
   EXPECT_TRUE(back == data);
 }
 
+// A scheduled prefetch that cannot fit is dropped once per chance, not retried in a loop: the
+// mover threads do not spin while room stays short.
+TEST_F(PressureApi, DroppedScheduledPrefetchIsNotRetriedInALoop) {
+  Open(16 * kMiB, 96 * kMiB, 2);
+  tm_tensor a = Make(12 * kMiB, "a", TM_CLASS_OTHER, TM_TIER_DRAM);
+  tm_tensor b = Make(12 * kMiB, "b", TM_CLASS_OTHER, TM_TIER_DRAM);
+  tm_tensor pin = Make(12 * kMiB, "pin", TM_CLASS_OTHER, TM_TIER_HBM);
+  auto data = RandomBytes(12 * kMiB, 9);
+  ASSERT_EQ(tm_tensor_write(rt_, a, 0, data.data(), data.size()), TM_OK);
+  ASSERT_EQ(tm_tensor_write(rt_, b, 0, data.data(), data.size()), TM_OK);
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_EQ(tm_step_begin(rt_), TM_OK);
+    for (tm_tensor t : {a, b}) {
+      void* p = nullptr;
+      ASSERT_EQ(tm_tensor_acquire(rt_, t, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK);
+      ASSERT_EQ(tm_tensor_release(rt_, t, TM_TIER_HBM), TM_OK);
+      ASSERT_EQ(testing::OffloadNow(rt_, t, TM_TIER_DRAM), TM_OK);
+    }
+    ASSERT_EQ(tm_step_end(rt_), TM_OK);
+  }
+  // HBM is pinned by another tensor: the next step's first prefetches cannot be done.
+  void* p = nullptr;
+  ASSERT_EQ(tm_tensor_acquire(rt_, pin, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK);
+  ASSERT_EQ(tm_step_begin(rt_), TM_OK);
+  // Not tm_runtime_sync: with a mover that re-queued its dropped prefetch it would never return.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const uint64_t dropped = Stats().prefetches_dropped;
+  EXPECT_GE(dropped, 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(Stats().prefetches_dropped, dropped) << "dropped prefetches are queued again alone";
+  ASSERT_EQ(tm_tensor_release(rt_, pin, TM_TIER_HBM), TM_OK);
+  ASSERT_EQ(tm_step_end(rt_), TM_OK);
+  ASSERT_EQ(tm_runtime_sync(rt_), TM_OK);
+}
+
 // Free bytes suffice but no hole does: one copy between two holes is evicted, not every copy.
 TEST_F(PressureApi, FragmentedTierEvictsAWindow) {
   Open(12 * kMiB, 96 * kMiB, 0);
