@@ -234,6 +234,29 @@ absl::StatusOr<ConfigOverrides> OverridesFrom(const tm_config* c) {
                                                     static_cast<int>(c->checksum)));
     }
   }
+  if (TM_HAS(device_allocator_user)) {
+    if ((c->device_alloc == nullptr) != (c->device_free == nullptr)) {
+      return Error(TM_ERR_CONFIG,
+                   "tm_config.device_alloc and tm_config.device_free must be set together");
+    }
+    o.device_allocator.alloc = c->device_alloc;
+    o.device_allocator.free = c->device_free;
+    o.device_allocator.user = c->device_allocator_user;
+  }
+  if (TM_HAS(local_rank) && c->local_rank != TM_LOCAL_RANK_DEFAULT) {
+    if (c->local_rank < 0) {
+      return Error(TM_ERR_CONFIG,
+                   absl::StrFormat("tm_config.local_rank=%d is negative", c->local_rank));
+    }
+    o.local_rank = c->local_rank;
+  }
+  if (TM_HAS(local_world_size) && c->local_world_size != TM_LOCAL_RANK_DEFAULT) {
+    if (c->local_world_size < 1) {
+      return Error(TM_ERR_CONFIG, absl::StrFormat("tm_config.local_world_size=%d is not positive",
+                                                  c->local_world_size));
+    }
+    o.local_world_size = c->local_world_size;
+  }
 #undef TM_HAS
   return o;
 }
@@ -422,6 +445,26 @@ TM_API tm_status tm_tensor_acquire(tm_runtime runtime, tm_tensor tensor, tm_tier
 
 TM_API tm_status tm_tensor_release(tm_runtime runtime, tm_tensor tensor, tm_tier tier) {
   return WithRuntime(runtime, [&](Runtime& rt) { return rt.Release(tensor.bits, tier); });
+}
+
+TM_API tm_status tm_tensor_release_on_stream(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
+                                             void* stream) {
+  return WithRuntime(runtime,
+                     [&](Runtime& rt) { return rt.ReleaseOnStream(tensor.bits, tier, stream); });
+}
+
+TM_API tm_status tm_tensor_copy_in(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
+                                   const void* src, uint64_t bytes, void* stream) {
+  if (src == nullptr && bytes > 0) return NullArgument("tm_tensor_copy_in", "src");
+  return WithRuntime(
+      runtime, [&](Runtime& rt) { return rt.CopyIn(tensor.bits, offset, src, bytes, stream); });
+}
+
+TM_API tm_status tm_tensor_copy_out(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
+                                    void* dst, uint64_t bytes, void* stream) {
+  if (dst == nullptr && bytes > 0) return NullArgument("tm_tensor_copy_out", "dst");
+  return WithRuntime(
+      runtime, [&](Runtime& rt) { return rt.CopyOut(tensor.bits, offset, dst, bytes, stream); });
 }
 
 TM_API tm_status tm_tensor_offload(tm_runtime runtime, tm_tensor tensor, tm_tier tier) {

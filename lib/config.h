@@ -33,8 +33,18 @@ struct SizeSetting {
   std::string ToString() const;
 };
 
+// The framework's device allocator (tm_config.device_alloc/device_free), or none.
+struct DeviceAllocatorHooks {
+  void* (*alloc)(void* user, size_t bytes, int32_t device, void* stream) = nullptr;
+  void (*free)(void* user, void* ptr, size_t bytes, int32_t device, void* stream) = nullptr;
+  void* user = nullptr;
+  bool set() const { return alloc != nullptr; }
+};
+
 // Values set in code (the C config struct); each wins over the environment.
 struct ConfigOverrides {
+  DeviceAllocatorHooks device_allocator;
+  std::optional<int> local_rank, local_world_size;
   std::optional<DeviceKind> device;
   std::optional<int> cuda_device;
   std::optional<SizeSetting> hbm_bytes, dram_bytes, nvme_bytes;
@@ -72,6 +82,7 @@ struct Config {
   std::string trace;     // Chrome-trace JSON path (%p, %r expanded when the runtime opens it)
   std::string env_file;  // the TIERMEM_ENV_FILE that was read, or empty
   int local_rank = 0;    // this process's rank on its node: names traces (%r)
+  DeviceAllocatorHooks device_allocator;       // from tm_config only: not a setting
   ChecksumKind checksum = ChecksumKind::kOff;  // sums of what is written to NVMe, checked on read
 
   // One row per setting: variable name, effective value as text, and where it came from

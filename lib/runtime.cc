@@ -517,6 +517,30 @@ absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {
   return absl::OkStatus();
 }
 
+// Interim: host memory only, synchronous (stream-ordered device copies land next).
+absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* stream) {
+  if (stream != nullptr) {
+    return Error(TM_ERR_UNSUPPORTED, "tm_tensor_release_on_stream: streams are not yet supported");
+  }
+  return Release(handle, tier);
+}
+
+absl::Status Runtime::CopyIn(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes,
+                             void* stream) {
+  if (stream != nullptr) {
+    return Error(TM_ERR_UNSUPPORTED, "tm_tensor_copy_in: streams are not yet supported");
+  }
+  return Write(handle, offset, src, bytes);
+}
+
+absl::Status Runtime::CopyOut(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes,
+                              void* stream) {
+  if (stream != nullptr) {
+    return Error(TM_ERR_UNSUPPORTED, "tm_tensor_copy_out: streams are not yet supported");
+  }
+  return Read(handle, offset, dst, bytes);
+}
+
 absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
   if (!t.materialized()) return absl::OkStatus();  // zeros need no space anywhere
   if (auto s = CheckAboveUnpinned(t, tier); !s.ok()) return s;

@@ -73,6 +73,13 @@ class Runtime {
   absl::Status Read(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes);
   absl::StatusOr<void*> Acquire(uint64_t handle, tm_tier tier, tm_access access, void* stream);
   absl::Status Release(uint64_t handle, tm_tier tier);
+  // Release once the work queued on `stream` so far has passed (an event; the host does not wait).
+  absl::Status ReleaseOnStream(uint64_t handle, tm_tier tier, void* stream);
+  // The caller's host or device memory into / out of the tensor, enqueued and ordered on
+  // `stream` (see tm_tensor_copy_in / tm_tensor_copy_out).
+  absl::Status CopyIn(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes,
+                      void* stream);
+  absl::Status CopyOut(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes, void* stream);
   // Asynchronous: queued, and return at once. A prefetch is a hint: dropped (and counted) when
   // it cannot be done. An offload's failure is kept until Sync, SyncAll or StepEnd reports it.
   absl::Status Prefetch(uint64_t handle, tm_tier tier);

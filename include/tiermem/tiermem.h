@@ -195,13 +195,33 @@ typedef struct tm_config {
   const char*
       trace; /**< TIERMEM_TRACE: Chrome-trace JSON file, opened at create, written at destroy */
   tm_checksum checksum; /**< TIERMEM_CHECKSUM: verify NVMe data on every read */
+  /* Appended in 0.3: the framework's device allocator, ranks on a node. */
+  /**
+   * Optional: the framework's device allocator (a caching allocator such as PyTorch's or RMM's).
+   * When device_alloc is set, the HBM tier asks it for each copy instead of reserving a slab up
+   * front, and hands the memory back with device_free when the copy is evicted or its tensor is
+   * destroyed. TIERMEM_HBM_BYTES stays tiermem's budget. stream is the stream the memory is
+   * first used on (a cudaStream_t, or NULL); device is the CUDA ordinal (-1: emulated device).
+   * device_alloc returns NULL when it cannot allocate; both are called from tiermem's threads
+   * as well as the caller's, never while tiermem holds a lock of its own. Both or neither.
+   */
+  void* (*device_alloc)(void* user, size_t bytes, int32_t device, void* stream);
+  void (*device_free)(void* user, void* ptr, size_t bytes, int32_t device, void* stream);
+  void* device_allocator_user; /**< passed to device_alloc and device_free as user */
+  int32_t local_rank;          /**< TIERMEM_LOCAL_RANK; TM_LOCAL_RANK_DEFAULT to leave unset */
+  int32_t local_world_size; /**< TIERMEM_LOCAL_WORLD_SIZE; TM_LOCAL_RANK_DEFAULT to leave unset */
 } tm_config;
 
-#define TM_CONFIG_INIT                                                                       \
-  {                                                                                          \
-    sizeof(tm_config), TM_VERSION, TM_DEVICE_DEFAULT, TM_CUDA_DEVICE_DEFAULT, 0, 0, NULL, 0, \
-        TM_IO_ENGINE_DEFAULT, 0, 0, TM_NUMA_DEFAULT, TM_LOG_DEFAULT, 0.0, 0,                 \
-        TM_PREFETCH_DEPTH_DEFAULT, 0, TM_PLACEMENT_DEFAULT, NULL, TM_CHECKSUM_DEFAULT        \
+/** In tm_config.local_rank / local_world_size: from the environment (see docs/environment.md:
+    TIERMEM_LOCAL_RANK, then torchrun's LOCAL_RANK, then Open MPI's, then Slurm's). */
+#define TM_LOCAL_RANK_DEFAULT (-1)
+
+#define TM_CONFIG_INIT                                                                             \
+  {                                                                                                \
+    sizeof(tm_config), TM_VERSION, TM_DEVICE_DEFAULT, TM_CUDA_DEVICE_DEFAULT, 0, 0, NULL, 0,       \
+        TM_IO_ENGINE_DEFAULT, 0, 0, TM_NUMA_DEFAULT, TM_LOG_DEFAULT, 0.0, 0,                       \
+        TM_PREFETCH_DEPTH_DEFAULT, 0, TM_PLACEMENT_DEFAULT, NULL, TM_CHECKSUM_DEFAULT, NULL, NULL, \
+        NULL, TM_LOCAL_RANK_DEFAULT, TM_LOCAL_RANK_DEFAULT                                         \
   }
 
 /** Describes a tensor to create. Fill with TM_TENSOR_DESC_INIT. */
@@ -274,14 +294,16 @@ typedef struct tm_info {
   uint64_t prefetch_bytes;            /**< bound on prefetch bytes in flight */
   tm_placement placement;             /**< home tiers by class */
   char device_name[128];              /**< a line describing the device, NUL-terminated */
+  /* Appended in 0.3. */
+  int32_t local_rank;       /**< this process's rank on the node (0 when alone) */
+  int32_t local_world_size; /**< processes on the node sharing its budgets (1 when alone) */
+  int32_t device_allocator; /**< 1: HBM copies come from tm_config.device_alloc */
 } tm_info;
 
 #define TM_INFO_INIT                                                                               \
   {                                                                                                \
     sizeof(tm_info), TM_DEVICE_DEFAULT, -1, 0, TM_IO_ENGINE_DEFAULT, -1, {0, 0, 0}, 0, 0, 0, 0, 0, \
-        0, 0, TM_PLACEMENT_DEFAULT, {                                                              \
-      0                                                                                            \
-    }                                                                                              \
+        0, 0, TM_PLACEMENT_DEFAULT, {0}, 0, 1, 0                                                   \
   }
 
 /** A runtime: the tiers, the engines and the tensors. Zero is never a valid handle. */
@@ -372,8 +394,49 @@ TM_API tm_status tm_tensor_read(tm_runtime runtime, tm_tensor tensor, uint64_t o
 TM_API tm_status tm_tensor_acquire(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
                                    tm_access access, void* stream, void** ptr);
 
-/** Unpins one acquire of the tensor in tier. */
+/**
+ * Unpins one acquire of the tensor in tier. The caller states that all work using the pointer
+ * has finished: from now on tiermem may evict, refill, read or offload that memory on its own
+ * streams at once. Work still queued on a stream must use tm_tensor_release_on_stream.
+ */
 TM_API tm_status tm_tensor_release(tm_runtime runtime, tm_tensor tensor, tm_tier tier);
+
+/**
+ * Unpins one acquire of the tensor in tier once the work queued so far on stream (a
+ * cudaStream_t; NULL: the legacy default stream) has finished, without blocking the host, as
+ * PyTorch's record_stream does: an event is recorded on the stream, and the copy is not evicted,
+ * refilled, read or offloaded before that event has passed. The pin itself is dropped at once
+ * (tm_tensor_destroy and a later acquire do not fail with TM_ERR_BUSY); tiermem waits for the
+ * event where it needs the memory. TM_ERR_INVALID_ARGUMENT for a stream that is not a live
+ * stream of the runtime's device; TM_ERR_UNSUPPORTED for a stream being captured into a graph.
+ */
+TM_API tm_status tm_tensor_release_on_stream(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
+                                             void* stream);
+
+/**
+ * Copies bytes [offset, offset + bytes) from the caller's memory src into the tensor and returns
+ * once the copy is enqueued. src may be host memory (pageable or pinned) or device memory (told
+ * apart by the CUDA runtime): device memory goes straight into the pinned DRAM copy (D2H, never
+ * staged through tiermem's HBM), or into the HBM copy when that is where the tensor is valid.
+ * The copy lands in the fastest tier holding a valid copy (the home tier when none, DRAM for an
+ * NVMe home when DRAM holds it, else through staging onto NVMe); the other copies become stale.
+ * With a stream (a cudaStream_t), the copy starts after the work queued on the stream so far and
+ * the stream's later work waits for it: the host does not block. Without one, it starts at once.
+ * src must not change until tm_tensor_sync returns or the stream has passed the copy.
+ */
+TM_API tm_status tm_tensor_copy_in(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
+                                   const void* src, uint64_t bytes, void* stream);
+
+/**
+ * Copies bytes [offset, offset + bytes) of the tensor into the caller's memory dst (host or
+ * device memory) and returns once the copy is enqueued, ordered on stream as tm_tensor_copy_in.
+ * A tensor valid in HBM or DRAM is copied from there; one valid only on NVMe is read NVMe ->
+ * DRAM staging -> dst in pipelined chunks (the reads run on the calling thread). For the
+ * schedule it is a use in DRAM: a prefetch to DRAM ahead of it leaves only the last copy to do.
+ * dst holds the bytes once tm_tensor_sync returns or the stream has passed the copy.
+ */
+TM_API tm_status tm_tensor_copy_out(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
+                                    void* dst, uint64_t bytes, void* stream);
 
 /**
  * Starts moving the tensor down to tier (DRAM or NVMe) and returns at once: a valid copy is
