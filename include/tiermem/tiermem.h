@@ -202,8 +202,8 @@ typedef struct tm_config {
    * front, and hands the memory back with device_free when the copy is evicted or its tensor is
    * destroyed. TIERMEM_HBM_BYTES stays tiermem's budget. stream is the stream the memory is
    * first used on (a cudaStream_t, or NULL); device is the CUDA ordinal (-1: emulated device).
-   * device_alloc returns NULL when it cannot allocate; both are called from tiermem's threads
-   * as well as the caller's, never while tiermem holds a lock of its own. Both or neither.
+   * device_alloc returns NULL when it cannot allocate. Both may be called from tiermem's
+   * threads as well as the caller's, and must not call back into tiermem. Both or neither.
    */
   void* (*device_alloc)(void* user, size_t bytes, int32_t device, void* stream);
   void (*device_free)(void* user, void* ptr, size_t bytes, int32_t device, void* stream);
