@@ -30,6 +30,8 @@ struct Runtime::EvictionPlan {
 Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want want,
                                             uint64_t need) {
   EvictionPlan plan;
+  // Extents waiting for callers' work to pass are walls that will fall: a demand waits for them.
+  plan.in_flight = ReapDeferred(tier);
   const bool belady = schedule_.replaying();
   const uint64_t now = schedule_.now();
   const std::vector<TierSpace::Block> layout = tiers_->space(tier).Layout();
@@ -45,7 +47,7 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
       continue;
     }
     slot.kind = EvictionSlot::Kind::kWall;
-    const Tensor* v = tensors_.Find(b.owner);
+    Tensor* v = tensors_.Find(b.owner);
     if (v == nullptr || v == &t) {
       plan.slots.push_back(slot);
       continue;
@@ -57,6 +59,10 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
       plan.in_flight = true;  // another thread moves it: done soon, then maybe evictable
     } else if (v->busy() || c.state == CopyState::kFilling) {
       // Busy by this thread: a tensor of the chain that asked for this room.
+    } else if (!c.uses.empty() && !PendingUses(*v, tier).empty()) {
+      // Callers' streams may still use its memory: evictable once their work passes (a demand
+      // waits for that, polling; nothing waits on the host for a caller's stream here).
+      plan.in_flight = true;
     } else if (c.state == CopyState::kLanding && want.kind != Want::kDemand) {
       // Evicting it means waiting for its stream-ordered copy: only a demand waits.
     } else {
@@ -134,6 +140,10 @@ absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, Dro
       return finish(absl::StatusOr<Extent>(drop(DropReason::kDemand, "a demand needs the room")));
     }
     auto e = space.Allocate(t.bytes, t.name, t.handle);
+    if (!e.ok() && absl::IsResourceExhausted(e.status()) && !deferred_.empty()) {
+      ReapDeferred(tier);  // memory that callers' work has finished with since
+      e = space.Allocate(t.bytes, t.name, t.handle);
+    }
     if (e.ok() || tier == TM_TIER_NVME || !absl::IsResourceExhausted(e.status())) {
       return finish(e);
     }
@@ -216,7 +226,7 @@ void Runtime::CancelPrefetches(tm_tier tier) {
 absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want) {
   const Trace::Clock::time_point start = Trace::Clock::now();
   const uint64_t bytes = v.bytes;
-  if (tier == TM_TIER_HBM && v.landing.has_value()) {
+  if (v.landing.has_value() && v.landing_tier == tier) {
     Land(v);  // its stream-ordered copy must be done before its memory is reused
     if (!v.copy(tier).valid()) return absl::OkStatus();
   }
@@ -226,9 +236,9 @@ absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want) {
     const tm_tier lower = static_cast<tm_tier>(tier + 1);
     Want down = want;
     down.release_room = false;  // part of making room: the token stays
-    absl::Status s = MakeValid(v, lower, nullptr, down);
+    absl::Status s = MakeValid(v, lower, {}, down);
     if (!s.ok() && tier == TM_TIER_HBM && absl::IsResourceExhausted(s)) {
-      s = MakeValid(v, TM_TIER_NVME, nullptr, down);
+      s = MakeValid(v, TM_TIER_NVME, {}, down);
     }
     if (!s.ok()) return s;
     // Acquired or changed while the lock was released: look again.

@@ -59,12 +59,16 @@ Runtime::~Runtime() {
       Log(LogSeverity::kError, "%s", std::string(s.message()).c_str());
     }
   }
-  // Stream-ordered copies still in flight must land before their memory goes away.
+  // Copies still in flight and callers' work released on stream must pass before the memory
+  // they use goes away.
   if (mover_ != nullptr) {
     MutexLock lock(&mu_);
     tensors_.ForEach([&](Tensor& t) {
       if (t.landing.has_value()) (void)mover_->copy_engine().Wait(*t.landing);
+      for (const TensorCopy& c : t.copies) (void)io::WaitAll(c.uses);
     });
+    for (const CallerCopy& c : caller_copies_) (void)c.ticket.fence->Wait();
+    for (const Deferred& d : deferred_) (void)io::WaitAll(d.uses);
   }
 }
 
@@ -126,7 +130,7 @@ absl::Status Runtime::Init() {
   // Tiers. NVMe first: its alignment is the granule of the DRAM copies it reads and writes.
   const uint64_t hbm_bytes = config_.hbm_bytes.bytes == 0 && config_.hbm_bytes.percent == 0
                                  ? device_->default_budget()
-                                 : config_.hbm_bytes.Resolve(device_->physical_bytes());
+                                 : config_.hbm_bytes.Resolve(device_->free_bytes());
   SetEntry(config_, "TIERMEM_HBM_BYTES", SizeSetting{hbm_bytes, 0}.ToString());
   auto hbm = MemoryTier::CreateHbm(*device_, hbm_bytes);
   if (!hbm.ok()) return hbm.status();

@@ -37,6 +37,12 @@ absl::StatusOr<Extent> TierSpace::Allocate(uint64_t bytes, absl::string_view ten
   return Extent{a->offset, a->size, a->block};
 }
 
+void TierSpace::Disown(const Extent& e) {
+  if (e.empty()) return;
+  MutexLock lock(&mu_);
+  if (e.block < owners_.size()) owners_[e.block] = 0;
+}
+
 void TierSpace::Free(Extent& e) {
   if (e.empty()) return;
   if (on_free_) on_free_(e);  // while the space is still e's: nothing new lands there yet

@@ -34,6 +34,9 @@ class TierSpace {
                                   uint64_t owner = 0);
   // Frees and empties `e` (no-op when empty).
   void Free(Extent& e);
+  // Keeps `e` reserved but owned by no tensor: its tensor dropped it while callers' work may
+  // still use the memory (a deferred free); eviction sees a wall.
+  void Disown(const Extent& e);
   // Called with each extent about to be freed, before its space can be handed out again (the
   // NVMe tier drops the extent's checksums). Set once, before the tier is used.
   void set_on_free(std::function<void(const Extent&)> f) { on_free_ = std::move(f); }
