@@ -109,6 +109,9 @@ class Runtime {
   const RuntimeInfo& info() const { return info_; }
   // The HBM tier's backend, for tiermem-probe's copy measurements.
   io::Device& device() { return *device_; }
+  // The machine's topology (nullptr when hwloc could not load it), for binding host buffers
+  // where the DRAM tier is (info().numa_node).
+  const io::Topology* topology() const { return topology_.get(); }
 
  private:
   // Who asks for room, and what it may do to get it.

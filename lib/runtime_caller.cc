@@ -16,7 +16,7 @@ namespace {
 
 // The C API's status for a stream that cannot be used: a bad handle, a capture, a device error.
 absl::Status StreamError(const absl::Status& s, const char* function, void* stream) {
-  const tm_status code = absl::IsInvalidArgument(s)  ? TM_ERR_INVALID_ARGUMENT
+  const tm_status code = absl::IsInvalidArgument(s) ? TM_ERR_INVALID_ARGUMENT
                          : absl::IsUnimplemented(s) ? TM_ERR_UNSUPPORTED
                                                     : TM_ERR_DEVICE;
   return Error(code, absl::StrFormat("%s: stream %p: %s", function, stream, s.message()));
@@ -80,10 +80,10 @@ void Runtime::ReapCallerCopies(uint64_t handle, bool wait) {
   for (size_t i = 0; i < done.size(); ++i) {
     if (outcomes[i].ok()) continue;
     ++counters_.moves_failed;
-    failures_.push_back(Failure{
-        done[i].handle, done[i].tensor,
-        WithContext(Retag(outcomes[i], TM_ERR_DEVICE),
-                    absl::StrFormat("%s of tensor \"%s\"", done[i].what, done[i].tensor))});
+    failures_.push_back(
+        Failure{done[i].handle, done[i].tensor,
+                WithContext(Retag(outcomes[i], TM_ERR_DEVICE),
+                            absl::StrFormat("%s of tensor \"%s\"", done[i].what, done[i].tensor))});
   }
 }
 
@@ -188,9 +188,8 @@ absl::Status Runtime::CopyIn(uint64_t handle, uint64_t offset, const void* src, 
   });
   if (!s.ok()) {  // nothing of it runs: the tensor is as it was
     if (fresh) FreeCopy(t, target);
-    return WithContext(Retag(s, TM_ERR_DEVICE),
-                       absl::StrFormat("%s: tensor \"%s\" in %s", kFn, t.name,
-                                       tm_tier_name(target)));
+    return WithContext(Retag(s, TM_ERR_DEVICE), absl::StrFormat("%s: tensor \"%s\" in %s", kFn,
+                                                                t.name, tm_tier_name(target)));
   }
   if (fresh) t.EndFill(target);
   // Valid in the stream's order now; replaces the other copies once it has landed.
@@ -242,9 +241,9 @@ absl::Status Runtime::CopyOut(uint64_t handle, uint64_t offset, void* dst, uint6
   }
   // A landing copy that replaces the others is the only current one.
   const tm_tier source = t.landing.has_value() && t.landing_replaces ? t.landing_tier
-                         : t.copy(TM_TIER_HBM).valid()                ? TM_TIER_HBM
-                         : t.copy(TM_TIER_DRAM).valid()               ? TM_TIER_DRAM
-                                                                      : TM_TIER_NVME;
+                         : t.copy(TM_TIER_HBM).valid()               ? TM_TIER_HBM
+                         : t.copy(TM_TIER_DRAM).valid()              ? TM_TIER_DRAM
+                                                                     : TM_TIER_NVME;
   for (io::FencePtr& f : PendingUses(t, source)) buffer.after.push_back(std::move(f));
   if (t.landing.has_value() && t.landing_tier == source) buffer.after.push_back(t.landing->fence);
   if (source == TM_TIER_NVME) {
@@ -268,9 +267,8 @@ absl::Status Runtime::CopyOut(uint64_t handle, uint64_t offset, void* dst, uint6
     return ticket.status();
   });
   if (!s.ok()) {
-    return WithContext(Retag(s, TM_ERR_DEVICE),
-                       absl::StrFormat("%s: tensor \"%s\" from %s", kFn, t.name,
-                                       tm_tier_name(source)));
+    return WithContext(Retag(s, TM_ERR_DEVICE), absl::StrFormat("%s: tensor \"%s\" from %s", kFn,
+                                                                t.name, tm_tier_name(source)));
   }
   // The source is not evicted, refilled or freed before the copy has read it.
   t.copy(source).uses.push_back(ticket->fence);

@@ -130,8 +130,7 @@ TEST_P(CopyInOut, BadRangesAndPointersAreRefused) {
   EXPECT_EQ(tm_tensor_copy_out(rt_, t, 101, buf.data(), 0, nullptr), TM_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(tm_tensor_copy_out(rt_, t, UINT64_MAX, buf.data(), 2, nullptr),
             TM_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(tm_tensor_copy_in(rt_, t, 1, buf.data(), UINT64_MAX, nullptr),
-            TM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(tm_tensor_copy_in(rt_, t, 1, buf.data(), UINT64_MAX, nullptr), TM_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(tm_tensor_copy_in(rt_, tm_tensor{12345}, 0, buf.data(), 1, nullptr),
             TM_ERR_INVALID_HANDLE);
   EXPECT_EQ(tm_tensor_copy_in(tm_runtime{999}, t, 0, buf.data(), 1, nullptr),
@@ -228,14 +227,16 @@ TEST_P(CopyInOut, CopyOutIsAScheduledUse) {
   EXPECT_GT(s.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM], 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    HomesAndEngines, CopyInOut,
-    ::testing::Values(Case{TM_IO_ENGINE_URING, TM_TIER_DRAM}, Case{TM_IO_ENGINE_URING, TM_TIER_NVME},
-                      Case{TM_IO_ENGINE_POSIX, TM_TIER_DRAM}, Case{TM_IO_ENGINE_POSIX, TM_TIER_NVME}),
-    [](const ::testing::TestParamInfo<Case>& i) {
-      return std::string(i.param.engine == TM_IO_ENGINE_URING ? "uring" : "posix") + "_" +
-             tm_tier_name(i.param.home);
-    });
+INSTANTIATE_TEST_SUITE_P(HomesAndEngines, CopyInOut,
+                         ::testing::Values(Case{TM_IO_ENGINE_URING, TM_TIER_DRAM},
+                                           Case{TM_IO_ENGINE_URING, TM_TIER_NVME},
+                                           Case{TM_IO_ENGINE_POSIX, TM_TIER_DRAM},
+                                           Case{TM_IO_ENGINE_POSIX, TM_TIER_NVME}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return std::string(i.param.engine == TM_IO_ENGINE_URING ? "uring"
+                                                                                   : "posix") +
+                                  "_" + tm_tier_name(i.param.home);
+                         });
 
 }  // namespace
 }  // namespace tiermem
