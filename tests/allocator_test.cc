@@ -281,8 +281,8 @@ TEST_F(Allocator, RuntimeDestroyGivesBackWhatTensorsStillHold) {
 
 TEST_F(Allocator, BytesRoundTripThroughHbmFromTheCallbacks) {
   Open(8 * kMiB);
-  for (uint64_t n : {uint64_t{1}, uint64_t{255}, uint64_t{256}, uint64_t{257}, uint64_t{4099},
-                     kMiB + 7}) {
+  for (uint64_t n :
+       {uint64_t{1}, uint64_t{255}, uint64_t{256}, uint64_t{257}, uint64_t{4099}, kMiB + 7}) {
     SCOPED_TRACE(n);
     const auto bytes = RandomBytes(n, n);
     tm_tensor t = Make(n, "rt");
@@ -519,9 +519,9 @@ TEST(CountedSpace, CountsBytesAndHasNoHoles) {
 TEST(CountedSpace, EvictionOrderFindsVictimsAcrossWalls) {
   using K = EvictionSlot::Kind;
   // Holes and copies as a slab would lay them out: walls split every window below 3 MiB.
-  std::vector<EvictionSlot> slots = {
-      {kMiB, K::kEvictable, 4.0}, {kMiB, K::kWall, 0},      {kMiB, K::kFree, 0},
-      {kMiB, K::kWall, 0},        {kMiB, K::kEvictable, 1}, {kMiB, K::kEvictable, 2}};
+  std::vector<EvictionSlot> slots = {{kMiB, K::kEvictable, 4.0}, {kMiB, K::kWall, 0},
+                                     {kMiB, K::kFree, 0},        {kMiB, K::kWall, 0},
+                                     {kMiB, K::kEvictable, 1},   {kMiB, K::kEvictable, 2}};
   EXPECT_FALSE(CheapestWindow(slots, 3 * kMiB).has_value());
   const std::vector<size_t> order = CountedOrder(slots);
   EXPECT_EQ(order, (std::vector<size_t>{2, 4, 5, 0, 1, 3}));
