@@ -675,6 +675,8 @@ absl::StatusOr<Config> LoadConfig(const ConfigOverrides& o, const EnvLookup& env
     }
     c.entries.push_back({s.name, s.format(c), source});
   }
+  // Code only (function pointers have no text form): not a setting, no row in the table.
+  c.device_allocator = o.device_allocator;
 
   auto known = [](absl::string_view name) {
     for (const Setting& s : Settings()) {

@@ -80,6 +80,18 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
     }
     plan.slots.push_back(slot);
   }
+  if (tiers_->space(tier).counted()) {
+    // HBM from the framework's allocator: no adjacency to keep, any victims whose bytes suffice
+    // make room. Taken in CountedOrder, the cheapest of them form a window.
+    std::vector<EvictionSlot> slots;
+    std::vector<uint64_t> owners;
+    for (size_t i : CountedOrder(plan.slots)) {
+      slots.push_back(plan.slots[i]);
+      owners.push_back(plan.owners[i]);
+    }
+    plan.slots = std::move(slots);
+    plan.owners = std::move(owners);
+  }
   plan.window = CheapestWindow(plan.slots, need);
   return plan;
 }
@@ -125,6 +137,7 @@ absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, Dro
   bool wanting = false;
   const Trace::Clock::time_point start = Trace::Clock::now();
   bool waited = false;
+  bool backing_retried = false;  // the framework's allocator was asked again after evicting
   auto finish = [&](auto result) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (wanting) --room_wanted_[tier];
     if (waited) {
@@ -144,7 +157,16 @@ absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, Dro
       ReapDeferred(tier);  // memory that callers' work has finished with since
       e = space.Allocate(t.bytes, t.name, t.handle);
     }
-    if (e.ok() || tier == TM_TIER_NVME || !absl::IsResourceExhausted(e.status())) {
+    // The framework's allocator was short though the budget had room (lib/tier_space.h): it
+    // may be short because tiermem holds its memory, so a demand gives back copies of `need`
+    // bytes, once, and asks again; a prefetch is dropped.
+    const bool backing_short = !e.ok() && IsBackingShort(e.status());
+    if (backing_short && (want.kind != Want::kDemand || backing_retried)) {
+      if (want.kind != Want::kDemand && why != nullptr) *why = DropReason::kNoRoom;
+      return finish(e);
+    }
+    if (!backing_short &&
+        (e.ok() || tier == TM_TIER_NVME || !absl::IsResourceExhausted(e.status()))) {
       return finish(e);
     }
     if (need == 0) {
@@ -155,10 +177,17 @@ absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, Dro
       wanting = true;
       ++room_wanted_[tier];
     }
-    EvictionPlan plan = PlanEviction(t, tier, want, need);
+    // Backing short: the budget's free bytes count in a window but free nothing in the
+    // framework's allocator, so the victims alone must cover `need`.
+    EvictionPlan plan =
+        PlanEviction(t, tier, want, backing_short ? need + space.free_bytes() : need);
+    if (backing_short) {
+      backing_retried = true;
+      if (!plan.window.has_value() || plan.window->victims == 0) return finish(e);
+    }
     if (plan.window.has_value() && plan.window->victims > 0) {
       // Free bytes sufficed, no hole did: the window clears contiguity, not bytes.
-      const bool fragmented = plan.free_bytes >= need;
+      const bool fragmented = !backing_short && plan.free_bytes >= need;
       for (size_t i = plan.window->first; i <= plan.window->last; ++i) {
         if (plan.slots[i].kind != EvictionSlot::Kind::kEvictable) continue;
         // Evictions release the lock: look the victim up again, and skip it when it changed.

@@ -132,7 +132,8 @@ absl::Status Runtime::Init() {
                                  ? device_->default_budget()
                                  : config_.hbm_bytes.Resolve(device_->free_bytes());
   SetEntry(config_, "TIERMEM_HBM_BYTES", SizeSetting{hbm_bytes, 0}.ToString());
-  auto hbm = MemoryTier::CreateHbm(*device_, hbm_bytes);
+  auto hbm =
+      MemoryTier::CreateHbm(*device_, hbm_bytes, config_.device_allocator, info_.cuda_device);
   if (!hbm.ok()) return hbm.status();
 
   const uint64_t nvme_bytes = config_.nvme_bytes.Resolve(FreeSpace(config_.nvme_paths.front()));

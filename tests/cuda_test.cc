@@ -2,6 +2,7 @@
 // runtime round trip. Compiled whenever the toolkit is; skipped, with the reason, without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -397,6 +398,78 @@ TEST_F(Cuda, DefaultBudgetFitsInFreeMemory) {
   EXPECT_LE(info.tier_bytes[TM_TIER_HBM], free);
   EXPECT_EQ(info.hbm_device_pointers, 1);
   EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+}
+
+// The framework's allocator (tm_config.device_alloc/device_free) with cudaMalloc standing in for
+// a caching allocator: HBM copies are its device pointers, each freed once, no slab taken.
+struct CudaCounts {
+  int allocs = 0, frees = 0, wrong_device = 0;
+  size_t outstanding = 0, peak = 0;
+};
+void* CudaAlloc(void* user, size_t bytes, int32_t device, void*) {
+  auto* c = static_cast<CudaCounts*>(user);
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != device) ++c->wrong_device;
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  ++c->allocs;
+  c->outstanding += bytes;
+  c->peak = std::max(c->peak, c->outstanding);
+  return p;
+}
+void CudaFree(void* user, void* p, size_t bytes, int32_t, void*) {
+  auto* c = static_cast<CudaCounts*>(user);
+  ++c->frees;
+  c->outstanding -= bytes;
+  cudaFree(p);
+}
+
+TEST_F(Cuda, FrameworkAllocatorCallbacks) {
+  testing::TempDir dir;
+  tm_config cfg = testing::SmallConfig(dir.path());
+  cfg.device = TM_DEVICE_CUDA;
+  cfg.hbm_bytes = 64 << 20;
+  CudaCounts counts;
+  cfg.device_alloc = &CudaAlloc;
+  cfg.device_free = &CudaFree;
+  cfg.device_allocator_user = &counts;
+  tm_runtime rt;
+  ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_OK) << tm_last_error();
+  tm_info info = TM_INFO_INIT;
+  ASSERT_EQ(tm_runtime_info(rt, &info), TM_OK);
+  EXPECT_EQ(info.device_allocator, 1);
+  EXPECT_EQ(counts.allocs, 0) << "no slab";
+  std::vector<tm_tensor> ts(2);
+  std::vector<std::vector<uint8_t>> data;
+  for (int i = 0; i < 2; ++i) {
+    tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+    d.bytes = (40 << 20) + 3;  // two do not fit in 64 MiB: the second evicts the first
+    ASSERT_EQ(tm_tensor_create(rt, &d, &ts[i]), TM_OK);
+    data.push_back(testing::RandomBytes(d.bytes, 10 + i));
+    ASSERT_EQ(tm_tensor_write(rt, ts[i], 0, data[i].data(), d.bytes), TM_OK) << tm_last_error();
+  }
+  EXPECT_EQ(counts.allocs, 2);
+  EXPECT_EQ(counts.frees, 1);
+  void* p = nullptr;
+  ASSERT_EQ(tm_tensor_acquire(rt, ts[0], TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
+      << tm_last_error();
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, p), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeDevice);
+  std::vector<uint8_t> back(data[0].size());
+  ASSERT_EQ(cudaMemcpy(back.data(), p, back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, data[0]);
+  ASSERT_EQ(tm_tensor_release(rt, ts[0], TM_TIER_HBM), TM_OK);
+  ASSERT_EQ(tm_tensor_read(rt, ts[1], 0, back.data(), back.size()), TM_OK) << tm_last_error();
+  EXPECT_EQ(back, data[1]);
+  EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+  EXPECT_EQ(counts.allocs, counts.frees);
+  EXPECT_EQ(counts.outstanding, 0u);
+  EXPECT_LE(counts.peak, size_t{64} << 20);
+  EXPECT_EQ(counts.wrong_device, 0);
 }
 #endif
 
