@@ -94,8 +94,9 @@ absl::StatusOr<int> SlurmTasksOnNode(absl::string_view what, absl::string_view t
   }
   for (const auto& run : runs) {
     if (run.first != runs.front().first) {
-      return bad("gives nodes different task counts, and SLURM_NODEID does not say which node "
-                 "this is");
+      return bad(
+          "gives nodes different task counts, and SLURM_NODEID does not say which node "
+          "this is");
     }
   }
   return static_cast<int>(runs.front().first);
@@ -135,8 +136,8 @@ std::optional<LauncherRanks> DetectLauncherRanks(const EnvLookup& env) {
         continue;
       }
       if (*world <= out.rank) {
-        problems.push_back(absl::StrFormat("%s=%d is not above %s=%d", name, *world, l.rank,
-                                           out.rank));
+        problems.push_back(
+            absl::StrFormat("%s=%d is not above %s=%d", name, *world, l.rank, out.rank));
         continue;
       }
       out.world = world;
@@ -174,9 +175,10 @@ absl::Status CheckLocalRanks(const EnvLookup& env, Config& c) {
   if (world->source == "default") {
     // No world size from the launcher that gave the rank: say why, once per runtime.
     if (auto l = DetectLauncherRanks(env); l.has_value() && !l->problem.empty()) {
-      c.warnings.push_back(absl::StrCat(
-          l->problem, "; TIERMEM_LOCAL_WORLD_SIZE=1: percentage budgets are not split between "
-                      "the ranks on this node (set TIERMEM_LOCAL_WORLD_SIZE)"));
+      c.warnings.push_back(
+          absl::StrCat(l->problem,
+                       "; TIERMEM_LOCAL_WORLD_SIZE=1: percentage budgets are not split between "
+                       "the ranks on this node (set TIERMEM_LOCAL_WORLD_SIZE)"));
     }
   }
   if (c.local_rank < c.local_world_size) return absl::OkStatus();
@@ -212,8 +214,7 @@ int RanksOnDevice(int device, int local_world, int device_count) {
   return n > 0 ? n : 1;
 }
 
-uint64_t RankShare(const SizeSetting& setting, uint64_t node_bytes, int sharers,
-                   uint64_t granule) {
+uint64_t RankShare(const SizeSetting& setting, uint64_t node_bytes, int sharers, uint64_t granule) {
   if (setting.percent <= 0) return setting.bytes;
   uint64_t share = setting.Resolve(node_bytes) / static_cast<uint64_t>(sharers > 0 ? sharers : 1);
   if (granule > 1) share -= share % granule;

@@ -55,44 +55,97 @@ struct RankCase {
 TEST(LocalRanks, DetectionOrderAndSources) {
   const std::vector<RankCase> cases = {
       {{}, 0, 1, "default", "default"},
-      {{{"TIERMEM_LOCAL_RANK", "2"}, {"TIERMEM_LOCAL_WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
+      {{{"TIERMEM_LOCAL_RANK", "2"},
+        {"TIERMEM_LOCAL_WORLD_SIZE", "4"},
+        {"LOCAL_RANK", "1"},
         {"LOCAL_WORLD_SIZE", "8"}},
-       2, 4, "environment", "environment"},
-      {{{"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+       2,
+       4,
+       "environment",
+       "environment"},
+      {{{"LOCAL_RANK", "3"},
+        {"LOCAL_WORLD_SIZE", "8"},
+        {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
-       3, 8, "environment LOCAL_RANK", "environment LOCAL_WORLD_SIZE"},
+       3,
+       8,
+       "environment LOCAL_RANK",
+       "environment LOCAL_WORLD_SIZE"},
       // DeepSpeed's launcher says LOCAL_SIZE.
-      {{{"LOCAL_RANK", "1"}, {"LOCAL_SIZE", "2"}}, 1, 2, "environment LOCAL_RANK",
+      {{{"LOCAL_RANK", "1"}, {"LOCAL_SIZE", "2"}},
+       1,
+       2,
+       "environment LOCAL_RANK",
        "environment LOCAL_SIZE"},
-      {{{"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
-        {"SLURM_LOCALID", "5"}, {"SLURM_NTASKS_PER_NODE", "8"}},
-       1, 2, "environment OMPI_COMM_WORLD_LOCAL_RANK", "environment OMPI_COMM_WORLD_LOCAL_SIZE"},
-      {{{"SLURM_LOCALID", "5"}, {"SLURM_NTASKS_PER_NODE", "8"}}, 5, 8,
-       "environment SLURM_LOCALID", "environment SLURM_NTASKS_PER_NODE"},
+      {{{"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+        {"SLURM_LOCALID", "5"},
+        {"SLURM_NTASKS_PER_NODE", "8"}},
+       1,
+       2,
+       "environment OMPI_COMM_WORLD_LOCAL_RANK",
+       "environment OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {{{"SLURM_LOCALID", "5"}, {"SLURM_NTASKS_PER_NODE", "8"}},
+       5,
+       8,
+       "environment SLURM_LOCALID",
+       "environment SLURM_NTASKS_PER_NODE"},
       // The step's count wins over what was asked for per node.
-      {{{"SLURM_LOCALID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "1(x4)"},
+      {{{"SLURM_LOCALID", "0"},
+        {"SLURM_STEP_TASKS_PER_NODE", "1(x4)"},
         {"SLURM_NTASKS_PER_NODE", "4"}},
-       0, 1, "environment SLURM_LOCALID", "environment SLURM_STEP_TASKS_PER_NODE"},
-      {{{"SLURM_LOCALID", "3"}, {"SLURM_TASKS_PER_NODE", "2(x3),4"}, {"SLURM_NODEID", "3"}}, 3, 4,
-       "environment SLURM_LOCALID", "environment SLURM_TASKS_PER_NODE"},
+       0,
+       1,
+       "environment SLURM_LOCALID",
+       "environment SLURM_STEP_TASKS_PER_NODE"},
+      {{{"SLURM_LOCALID", "3"}, {"SLURM_TASKS_PER_NODE", "2(x3),4"}, {"SLURM_NODEID", "3"}},
+       3,
+       4,
+       "environment SLURM_LOCALID",
+       "environment SLURM_TASKS_PER_NODE"},
       // A world size from another launcher than the rank's is never taken.
-      {{{"LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}, 1, 1, "environment LOCAL_RANK",
-       "default", true},
+      {{{"LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}},
+       1,
+       1,
+       "environment LOCAL_RANK",
+       "default",
+       true},
       // A launcher rank that is not a number is passed over, its world size with it.
-      {{{"LOCAL_RANK", "junk"}, {"LOCAL_WORLD_SIZE", "8"}, {"SLURM_LOCALID", "1"},
+      {{{"LOCAL_RANK", "junk"},
+        {"LOCAL_WORLD_SIZE", "8"},
+        {"SLURM_LOCALID", "1"},
         {"SLURM_NTASKS_PER_NODE", "2"}},
-       1, 2, "environment SLURM_LOCALID", "environment SLURM_NTASKS_PER_NODE"},
+       1,
+       2,
+       "environment SLURM_LOCALID",
+       "environment SLURM_NTASKS_PER_NODE"},
       // Mismatches: rank not below the world, a list with different counts and no node id,
       // a world that is not a number. Rank kept, budgets not split, a warning.
-      {{{"LOCAL_RANK", "5"}, {"LOCAL_WORLD_SIZE", "4"}}, 5, 1, "environment LOCAL_RANK", "default",
+      {{{"LOCAL_RANK", "5"}, {"LOCAL_WORLD_SIZE", "4"}},
+       5,
+       1,
+       "environment LOCAL_RANK",
+       "default",
        true},
-      {{{"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "2,4"}}, 1, 1,
-       "environment SLURM_LOCALID", "default", true},
-      {{{"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "many"}}, 1, 1, "environment LOCAL_RANK",
-       "default", true},
+      {{{"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "2,4"}},
+       1,
+       1,
+       "environment SLURM_LOCALID",
+       "default",
+       true},
+      {{{"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "many"}},
+       1,
+       1,
+       "environment LOCAL_RANK",
+       "default",
+       true},
       // An explicit rank beyond the launcher's world: that world is passed over.
-      {{{"TIERMEM_LOCAL_RANK", "6"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}}, 6, 1,
-       "environment", "default", true},
+      {{{"TIERMEM_LOCAL_RANK", "6"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}},
+       6,
+       1,
+       "environment",
+       "default",
+       true},
       // An explicit rank without a world: it names traces and picks a device, nothing to say.
       {{{"TIERMEM_LOCAL_RANK", "3"}}, 3, 1, "environment", "default", false},
   };
@@ -246,8 +299,9 @@ class FourRanks : public ::testing::Test {
   // A child: waits for its turn, creates a runtime, reports, waits to be let go, destroys it.
   [[noreturn]] static void Child(int rank, const std::string& nvme, const std::string& trace,
                                  int go, int report) {
-    for (const char* v : {"LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                          "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_LOCALID", "TIERMEM_ENV_FILE"}) {
+    for (const char* v :
+         {"LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+          "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_LOCALID", "TIERMEM_ENV_FILE"}) {
       unsetenv(v);
     }
     // Half the ranks as torchrun names them, half as tiermem does.
@@ -304,7 +358,8 @@ class FourRanks : public ::testing::Test {
       EXPECT_EQ(write(go[rank], "x", 1), 1);
       int status = 0;
       EXPECT_EQ(waitpid(pids[rank], &status, 0), pids[rank]);
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << rank << ": " << status;
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+          << "rank " << rank << ": " << status;
       close(go[rank]);
       close(report[rank]);
     }
@@ -322,7 +377,8 @@ TEST_F(FourRanks, SplitHalfTheTmpfsIntoEqualQuartersInAnyOrder) {
   ASSERT_EQ(total, 64u << 20);
   // 50% of 64 MiB over 4 ranks, in whole 1 MiB stripes (TIERMEM_IO_BLOCK_SIZE's default).
   const uint64_t quarter = 8u << 20;
-  for (const std::vector<int>& order : {std::vector<int>{0, 1, 2, 3}, std::vector<int>{3, 1, 0, 2}}) {
+  for (const std::vector<int>& order :
+       {std::vector<int>{0, 1, 2, 3}, std::vector<int>{3, 1, 0, 2}}) {
     SCOPED_TRACE(::testing::PrintToString(order));
     testing::TempDir traces;
     const std::vector<Report> reports = Run(order, traces.path() + "/trace-%r.json");
