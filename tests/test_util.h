@@ -105,10 +105,14 @@ inline tm_status OffloadNow(tm_runtime rt, tm_tensor t, tm_tier tier) {
   return s != TM_OK ? s : tm_tensor_sync(rt, t);
 }
 
-// A tm_config for tests: emulated device, small budgets, swap files in `dir`.
+// A tm_config for tests: emulated device, small budgets, swap files in `dir`. With
+// TIERMEM_TEST_DEVICE=cuda (tools/gpu_check.sh, for suites that never touch HBM memory from the
+// host), the GPU instead.
 inline tm_config SmallConfig(const std::string& dir, tm_io_engine engine = TM_IO_ENGINE_DEFAULT) {
   tm_config c = TM_CONFIG_INIT;
-  c.device = TM_DEVICE_EMULATED;
+  const char* test_device = getenv("TIERMEM_TEST_DEVICE");
+  c.device = test_device != nullptr && std::string(test_device) == "cuda" ? TM_DEVICE_CUDA
+                                                                          : TM_DEVICE_EMULATED;
   c.hbm_bytes = 96ull << 20;
   c.dram_bytes = 96ull << 20;
   c.nvme_bytes = 256ull << 20;
