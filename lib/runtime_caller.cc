@@ -181,6 +181,18 @@ absl::Status Runtime::CopyIn(uint64_t handle, uint64_t offset, const void* src, 
   char* addr = tiers_->Address(target, t.copy(target).extent) + offset;
   for (io::FencePtr& f : PendingUses(t, target)) buffer.after.push_back(std::move(f));
   const io::CopyDirection dir = Mover::Direction(target, device_src, true);
+  if (dir == io::CopyDirection::kHostToHost && buffer.after.empty()) {
+    // Host memory into the DRAM copy with nothing to wait for: a memcpy here is the copy, done
+    // by the time the call returns (an engine would only add a hop and a thread).
+    Unlocked(t, [&] {
+      std::memcpy(addr, src, bytes);
+      return absl::OkStatus();
+    }).IgnoreError();
+    if (fresh) t.EndFill(target);
+    DropOthers(t, target);
+    NoteUse(t, target, !whole);
+    return absl::OkStatus();
+  }
   absl::StatusOr<io::CopyTicket> ticket;
   s = Unlocked(t, [&] {
     ticket = mover_->copy_engine().Enqueue(dir, addr, src, bytes, buffer.after);
@@ -261,6 +273,14 @@ absl::Status Runtime::CopyOut(uint64_t handle, uint64_t offset, void* dst, uint6
   }
   const char* addr = tiers_->Address(source, t.copy(source).extent) + offset;
   const io::CopyDirection dir = Mover::Direction(source, device_dst, false);
+  if (dir == io::CopyDirection::kHostToHost && buffer.after.empty()) {
+    Unlocked(t, [&] {
+      std::memcpy(dst, addr, bytes);
+      return absl::OkStatus();
+    }).IgnoreError();
+    NoteUse(t, source, true);
+    return absl::OkStatus();
+  }
   absl::StatusOr<io::CopyTicket> ticket;
   absl::Status s = Unlocked(t, [&] {
     ticket = mover_->copy_engine().Enqueue(dir, dst, addr, bytes, buffer.after);

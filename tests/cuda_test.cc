@@ -225,6 +225,26 @@ class Gate {
   std::thread watchdog_;
 };
 
+// Pinned host memory: a device-to-host cudaMemcpyAsync into pageable memory blocks the host
+// until the copy is done, which behind a shut gate would be a wait this test did not mean.
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(uint64_t n) : n_(n) {
+    if (cudaMallocHost(&p_, n) != cudaSuccess) p_ = nullptr;
+  }
+  ~PinnedBuffer() {
+    if (p_ != nullptr) cudaFreeHost(p_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  uint8_t* data() const { return static_cast<uint8_t*>(p_); }
+  std::vector<uint8_t> bytes() const { return std::vector<uint8_t>(data(), data() + n_); }
+
+ private:
+  uint64_t n_;
+  void* p_ = nullptr;
+};
+
 // A runtime on the GPU with a stream of the caller's.
 class CudaRuntime : public Cuda {
  protected:
@@ -267,7 +287,8 @@ TEST_F(CudaRuntime, StreamOrderedAcquireLeavesTheCopyInFlight) {
   auto data = testing::RandomBytes(n, 4);
   ASSERT_EQ(tm_tensor_write(rt_, t, 0, data.data(), n), TM_OK) << tm_last_error();
   ASSERT_EQ(testing::OffloadNow(rt_, t, TM_TIER_DRAM), TM_OK) << tm_last_error();
-  std::vector<uint8_t> back(n);
+  PinnedBuffer pinned(n);
+  ASSERT_NE(pinned.data(), nullptr);
   {
     Gate gate(stream_);
     ASSERT_TRUE(gate.launched());
@@ -275,12 +296,13 @@ TEST_F(CudaRuntime, StreamOrderedAcquireLeavesTheCopyInFlight) {
     ASSERT_EQ(tm_tensor_acquire(rt_, t, TM_TIER_HBM, TM_ACCESS_READ, stream_, &p), TM_OK)
         << tm_last_error();
     EXPECT_FALSE(gate.passed()) << "acquire waited for the caller's stream";
-    ASSERT_EQ(cudaMemcpyAsync(back.data(), p, n, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(pinned.data(), p, n, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
     ASSERT_EQ(tm_tensor_release_on_stream(rt_, t, TM_TIER_HBM, stream_), TM_OK) << tm_last_error();
     gate.Open();
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     EXPECT_FALSE(gate.opened_by_watchdog());
   }
+  std::vector<uint8_t> back = pinned.bytes();
   EXPECT_EQ(back, data);
   ASSERT_EQ(tm_tensor_sync(rt_, t), TM_OK) << tm_last_error();
   std::fill(back.begin(), back.end(), 0);
@@ -298,18 +320,20 @@ TEST_F(CudaRuntime, CopyInAndOutOfDeviceMemoryOnAStream) {
   ASSERT_EQ(cudaMalloc(&src, n), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dst, n), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(src, data.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
-  std::vector<uint8_t> back(n);
+  PinnedBuffer pinned(n);
+  ASSERT_NE(pinned.data(), nullptr);
   {
     Gate gate(stream_);
     ASSERT_TRUE(gate.launched());
     ASSERT_EQ(tm_tensor_copy_in(rt_, t, 0, src, n, stream_), TM_OK) << tm_last_error();
     ASSERT_EQ(tm_tensor_copy_out(rt_, t, 0, dst, n, stream_), TM_OK) << tm_last_error();
     EXPECT_FALSE(gate.passed()) << "a copy waited for the caller's stream on the host";
-    ASSERT_EQ(cudaMemcpyAsync(back.data(), dst, n, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(pinned.data(), dst, n, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
     gate.Open();
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     EXPECT_FALSE(gate.opened_by_watchdog());
   }
+  std::vector<uint8_t> back = pinned.bytes();
   EXPECT_EQ(back, data);
   ASSERT_EQ(tm_tensor_sync(rt_, t), TM_OK) << tm_last_error();
   tm_stats s = TM_STATS_INIT;

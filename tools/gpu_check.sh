@@ -96,12 +96,21 @@ gtest() {
   timeout 240 env "$@" "$(exe "$name")" --gtest_color=no >"$out" 2>&1
   local rc=$?
   local passed skipped failures
-  passed=$(grep -c '^\[       OK \]' "$out")
-  skipped=$(grep -c '^\[  SKIPPED \]' "$out")
-  failures=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$out")
-  cat "$out" | grep -E '^\[  (FAILED|SKIPPED) |Failure|Expected|Which is|actual|error' | head -60 >&2
-  local line="$name${*:+ ($*)}: $passed passed, $skipped skipped, $((failures / 2)) failed (exit $rc)"
-  if [ $rc -ne 0 ] || [ "$skipped" -gt 0 ] || [ "$passed" -eq 0 ]; then fail "$line"; else note "ok    $line"; fi
+  # One line per test as it ends: "[  SKIPPED ] Suite.Test (12 ms)".
+  passed=$(grep -cE '^\[       OK \] .* \([0-9]+ ms\)$' "$out")
+  skipped=$(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$out")
+  failures=$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$out")
+  # A skip is a failure on a GPU machine, unless it needs more than one GPU.
+  local multi
+  multi=$(grep -c 'needs two GPUs' "$out" || true)
+  grep -E '^\[  (FAILED|SKIPPED) \] .* ms\)$|Failure|Expected|Which is|Value of|Actual|error|Skipped' "$out" |
+    head -60 >&2
+  local line="$name${*:+ ($*)}: $passed passed, $skipped skipped, $failures failed (exit $rc)"
+  if [ $rc -ne 0 ] || [ "$passed" -eq 0 ] || [ "$skipped" -gt "$multi" ]; then
+    fail "$line"
+  else
+    note "ok    $line"
+  fi
 }
 
 log "CUDA tests"
