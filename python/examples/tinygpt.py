@@ -43,6 +43,8 @@ class TinyGPT(nn.Module):
         self.head = nn.Linear(hidden, vocab, bias=False)
         self.head.weight = self.tok.weight  # tied, as GPT-2 does
         self.drop = nn.Dropout(dropout)
+        for emb in (self.tok, self.pos):
+            nn.init.normal_(emb.weight, std=0.02)  # GPT-2's: a tied head starts near uniform
 
     def forward(self, idx, targets):
         pos = torch.arange(idx.shape[1], device=idx.device)

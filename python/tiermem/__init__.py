@@ -63,13 +63,14 @@ def _check(status, call):
         raise TiermemError(status, msg.decode(errors="replace") if msg else "", call)
 
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40,
-          "tb": 1000**4, "tib": 1 << 40}
+# As lib/config.cc reads sizes: binary units only, no decimal point.
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40}
 
 
 def parse_size(value, what="size"):
-    """An int, or a string such as "64MiB", "1.5GiB", "4096": bytes as an int."""
+    """An int, or a string such as "64MiB", "2G", "4096" (units are powers of 1024, as in the
+    TIERMEM_* variables): bytes as an int."""
     if isinstance(value, bool):
         raise TypeError("%s: expected a size, got %r" % (what, value))
     if isinstance(value, int):
@@ -77,13 +78,13 @@ def parse_size(value, what="size"):
             raise ValueError("%s: %d is negative" % (what, value))
         return value
     if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
+        m = re.fullmatch(r"\s*([0-9]+)\s*([a-zA-Z]*)\s*", value)
         if m and m.group(2).lower() in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+            return int(m.group(1)) * _UNITS[m.group(2).lower()]
         if value.strip().endswith("%"):
             raise ValueError("%s: %r: a percentage of the tier is only accepted in the TIERMEM_* "
                              "variable, not as a keyword" % (what, value))
-        raise ValueError("%s: %r is not a size (examples: 4096, \"64MiB\", \"2GiB\")" %
+        raise ValueError("%s: %r is not a size (examples: 4096, \"64MiB\", \"2G\")" %
                          (what, value))
     raise TypeError("%s: expected an int or a string, got %s" % (what, type(value).__name__))
 

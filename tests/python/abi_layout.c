@@ -5,7 +5,7 @@
 #include <tiermem/tiermem.h>
 
 static int first;
-#define BEGIN(type)                                                         \
+#define BEGIN(type)                                                               \
   printf("%s\"%s\": {\"__size__\": %zu", first ? "" : ", ", #type, sizeof(type)); \
   first = 0
 #define FIELD(type, field) printf(", \"%s\": %zu", #field, offsetof(type, field))
