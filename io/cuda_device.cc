@@ -1,6 +1,14 @@
 // The CUDA backend: a real GPU through the CUDA runtime API. Compiled whenever the toolkit is
-// found; without one, CreateCudaDevice says Unavailable. Every call is checked, and a failed
-// call's sticky error is cleared so that the next call does not inherit it.
+// found; without one, CreateCudaDevice says Unavailable.
+//
+// Errors: every call's return value is checked. cudaGetLastError is never called: it clears
+// only non-sticky errors, and on a caller's thread it would wipe the caller's own error state.
+// A sticky error (an illegal address, a launch failure...) means the context is lost: every
+// later call of the process fails the same way, and the message says so.
+//
+// Devices: every CUDA call made on a caller's thread runs inside a DeviceGuard (save, set,
+// restore), so that tiermem never changes the caller's current device; tiermem's own threads
+// bind the device once (BindThread).
 #include "io/device.h"
 
 #ifdef TIERMEM_HAVE_CUDA
@@ -11,7 +19,6 @@
 #include <atomic>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "io/sync.h"
@@ -19,12 +26,45 @@
 namespace tiermem::io {
 namespace {
 
+bool IsSticky(cudaError_t err) {
+  switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
+
 absl::Status CudaError(cudaError_t err, const char* what) {
-  cudaGetLastError();  // clear the sticky error
   std::string msg =
       absl::StrFormat("%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
-  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
-  return absl::InternalError(msg);
+  if (IsSticky(err)) {
+    absl::StrAppend(&msg,
+                    "; this is a sticky error: the CUDA context is lost and every later CUDA call "
+                    "of this process fails (restart the process)");
+  }
+  switch (err) {
+    case cudaErrorMemoryAllocation:
+      return absl::ResourceExhaustedError(msg);
+    case cudaErrorInvalidResourceHandle:
+    case cudaErrorContextIsDestroyed:
+      return absl::InvalidArgumentError(msg);
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+    case cudaErrorStreamCaptureImplicit:
+      return absl::UnimplementedError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
 }
 
 #define TM_CUDA_RETURN_IF_ERROR(call)                                       \
@@ -33,18 +73,106 @@ absl::Status CudaError(cudaError_t err, const char* what) {
     if (tm_cuda_err_ != cudaSuccess) return CudaError(tm_cuda_err_, #call); \
   } while (0)
 
+// Makes `device` current for a scope and restores the caller's device after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) {
+      status_ = cudaSetDevice(device);
+      changed_ = status_ == cudaSuccess && previous_ >= 0;
+    }
+  }
+  ~DeviceGuard() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  cudaError_t status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+  cudaError_t status_ = cudaSuccess;
+};
+
+#define TM_CUDA_GUARD(device)    \
+  DeviceGuard tm_guard_(device); \
+  if (tm_guard_.status() != cudaSuccess) return CudaError(tm_guard_.status(), "cudaSetDevice")
+
+// A CUDA event as a fence. Blocking-sync events: a host wait sleeps instead of spinning a core
+// through a long copy.
+class CudaFence final : public Fence {
+ public:
+  static absl::StatusOr<std::shared_ptr<CudaFence>> Record(int device, cudaStream_t stream) {
+    TM_CUDA_GUARD(device);
+    cudaEvent_t ev = nullptr;
+    TM_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&ev, cudaEventBlockingSync | cudaEventDisableTiming));
+    if (cudaError_t e = cudaEventRecord(ev, stream); e != cudaSuccess) {
+      cudaEventDestroy(ev);
+      return CudaError(e, "cudaEventRecord");
+    }
+    return std::make_shared<CudaFence>(device, ev);
+  }
+  CudaFence(int device, cudaEvent_t ev) : device_(device), event_(ev) {}
+  ~CudaFence() override {
+    DeviceGuard guard(device_);
+    cudaEventDestroy(event_);
+  }
+  absl::Status Wait() override {
+    TM_CUDA_GUARD(device_);
+    TM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event_));
+    return absl::OkStatus();
+  }
+  bool Passed() override {
+    DeviceGuard guard(device_);
+    return cudaEventQuery(event_) != cudaErrorNotReady;  // an error has "passed" too
+  }
+  cudaEvent_t event() const { return event_; }
+
+ private:
+  int device_;
+  cudaEvent_t event_;
+};
+
+// Checks a caller's stream before anything is enqueued behind it.
+absl::Status CheckStream(int device, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaError_t e = cudaStreamIsCapturing(stream, &capture); e != cudaSuccess) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("stream %p is not a usable CUDA stream: %s (%s)",
+                        static_cast<void*>(stream), cudaGetErrorString(e), cudaGetErrorName(e)));
+  }
+  if (capture != cudaStreamCaptureStatusNone) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "stream %p is being captured into a CUDA graph: a stream-ordered copy would run once, at "
+        "capture, not at each replay",
+        static_cast<void*>(stream)));
+  }
+#if CUDART_VERSION >= 12080
+  int stream_device = -1;
+  if (cudaStreamGetDevice(stream, &stream_device) == cudaSuccess && stream_device != device) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("stream %p belongs to CUDA device %d, not to tiermem's device %d",
+                        static_cast<void*>(stream), stream_device, device));
+  }
+#endif
+  return absl::OkStatus();
+}
+
 // Copies go round-robin over a few non-blocking streams per direction, each cut into chunks:
 // the DMA engine interleaves streams at chunk granularity, so a small urgent copy is not stuck
 // behind a huge one (cudf issue 15620).
 class CudaCopyEngine final : public CopyEngine {
  public:
   static constexpr int kStreamsPerDirection = 4;
+  static constexpr int kDirections = 4;
   static constexpr uint64_t kChunk = 8ull << 20;
 
   explicit CudaCopyEngine(int device) : device_(device) {}
   ~CudaCopyEngine() override {
-    cudaSetDevice(device_);
-    for (auto& [id, ev] : events_) cudaEventDestroy(ev);
+    DeviceGuard guard(device_);
     for (auto& dir : streams_) {
       for (cudaStream_t s : dir) {
         if (s != nullptr) cudaStreamDestroy(s);
@@ -53,7 +181,7 @@ class CudaCopyEngine final : public CopyEngine {
   }
 
   absl::Status Init() {
-    TM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    TM_CUDA_GUARD(device_);
     for (auto& dir : streams_) {
       for (cudaStream_t& s : dir) {
         TM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -62,55 +190,56 @@ class CudaCopyEngine final : public CopyEngine {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<CopyTicket> Enqueue(CopyDirection dir, void* dst, const void* src,
-                                     uint64_t bytes) override {
-    TM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  absl::StatusOr<CopyTicket> Enqueue(CopyDirection dir, void* dst, const void* src, uint64_t bytes,
+                                     const std::vector<FencePtr>& after) override {
+    TM_CUDA_GUARD(device_);
     const int d = static_cast<int>(dir);
     cudaStream_t s = streams_[d][next_stream_[d]++ % kStreamsPerDirection];
-    cudaMemcpyKind kind =
-        dir == CopyDirection::kHostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
-    for (uint64_t off = 0; off < bytes; off += kChunk) {
-      TM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(dst) + off,
-                                              static_cast<const char*>(src) + off,
-                                              std::min(kChunk, bytes - off), kind, s));
+    for (const FencePtr& f : after) {
+      if (auto* cf = dynamic_cast<CudaFence*>(f.get()); cf != nullptr) {
+        TM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, cf->event(), 0));
+      } else if (auto st = f->Wait(); !st.ok()) {
+        return st;
+      }
     }
-    cudaEvent_t ev = nullptr;
-    TM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    if (cudaError_t e = cudaEventRecord(ev, s); e != cudaSuccess) {
-      cudaEventDestroy(ev);
-      return CudaError(e, "cudaEventRecord");
+    absl::Status status;
+    for (uint64_t off = 0; off < bytes && status.ok(); off += kChunk) {
+      // cudaMemcpyDefault: with unified addressing the runtime tells host from device memory.
+      if (cudaError_t e =
+              cudaMemcpyAsync(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off,
+                              std::min(kChunk, bytes - off), cudaMemcpyDefault, s);
+          e != cudaSuccess) {
+        status = CudaError(e, "cudaMemcpyAsync");
+      }
     }
-    MutexLock lock(&mu_);
-    uint64_t id = ++next_id_;
-    events_[id] = ev;
-    return CopyTicket{id};
+    absl::StatusOr<std::shared_ptr<CudaFence>> fence =
+        status.ok() ? CudaFence::Record(device_, s)
+                    : absl::StatusOr<std::shared_ptr<CudaFence>>(status);
+    if (!fence.ok()) {
+      // Chunks already enqueued keep reading src and writing dst: drain them before the caller
+      // frees either.
+      cudaStreamSynchronize(s);
+      return fence.status();
+    }
+    return CopyTicket{*std::move(fence)};
   }
 
-  absl::Status Wait(CopyTicket ticket) override {
-    cudaEvent_t ev = nullptr;
-    {
-      MutexLock lock(&mu_);
-      auto it = events_.find(ticket.id);
-      if (it == events_.end()) return absl::InvalidArgumentError("unknown copy ticket");
-      ev = it->second;
-      events_.erase(it);
-    }
-    cudaError_t e = cudaEventSynchronize(ev);
-    cudaEventDestroy(ev);
-    if (e != cudaSuccess) return CudaError(e, "cudaEventSynchronize (copy)");
-    return absl::OkStatus();
+  absl::StatusOr<FencePtr> RecordOnStream(void* stream) override {
+    TM_CUDA_GUARD(device_);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (auto st = CheckStream(device_, s); !st.ok()) return st;
+    auto f = CudaFence::Record(device_, s);
+    if (!f.ok()) return f.status();
+    return FencePtr(*std::move(f));
   }
 
-  absl::Status StreamWait(void* stream, CopyTicket ticket) override {
-    cudaEvent_t ev = nullptr;
-    {
-      MutexLock lock(&mu_);
-      auto it = events_.find(ticket.id);
-      if (it == events_.end()) return absl::InvalidArgumentError("unknown copy ticket");
-      ev = it->second;
-    }
-    TM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    TM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), ev, 0));
+  absl::Status StreamWait(void* stream, const FencePtr& fence) override {
+    TM_CUDA_GUARD(device_);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (auto st = CheckStream(device_, s); !st.ok()) return st;
+    auto* cf = dynamic_cast<CudaFence*>(fence.get());
+    if (cf == nullptr) return fence->Wait();
+    TM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, cf->event(), 0));
     return absl::OkStatus();
   }
 
@@ -118,11 +247,8 @@ class CudaCopyEngine final : public CopyEngine {
 
  private:
   int device_;
-  cudaStream_t streams_[2][kStreamsPerDirection] = {};
-  std::atomic<uint32_t> next_stream_[2] = {0, 0};
-  Mutex mu_;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<uint64_t, cudaEvent_t> events_ ABSL_GUARDED_BY(mu_);
+  cudaStream_t streams_[kDirections][kStreamsPerDirection] = {};
+  std::atomic<uint32_t> next_stream_[kDirections] = {0, 0, 0, 0};
 };
 
 class CudaDevice final : public Device {
@@ -138,30 +264,43 @@ class CudaDevice final : public Device {
                            static_cast<double>(props_.totalGlobalMem) / (1ull << 30), bus_id_);
   }
   uint64_t physical_bytes() const override { return props_.totalGlobalMem; }
-  uint64_t default_budget() const override { return props_.totalGlobalMem / 2; }
+  uint64_t free_bytes() const override {
+    DeviceGuard guard(device_);
+    size_t free = 0, total = 0;
+    if (guard.status() != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+    return free;
+  }
+  // Half the device, but never more than is free less a headroom for the framework beside
+  // tiermem (its kernels' workspaces, cuBLAS handles, the caching allocator's next block).
+  uint64_t default_budget() const override {
+    const uint64_t total = props_.totalGlobalMem;
+    const uint64_t headroom = std::max<uint64_t>(1ull << 30, total / 20);
+    const uint64_t free = free_bytes();
+    return std::min(total / 2, free > headroom ? free - headroom : 0);
+  }
   std::optional<std::string> pci_bus_id() const override { return bus_id_; }
 
   absl::StatusOr<void*> AllocateSlab(uint64_t bytes) override {
-    TM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    TM_CUDA_GUARD(device_);
     void* p = nullptr;
     TM_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
     return p;
   }
   void FreeSlab(void* slab, uint64_t) override {
-    cudaSetDevice(device_);
+    DeviceGuard guard(device_);
     cudaFree(slab);
   }
   absl::Status RegisterHost(void* addr, uint64_t bytes) override {
-    TM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    TM_CUDA_GUARD(device_);
     TM_CUDA_RETURN_IF_ERROR(cudaHostRegister(addr, bytes, cudaHostRegisterPortable));
     return absl::OkStatus();
   }
   void UnregisterHost(void* addr) override {
-    cudaSetDevice(device_);
-    if (cudaHostUnregister(addr) != cudaSuccess) cudaGetLastError();
+    DeviceGuard guard(device_);
+    cudaHostUnregister(addr);
   }
   absl::Status Fill(void* addr, int value, uint64_t bytes) override {
-    TM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    TM_CUDA_GUARD(device_);
     cudaStream_t s = engine_.stream(CopyDirection::kHostToDevice);
     TM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(addr, value, bytes, s));
     TM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
@@ -169,9 +308,17 @@ class CudaDevice final : public Device {
   }
   CopyEngine& copy_engine() override { return engine_; }
 
+  bool IsDevicePointer(const void* p) override {
+    DeviceGuard guard(device_);
+    cudaPointerAttributes attr = {};
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) return false;
+    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  }
+  void BindThread() override { cudaSetDevice(device_); }
+
   absl::StatusOr<std::vector<double>> TimeCopies(CopyKind kind, void* dst, const void* src,
                                                  uint64_t bytes, int repeats) override {
-    TM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    TM_CUDA_GUARD(device_);
     const cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
                              : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
                                                                : cudaMemcpyDeviceToDevice;
@@ -186,8 +333,9 @@ class CudaDevice final : public Device {
       }
     } r;
     TM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
-    TM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&r.start));
-    TM_CUDA_RETURN_IF_ERROR(cudaEventCreate(&r.stop));
+    // Timing events (no cudaEventDisableTiming), but blocking-sync: the host sleeps meanwhile.
+    TM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.start, cudaEventBlockingSync));
+    TM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.stop, cudaEventBlockingSync));
     std::vector<double> seconds;
     for (int i = -1; i < repeats; ++i) {  // i == -1: the warm-up
       TM_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.start, r.stream));
@@ -215,7 +363,6 @@ bool CudaBackendCompiled() { return true; }
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int device_index) {
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
-    cudaGetLastError();
     return absl::UnavailableError(absl::StrFormat("no usable CUDA device: %s (%s)",
                                                   cudaGetErrorString(e), cudaGetErrorName(e)));
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +24,9 @@ class Device {
   virtual std::string Describe() const = 0;
   // Physical memory of the device: what percentages of TIERMEM_HBM_BYTES refer to.
   virtual uint64_t physical_bytes() const = 0;
+  // Device memory free now (cudaMemGetInfo): what percentages of TIERMEM_HBM_BYTES refer to,
+  // since a framework beside tiermem holds part of the device.
+  virtual uint64_t free_bytes() const = 0;
   // Budget when TIERMEM_HBM_BYTES is not set.
   virtual uint64_t default_budget() const = 0;
   // PCI bus id of the device, for NUMA locality; nullopt for the emulated device.
@@ -39,6 +43,13 @@ class Device {
 
   virtual CopyEngine& copy_engine() = 0;
 
+  // Whether `p` is device memory (a caller's or a tier's): copies to or from it cross the link.
+  // Host memory, pageable or pinned, is not.
+  virtual bool IsDevicePointer(const void* p) = 0;
+  // Makes the device current on the calling thread for good: for tiermem's own threads (callers'
+  // threads get a scoped guard around each call instead).
+  virtual void BindThread() {}
+
   // For bandwidth probes: copies `bytes` from src to dst `repeats` times, one after another, and
   // returns the seconds each copy took by the device's own clock: CUDA events recorded around
   // the copy on a stream of its own (as nvbandwidth does), or the wall clock around the
@@ -47,6 +58,30 @@ class Device {
   enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
   virtual absl::StatusOr<std::vector<double>> TimeCopies(CopyKind kind, void* dst, const void* src,
                                                          uint64_t bytes, int repeats) = 0;
+};
+
+// A stream of the emulated device, for callers and tests: host functions run in order on a
+// thread of its own, and its address is the stream handle passed to the C API (as a
+// cudaStream_t is). Also the handles cudaStreamLegacy (0x1) and cudaStreamPerThread (0x2) name
+// one process-wide emulated stream.
+class EmulatedStream {
+ public:
+  EmulatedStream();
+  ~EmulatedStream();  // runs what was launched, then goes
+  EmulatedStream(const EmulatedStream&) = delete;
+  EmulatedStream& operator=(const EmulatedStream&) = delete;
+
+  // Runs `work` after everything launched before it.
+  void Launch(std::function<void()> work);
+  // Blocks until everything launched so far has run.
+  void Synchronize();
+  // While capturing (as cudaStreamBeginCapture), stream-ordered calls of tiermem refuse it.
+  void SetCapturing(bool capturing);
+
+  class Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
 };
 
 struct EmulatedDeviceOptions {

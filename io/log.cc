@@ -9,17 +9,26 @@
 namespace tiermem::io {
 namespace {
 std::atomic<int> g_level{static_cast<int>(LogSeverity::kWarn)};
+std::atomic<int> g_rank{-1};  // -1: not named
 constexpr const char* kNames[] = {"", "error", "warn", "info", "debug"};
 }  // namespace
 
 void SetLogLevel(LogSeverity level) { g_level.store(static_cast<int>(level)); }
+
+void SetLogRank(int local_rank, int local_world) {
+  g_rank.store(local_world > 1 || local_rank > 0 ? local_rank : -1);
+}
 
 bool LogEnabled(LogSeverity severity) { return static_cast<int>(severity) <= g_level.load(); }
 
 void Log(LogSeverity severity, const char* format, ...) {
   if (!LogEnabled(severity)) return;
   char line[1024];
-  int n = std::snprintf(line, sizeof line, "tiermem: %s: ", kNames[static_cast<int>(severity)]);
+  const int rank = g_rank.load();
+  int n = rank >= 0 ? std::snprintf(line, sizeof line, "tiermem[r%d]: %s: ", rank,
+                                    kNames[static_cast<int>(severity)])
+                    : std::snprintf(line, sizeof line,
+                                    "tiermem: %s: ", kNames[static_cast<int>(severity)]);
   va_list args;
   va_start(args, format);
   int m = std::vsnprintf(line + n, sizeof line - static_cast<size_t>(n) - 1, format, args);

@@ -48,9 +48,14 @@ int Topology::NodeOfPciDevice(const std::string& bus_id) const {
   if (dev == nullptr) return -1;
   hwloc_obj_t parent = hwloc_get_non_io_ancestor_obj(handle_->topo, dev);
   if (parent == nullptr || parent->nodeset == nullptr) return -1;
-  int node = hwloc_bitmap_first(parent->nodeset);
-  // A device attached above several nodes has no single local node.
-  return hwloc_bitmap_weight(parent->nodeset) == 1 ? node : -1;
+  const int node = hwloc_bitmap_first(parent->nodeset);
+  const int weight = hwloc_bitmap_weight(parent->nodeset);
+  // One node: the GPU's. Several but not all: a socket split into NUMA nodes (Intel SNC, AMD
+  // NPS), whose nodes are all local to the GPU's root port: the first of them. Every node: the
+  // topology says nothing about locality (a VM, a flat machine): none, and the caller falls
+  // back to its own thread's node.
+  if (weight == 1 || (weight > 1 && weight < NodeCount())) return node;
+  return -1;
 }
 
 int Topology::NodeOfCallingThread() const {

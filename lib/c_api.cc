@@ -342,6 +342,9 @@ TM_API tm_status tm_runtime_info(tm_runtime runtime, tm_info* out) {
     r.prefetch_depth = static_cast<int32_t>(c.prefetch_depth);
     r.prefetch_bytes = info.prefetch_bytes;
     r.placement = static_cast<tm_placement>(static_cast<int>(c.placement) + TM_PLACEMENT_NONE);
+    r.device_allocator = c.device_allocator.set() ? 1 : 0;
+    r.local_rank = c.local_rank;
+    r.local_world_size = c.local_world_size;
     const size_t n = std::min(info.device.size(), sizeof r.device_name - 1);
     std::memcpy(r.device_name, info.device.data(), n);
     r.device_name[n] = '\0';

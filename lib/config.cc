@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "lib/local_ranks.h"
 
 extern char** environ;
 
@@ -421,18 +422,39 @@ absl::Status CheckTracePath(absl::string_view t) {
   return absl::OkStatus();
 }
 
-// The launchers' names for the local rank, after TIERMEM_LOCAL_RANK: torchrun and DeepSpeed,
-// Open MPI, Slurm.
-constexpr const char* kLauncherRankVariables[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                                  "SLURM_LOCALID"};
-
 std::vector<Setting> BuildSettings() {
   std::vector<Setting> rows;
   rows.push_back(ChoiceRow("TIERMEM_DEVICE", "auto", "Backend of the HBM tier.", &Config::device,
                            &ConfigOverrides::device, kDeviceChoices));
-  rows.push_back(RangeRow<int>("TIERMEM_CUDA_DEVICE", "device index, ", 0, 1024, 0,
-                               "Which CUDA device to use.", &Config::cuda_device,
-                               &ConfigOverrides::cuda_device));
+  {
+    Setting s;
+    s.name = "TIERMEM_CUDA_DEVICE";
+    s.values = "`auto`, device index 0-1024";
+    s.default_doc = "`auto`";
+    s.summary = "Which CUDA device to use.";
+    s.default_value = [](const EnvLookup&) { return Fixed("auto"); };
+    s.parse = [](absl::string_view t, Config& c) -> absl::Status {
+      if (absl::AsciiStrToLower(absl::StripAsciiWhitespace(t)) == "auto") {
+        c.cuda_device = -1;
+        return absl::OkStatus();
+      }
+      auto v = ParseUnsigned("TIERMEM_CUDA_DEVICE", t);
+      if (!v.ok() || *v > 1024) {
+        return Bad("TIERMEM_CUDA_DEVICE", t, "expected auto or a device index from 0 to 1024");
+      }
+      c.cuda_device = static_cast<int>(*v);
+      return absl::OkStatus();
+    };
+    // The runtime replaces "auto" with the device it chose.
+    s.format = [](const Config& c) -> std::string {
+      return c.cuda_device < 0 ? "auto" : absl::StrCat(c.cuda_device);
+    };
+    s.override_text = [](const ConfigOverrides& o) -> std::optional<std::string> {
+      if (!o.cuda_device.has_value()) return std::nullopt;
+      return *o.cuda_device < 0 ? "auto" : absl::StrCat(*o.cuda_device);
+    };
+    rows.push_back(std::move(s));
+  }
   rows.push_back(SizeRow("TIERMEM_HBM_BYTES", "size or %", "",
                          "1 GiB (emulated, at most 1/4 of RAM); 50% of device memory (CUDA)",
                          "Budget of the HBM tier:", false, &Config::hbm_bytes,
@@ -561,15 +583,11 @@ std::vector<Setting> BuildSettings() {
     s.values = "0-65535";
     s.default_doc =
         "the launcher's `LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK` or `SLURM_LOCALID`, else `0`";
-    s.summary = "This process's rank among those on its node, for `%r` in `TIERMEM_TRACE`.";
+    s.summary = "This process's rank among those on its node:";
     s.default_value = [](const EnvLookup& env) -> std::optional<Setting::Default> {
-      // The launchers' variables are not ours to judge: one that is not a rank is passed over.
-      for (const char* name : kLauncherRankVariables) {
-        auto v = env(name);
-        if (!v.has_value()) continue;
-        if (auto rank = ParseUnsigned(name, *v); rank.ok() && *rank <= 65535) {
-          return Setting::Default{absl::StrCat(*rank), absl::StrCat("environment ", name)};
-        }
+      if (auto l = DetectLauncherRanks(env); l.has_value()) {
+        return Setting::Default{absl::StrCat(l->rank),
+                                absl::StrCat("environment ", l->rank_variable)};
       }
       return Fixed("0");
     };
@@ -581,6 +599,40 @@ std::vector<Setting> BuildSettings() {
       return absl::OkStatus();
     };
     s.format = [](const Config& c) { return absl::StrCat(c.local_rank); };
+    s.override_text = [](const ConfigOverrides& o) -> std::optional<std::string> {
+      if (!o.local_rank.has_value()) return std::nullopt;
+      return absl::StrCat(*o.local_rank);
+    };
+    rows.push_back(std::move(s));
+  }
+  {
+    Setting s;
+    s.name = "TIERMEM_LOCAL_WORLD_SIZE";
+    s.values = "1-65536";
+    s.default_doc =
+        "the launcher's (`LOCAL_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_SIZE`, Slurm's tasks per "
+        "node), else `1`";
+    s.summary = "Processes on this node that share its percentage budgets.";
+    s.default_value = [](const EnvLookup& env) -> std::optional<Setting::Default> {
+      // From the launcher that gave the rank, never from another one.
+      if (auto l = DetectLauncherRanks(env); l.has_value() && l->world.has_value()) {
+        return Setting::Default{absl::StrCat(*l->world),
+                                absl::StrCat("environment ", l->world_variable)};
+      }
+      return Fixed("1");
+    };
+    s.parse = [](absl::string_view t, Config& c) -> absl::Status {
+      auto v = ParseUnsigned("TIERMEM_LOCAL_WORLD_SIZE", t);
+      if (!v.ok()) return v.status();
+      if (*v < 1 || *v > 65536) return Bad("TIERMEM_LOCAL_WORLD_SIZE", t, "must be 1 to 65536");
+      c.local_world_size = static_cast<int>(*v);
+      return absl::OkStatus();
+    };
+    s.format = [](const Config& c) { return absl::StrCat(c.local_world_size); };
+    s.override_text = [](const ConfigOverrides& o) -> std::optional<std::string> {
+      if (!o.local_world_size.has_value()) return std::nullopt;
+      return absl::StrCat(*o.local_world_size);
+    };
     rows.push_back(std::move(s));
   }
   {
@@ -675,6 +727,10 @@ absl::StatusOr<Config> LoadConfig(const ConfigOverrides& o, const EnvLookup& env
     }
     c.entries.push_back({s.name, s.format(c), source});
   }
+  // Code only (function pointers have no text form): not a setting, no row in the table.
+  c.device_allocator = o.device_allocator;
+
+  if (auto st = CheckLocalRanks(env, c); !st.ok()) return st;
 
   auto known = [](absl::string_view name) {
     for (const Setting& s : Settings()) {

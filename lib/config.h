@@ -63,8 +63,8 @@ struct ConfigOverrides {
 
 struct Config {
   DeviceKind device = DeviceKind::kAuto;
-  int cuda_device = 0;
-  SizeSetting hbm_bytes;   // zero means the backend's default
+  int cuda_device = -1;   // -1 ("auto"): the local rank mod the devices visible (lib/local_ranks.h)
+  SizeSetting hbm_bytes;  // zero means the backend's default
   SizeSetting dram_bytes;  // default 2 GiB
   SizeSetting nvme_bytes;  // default 4 GiB
   std::vector<std::string> nvme_paths;
@@ -81,7 +81,10 @@ struct Config {
   Placement placement = Placement::kNone;
   std::string trace;     // Chrome-trace JSON path (%p, %r expanded when the runtime opens it)
   std::string env_file;  // the TIERMEM_ENV_FILE that was read, or empty
-  int local_rank = 0;    // this process's rank on its node: names traces (%r)
+  int local_rank = 0;    // this process's rank on its node: names traces (%r), picks the device
+  // Ranks on the node that share its percentage budgets; 1 when alone or unknown (then a rank
+  // above 0 only names traces and picks the device).
+  int local_world_size = 1;
   DeviceAllocatorHooks device_allocator;       // from tm_config only: not a setting
   ChecksumKind checksum = ChecksumKind::kOff;  // sums of what is written to NVMe, checked on read
 
@@ -93,6 +96,9 @@ struct Config {
   std::vector<Entry> entries;
   // TIERMEM_* variables in the environment that tiermem does not know (likely typos).
   std::vector<std::string> unknown_variables;
+  // Values passed over with a fallback (a launcher's world size that does not fit its rank):
+  // logged as warnings when a runtime is created.
+  std::vector<std::string> warnings;
 
   // The effective value of `name` as text, or nullopt for an unknown name.
   std::optional<std::string> Value(absl::string_view name) const;

@@ -1,6 +1,9 @@
 // The cheapest-window search and the eviction cost.
 #include "lib/eviction.h"
 
+#include <algorithm>
+#include <numeric>
+
 namespace tiermem {
 
 std::optional<EvictionWindow> CheapestWindow(const std::vector<EvictionSlot>& slots,
@@ -45,6 +48,33 @@ std::optional<EvictionWindow> CheapestWindow(const std::vector<EvictionSlot>& sl
     if (better) best = EvictionWindow{i, j, cost, bytes, evicted, victims};
   }
   return best;
+}
+
+std::vector<size_t> CountedOrder(const std::vector<EvictionSlot>& slots) {
+  std::vector<size_t> order(slots.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto rank = [&](size_t i) {
+    switch (slots[i].kind) {
+      case EvictionSlot::Kind::kFree:
+        return 0;
+      case EvictionSlot::Kind::kEvictable:
+        return 1;
+      default:
+        return 2;
+    }
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (rank(a) != rank(b)) return rank(a) < rank(b);
+    if (rank(a) != 1) return false;
+    const EvictionSlot& x = slots[a];
+    const EvictionSlot& y = slots[b];
+    // Cost per byte, compared without dividing: x.cost / x.size < y.cost / y.size.
+    const double lhs = x.cost * static_cast<double>(y.size);
+    const double rhs = y.cost * static_cast<double>(x.size);
+    if (lhs != rhs) return lhs < rhs;
+    return x.size > y.size;
+  });
+  return order;
 }
 
 double EvictionCost(uint64_t bytes, bool dirty, uint64_t distance, uint64_t horizon) {

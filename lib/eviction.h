@@ -43,6 +43,14 @@ struct EvictionWindow {
 // when every run between walls is smaller than `need` (or `need` is 0).
 std::optional<EvictionWindow> CheapestWindow(const std::vector<EvictionSlot>& slots, uint64_t need);
 
+// An order of `slots` for a counted tier (lib/tier_space.h: memory per copy from an outside
+// allocator, so there are no addresses to keep adjacent and any set of copies whose bytes
+// suffice makes room): holes first, then the evictable copies cheapest per byte first (the
+// larger first on a tie: fewer victims), walls last. CheapestWindow over slots taken in this
+// order then finds a cheap set of victims as a window, and never fails for want of adjacency.
+// Returns indices into `slots`.
+std::vector<size_t> CountedOrder(const std::vector<EvictionSlot>& slots);
+
 // The price of evicting one copy of `bytes`, used to rank windows:
 //   bytes x (dirty ? 2 : 1) x urgency,  urgency = 1 + horizon / (distance + 1)
 // - dirty: the only copy, which must be written one tier down before its space is free (twice

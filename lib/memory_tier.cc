@@ -1,4 +1,5 @@
-// Setting up and tearing down the HBM slab and the pinned DRAM region.
+// Setting up and tearing down the HBM slab (or the framework's allocator) and the pinned DRAM
+// region.
 #include "lib/memory_tier.h"
 
 #include "absl/strings/str_format.h"
@@ -7,8 +8,33 @@
 namespace tiermem {
 
 absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateHbm(io::Device& device,
-                                                                  uint64_t bytes) {
+                                                                  uint64_t bytes,
+                                                                  const DeviceAllocatorHooks& hooks,
+                                                                  int device_ordinal) {
   if (bytes == 0) return Error(TM_ERR_CONFIG, "TIERMEM_HBM_BYTES resolves to 0 bytes");
+  if (hooks.set()) {
+    // No slab: the framework's allocator (a caching allocator) holds the GPU's memory, and
+    // tiermem borrows from it copy by copy, within its budget. No stream is known where space
+    // is reserved (a copy's memory may be first used by a mover), so the hooks get NULL: the
+    // memory must be usable on any stream (see docs/c-api.md).
+    TierBacking backing;
+    backing.allocate = [hooks, device_ordinal](uint64_t n,
+                                               absl::string_view tensor) -> absl::StatusOr<void*> {
+      void* p = hooks.alloc(hooks.user, static_cast<size_t>(n), device_ordinal, nullptr);
+      if (p == nullptr) {
+        return Error(TM_ERR_OUT_OF_MEMORY,
+                     absl::StrFormat("tm_config.device_alloc returned NULL for %llu bytes "
+                                     "(tensor \"%s\")",
+                                     static_cast<unsigned long long>(n), tensor));
+      }
+      return p;
+    };
+    backing.free = [hooks, device_ordinal](void* p, uint64_t n) {
+      hooks.free(hooks.user, p, static_cast<size_t>(n), device_ordinal, nullptr);
+    };
+    return std::unique_ptr<MemoryTier>(
+        new MemoryTier(TM_TIER_HBM, device, bytes, 256, std::move(backing)));
+  }
   std::unique_ptr<MemoryTier> t(new MemoryTier(TM_TIER_HBM, device, bytes, 256));
   auto slab = device.AllocateSlab(bytes);
   if (!slab.ok()) {

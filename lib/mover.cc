@@ -35,6 +35,10 @@ absl::Status Mover::Execute(const MovePlan& p, std::optional<CopyTicket>* pendin
 
 absl::Status Mover::ExecuteUncounted(const MovePlan& p, std::optional<CopyTicket>* pending) {
   io::CopyEngine& copy = device_.copy_engine();
+  const bool by_engine = p.src >= 0 && p.src != TM_TIER_NVME && p.dst != TM_TIER_NVME;
+  if (!by_engine) {  // the host reads or writes: the fences pass first
+    if (auto s = Retag(io::WaitAll(p.after), TM_ERR_DEVICE); !s.ok()) return s;
+  }
   if (p.src < 0) {  // zeros
     switch (p.dst) {
       case TM_TIER_HBM:
@@ -55,11 +59,16 @@ absl::Status Mover::ExecuteUncounted(const MovePlan& p, std::optional<CopyTicket
   if (p.dst == TM_TIER_NVME) return Io(p.dst_extent, 0, p.src_addr, p.bytes, true);
   const CopyDirection dir =
       p.dst == TM_TIER_HBM ? CopyDirection::kHostToDevice : CopyDirection::kDeviceToHost;
-  auto ticket = copy.Enqueue(dir, p.dst_addr, p.src_addr, p.bytes);
+  auto ticket = copy.Enqueue(dir, p.dst_addr, p.src_addr, p.bytes, p.after);
   if (!ticket.ok()) return Retag(ticket.status(), TM_ERR_DEVICE);
-  if (p.stream != nullptr && dir == CopyDirection::kHostToDevice && pending != nullptr &&
-      copy.StreamWait(p.stream, *ticket).ok()) {
-    *pending = *ticket;  // the caller's stream waits; the host does not
+  if (p.stream != nullptr && dir == CopyDirection::kHostToDevice && pending != nullptr) {
+    // The caller's stream waits; the host does not. A stream that cannot wait (the runtime
+    // checked it before, so only a device failure) is reported, after the copy has drained.
+    if (absl::Status s = copy.StreamWait(p.stream, ticket->fence); !s.ok()) {
+      (void)copy.Wait(*ticket);
+      return Retag(s, TM_ERR_DEVICE);
+    }
+    *pending = *ticket;
     return absl::OkStatus();
   }
   return Retag(copy.Wait(*ticket), TM_ERR_DEVICE);
@@ -163,6 +172,60 @@ absl::Status Mover::ReadNvme(const Extent& e, uint64_t bytes, uint64_t offset, v
 
 absl::Status Mover::WriteNvme(const Extent& old, const Extent& fresh, uint64_t bytes,
                               uint64_t offset, const void* src, uint64_t n) {
+  CallerBuffer b;
+  b.addr = static_cast<char*>(const_cast<void*>(src));
+  return WriteNvmeFrom(old, fresh, bytes, offset, b, n);
+}
+
+CopyDirection Mover::Direction(tm_tier tier, bool caller_device, bool into_tier) {
+  const bool tier_device = tier == TM_TIER_HBM;
+  const bool from_device = into_tier ? caller_device : tier_device;
+  const bool to_device = into_tier ? tier_device : caller_device;
+  if (from_device) return to_device ? CopyDirection::kDeviceToDevice : CopyDirection::kDeviceToHost;
+  return to_device ? CopyDirection::kHostToDevice : CopyDirection::kHostToHost;
+}
+
+absl::Status Mover::ReadNvmeTo(const Extent& e, uint64_t bytes, uint64_t offset,
+                               const CallerBuffer& dst, uint64_t n) {
+  io::CopyEngine& copy = device_.copy_engine();
+  const CopyDirection dir = dst.device ? CopyDirection::kHostToDevice : CopyDirection::kHostToHost;
+  const uint64_t chunk = staging_.chunk();
+  std::vector<char*> slots = staging_.Acquire(2);
+  std::optional<CopyTicket> in_flight[2];
+  absl::Status status;
+  uint64_t i = 0;
+  for (uint64_t k = offset / chunk; k * chunk < offset + n && status.ok(); ++k, ++i) {
+    const int slot = static_cast<int>(i % 2);
+    if (in_flight[slot].has_value()) {  // the slot's previous chunk must have left it
+      status = Retag(copy.Wait(*in_flight[slot]), TM_ERR_DEVICE);
+      in_flight[slot].reset();
+      if (!status.ok()) break;
+    }
+    const uint64_t start = k * chunk;
+    status = Io(e, start, slots[slot], std::min(chunk, bytes - start), false);
+    if (!status.ok()) break;
+    const uint64_t from = std::max(start, offset);
+    const uint64_t to = std::min(start + chunk, offset + n);
+    auto t = copy.Enqueue(dir, dst.addr + (from - offset), slots[slot] + (from - start), to - from,
+                          dst.after);
+    if (!t.ok()) {
+      status = Retag(t.status(), TM_ERR_DEVICE);
+      break;
+    }
+    in_flight[slot] = *t;
+  }
+  for (auto& t : in_flight) {  // never hand a slot back with a copy still reading it
+    if (!t.has_value()) continue;
+    absl::Status s = Retag(copy.Wait(*t), TM_ERR_DEVICE);
+    if (status.ok()) status = s;
+  }
+  staging_.Release(slots);
+  return status;
+}
+
+absl::Status Mover::WriteNvmeFrom(const Extent& old, const Extent& fresh, uint64_t bytes,
+                                  uint64_t offset, const CallerBuffer& src, uint64_t n) {
+  if (auto s = Retag(io::WaitAll(src.after), TM_ERR_DEVICE); !s.ok()) return s;
   const uint64_t chunk = staging_.chunk();
   std::vector<char*> slot = staging_.Acquire(1);
   absl::Status status;
@@ -178,16 +241,26 @@ absl::Status Mover::WriteNvme(const Extent& old, const Extent& fresh, uint64_t b
         break;
       }
     }
-    if (from < to)
-      std::memcpy(slot[0] + (from - start), static_cast<const char*>(src) + (from - offset),
-                  to - from);
+    if (from < to) {
+      if (src.device) {
+        status =
+            Retag(device_.copy_engine().Copy(CopyDirection::kDeviceToHost, slot[0] + (from - start),
+                                             src.addr + (from - offset), to - from),
+                  TM_ERR_DEVICE);
+        if (!status.ok()) break;
+      } else {
+        std::memcpy(slot[0] + (from - start), src.addr + (from - offset), to - from);
+      }
+    }
     status = Io(fresh, start, slot[0], len, true);
   }
   staging_.Release(slot);
   return status;
 }
 
-absl::Status Mover::CopyIn(tm_tier tier, char* addr, const void* src, uint64_t n) {
+absl::Status Mover::CopyIn(tm_tier tier, char* addr, const void* src, uint64_t n,
+                           const std::vector<io::FencePtr>& after) {
+  if (auto s = Retag(io::WaitAll(after), TM_ERR_DEVICE); !s.ok()) return s;
   if (tier == TM_TIER_DRAM) {
     std::memcpy(addr, src, n);
     return absl::OkStatus();
@@ -197,7 +270,9 @@ absl::Status Mover::CopyIn(tm_tier tier, char* addr, const void* src, uint64_t n
                TM_ERR_DEVICE);
 }
 
-absl::Status Mover::CopyOut(tm_tier tier, const char* addr, void* dst, uint64_t n) {
+absl::Status Mover::CopyOut(tm_tier tier, const char* addr, void* dst, uint64_t n,
+                            const std::vector<io::FencePtr>& after) {
+  if (auto s = Retag(io::WaitAll(after), TM_ERR_DEVICE); !s.ok()) return s;
   if (tier == TM_TIER_DRAM) {
     std::memcpy(dst, addr, n);
     return absl::OkStatus();

@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -28,6 +29,16 @@ struct MovePlan {
   char* src_addr = nullptr;  // HBM or DRAM source
   char* dst_addr = nullptr;  // HBM or DRAM destination
   void* stream = nullptr;    // a caller's CUDA stream for a stream-ordered copy into HBM
+  // Must pass before the source is read: its copy's uses, the caller's stream. A copy engine
+  // waits for them on the device; other paths wait on the host first.
+  std::vector<io::FencePtr> after;
+};
+
+// Where a caller's buffer is, for tm_tensor_copy_in / copy_out.
+struct CallerBuffer {
+  char* addr = nullptr;
+  bool device = false;              // device memory (crosses the link)
+  std::vector<io::FencePtr> after;  // the caller's stream fence and the copy's uses
 };
 
 class Mover {
@@ -40,12 +51,21 @@ class Mover {
   // when it succeeds.
   absl::Status Execute(const MovePlan& p, std::optional<io::CopyTicket>* pending);
 
-  // Without the lock: host memory <-> an HBM or DRAM address.
-  absl::Status CopyIn(tm_tier tier, char* addr, const void* src, uint64_t n);
-  absl::Status CopyOut(tm_tier tier, const char* addr, void* dst, uint64_t n);
+  // Without the lock: host memory <-> an HBM or DRAM address, once `after` has passed.
+  absl::Status CopyIn(tm_tier tier, char* addr, const void* src, uint64_t n,
+                      const std::vector<io::FencePtr>& after = {});
+  absl::Status CopyOut(tm_tier tier, const char* addr, void* dst, uint64_t n,
+                       const std::vector<io::FencePtr>& after = {});
   // Without the lock: bytes [offset, offset+n) of a tensor of `bytes` held on NVMe at `e`,
   // into host memory, through one staging slot.
   absl::Status ReadNvme(const Extent& e, uint64_t bytes, uint64_t offset, void* dst, uint64_t n);
+  // Without the lock: the same into a caller's buffer (host or device memory), pipelined: chunk
+  // k+1 is read into one staging slot while chunk k is copied out of the other. Returns when
+  // every copy is done (the slots go back to the pool).
+  absl::Status ReadNvmeTo(const Extent& e, uint64_t bytes, uint64_t offset, const CallerBuffer& dst,
+                          uint64_t n);
+  // The direction of a copy between a tier's memory and a caller's buffer.
+  static io::CopyDirection Direction(tm_tier tier, bool caller_device, bool into_tier);
 
   // Without the lock: makes `fresh` (an NVMe extent) hold the tensor's bytes with
   // [offset, offset+n) replaced by `src`; the rest comes from `old` (an NVMe extent), or is zero
@@ -53,6 +73,9 @@ class Mover {
   // failure loses nothing.
   absl::Status WriteNvme(const Extent& old, const Extent& fresh, uint64_t bytes, uint64_t offset,
                          const void* src, uint64_t n);
+  // The same from a caller's buffer (host or device memory).
+  absl::Status WriteNvmeFrom(const Extent& old, const Extent& fresh, uint64_t bytes,
+                             uint64_t offset, const CallerBuffer& src, uint64_t n);
 
   io::CopyEngine& copy_engine() { return device_.copy_engine(); }
 

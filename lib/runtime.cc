@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "io/log.h"
+#include "lib/runtime_internal.h"
 #include "lib/status.h"
 
 namespace tiermem {
@@ -44,49 +45,30 @@ Tensor* Runtime::FindKey(uint64_t key) {
   return it == keyed_.end() ? nullptr : tensors_.Find(it->second);
 }
 
-// Marks a tensor busy by this thread for a scope; the lock is held at both ends.
-class BusyScope {
- public:
-  BusyScope(Tensor& t, CondVar& changed) : t_(t), changed_(changed) {
-    t_.busy_by = std::this_thread::get_id();
-  }
-  ~BusyScope() {
-    t_.busy_by = std::thread::id{};
-    changed_.SignalAll();
-  }
-  BusyScope(const BusyScope&) = delete;
-  BusyScope& operator=(const BusyScope&) = delete;
-
- private:
-  Tensor& t_;
-  CondVar& changed_;
-};
-
-template <typename F>
-absl::Status Runtime::Unlocked(Tensor& t, F&& f) {
-  BusyScope busy(t, changed_);
-  mu_.Unlock();
-  absl::Status s = f();
-  mu_.Lock();
-  return s;
-}
-
 void Runtime::Land(Tensor& t) {
   if (!t.landing.has_value()) return;
   const io::CopyTicket ticket = *t.landing;
+  const tm_tier tier = t.landing_tier;
   absl::Status s =
       Unlocked(t, [&] { return Retag(mover_->copy_engine().Wait(ticket), TM_ERR_DEVICE); });
+  const bool replaces = t.landing_replaces;
   if (s.ok()) {
-    t.Landed(TM_TIER_HBM);
+    t.Landed(tier);
+    if (replaces) DropOthers(t, tier);
     return;
   }
-  // The stream-ordered copy failed: that HBM copy never became what it claimed.
-  FreeCopy(t, TM_TIER_HBM);
-  RecordFailure(
-      t, WithContext(s, absl::StrFormat("stream-ordered copy of tensor \"%s\" to hbm", t.name)));
+  // The copy failed: that copy never became what it claimed. A copy_in's target is kept only
+  // when it is the tensor's only copy (its other bytes are still there).
+  if (!replaces || t.ResidencyMask() != TM_TIER_BIT(tier)) {
+    FreeCopy(t, tier);
+  } else {
+    t.Landed(tier);
+  }
+  RecordFailure(t, WithContext(s, absl::StrFormat("stream-ordered copy of tensor \"%s\" to %s",
+                                                  t.name, tm_tier_name(tier))));
 }
 
-absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle) {
+absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle, bool land) {
   for (;;) {
     auto t = Find(handle);  // again after every wait: it may have been destroyed meanwhile
     if (!t.ok()) return t.status();
@@ -95,7 +77,7 @@ absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle) {
       changed_.Wait(&mu_);
       continue;
     }
-    if (tensor.landing.has_value()) {
+    if (land && tensor.landing.has_value()) {
       Land(tensor);
       continue;
     }
@@ -124,34 +106,17 @@ void Runtime::ReleaseRoom() {
   changed_.SignalAll();
 }
 
-// Holds the room token for a scope (or until Leave).
-class Runtime::RoomScope {
- public:
-  explicit RoomScope(Runtime& rt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rt.mu_) : rt_(rt) {
-    rt_.EnterRoom();
-    generation_ = rt_.room_generation_;
-  }
-  ~RoomScope() ABSL_NO_THREAD_SAFETY_ANALYSIS { Leave(); }
-  // Hands the token back, unless a move already did (ReleaseRoom).
-  void Leave() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (held_ && rt_.room_depth_ > 0 && rt_.room_owner_ == std::this_thread::get_id() &&
-        rt_.room_generation_ == generation_) {
-      rt_.LeaveRoom();
-    }
-    held_ = false;
-  }
-  RoomScope(const RoomScope&) = delete;
-  RoomScope& operator=(const RoomScope&) = delete;
-
- private:
-  Runtime& rt_;
-  bool held_ = true;
-  uint64_t generation_ = 0;
-};
-
 void Runtime::FreeCopy(Tensor& t, tm_tier tier) {
+  std::vector<io::FencePtr> uses = PendingUses(t, tier);
   Extent e = t.Drop(tier);
-  tiers_->space(tier).Free(e);
+  if (e.empty()) return;
+  if (uses.empty()) {
+    tiers_->space(tier).Free(e);
+    return;
+  }
+  // Callers' work may still use the memory: it is freed once that work has passed.
+  tiers_->space(tier).Disown(e);
+  deferred_.push_back(Deferred{tier, e, std::move(uses)});
 }
 
 void Runtime::RecordFailure(const Tensor& t, absl::Status s) {
@@ -173,7 +138,8 @@ absl::Status Runtime::TakeFailures(uint64_t handle) {
   return first;
 }
 
-absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, void* stream, Want want, DropReason* why) {
+absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
+                                DropReason* why) {
   if (t.copy(dst).valid()) return absl::OkStatus();
   if (int w = t.writing_tier(); w >= 0) {
     // Copying bytes that a writer is changing would make a torn copy look valid.
@@ -190,7 +156,8 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, void* stream, Want want,
   MovePlan plan;
   plan.dst = dst;
   plan.bytes = t.bytes;
-  plan.stream = stream;
+  plan.stream = caller.stream;
+  if (caller.fence != nullptr) plan.after.push_back(caller.fence);
   if (t.materialized()) {
     for (int d = 1; d < TM_TIER_COUNT && plan.src < 0; ++d) {
       for (int cand : {static_cast<int>(dst) - d, static_cast<int>(dst) + d}) {
@@ -201,6 +168,7 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, void* stream, Want want,
       }
     }
     const tm_tier src = static_cast<tm_tier>(plan.src);
+    for (io::FencePtr& f : PendingUses(t, src)) plan.after.push_back(std::move(f));
     plan.src_extent = t.copy(src).extent;
     if (src != TM_TIER_NVME) plan.src_addr = tiers_->Address(src, plan.src_extent);
   }
@@ -367,8 +335,11 @@ absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, u
     if (!fresh.ok()) return fresh.status();
     const Extent old = t.copy(TM_TIER_NVME).valid() ? t.copy(TM_TIER_NVME).extent : Extent{};
     const uint64_t size = t.bytes;
-    absl::Status s =
-        Unlocked(t, [&] { return mover_->WriteNvme(old, *fresh, size, offset, src, bytes); });
+    std::vector<io::FencePtr> uses = PendingUses(t, TM_TIER_NVME);
+    absl::Status s = Unlocked(t, [&] {
+      if (auto w = Retag(io::WaitAll(uses), TM_ERR_DEVICE); !w.ok()) return w;
+      return mover_->WriteNvme(old, *fresh, size, offset, src, bytes);
+    });
     Extent done = *fresh;
     if (!s.ok()) {
       tiers_->space(TM_TIER_NVME).Free(done);
@@ -385,13 +356,13 @@ absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, u
                                                         : t.home;
   if (auto s = CheckOthersUnpinned(t, target); !s.ok()) return WithContext(s, "cannot write");
   const bool fresh = whole && !t.copy(target).valid();
-  absl::Status s = fresh
-                       ? Reserve(t, target)
-                       : MakeValid(t, target, nullptr, Want{Want::kDemand, Schedule::kNever, true});
+  absl::Status s = fresh ? Reserve(t, target)
+                         : MakeValid(t, target, {}, Want{Want::kDemand, Schedule::kNever, true});
   if (!s.ok()) return s;
   room.Leave();  // the room is made: the copy itself needs no token
   char* addr = tiers_->Address(target, t.copy(target).extent) + offset;
-  s = Unlocked(t, [&] { return mover_->CopyIn(target, addr, src, bytes); });
+  std::vector<io::FencePtr> uses = PendingUses(t, target);
+  s = Unlocked(t, [&] { return mover_->CopyIn(target, addr, src, bytes, uses); });
   if (!s.ok()) {
     // The target may hold part of the write: it is no longer a faithful copy. Keep another.
     if (fresh || t.ResidencyMask() != TM_TIER_BIT(target)) FreeCopy(t, target);
@@ -417,7 +388,8 @@ absl::Status Runtime::Read(uint64_t handle, uint64_t offset, void* dst, uint64_t
   for (tm_tier tier : {TM_TIER_HBM, TM_TIER_DRAM}) {
     if (!t.copy(tier).valid()) continue;
     const char* addr = tiers_->Address(tier, t.copy(tier).extent) + offset;
-    absl::Status s = Unlocked(t, [&] { return mover_->CopyOut(tier, addr, dst, bytes); });
+    std::vector<io::FencePtr> uses = PendingUses(t, tier);
+    absl::Status s = Unlocked(t, [&] { return mover_->CopyOut(tier, addr, dst, bytes, uses); });
     if (s.ok()) NoteUse(t, tier, true);
     return s;
   }
@@ -425,7 +397,11 @@ absl::Status Runtime::Read(uint64_t handle, uint64_t offset, void* dst, uint64_t
   // use in DRAM: a prefetch to DRAM ahead of it makes it a memory copy.
   const Extent e = t.copy(TM_TIER_NVME).extent;
   const uint64_t size = t.bytes;
-  absl::Status s = Unlocked(t, [&] { return mover_->ReadNvme(e, size, offset, dst, bytes); });
+  std::vector<io::FencePtr> uses = PendingUses(t, TM_TIER_NVME);
+  absl::Status s = Unlocked(t, [&] {
+    if (auto w = Retag(io::WaitAll(uses), TM_ERR_DEVICE); !w.ok()) return w;
+    return mover_->ReadNvme(e, size, offset, dst, bytes);
+  });
   if (!s.ok()) return WithContext(s, absl::StrFormat("reading tensor \"%s\" from NVMe", t.name));
   NoteUse(t, TM_TIER_DRAM, true);
   return s;
@@ -452,6 +428,13 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("access mode %d is out of range", static_cast<int>(access)));
   }
+  // Recorded before anything else: the move below is ordered after the caller's work so far.
+  CallerStream caller{stream, nullptr};
+  if (stream != nullptr) {
+    auto fence = StreamFence(stream, "tm_tensor_acquire");
+    if (!fence.ok()) return fence.status();
+    caller.fence = *std::move(fence);
+  }
   const Trace::Clock::time_point start = Trace::Clock::now();
   MutexLock lock(&mu_);
   // A hit: the copy is in place and nothing of the tensor is moving. Only a miss may need room,
@@ -473,9 +456,23 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   // copies next, so its data must have landed first.
   absl::Status s = access == TM_ACCESS_WRITE
                        ? Reserve(t, tier)
-                       : MakeValid(t, tier, writes ? nullptr : stream,
+                       : MakeValid(t, tier, writes ? CallerStream{} : caller,
                                    Want{Want::kDemand, Schedule::kNever, true});
   if (!s.ok()) return s;
+  // Work of callers' streams released on this copy and not yet passed: the caller's stream
+  // waits for it (no host wait); without a stream the host does, since the pointer is then
+  // usable at once.
+  if (std::vector<io::FencePtr> uses = PendingUses(t, tier); !uses.empty()) {
+    s = Unlocked(t, [&] {
+      for (const io::FencePtr& f : uses) {
+        absl::Status w =
+            stream != nullptr ? mover_->copy_engine().StreamWait(stream, f) : f->Wait();
+        if (!w.ok()) return Retag(w, TM_ERR_DEVICE);
+      }
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+  }
   if (writes) {
     DropOthers(t, tier);
     t.PinWrite(tier);
@@ -517,34 +514,10 @@ absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {
   return absl::OkStatus();
 }
 
-// Interim: host memory only, synchronous (stream-ordered device copies land next).
-absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* stream) {
-  if (stream != nullptr) {
-    return Error(TM_ERR_UNSUPPORTED, "tm_tensor_release_on_stream: streams are not yet supported");
-  }
-  return Release(handle, tier);
-}
-
-absl::Status Runtime::CopyIn(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes,
-                             void* stream) {
-  if (stream != nullptr) {
-    return Error(TM_ERR_UNSUPPORTED, "tm_tensor_copy_in: streams are not yet supported");
-  }
-  return Write(handle, offset, src, bytes);
-}
-
-absl::Status Runtime::CopyOut(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes,
-                              void* stream) {
-  if (stream != nullptr) {
-    return Error(TM_ERR_UNSUPPORTED, "tm_tensor_copy_out: streams are not yet supported");
-  }
-  return Read(handle, offset, dst, bytes);
-}
-
 absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
   if (!t.materialized()) return absl::OkStatus();  // zeros need no space anywhere
   if (auto s = CheckAboveUnpinned(t, tier); !s.ok()) return s;
-  if (auto s = MakeValid(t, tier, nullptr, Want{Want::kDemand, Schedule::kNever, true}); !s.ok()) {
+  if (auto s = MakeValid(t, tier, {}, Want{Want::kDemand, Schedule::kNever, true}); !s.ok()) {
     return s;
   }
   for (int above = 0; above < tier; ++above) FreeCopy(t, static_cast<tm_tier>(above));
@@ -604,6 +577,7 @@ void Runtime::CountDrop(DropReason why) {
 }
 
 void Runtime::MoverLoop() {
+  device_->BindThread();
   MutexLock lock(&mu_);
   for (;;) {
     while (!stopping_ && jobs_.empty()) work_.Wait(&mu_);
@@ -627,7 +601,7 @@ void Runtime::MoverLoop() {
         } else {
           const Want want = job.kind == JobKind::kPrefetch ? Want{Want::kPrefetch, job.horizon}
                                                            : Want{Want::kHint, Schedule::kNever};
-          s = MakeValid(t, job.tier, nullptr, want, &why);
+          s = MakeValid(t, job.tier, {}, want, &why);
           // A prefetch is a hint: one that found no room is dropped and counted, not a failure.
           if (!s.ok() && (why != DropReason::kNone || absl::IsResourceExhausted(s))) {
             if (why == DropReason::kNone) why = DropReason::kNoRoom;
@@ -668,12 +642,14 @@ absl::Status Runtime::Sync(uint64_t handle) {
   }
   auto claimed = Claim(handle);  // also lands a stream-ordered copy
   if (!claimed.ok()) return claimed.status();
+  ReapCallerCopies(handle, true);
   return TakeFailures(handle);
 }
 
 absl::Status Runtime::SyncAll() {
   MutexLock lock(&mu_);
   while (outstanding_ > 0) changed_.Wait(&mu_);
+  ReapCallerCopies(0, true);
   return TakeFailures(0);
 }
 

@@ -109,6 +109,9 @@ class Runtime {
   const RuntimeInfo& info() const { return info_; }
   // The HBM tier's backend, for tiermem-probe's copy measurements.
   io::Device& device() { return *device_; }
+  // The machine's topology (nullptr when hwloc could not load it), for binding host buffers
+  // where the DRAM tier is (info().numa_node).
+  const io::Topology* topology() const { return topology_.get(); }
 
  private:
   // Who asks for room, and what it may do to get it.
@@ -136,7 +139,10 @@ class Runtime {
   Tensor* FindKey(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The tensor of `handle` once no operation of another thread runs on it and its landing copy
   // (if any) has landed: the caller may then change it. May release and retake the lock.
-  absl::StatusOr<Tensor*> Claim(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With land == false the landing copy may still be in flight (a reader orders itself after
+  // its ticket instead).
+  absl::StatusOr<Tensor*> Claim(uint64_t handle, bool land = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `f` without the lock while the tensor is busy (by this thread).
   template <typename F>
   absl::Status Unlocked(Tensor& t, F&& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -153,10 +159,25 @@ class Runtime {
   void ReleaseRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   class RoomScope;
 
+  // A caller's stream for a stream-ordered move: the copy starts after `fence` (recorded on the
+  // stream when the call came in) and the stream waits for the copy.
+  struct CallerStream {
+    void* stream = nullptr;
+    io::FencePtr fence;
+  };
   // Makes t's copy in `dst` valid (a claimed tensor). Releases the lock during the move, and
   // while evicting to make room.
-  absl::Status MakeValid(Tensor& t, tm_tier dst, void* stream, Want want, DropReason* why = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
+                         DropReason* why = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The fences of t's copy in `tier` that have not passed yet (the passed ones are forgotten).
+  std::vector<io::FencePtr> PendingUses(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the deferred extents whose uses have passed; true when any of `tier` remain.
+  bool ReapDeferred(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the failures of the callers' copies that are done (all of them when `wait`, only
+  // those of `handle` unless it is 0). May release the lock to wait.
+  void ReapCallerCopies(uint64_t handle, bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A fence on the caller's stream, or none without a stream.
+  absl::StatusOr<io::FencePtr> StreamFence(void* stream, const char* function);
   // Space for t in `tier` (lib/runtime_policy.cc): evicts the cheapest window of copies when
   // the tier is full, waits for moves in flight when a demand finds nothing to evict.
   absl::StatusOr<Extent> Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why)
@@ -243,6 +264,23 @@ class Runtime {
     absl::Status status;
   };
   std::vector<Failure> failures_ ABSL_GUARDED_BY(mu_);
+  // Extents whose tensor dropped them while callers' work may still use the memory: freed once
+  // their fences pass (as PyTorch's allocator frees a block only after record_stream's events).
+  struct Deferred {
+    tm_tier tier;
+    Extent extent;
+    std::vector<io::FencePtr> uses;
+  };
+  std::vector<Deferred> deferred_ ABSL_GUARDED_BY(mu_);
+  // Copies between tensors and callers' memory (tm_tensor_copy_in / copy_out) not yet reaped:
+  // their outcome is reported by tm_tensor_sync, tm_runtime_sync or tm_step_end.
+  struct CallerCopy {
+    uint64_t handle;
+    std::string tensor;
+    const char* what;  // "copy_in" | "copy_out"
+    io::CopyTicket ticket;
+  };
+  std::vector<CallerCopy> caller_copies_ ABSL_GUARDED_BY(mu_);
   Schedule schedule_ ABSL_GUARDED_BY(mu_);
   uint64_t tick_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t prefetch_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // bytes

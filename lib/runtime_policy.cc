@@ -30,6 +30,8 @@ struct Runtime::EvictionPlan {
 Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want want,
                                             uint64_t need) {
   EvictionPlan plan;
+  // Extents waiting for callers' work to pass are walls that will fall: a demand waits for them.
+  plan.in_flight = ReapDeferred(tier);
   const bool belady = schedule_.replaying();
   const uint64_t now = schedule_.now();
   const std::vector<TierSpace::Block> layout = tiers_->space(tier).Layout();
@@ -45,7 +47,7 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
       continue;
     }
     slot.kind = EvictionSlot::Kind::kWall;
-    const Tensor* v = tensors_.Find(b.owner);
+    Tensor* v = tensors_.Find(b.owner);
     if (v == nullptr || v == &t) {
       plan.slots.push_back(slot);
       continue;
@@ -57,6 +59,10 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
       plan.in_flight = true;  // another thread moves it: done soon, then maybe evictable
     } else if (v->busy() || c.state == CopyState::kFilling) {
       // Busy by this thread: a tensor of the chain that asked for this room.
+    } else if (!c.uses.empty() && !PendingUses(*v, tier).empty()) {
+      // Callers' streams may still use its memory: evictable once their work passes (a demand
+      // waits for that, polling; nothing waits on the host for a caller's stream here).
+      plan.in_flight = true;
     } else if (c.state == CopyState::kLanding && want.kind != Want::kDemand) {
       // Evicting it means waiting for its stream-ordered copy: only a demand waits.
     } else {
@@ -73,6 +79,18 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
       }
     }
     plan.slots.push_back(slot);
+  }
+  if (tiers_->space(tier).counted()) {
+    // HBM from the framework's allocator: no adjacency to keep, any victims whose bytes suffice
+    // make room. Taken in CountedOrder, the cheapest of them form a window.
+    std::vector<EvictionSlot> slots;
+    std::vector<uint64_t> owners;
+    for (size_t i : CountedOrder(plan.slots)) {
+      slots.push_back(plan.slots[i]);
+      owners.push_back(plan.owners[i]);
+    }
+    plan.slots = std::move(slots);
+    plan.owners = std::move(owners);
   }
   plan.window = CheapestWindow(plan.slots, need);
   return plan;
@@ -119,6 +137,7 @@ absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, Dro
   bool wanting = false;
   const Trace::Clock::time_point start = Trace::Clock::now();
   bool waited = false;
+  bool backing_retried = false;  // the framework's allocator was asked again after evicting
   auto finish = [&](auto result) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (wanting) --room_wanted_[tier];
     if (waited) {
@@ -134,7 +153,20 @@ absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, Dro
       return finish(absl::StatusOr<Extent>(drop(DropReason::kDemand, "a demand needs the room")));
     }
     auto e = space.Allocate(t.bytes, t.name, t.handle);
-    if (e.ok() || tier == TM_TIER_NVME || !absl::IsResourceExhausted(e.status())) {
+    if (!e.ok() && absl::IsResourceExhausted(e.status()) && !deferred_.empty()) {
+      ReapDeferred(tier);  // memory that callers' work has finished with since
+      e = space.Allocate(t.bytes, t.name, t.handle);
+    }
+    // The framework's allocator was short though the budget had room (lib/tier_space.h): it
+    // may be short because tiermem holds its memory, so a demand gives back copies of `need`
+    // bytes, once, and asks again; a prefetch is dropped.
+    const bool backing_short = !e.ok() && IsBackingShort(e.status());
+    if (backing_short && (want.kind != Want::kDemand || backing_retried)) {
+      if (want.kind != Want::kDemand && why != nullptr) *why = DropReason::kNoRoom;
+      return finish(e);
+    }
+    if (!backing_short &&
+        (e.ok() || tier == TM_TIER_NVME || !absl::IsResourceExhausted(e.status()))) {
       return finish(e);
     }
     if (need == 0) {
@@ -145,10 +177,17 @@ absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, Dro
       wanting = true;
       ++room_wanted_[tier];
     }
-    EvictionPlan plan = PlanEviction(t, tier, want, need);
+    // Backing short: the budget's free bytes count in a window but free nothing in the
+    // framework's allocator, so the victims alone must cover `need`.
+    EvictionPlan plan =
+        PlanEviction(t, tier, want, backing_short ? need + space.free_bytes() : need);
+    if (backing_short) {
+      backing_retried = true;
+      if (!plan.window.has_value() || plan.window->victims == 0) return finish(e);
+    }
     if (plan.window.has_value() && plan.window->victims > 0) {
       // Free bytes sufficed, no hole did: the window clears contiguity, not bytes.
-      const bool fragmented = plan.free_bytes >= need;
+      const bool fragmented = !backing_short && plan.free_bytes >= need;
       for (size_t i = plan.window->first; i <= plan.window->last; ++i) {
         if (plan.slots[i].kind != EvictionSlot::Kind::kEvictable) continue;
         // Evictions release the lock: look the victim up again, and skip it when it changed.
@@ -216,7 +255,7 @@ void Runtime::CancelPrefetches(tm_tier tier) {
 absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want) {
   const Trace::Clock::time_point start = Trace::Clock::now();
   const uint64_t bytes = v.bytes;
-  if (tier == TM_TIER_HBM && v.landing.has_value()) {
+  if (v.landing.has_value() && v.landing_tier == tier) {
     Land(v);  // its stream-ordered copy must be done before its memory is reused
     if (!v.copy(tier).valid()) return absl::OkStatus();
   }
@@ -226,9 +265,9 @@ absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want) {
     const tm_tier lower = static_cast<tm_tier>(tier + 1);
     Want down = want;
     down.release_room = false;  // part of making room: the token stays
-    absl::Status s = MakeValid(v, lower, nullptr, down);
+    absl::Status s = MakeValid(v, lower, {}, down);
     if (!s.ok() && tier == TM_TIER_HBM && absl::IsResourceExhausted(s)) {
-      s = MakeValid(v, TM_TIER_NVME, nullptr, down);
+      s = MakeValid(v, TM_TIER_NVME, {}, down);
     }
     if (!s.ok()) return s;
     // Acquired or changed while the lock was released: look again.

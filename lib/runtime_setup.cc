@@ -1,13 +1,20 @@
 // Runtime set-up and tear-down: device, tiers, engines, staging pool, mover threads.
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <optional>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "io/cuda_count.h"
 #include "io/log.h"
+#include "lib/local_ranks.h"
 #include "lib/runtime.h"
 #include "lib/status.h"
 
@@ -22,18 +29,32 @@ uint64_t PhysicalRam() {
          static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
-uint64_t FreeSpace(const std::string& dir) {
-  struct statvfs v = {};
-  if (statvfs(dir.c_str(), &v) != 0) return 0;
-  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+// What a percentage of TIERMEM_NVME_BYTES is of: the total size of the paths' file systems,
+// each counted once. The total, not what is free now: ranks started one after another must get
+// the same share, whoever reserved first (free space gave 39, 15 and 6 MiB by start order).
+uint64_t NvmeNodeBytes(const std::vector<std::string>& dirs) {
+  std::vector<dev_t> seen;
+  uint64_t total = 0;
+  for (const std::string& dir : dirs) {
+    struct stat st = {};
+    struct statvfs v = {};
+    if (stat(dir.c_str(), &st) != 0 || statvfs(dir.c_str(), &v) != 0) continue;
+    if (std::find(seen.begin(), seen.end(), st.st_dev) != seen.end()) continue;
+    seen.push_back(st.st_dev);
+    total += static_cast<uint64_t>(v.f_blocks) * v.f_frsize;
+  }
+  return total;
 }
 
 // Asynchronous moves run on a few threads of their own.
 constexpr int kMoverThreads = 4;
 
-void SetEntry(Config& c, absl::string_view name, std::string value) {
+void SetEntry(Config& c, absl::string_view name, std::string value,
+              std::optional<std::string> source = std::nullopt) {
   for (auto& e : c.entries) {
-    if (e.name == name) e.value = std::move(value);
+    if (e.name != name) continue;
+    e.value = std::move(value);
+    if (source.has_value()) e.source = std::move(*source);
   }
 }
 
@@ -59,19 +80,40 @@ Runtime::~Runtime() {
       Log(LogSeverity::kError, "%s", std::string(s.message()).c_str());
     }
   }
-  // Stream-ordered copies still in flight must land before their memory goes away.
+  // Copies still in flight and callers' work released on stream must pass before the memory
+  // they use goes away.
   if (mover_ != nullptr) {
     MutexLock lock(&mu_);
     tensors_.ForEach([&](Tensor& t) {
       if (t.landing.has_value()) (void)mover_->copy_engine().Wait(*t.landing);
+      for (const TensorCopy& c : t.copies) (void)io::WaitAll(c.uses);
     });
+    for (const CallerCopy& c : caller_copies_) (void)c.ticket.fence->Wait();
+    for (const Deferred& d : deferred_) (void)io::WaitAll(d.uses);
   }
 }
 
 absl::Status Runtime::Init() {
   io::SetLogLevel(static_cast<LogSeverity>(config_.log_level));
+  io::SetLogRank(config_.local_rank, config_.local_world_size);
   for (const auto& v : config_.unknown_variables) {
     Log(LogSeverity::kWarn, "%s is not a tiermem variable and is ignored (a typo?)", v.c_str());
+  }
+  for (const auto& w : config_.warnings) Log(LogSeverity::kWarn, "%s", w.c_str());
+
+  // The CUDA device: the one asked for, else the local rank's (rank mod the devices visible).
+  // The count is asked only to choose: without a device the backend below says why.
+  int devices_visible = 0;
+  if (config_.device != DeviceKind::kEmulated) {
+    if (auto n = io::CudaDeviceCount(); n.ok()) devices_visible = *n;
+  }
+  if (config_.cuda_device < 0) {
+    config_.cuda_device = DefaultCudaDevice(config_.local_rank, devices_visible);
+    if (devices_visible > 0) {
+      SetEntry(config_, "TIERMEM_CUDA_DEVICE", absl::StrCat(config_.cuda_device),
+               absl::StrFormat("default: local rank %d mod %d device(s)", config_.local_rank,
+                               devices_visible));
+    }
   }
 
   // The device backend.
@@ -124,20 +166,56 @@ absl::Status Runtime::Init() {
   }
 
   // Tiers. NVMe first: its alignment is the granule of the DRAM copies it reads and writes.
-  const uint64_t hbm_bytes = config_.hbm_bytes.bytes == 0 && config_.hbm_bytes.percent == 0
-                                 ? device_->default_budget()
-                                 : config_.hbm_bytes.Resolve(device_->physical_bytes());
+  // A percentage is a share of the node split evenly over the ranks that share the resource:
+  // RAM and file systems over the local world; a GPU over the local ranks that default to it
+  // (local rank mod device count), so a GPU of its own keeps its whole percentage. The emulated
+  // device's memory is the node's RAM: shared by the whole local world. The CUDA default (half
+  // the device) is a percentage too; absolute sizes are each rank's own.
+  const int world = config_.local_world_size;
+  const bool cuda = device_->kind() == "cuda";
+  const int hbm_sharers = cuda ? RanksOnDevice(config_.cuda_device, world, devices_visible) : world;
+  uint64_t hbm_bytes = 0;
+  if (config_.hbm_bytes.bytes == 0 && config_.hbm_bytes.percent == 0) {
+    hbm_bytes = device_->default_budget() / static_cast<uint64_t>(cuda ? hbm_sharers : 1);
+  } else {
+    // Of the memory free now, beside what a framework already holds; of the whole device when
+    // ranks share it (what is free would depend on which rank started first).
+    const uint64_t base = hbm_sharers > 1 ? device_->physical_bytes() : device_->free_bytes();
+    hbm_bytes = RankShare(config_.hbm_bytes, base, hbm_sharers, 4096);
+  }
+  if (hbm_bytes == 0) {
+    return Error(TM_ERR_CONFIG,
+                 absl::StrFormat("TIERMEM_HBM_BYTES=%s resolves to 0 bytes (shared by %d rank(s))",
+                                 config_.hbm_bytes.ToString(), hbm_sharers));
+  }
   SetEntry(config_, "TIERMEM_HBM_BYTES", SizeSetting{hbm_bytes, 0}.ToString());
-  auto hbm = MemoryTier::CreateHbm(*device_, hbm_bytes);
+  auto hbm =
+      MemoryTier::CreateHbm(*device_, hbm_bytes, config_.device_allocator, info_.cuda_device);
   if (!hbm.ok()) return hbm.status();
 
-  const uint64_t nvme_bytes = config_.nvme_bytes.Resolve(FreeSpace(config_.nvme_paths.front()));
-  if (nvme_bytes == 0) return Error(TM_ERR_CONFIG, "TIERMEM_NVME_BYTES resolves to 0 bytes");
+  // Whole stripes over every path, so that the tier rounds nothing up past the share.
+  const uint64_t stripes = static_cast<uint64_t>(config_.io_block_size) * config_.nvme_paths.size();
+  const uint64_t nvme_bytes =
+      RankShare(config_.nvme_bytes, NvmeNodeBytes(config_.nvme_paths), world, stripes);
+  if (nvme_bytes == 0) {
+    return Error(TM_ERR_CONFIG,
+                 absl::StrFormat("TIERMEM_NVME_BYTES=%s resolves to 0 bytes (the file systems of "
+                                 "TIERMEM_NVME_PATHS hold %llu bytes, shared by %d rank(s), in "
+                                 "whole stripes of %llu bytes)",
+                                 config_.nvme_bytes.ToString(),
+                                 static_cast<unsigned long long>(NvmeNodeBytes(config_.nvme_paths)),
+                                 world, static_cast<unsigned long long>(stripes)));
+  }
   auto nvme = NvmeTier::Create(config_.nvme_paths, nvme_bytes, config_.io_block_size);
   if (!nvme.ok()) return nvme.status();
 
-  const uint64_t dram_bytes = config_.dram_bytes.Resolve(PhysicalRam());
   const uint64_t granule = std::max<uint64_t>(4096, (*nvme)->alignment());
+  const uint64_t dram_bytes = RankShare(config_.dram_bytes, PhysicalRam(), world, granule);
+  if (dram_bytes == 0) {
+    return Error(TM_ERR_CONFIG,
+                 absl::StrFormat("TIERMEM_DRAM_BYTES=%s resolves to 0 bytes (shared by %d rank(s))",
+                                 config_.dram_bytes.ToString(), world));
+  }
   // HBM <-> NVMe moves are staged in pinned slots at the end of the DRAM pool.
   const StagingPool::Shape shape = StagingPool::ShapeFor(
       dram_bytes, std::max<uint64_t>(4ull << 20, config_.io_block_size), granule);

@@ -26,7 +26,8 @@ namespace tiermem {
 //   kValid   --PinWrite-->    kWriting  acquired for writing: its bytes are in flux
 //   kFilling --PinWrite-->    kWriting  reserved for a whole overwrite (acquire for writing)
 //   kWriting --UnpinWrite-->  kValid    the last release of the writing acquire
-//   kValid   --Land(ticket)-> kLanding  valid in a caller's stream order, not yet on the host's
+//   kValid   --Land(ticket)-> kLanding  valid in a caller's stream order (a stream-ordered acquire,
+//                                       a tm_tensor_copy_in), not yet on the host's
 //   kLanding --Landed-->      kValid    the host waited for the ticket
 //   kValid   --Drop-->        kAbsent   evicted, superseded or destroyed
 //
@@ -36,6 +37,10 @@ namespace tiermem {
 //   kValid/kLanding copies, they hold the same bytes. A kWriting copy is the only copy.
 // - pins > 0 only for kValid, kLanding or kWriting; a pinned copy is never dropped or moved.
 // - A copy is read by a move or a host copy only while its tensor is busy (see Tensor::busy).
+// - Nothing of tiermem reads, writes or frees a copy's memory before its `uses` have passed:
+//   fences on callers' streams (tm_tensor_release_on_stream) and copies to callers
+//   (tm_tensor_copy_out) still reading it. A copy dropped with uses pending hands its extent to
+//   the runtime's deferred frees instead of its tier.
 enum class CopyState : uint8_t { kAbsent, kFilling, kValid, kLanding, kWriting };
 
 const char* CopyStateName(CopyState s);
@@ -43,7 +48,8 @@ const char* CopyStateName(CopyState s);
 struct TensorCopy {
   Extent extent;
   CopyState state = CopyState::kAbsent;
-  uint32_t pins = 0;  // outstanding acquires
+  uint32_t pins = 0;               // outstanding acquires
+  std::vector<io::FencePtr> uses;  // must pass before tiermem touches the memory (see above)
 
   // Holds the tensor's bytes (the host may need to wait for a landing copy first).
   bool valid() const {
@@ -71,8 +77,13 @@ struct Tensor {
   bool busy() const { return busy_by != std::thread::id{}; }
   // Asynchronous moves queued and not yet finished.
   uint32_t queued = 0;
-  // The ticket of a kLanding copy (HBM only): a stream-ordered copy the host has not waited for.
+  // The ticket of the kLanding copy (in `landing_tier`): a copy ordered on a caller's stream or
+  // enqueued by tm_tensor_copy_in, that the host has not waited for.
   std::optional<io::CopyTicket> landing;
+  tm_tier landing_tier = TM_TIER_HBM;
+  // The landing copy replaces the others once it lands (tm_tensor_copy_in): until then they
+  // keep the old bytes, so that a copy that fails loses nothing.
+  bool landing_replaces = false;
 
   TensorCopy& copy(tm_tier t) { return copies[t]; }
   const TensorCopy& copy(tm_tier t) const { return copies[t]; }
@@ -86,9 +97,11 @@ struct Tensor {
   void EndFill(tm_tier t) { copies[t].state = CopyState::kValid; }
   void PinWrite(tm_tier t) { copies[t].state = CopyState::kWriting; }
   void UnpinWrite(tm_tier t) { copies[t].state = CopyState::kValid; }
-  void Land(tm_tier t, io::CopyTicket ticket) {
+  void Land(tm_tier t, io::CopyTicket ticket, bool replaces = false) {
     copies[t].state = CopyState::kLanding;
-    landing = ticket;
+    landing = std::move(ticket);
+    landing_tier = t;
+    landing_replaces = replaces;
   }
   void Landed(tm_tier t) {
     copies[t].state = CopyState::kValid;
@@ -98,7 +111,7 @@ struct Tensor {
   Extent Drop(tm_tier t) {
     Extent e = copies[t].extent;
     copies[t] = TensorCopy{};
-    if (t == TM_TIER_HBM) landing.reset();
+    if (t == landing_tier) landing.reset();
     return e;
   }
 

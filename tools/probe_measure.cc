@@ -178,7 +178,9 @@ absl::StatusOr<std::vector<CopyMeasurement>> Copies(Runtime& rt, uint64_t bytes,
     dev.FreeSlab(*d1, bytes);
     return d2.status();
   }
-  auto pinned = io::HostRegion::Create(bytes, nullptr, -1);
+  // Bound where the DRAM tier is: on a two-socket host an unbound buffer may measure the remote
+  // socket's link, and the planner takes its link figure from this row.
+  auto pinned = io::HostRegion::Create(bytes, rt.topology(), rt.info().numa_node);
   std::vector<uint8_t> pageable(bytes, 1);
   absl::Status st = pinned.status();
   // pinned is unset when the host memory could not be mapped: st says why.

@@ -48,6 +48,9 @@ absl::StatusOr<Config> WithSettings(const Config& base, uint32_t block, uint32_t
   o.io_engine = base.io_engine;
   o.device = base.device;
   o.cuda_device = base.cuda_device;
+  // The rank on the node picks the device and shares percentage budgets, as in `base`.
+  o.local_rank = base.local_rank;
+  o.local_world_size = base.local_world_size;
   o.emu_link_gbps = base.emu_link_gbps;
   o.trace = std::string();
   // Only the overrides and defaults: the environment is already folded into `base`.

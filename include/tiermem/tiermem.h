@@ -157,7 +157,7 @@ typedef enum tm_checksum {
 /** In tm_config.prefetch_depth: take TIERMEM_PREFETCH_DEPTH, else 4. */
 #define TM_PREFETCH_DEPTH_DEFAULT (-1)
 
-/** In tm_config.cuda_device: take TIERMEM_CUDA_DEVICE, else device 0. */
+/** In tm_config.cuda_device: take TIERMEM_CUDA_DEVICE, else the local rank mod the devices seen. */
 #define TM_CUDA_DEVICE_DEFAULT (-1)
 /** In tm_config.numa_node: take TIERMEM_NUMA, else auto. */
 #define TM_NUMA_DEFAULT (-1)

@@ -1,0 +1,28 @@
+// How many CUDA devices this process sees; apart from the CUDA device backend so that choosing
+// a device by local rank needs no device opened first.
+#include "io/cuda_count.h"
+
+#include "absl/strings/str_format.h"
+
+#ifdef TIERMEM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace tiermem::io {
+
+absl::StatusOr<int> CudaDeviceCount() {
+#ifdef TIERMEM_HAVE_CUDA
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    cudaGetLastError();  // a failed call leaves its error behind for the next one to see
+    return absl::UnavailableError(absl::StrFormat("no usable CUDA device: %s (%s)",
+                                                  cudaGetErrorString(e), cudaGetErrorName(e)));
+  }
+  if (count <= 0) return absl::UnavailableError("no CUDA device present");
+  return count;
+#else
+  return absl::UnavailableError("this build of tiermem has no CUDA backend");
+#endif
+}
+
+}  // namespace tiermem::io

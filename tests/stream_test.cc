@@ -1,0 +1,233 @@
+// Callers' streams on the emulated device (real asynchronous queues): a release on a stream
+// keeps tiermem off the memory until the stream's work has passed, a stream-ordered acquire or
+// copy waits for the stream's prior work without blocking the host, and bad or capturing
+// streams are reported. The runtime is driven through its C++ API here, since the test's
+// emulated streams must be the library's own (tests/copy_test.cc drives the C API).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "io/device.h"
+#include "lib/config.h"
+#include "lib/runtime.h"
+#include "lib/status.h"
+#include "test_util.h"
+
+namespace tiermem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kStreamWork = std::chrono::milliseconds(150);
+
+double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+class Streams : public ::testing::Test {
+ protected:
+  // A runtime on the emulated device whose HBM tier holds `hbm` bytes.
+  std::unique_ptr<Runtime> Make(uint64_t hbm, uint64_t dram = 64ull << 20) {
+    ConfigOverrides o;
+    o.device = DeviceKind::kEmulated;
+    o.hbm_bytes = SizeSetting{hbm, 0};
+    o.dram_bytes = SizeSetting{dram, 0};
+    o.nvme_bytes = SizeSetting{128ull << 20, 0};
+    o.nvme_paths = dir_.path();
+    o.prefetch_depth = 0;
+    auto cfg = LoadConfig(o, [](const char*) { return std::optional<std::string>(); }, {});
+    EXPECT_TRUE(cfg.ok()) << cfg.status();
+    auto rt = Runtime::Create(*cfg);
+    EXPECT_TRUE(rt.ok()) << rt.status();
+    return rt.ok() ? std::move(*rt) : nullptr;
+  }
+  uint64_t Tensor(Runtime& rt, uint64_t bytes, int home, const char* name) {
+    TensorDesc d;
+    d.bytes = bytes;
+    d.home_tier = home;
+    d.name = name;
+    auto h = rt.CreateTensor(d);
+    EXPECT_TRUE(h.ok()) << h.status();
+    return h.ok() ? *h : 0;
+  }
+  testing::TempDir dir_;
+  io::EmulatedStream stream_;
+};
+
+constexpr uint64_t kBytes = 4ull << 20;
+
+// The stream's work writes the HBM copy after the release returned; the offload queued right
+// after must move those bytes, not the ones before.
+TEST_F(Streams, ReleaseOnStreamHoldsOffloadUntilTheStreamPasses) {
+  auto rt = Make(16ull << 20);
+  ASSERT_NE(rt, nullptr);
+  const uint64_t t = Tensor(*rt, kBytes, TM_TIER_HBM, "act");
+  std::vector<uint8_t> before(kBytes, 0x11);
+  ASSERT_TRUE(rt->Write(t, 0, before.data(), kBytes).ok());
+  auto p = rt->Acquire(t, TM_TIER_HBM, TM_ACCESS_READ_WRITE, nullptr);
+  ASSERT_TRUE(p.ok()) << p.status();
+  char* hbm = static_cast<char*>(*p);
+  stream_.Launch([hbm] {
+    std::this_thread::sleep_for(kStreamWork);
+    std::memset(hbm, 0x5a, kBytes);
+  });
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(rt->ReleaseOnStream(t, TM_TIER_HBM, &stream_).ok());
+  ASSERT_TRUE(rt->Offload(t, TM_TIER_DRAM).ok());
+  EXPECT_LT(MsSince(t0), 100) << "the host waited for the stream";
+  ASSERT_TRUE(rt->Sync(t).ok());
+  std::vector<uint8_t> back(kBytes);
+  ASSERT_TRUE(rt->Read(t, 0, back.data(), kBytes).ok());
+  EXPECT_EQ(back, std::vector<uint8_t>(kBytes, 0x5a));
+  auto mask = rt->Residency(t);
+  EXPECT_EQ(*mask, TM_TIER_BIT(TM_TIER_DRAM));
+}
+
+// HBM holds one tensor. The stream reads the copy after its release; another tensor's write
+// needs the room, so the copy is evicted (it is also in DRAM) and its extent refilled: that
+// must wait until the stream has read what it released.
+TEST_F(Streams, ReleaseOnStreamHoldsEvictionAndRefill) {
+  auto rt = Make(kBytes);
+  ASSERT_NE(rt, nullptr);
+  const uint64_t a = Tensor(*rt, kBytes, TM_TIER_HBM, "a");
+  const uint64_t b = Tensor(*rt, kBytes, TM_TIER_HBM, "b");
+  auto a_bytes = testing::RandomBytes(kBytes, 1);
+  auto b_bytes = testing::RandomBytes(kBytes, 2);
+  ASSERT_TRUE(rt->Write(a, 0, a_bytes.data(), kBytes).ok());
+  auto p = rt->Acquire(a, TM_TIER_HBM, TM_ACCESS_READ, nullptr);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const char* hbm = static_cast<const char*>(*p);
+  std::vector<uint8_t> seen(kBytes);
+  stream_.Launch([&seen, hbm] {
+    std::this_thread::sleep_for(kStreamWork);
+    std::memcpy(seen.data(), hbm, kBytes);
+  });
+  ASSERT_TRUE(rt->ReleaseOnStream(a, TM_TIER_HBM, &stream_).ok());
+  ASSERT_TRUE(rt->Write(b, 0, b_bytes.data(), kBytes).ok());  // evicts a (written down first)
+  stream_.Synchronize();
+  EXPECT_TRUE(seen == a_bytes) << "the stream read memory that was refilled under it";
+  std::vector<uint8_t> back(kBytes);
+  ASSERT_TRUE(rt->Read(a, 0, back.data(), kBytes).ok());
+  EXPECT_TRUE(back == a_bytes);
+  ASSERT_TRUE(rt->Read(b, 0, back.data(), kBytes).ok());
+  EXPECT_TRUE(back == b_bytes);
+}
+
+// Destroying a tensor right after its release on a stream defers the free of its memory: the
+// next tensor does not get it while the stream still reads it.
+TEST_F(Streams, DestroyAfterReleaseOnStreamDefersTheFree) {
+  auto rt = Make(kBytes);
+  ASSERT_NE(rt, nullptr);
+  const uint64_t a = Tensor(*rt, kBytes, TM_TIER_HBM, "a");
+  auto a_bytes = testing::RandomBytes(kBytes, 3);
+  ASSERT_TRUE(rt->Write(a, 0, a_bytes.data(), kBytes).ok());
+  auto p = rt->Acquire(a, TM_TIER_HBM, TM_ACCESS_READ, nullptr);
+  ASSERT_TRUE(p.ok());
+  const char* hbm = static_cast<const char*>(*p);
+  std::vector<uint8_t> seen(kBytes);
+  stream_.Launch([&seen, hbm] {
+    std::this_thread::sleep_for(kStreamWork);
+    std::memcpy(seen.data(), hbm, kBytes);
+  });
+  ASSERT_TRUE(rt->ReleaseOnStream(a, TM_TIER_HBM, &stream_).ok());
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(rt->DestroyTensor(a).ok());
+  EXPECT_LT(MsSince(t0), 100) << "destroy waited for the stream on the host";
+  const uint64_t b = Tensor(*rt, kBytes, TM_TIER_HBM, "b");
+  std::vector<uint8_t> zeros(kBytes, 0xee);
+  ASSERT_TRUE(rt->Write(b, 0, zeros.data(), kBytes).ok());  // waits for the deferred free
+  stream_.Synchronize();
+  EXPECT_TRUE(seen == a_bytes);
+  EXPECT_EQ(rt->Stats().tiers[TM_TIER_HBM].used, rt->Rounded(TM_TIER_HBM, kBytes));
+}
+
+// The DRAM copy is written by the stream after its release; a stream-ordered acquire into HBM
+// returns at once and its copy (read by the stream's next work) holds what the stream wrote.
+TEST_F(Streams, StreamOrderedAcquireWaitsForTheStreamsPriorWork) {
+  auto rt = Make(16ull << 20);
+  ASSERT_NE(rt, nullptr);
+  const uint64_t t = Tensor(*rt, kBytes, TM_TIER_DRAM, "w");
+  std::vector<uint8_t> old(kBytes, 0x01);
+  ASSERT_TRUE(rt->Write(t, 0, old.data(), kBytes).ok());
+  auto p = rt->Acquire(t, TM_TIER_DRAM, TM_ACCESS_READ_WRITE, nullptr);
+  ASSERT_TRUE(p.ok());
+  char* dram = static_cast<char*>(*p);
+  std::atomic<bool> written{false};
+  stream_.Launch([dram, &written] {
+    std::this_thread::sleep_for(kStreamWork);
+    std::memset(dram, 0x7c, kBytes);
+    written = true;
+  });
+  ASSERT_TRUE(rt->ReleaseOnStream(t, TM_TIER_DRAM, &stream_).ok());
+  const auto t0 = Clock::now();
+  auto h = rt->Acquire(t, TM_TIER_HBM, TM_ACCESS_READ, &stream_);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_LT(MsSince(t0), 100) << "the host waited for the stream";
+  EXPECT_FALSE(written.load()) << "the stream's work should still be running";
+  std::vector<uint8_t> seen(kBytes);
+  const char* hbm = static_cast<const char*>(*h);
+  stream_.Launch([&seen, hbm] { std::memcpy(seen.data(), hbm, kBytes); });
+  ASSERT_TRUE(rt->ReleaseOnStream(t, TM_TIER_HBM, &stream_).ok());
+  stream_.Synchronize();
+  EXPECT_TRUE(seen == std::vector<uint8_t>(kBytes, 0x7c));
+  ASSERT_TRUE(rt->Sync(t).ok());
+}
+
+// copy_in from a buffer the stream fills first, copy_out into a buffer the stream reads after:
+// the host enqueues both without waiting, and both see the stream's order.
+TEST_F(Streams, CopyInAndOutAreOrderedOnTheStream) {
+  auto rt = Make(16ull << 20);
+  ASSERT_NE(rt, nullptr);
+  const uint64_t t = Tensor(*rt, kBytes + 7, TM_TIER_DRAM, "c");
+  std::vector<uint8_t> src(kBytes + 7, 0), dst(kBytes + 7, 0), seen;
+  auto pattern = testing::RandomBytes(kBytes + 7, 9);
+  stream_.Launch([&] {
+    std::this_thread::sleep_for(kStreamWork);
+    std::memcpy(src.data(), pattern.data(), pattern.size());
+  });
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(rt->CopyIn(t, 0, src.data(), src.size(), &stream_).ok());
+  ASSERT_TRUE(rt->CopyOut(t, 0, dst.data(), dst.size(), &stream_).ok());
+  EXPECT_LT(MsSince(t0), 100) << "the host waited for the stream";
+  stream_.Launch([&] { seen = dst; });
+  stream_.Synchronize();
+  EXPECT_TRUE(seen == pattern);
+  ASSERT_TRUE(rt->Sync(t).ok());
+  EXPECT_EQ(rt->Stats().tiers[TM_TIER_HBM].used, 0u);
+}
+
+TEST_F(Streams, BadAndCapturingStreamsAreReported) {
+  auto rt = Make(16ull << 20);
+  ASSERT_NE(rt, nullptr);
+  const uint64_t t = Tensor(*rt, 4096, TM_TIER_DRAM, "s");
+  std::vector<uint8_t> buf(4096, 3);
+  ASSERT_TRUE(rt->Write(t, 0, buf.data(), buf.size()).ok());
+  int not_a_stream = 0;
+  void* bad = &not_a_stream;
+  auto a = rt->Acquire(t, TM_TIER_HBM, TM_ACCESS_READ, bad);
+  EXPECT_EQ(ToTmStatus(a.status()), TM_ERR_INVALID_ARGUMENT) << a.status();
+  EXPECT_NE(a.status().message().find("not a live stream"), absl::string_view::npos);
+  EXPECT_EQ(ToTmStatus(rt->CopyIn(t, 0, buf.data(), buf.size(), bad)), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ToTmStatus(rt->CopyOut(t, 0, buf.data(), buf.size(), bad)), TM_ERR_INVALID_ARGUMENT);
+  auto p = rt->Acquire(t, TM_TIER_DRAM, TM_ACCESS_READ, nullptr);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(ToTmStatus(rt->ReleaseOnStream(t, TM_TIER_DRAM, bad)), TM_ERR_INVALID_ARGUMENT);
+  // Refused: the pin is still held, and a release with a good stream takes it.
+  EXPECT_EQ(ToTmStatus(rt->DestroyTensor(t)), TM_ERR_BUSY);
+  stream_.SetCapturing(true);
+  EXPECT_EQ(ToTmStatus(rt->ReleaseOnStream(t, TM_TIER_DRAM, &stream_)), TM_ERR_UNSUPPORTED);
+  EXPECT_EQ(ToTmStatus(rt->CopyIn(t, 0, buf.data(), buf.size(), &stream_)), TM_ERR_UNSUPPORTED);
+  stream_.SetCapturing(false);
+  ASSERT_TRUE(rt->ReleaseOnStream(t, TM_TIER_DRAM, &stream_).ok());
+  // cudaStreamLegacy names the emulated device's default stream.
+  ASSERT_TRUE(rt->CopyOut(t, 0, buf.data(), buf.size(), reinterpret_cast<void*>(0x1)).ok());
+  ASSERT_TRUE(rt->Sync(t).ok());
+  EXPECT_EQ(buf, std::vector<uint8_t>(4096, 3));
+  ASSERT_TRUE(rt->DestroyTensor(t).ok());
+}
+
+}  // namespace
+}  // namespace tiermem
