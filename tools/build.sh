@@ -18,7 +18,8 @@ fuzz_seconds=${FUZZ_SECONDS:-60}
 format_check=${FORMAT_CHECK:-1}
 
 packages=(cmake ninja-build g++ pkg-config binutils liburing-dev libhwloc-dev libabsl-dev
-          libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev fio)
+          libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev fio
+          python3-torch python3-pytest python3-numpy)
 # Only test needs these: clang for the thread-safety check and libFuzzer, the formatter.
 test_packages=(clang-14 libclang-rt-14-dev libfuzzer-14-dev clang-format-14)
 

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Trains a small GPT a few steps with tiermem's three offloads (activations, optimizer state,
+parameters) and prints what moved where. Runs on CPU (the emulated device) or CUDA.
+
+    python3 python/examples/gpt_offload.py [--tier nvme] [--nvme-dir /var/tmp] [--steps 5]
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+try:
+    import tiermem  # installed (cmake --install, pip install ./python)
+except ImportError:
+    sys.path.insert(0, os.path.dirname(HERE))  # run from a source tree
+
+import torch  # noqa: E402
+
+import tiermem  # noqa: E402
+import tiermem.torch as tt  # noqa: E402
+from tinygpt import TinyGPT, batches  # noqa: E402
+
+
+def mib(n):
+    return "%.1f MiB" % (n / (1 << 20))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tier", choices=["dram", "nvme"], default="nvme")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--nvme-dir", default=None, help="swap file directory (default: a temp dir)")
+    ap.add_argument("--dram", default="8MiB", help="DRAM tier budget")
+    args = ap.parse_args()
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=512, seq=64, hidden=128, heads=4, blocks=4).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with tempfile.TemporaryDirectory(dir=args.nvme_dir) as swap, \
+            tiermem.Runtime(dram_bytes=args.dram, nvme_paths=swap, nvme_bytes="1GiB",
+                            hbm_bytes="64MiB") as rt:
+        info = rt.info()
+        print("tiermem %s (%s): %s, DRAM %s, NVMe %s in %s" %
+              (".".join(map(str, tiermem.version())), tiermem.library_path(),
+               info["device_name"], mib(info["tier_bytes"]["dram"]),
+               mib(info["tier_bytes"]["nvme"]), swap))
+        params = tt.offload_parameters(model, rt, args.tier, optimizer=opt)
+        state = tt.offload_optimizer_state(opt, rt, args.tier)
+        for i, (x, y) in enumerate(batches(args.steps, 8, 64, 512)):
+            x, y = x.to(device), y.to(device)
+            t0 = time.perf_counter()
+            with rt.step():
+                saved = tt.offload_saved_tensors(rt, args.tier)
+                with saved:
+                    loss = model(x, y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            s = rt.stats()
+            print("step %d  loss %.4f  %6.1f ms  saved %3d tensors (%s)  prefetches so far %d" %
+                  (i + 1, loss.item(), 1e3 * (time.perf_counter() - t0), saved.packed,
+                   mib(saved.packed_bytes), s["prefetches"]))
+        s = rt.stats()
+        print("\nheld by tiermem: %d parameters, %d optimizer state tensors" %
+              (len(params.records), sum(len(v) for v in state.records.values())))
+        print("moved (all steps):")
+        for a in tiermem._capi.TIER_NAMES:
+            for b in tiermem._capi.TIER_NAMES:
+                if s["bytes_moved"][a][b]:
+                    print("  %-4s -> %-4s %s" % (a, b, mib(s["bytes_moved"][a][b])))
+        print("peak use: " + ", ".join("%s %s of %s" % (n, mib(t["peak"]), mib(t["capacity"]))
+                                      for n, t in s["tiers"].items()))
+        print("scheduled prefetches %d (dropped %d), evictions %d (%s), schedule of %d uses" %
+              (s["prefetches"], s["prefetches_dropped"], s["evictions"],
+               mib(s["eviction_bytes"]), s["schedule_length"]))
+        params.remove()
+        state.remove()
+
+
+if __name__ == "__main__":
+    main()

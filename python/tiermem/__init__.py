@@ -1,0 +1,383 @@
+"""tiermem: three-tier (HBM, pinned DRAM, NVMe) tensor memory, from Python (ctypes over the C API).
+
+    import tiermem
+    with tiermem.Runtime(dram_bytes="1GiB", nvme_paths="/mnt/nvme") as rt:
+        with rt.step():
+            ...
+        print(rt.stats()["bytes_moved"]["dram"]["nvme"])
+
+tiermem.torch holds the PyTorch offloads (saved tensors, optimizer state, parameters).
+"""
+
+import contextlib
+import ctypes
+import os
+import re
+import threading
+
+from . import _capi
+
+__all__ = ["Runtime", "Tensor", "TiermemError", "parse_size", "version", "library_path"]
+
+_capi.check_layout()
+_lib, _where = _capi.load()
+_version = _capi.bind(_lib, _where)
+
+
+def version():
+    """(major, minor, patch) of the loaded library."""
+    return _version
+
+
+def library_path():
+    """Where the loaded library came from (a path or the soname)."""
+    return _where
+
+
+class TiermemError(RuntimeError):
+    """A tiermem call failed. .status is the tm_status code, .status_name its name ("TM_ERR_IO"),
+    .message the library's detail (tm_last_error)."""
+
+    def __init__(self, status, message, call=None):
+        self.status = int(status)
+        self.status_name = _status_name(status)
+        self.message = message
+        self.call = call
+        where = "%s: " % call if call else ""
+        super().__init__("%s%s: %s" % (where, self.status_name, message))
+
+
+def _status_name(status):
+    s = _lib.tm_status_string(int(status))
+    return s.decode() if s else "TM_STATUS_UNKNOWN"
+
+
+# Status codes by name, e.g. tiermem.TM_ERR_OUT_OF_MEMORY.
+for _code, _name in enumerate(_capi.STATUS_NAMES):
+    globals()[_name] = _code
+
+
+def _check(status, call):
+    if status != _capi.OK:
+        msg = _lib.tm_last_error()
+        raise TiermemError(status, msg.decode(errors="replace") if msg else "", call)
+
+
+# As lib/config.cc reads sizes: binary units only, no decimal point.
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40}
+
+
+def parse_size(value, what="size"):
+    """An int, or a string such as "64MiB", "2G", "4096" (units are powers of 1024, as in the
+    TIERMEM_* variables): bytes as an int."""
+    if isinstance(value, bool):
+        raise TypeError("%s: expected a size, got %r" % (what, value))
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("%s: %d is negative" % (what, value))
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]+)\s*([a-zA-Z]*)\s*", value)
+        if m and m.group(2).lower() in _UNITS:
+            return int(m.group(1)) * _UNITS[m.group(2).lower()]
+        if value.strip().endswith("%"):
+            raise ValueError("%s: %r: a percentage of the tier is only accepted in the TIERMEM_* "
+                             "variable, not as a keyword" % (what, value))
+        raise ValueError("%s: %r is not a size (examples: 4096, \"64MiB\", \"2G\")" %
+                         (what, value))
+    raise TypeError("%s: expected an int or a string, got %s" % (what, type(value).__name__))
+
+
+def _tier(tier):
+    if isinstance(tier, int) and 0 <= tier < _capi.TIER_COUNT:
+        return tier
+    try:
+        return _capi.TIER_NAMES.index(str(tier).lower())
+    except ValueError:
+        raise ValueError("tier %r: expected \"hbm\", \"dram\" or \"nvme\"" % (tier,)) from None
+
+
+_CLASSES = {"other": _capi.CLASS_OTHER, "param": _capi.CLASS_PARAM, "grad": _capi.CLASS_GRAD,
+            "optimizer_state": _capi.CLASS_OPTIMIZER_STATE,
+            "activation": _capi.CLASS_ACTIVATION}
+
+
+def _choice(table, value, field):
+    try:
+        return table[str(value).lower()]
+    except KeyError:
+        raise ValueError("%s=%r: expected one of %s" %
+                         (field, value, ", ".join(k for k in table if k != "default"))) from None
+
+
+def _ptr(p):
+    return None if p is None else ctypes.c_void_p(int(p))
+
+
+class Tensor:
+    """A tensor of a Runtime: a buffer of .nbytes bytes that tiermem places and moves."""
+
+    __slots__ = ("_rt", "_h", "nbytes", "name", "__weakref__")
+
+    def __init__(self, runtime, handle, nbytes, name):
+        self._rt, self._h, self.nbytes, self.name = runtime, handle, nbytes, name
+
+    def _call(self, fn, *args):
+        _check(getattr(_lib, fn)(self._rt._handle(), self._handle(), *args), fn)
+
+    def _handle(self):
+        if self._h is None:
+            raise TiermemError(_capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE"),
+                               "tensor %r was destroyed" % self.name)
+        return self._h
+
+    def copy_in(self, src_ptr, nbytes=None, offset=0, stream=None):
+        """Copies nbytes from address src_ptr (host or device) into the tensor at offset.
+        stream: a cudaStream_t as an int, or None. Returns once enqueued (see sync())."""
+        n = self.nbytes - offset if nbytes is None else nbytes
+        self._call("tm_tensor_copy_in", offset, _ptr(src_ptr), n, _ptr(stream))
+
+    def copy_out(self, dst_ptr, nbytes=None, offset=0, stream=None):
+        """Copies nbytes of the tensor at offset to address dst_ptr. Without a stream the bytes
+        are there once sync() returns."""
+        n = self.nbytes - offset if nbytes is None else nbytes
+        self._call("tm_tensor_copy_out", offset, _ptr(dst_ptr), n, _ptr(stream))
+
+    def write(self, data, offset=0):
+        """Writes a bytes-like object (synchronously)."""
+        buf = (ctypes.c_char * len(data)).from_buffer_copy(data)
+        self._call("tm_tensor_write", offset, ctypes.cast(buf, ctypes.c_void_p), len(data))
+
+    def read(self, nbytes=None, offset=0):
+        """Reads nbytes (default: to the end) into a new bytes object."""
+        n = self.nbytes - offset if nbytes is None else nbytes
+        buf = ctypes.create_string_buffer(n)
+        self._call("tm_tensor_read", offset, ctypes.cast(buf, ctypes.c_void_p), n)
+        return buf.raw
+
+    def offload(self, tier):
+        self._call("tm_tensor_offload", _tier(tier))
+
+    def prefetch(self, tier):
+        self._call("tm_tensor_prefetch", _tier(tier))
+
+    def sync(self):
+        self._call("tm_tensor_sync")
+
+    def residency(self):
+        """The set of tier names holding a valid copy."""
+        mask = ctypes.c_uint32()
+        self._call("tm_tensor_residency", ctypes.byref(mask))
+        return {n for i, n in enumerate(_capi.TIER_NAMES) if mask.value & (1 << i)}
+
+    def destroy(self):
+        if self._h is not None:
+            h, self._h = self._h, None
+            _check(_lib.tm_tensor_destroy(self._rt._handle(), h), "tm_tensor_destroy")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+
+
+_SETTINGS = ("device", "cuda_device", "hbm_bytes", "dram_bytes", "nvme_paths", "nvme_bytes",
+             "io_engine", "io_block_size", "io_queue_depth", "io_threads", "numa_node",
+             "log_level", "emu_link_gbps", "prefetch_depth", "prefetch_bytes", "placement",
+             "trace", "checksum", "local_rank", "local_world_size")
+
+
+class Runtime:
+    """A tiermem runtime. Keyword settings are named like tm_config's fields; anything left
+    unset comes from the TIERMEM_* environment variables, then the defaults
+    (docs/environment.md). Sizes are ints or strings such as "64MiB"."""
+
+    def __init__(self, **settings):
+        unknown = sorted(set(settings) - set(_SETTINGS))
+        if unknown:
+            raise TypeError("tiermem.Runtime: unknown setting(s) %s; known: %s" %
+                            (", ".join(unknown), ", ".join(_SETTINGS)))
+        cfg = _capi.Config()
+        self._keep = []  # C strings the config points at, alive until create returns
+        for key, value in settings.items():
+            if value is None:
+                continue
+            if key in ("hbm_bytes", "dram_bytes", "nvme_bytes", "prefetch_bytes"):
+                value = parse_size(value, key)
+            elif key in ("io_block_size",):
+                value = parse_size(value, key)
+            elif key == "device":
+                value = _choice(_capi.DEVICES, value, key)
+            elif key == "io_engine":
+                value = _choice(_capi.IO_ENGINES, value, key)
+            elif key == "log_level":
+                value = _choice(_capi.LOG_LEVELS, value, key)
+            elif key == "placement":
+                value = _choice(_capi.PLACEMENTS, value, key)
+            elif key == "checksum":
+                value = _choice(_capi.CHECKSUMS, value, key)
+            elif key == "numa_node":
+                value = {"auto": _capi.NUMA_AUTO, "off": _capi.NUMA_OFF}.get(value, value)
+            elif key == "nvme_paths":
+                if not isinstance(value, str):
+                    value = ":".join(os.fspath(p) for p in value)
+                value = value.encode()
+                self._keep.append(value)
+            elif key == "trace":
+                value = os.fspath(value).encode()
+                self._keep.append(value)
+            setattr(cfg, key, value)
+        rt = _capi.Runtime()
+        _check(_lib.tm_runtime_create(ctypes.byref(cfg), ctypes.byref(rt)), "tm_runtime_create")
+        self._rt = rt
+        self._lock = threading.Lock()
+        self._step_index = 0
+        self._in_step = False
+        self._names = {}
+
+    def _handle(self):
+        if self._rt is None:
+            raise TiermemError(_capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE"),
+                               "the runtime was closed")
+        return self._rt
+
+    @property
+    def closed(self):
+        return self._rt is None
+
+    def close(self):
+        """Destroys the runtime and every tensor it still holds; its swap files vanish."""
+        if self._rt is not None:
+            rt, self._rt = self._rt, None
+            _check(_lib.tm_runtime_destroy(rt), "tm_runtime_destroy")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def tensor(self, nbytes, cls="other", home=None, name=None):
+        """Creates a Tensor of nbytes. cls: "param", "grad", "optimizer_state", "activation" or
+        "other"; home: "hbm", "dram", "nvme" or None (the placement preset decides)."""
+        d = _capi.TensorDesc()
+        d.bytes = parse_size(nbytes, "nbytes")
+        d.cls = _choice(_CLASSES, cls, "cls")
+        d.home_tier = _capi.TIER_BY_PLACEMENT if home is None else _tier(home)
+        encoded = name.encode() if name else None
+        d.name = encoded
+        h = _capi.Tensor()
+        _check(_lib.tm_tensor_create(self._handle(), ctypes.byref(d), ctypes.byref(h)),
+               "tm_tensor_create")
+        return Tensor(self, h, d.bytes, name)
+
+    def next_name(self, prefix):
+        """prefix.N, N counting from 0 in each step: names that repeat step after step, so the
+        schedule matches a tensor created anew each step with last step's."""
+        with self._lock:
+            n = self._names.get(prefix, 0)
+            self._names[prefix] = n + 1
+        return "%s.%d" % (prefix, n)
+
+    @property
+    def step_index(self):
+        """Steps begun so far."""
+        return self._step_index
+
+    def sync(self):
+        """Waits for every move; raises the first failure among them."""
+        _check(_lib.tm_runtime_sync(self._handle()), "tm_runtime_sync")
+
+    def step_begin(self):
+        _check(_lib.tm_step_begin(self._handle()), "tm_step_begin")
+        with self._lock:
+            self._step_index += 1
+            self._in_step = True
+            self._names.clear()
+
+    def step_end(self):
+        with self._lock:
+            self._in_step = False
+        _check(_lib.tm_step_end(self._handle()), "tm_step_end")
+
+    @contextlib.contextmanager
+    def step(self):
+        """One training step: the first step's order of uses becomes the schedule that later
+        steps prefetch by."""
+        self.step_begin()
+        try:
+            yield self
+        except BaseException:
+            try:
+                self.step_end()
+            except TiermemError:
+                pass  # the exception already propagating says more
+            raise
+        self.step_end()
+
+    def stats(self):
+        """The runtime's counters as a dict (tm_stats): tiers[name] = {capacity, used, peak},
+        bytes_moved[from][to], and every counter by its C name."""
+        s = _capi.Stats()
+        _check(_lib.tm_runtime_stats(self._handle(), ctypes.byref(s)), "tm_runtime_stats")
+        out = {}
+        for name, _ in _capi.Stats._fields_:
+            if name == "struct_size":
+                continue
+            if name == "tiers":
+                out[name] = {_capi.TIER_NAMES[i]: {"capacity": t.capacity, "used": t.used,
+                                                    "peak": t.peak}
+                             for i, t in enumerate(s.tiers)}
+            elif name == "bytes_moved":
+                out[name] = {_capi.TIER_NAMES[i]: {_capi.TIER_NAMES[j]: s.bytes_moved[i][j]
+                                                   for j in range(_capi.TIER_COUNT)}
+                             for i in range(_capi.TIER_COUNT)}
+            else:
+                out[name] = getattr(s, name)
+        return out
+
+    def info(self):
+        """What the runtime resolved (tm_info) as a dict; enums as their names."""
+        i = _capi.Info()
+        _check(_lib.tm_runtime_info(self._handle(), ctypes.byref(i)), "tm_runtime_info")
+        out = {}
+        rev = lambda table, v: next((k for k, x in table.items() if x == v), v)
+        for name, _ in _capi.Info._fields_:
+            v = getattr(i, name)
+            if name == "struct_size":
+                continue
+            if name == "device":
+                v = rev(_capi.DEVICES, v)
+            elif name == "io_engine":
+                v = rev(_capi.IO_ENGINES, v)
+            elif name == "placement":
+                v = rev(_capi.PLACEMENTS, v)
+            elif name == "tier_bytes":
+                v = {_capi.TIER_NAMES[k]: v[k] for k in range(_capi.TIER_COUNT)}
+            elif name == "device_name":
+                v = v.decode(errors="replace")
+            elif name in ("hbm_device_pointers", "device_allocator"):
+                v = bool(v)
+            out[name] = v
+        return out
+
+    def config_value(self, variable):
+        """Effective value of a setting by its variable name, e.g. "TIERMEM_DRAM_BYTES"."""
+        needed = ctypes.c_size_t(256)
+        name = variable.encode()
+        while True:
+            size = needed.value
+            buf = ctypes.create_string_buffer(size)
+            status = _lib.tm_runtime_config_value(self._handle(), name, buf, size,
+                                                  ctypes.byref(needed))
+            if status == _capi.OK or needed.value <= size:
+                _check(status, "tm_runtime_config_value")
+                return buf.value.decode()

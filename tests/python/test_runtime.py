@@ -1,0 +1,95 @@
+"""tiermem.Runtime and tiermem.Tensor: settings, errors, stats, steps, the library's lookup."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tiermem
+
+
+def test_settings_sizes_and_info(make_runtime):
+    rt = make_runtime(dram_bytes="1MiB", prefetch_depth=2, placement="zero-offload")
+    info = rt.info()
+    assert info["device"] == "emulated"
+    assert info["tier_bytes"]["nvme"] == 64 << 20
+    assert info["prefetch_depth"] == 2
+    assert info["placement"] == "zero-offload"
+    assert info["local_world_size"] >= 1
+    assert rt.config_value("TIERMEM_PREFETCH_DEPTH") == "2"
+
+
+def test_parse_size():
+    assert tiermem.parse_size("64MiB") == 64 << 20
+    assert tiermem.parse_size("2 G") == 2 << 30
+    assert tiermem.parse_size(4096) == 4096
+    for bad in ("12 parsecs", "-1", "50%", "1.5GiB", "1MB"):
+        with pytest.raises(ValueError):
+            tiermem.parse_size(bad)
+
+
+def test_unknown_setting_is_refused():
+    with pytest.raises(TypeError, match="dram_byts"):
+        tiermem.Runtime(dram_byts="1MiB")
+    with pytest.raises(ValueError, match="placement"):
+        tiermem.Runtime(placement="everywhere")
+
+
+def test_library_error_is_a_tiermem_error(nvme_dir):
+    with pytest.raises(tiermem.TiermemError) as e:
+        tiermem.Runtime(device="emulated", hbm_bytes="8MiB", dram_bytes="256KiB",
+                        nvme_paths=str(nvme_dir / "missing"), nvme_bytes="1MiB")
+    assert e.value.status == tiermem.TM_ERR_CONFIG
+    assert e.value.status_name == "TM_ERR_CONFIG"
+    assert "missing" in e.value.message
+
+
+def test_tensor_round_trip_through_nvme(make_runtime):
+    rt = make_runtime()
+    data = bytes(range(256)) * 400
+    with rt.tensor(len(data), "activation", "dram", "x") as t:
+        t.write(data)
+        t.offload("nvme")
+        t.sync()
+        assert t.residency() == {"nvme"}
+        assert t.read() == data
+        assert rt.stats()["bytes_moved"]["dram"]["nvme"] >= len(data)
+    assert rt.stats()["tensors"] == 0
+    with pytest.raises(tiermem.TiermemError) as e:
+        t.sync()
+    assert e.value.status == tiermem.TM_ERR_INVALID_HANDLE
+
+
+def test_step_and_close(make_runtime):
+    rt = make_runtime()
+    with rt.step():
+        assert rt.next_name("saved") == "saved.0"
+        assert rt.next_name("saved") == "saved.1"
+    with rt.step():
+        assert rt.next_name("saved") == "saved.0"  # names repeat step after step
+    assert rt.step_index == 2
+    rt.close()
+    assert rt.closed
+    with pytest.raises(tiermem.TiermemError):
+        rt.stats()
+
+
+def test_installed_package_finds_its_library(tmp_path):
+    """cmake --install puts the package into the site directory with the library's path."""
+    build = os.environ.get("TIERMEM_BUILD_DIR")
+    if not build:
+        pytest.skip("TIERMEM_BUILD_DIR is not set (ctest sets it)")
+    prefix = tmp_path / "prefix"
+    subprocess.run(["cmake", "--install", build, "--prefix", str(prefix)], check=True,
+                   stdout=subprocess.DEVNULL)
+    sites = glob.glob(str(prefix / "lib" / "python*" / "*-packages"))
+    assert len(sites) == 1, sites
+    assert os.path.exists(os.path.join(sites[0], "tiermem", "_paths.py"))
+    env = dict(os.environ, PYTHONPATH=sites[0])
+    env.pop("TIERMEM_LIBRARY", None)
+    out = subprocess.run([sys.executable, "-c", "import tiermem; print(tiermem.library_path())"],
+                         env=env, check=True, capture_output=True, text=True,
+                         cwd=str(tmp_path)).stdout.strip()
+    assert out.startswith(str(prefix)) and os.path.exists(out), out
