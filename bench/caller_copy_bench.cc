@@ -25,9 +25,9 @@ using Clock = std::chrono::steady_clock;
   std::fprintf(stderr, "caller_copy_bench: %s: %s\n", what, tm_last_error());
   std::exit(1);
 }
-#define CHECK_TM(call)                      \
-  do {                                      \
-    if ((call) != TM_OK) Die(#call);        \
+#define CHECK_TM(call)               \
+  do {                               \
+    if ((call) != TM_OK) Die(#call); \
   } while (0)
 
 double Median(std::vector<double> v) {
@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
       CHECK_TM(tm_runtime_sync(rt));
     }));
     read_out.push_back(gbps([&] {
-      for (int i = 0; i < tensors; ++i) CHECK_TM(tm_tensor_read(rt, ts[i], 0, dst[i].data(), bytes));
+      for (int i = 0; i < tensors; ++i)
+        CHECK_TM(tm_tensor_read(rt, ts[i], 0, dst[i].data(), bytes));
     }));
     check();
     memcpy_out.push_back(gbps([&] {
@@ -146,8 +147,9 @@ int main(int argc, char** argv) {
   }
   const double ref = Median(memcpy_in) / 2 + Median(memcpy_out) / 2;
   std::printf("caller_copy_bench: %d tensors of %llu bytes (%.0f MiB), %d rounds, %s, %s I/O\n",
-              tensors, static_cast<unsigned long long>(bytes), static_cast<double>(total) / (1 << 20),
-              rounds, info.device_name, info.io_engine == TM_IO_ENGINE_URING ? "uring" : "posix");
+              tensors, static_cast<unsigned long long>(bytes),
+              static_cast<double>(total) / (1 << 20), rounds, info.device_name,
+              info.io_engine == TM_IO_ENGINE_URING ? "uring" : "posix");
   std::printf("%-34s %9s %10s\n", "path", "GB/s", "of memcpy");
   auto row = [&](const char* name, const std::vector<double>& v) {
     std::printf("%-34s %9.2f %9.2fx\n", name, Median(v), Median(v) / ref);

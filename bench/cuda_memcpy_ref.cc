@@ -12,13 +12,13 @@
 
 namespace {
 
-#define CHECK_CUDA(call)                                                              \
-  do {                                                                                \
-    cudaError_t e = (call);                                                           \
-    if (e != cudaSuccess) {                                                           \
+#define CHECK_CUDA(call)                                                               \
+  do {                                                                                 \
+    cudaError_t e = (call);                                                            \
+    if (e != cudaSuccess) {                                                            \
       std::fprintf(stderr, "cuda_memcpy_ref: %s: %s\n", #call, cudaGetErrorString(e)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
+      std::exit(1);                                                                    \
+    }                                                                                  \
   } while (0)
 
 double MedianGbps(void* dst, const void* src, size_t bytes, int repeats, cudaStream_t s) {
@@ -57,10 +57,14 @@ int main(int argc, char** argv) {
   std::fill(static_cast<char*>(host), static_cast<char*>(host) + bytes, 2);
   const double h2d = MedianGbps(dev, host, bytes, repeats, s);
   const double d2h = MedianGbps(host, dev, bytes, repeats, s);
-  std::printf("reference   dram -> hbm  pinned  %8.2f GB/s   (%zu MiB, cudaMemcpyAsync, events, median of %d)\n",
-              h2d, bytes >> 20, repeats);
-  std::printf("reference   hbm  -> dram pinned  %8.2f GB/s   (%zu MiB, cudaMemcpyAsync, events, median of %d)\n",
-              d2h, bytes >> 20, repeats);
+  std::printf(
+      "reference   dram -> hbm  pinned  %8.2f GB/s   (%zu MiB, cudaMemcpyAsync, events, median of "
+      "%d)\n",
+      h2d, bytes >> 20, repeats);
+  std::printf(
+      "reference   hbm  -> dram pinned  %8.2f GB/s   (%zu MiB, cudaMemcpyAsync, events, median of "
+      "%d)\n",
+      d2h, bytes >> 20, repeats);
   cudaStreamDestroy(s);
   cudaFree(dev);
   cudaFreeHost(host);

@@ -645,6 +645,16 @@ std::vector<Setting> BuildSettings() {
     rows.push_back(std::move(s));
   }
   {
+    // Read by the Python package, not by the library: a row so that it is documented with the
+    // others and not warned about as unknown.
+    Setting s =
+        TextRow("TIERMEM_LIBRARY", "file path", "unset",
+                "For the Python package (docs/pytorch.md): the libtiermem.so to load,",
+                &Config::library, nullptr, [](absl::string_view) { return absl::OkStatus(); });
+    s.environment_only = true;
+    rows.push_back(std::move(s));
+  }
+  {
     Setting s;
     s.name = "TIERMEM_EMU_LINK_GBPS";
     s.values = "GB/s, 0-1e6";

@@ -81,6 +81,7 @@ struct Config {
   Placement placement = Placement::kNone;
   std::string trace;     // Chrome-trace JSON path (%p, %r expanded when the runtime opens it)
   std::string env_file;  // the TIERMEM_ENV_FILE that was read, or empty
+  std::string library;   // TIERMEM_LIBRARY: for the Python package; the library only knows it
   int local_rank = 0;    // this process's rank on its node: names traces (%r), picks the device
   // Ranks on the node that share its percentage budgets; 1 when alone or unknown (then a rank
   // above 0 only names traces and picks the device).

@@ -34,12 +34,33 @@ def _check_tier(tier):
     return name
 
 
-def _stream(t):
+# cudaStreamLegacy: PyTorch's default stream reports cuda_stream == 0, which the C API takes as
+# "no stream" (unordered); the legacy default stream is what 0 means to CUDA.
+_CUDA_STREAM_LEGACY = 0x1
+
+
+def _stream(t, rt=None):
     """The cudaStream_t (an int) the copy is ordered on: the current stream of a CUDA tensor's
-    device; None for CPU tensors (copy without a stream, then tm_tensor_sync)."""
+    device; None for CPU tensors (copy without a stream, then tm_tensor_sync). A CUDA tensor
+    needs a runtime on the CUDA device: the emulated device cannot tell its memory from the
+    host's."""
     if t.device.type == "cuda":
-        return torch.cuda.current_stream(t.device).cuda_stream
+        if rt is not None and not _is_cuda_runtime(rt):
+            raise ValueError("a CUDA tensor needs a tiermem runtime on the CUDA device "
+                             "(device=\"cuda\"); this one uses %s" % rt.info()["device"])
+        return torch.cuda.current_stream(t.device).cuda_stream or _CUDA_STREAM_LEGACY
     return None
+
+
+def _is_cuda_runtime(rt):
+    cached = getattr(rt, "_tiermem_cuda", None)
+    if cached is None:
+        cached = bool(rt.info()["hbm_device_pointers"])
+        try:
+            rt._tiermem_cuda = cached
+        except AttributeError:
+            pass
+    return cached
 
 
 def _resize_storage(t, nbytes):
@@ -66,7 +87,7 @@ def _owns_storage(t):
 def _send(tm, t, nbytes, tier):
     """Copies the first nbytes at t's address into tm, then starts it down to NVMe for tier nvme.
     Without a stream the source must stay unchanged until the copy is done: sync first."""
-    stream = _stream(t)
+    stream = _stream(t, tm._rt)
     tm.copy_in(t.data_ptr(), nbytes, 0, stream)
     if stream is None:
         tm.sync()
@@ -77,7 +98,7 @@ def _send(tm, t, nbytes, tier):
 def _fetch(tm, t, nbytes):
     """Copies tm into the memory at t's address; on return t may be used on the current stream
     (CUDA) or at once (CPU)."""
-    stream = _stream(t)
+    stream = _stream(t, tm._rt)
     tm.copy_out(t.data_ptr(), nbytes, 0, stream)
     if stream is None:
         tm.sync()
