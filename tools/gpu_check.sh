@@ -161,7 +161,7 @@ else
   lib="$(ls "$libdir"/libtiermem.so.*.* 2>/dev/null | head -1)"
   pylog="$work/pytest.log"
   timeout 240 env TIERMEM_LIBRARY="$lib" PYTHONPATH="$root/python" TIERMEM_NVME_PATHS="$work" \
-    "$py" -m pytest -q -x -p no:cacheprovider "$root/tests/python" >"$pylog" 2>&1
+    "$py" -m pytest -q -p no:cacheprovider "$root/tests/python" >"$pylog" 2>&1
   rc=$?
   tail -25 "$pylog" >&2
   line="PyTorch tests ($("$py" -c 'import torch; print(torch.__version__)')): $(tail -1 "$pylog")"
