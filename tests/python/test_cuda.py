@@ -85,7 +85,8 @@ def test_gpt_bit_identical_on_the_gpu(cuda_runtime, config):
     assert losses == reference[0]
     assert all(torch.equal(a, b) for a, b in zip(params, reference[1]))
     stats = rt.stats()
-    assert stats["bytes_moved"]["dram"]["nvme"] > 0
+    if "nvme" in config.values():
+        assert stats["bytes_moved"]["dram"]["nvme"] > 0
     # Device memory went straight to DRAM: tiermem's HBM tier was never used by the offloads.
     assert stats["tiers"]["hbm"]["peak"] == 0
 
