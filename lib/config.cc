@@ -456,7 +456,8 @@ std::vector<Setting> BuildSettings() {
     rows.push_back(std::move(s));
   }
   rows.push_back(SizeRow("TIERMEM_HBM_BYTES", "size or %", "",
-                         "1 GiB (emulated, at most 1/4 of RAM); 50% of device memory (CUDA)",
+                         "1 GiB (emulated, at most 1/4 of RAM); CUDA: half the device, at most "
+                         "what is free less a headroom",
                          "Budget of the HBM tier:", false, &Config::hbm_bytes,
                          &ConfigOverrides::hbm_bytes, "auto"));
   rows.push_back(SizeRow("TIERMEM_DRAM_BYTES", "size or %", "2GiB", "`2GiB`",

@@ -166,6 +166,20 @@ else
   tail -25 "$pylog" >&2
   line="PyTorch tests ($("$py" -c 'import torch; print(torch.__version__)')): $(tail -1 "$pylog")"
   if [ $rc -eq 0 ]; then note "ok    $line"; else fail "$line"; fi
+  # Activation offload against torch.autograd.graph.save_on_cpu on the GPU, interleaved.
+  log "offload_bench on CUDA"
+  blog="$work/offload_bench.log"
+  timeout 150 env TIERMEM_LIBRARY="$lib" PYTHONPATH="$root/python" "$py" \
+    "$root/python/examples/offload_bench.py" --hidden 1024 --blocks 4 --seq 512 --batch 4 \
+    --steps 8 --warmup 2 --dram-bytes 4GiB --nvme-bytes 16GiB --nvme-dir "$work" >"$blog" 2>&1
+  rc=$?
+  cat "$blog" >&2
+  if [ $rc -eq 0 ]; then
+    note "bench $(grep -m1 '^GPT' "$blog" | cut -c1-90)"
+    while read -r l; do note "bench   $l"; done < <(grep -E '^ +(plain|save_on_cpu|tiermem)' "$blog")
+  else
+    fail "offload_bench (exit $rc): $(tail -1 "$blog")"
+  fi
 fi
 
 elapsed=$((SECONDS - start))
