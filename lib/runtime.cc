@@ -280,9 +280,15 @@ uint64_t Runtime::KeyFor(const TensorDesc& desc, uint64_t handle) {
 
 absl::Status Runtime::DestroyTensor(uint64_t handle) {
   MutexLock lock(&mu_);
-  auto t = Claim(handle);
+  // A copy still landing is not waited for on the host: its memory is freed once it has landed
+  // (a deferred free, as for callers' streams), and its outcome no longer matters.
+  auto t = Claim(handle, /*land=*/false);
   if (!t.ok()) return t.status();
   if (auto s = CheckOthersUnpinned(**t, -1); !s.ok()) return WithContext(s, "cannot destroy");
+  if ((*t)->landing.has_value()) {
+    (*t)->copy((*t)->landing_tier).uses.push_back((*t)->landing->fence);
+    (*t)->landing.reset();
+  }
   for (int i = 0; i < TM_TIER_COUNT; ++i) FreeCopy(**t, static_cast<tm_tier>(i));
   if (auto it = keyed_.find((*t)->key); it != keyed_.end() && it->second == handle) {
     keyed_.erase(it);

@@ -199,6 +199,27 @@ TEST_F(Streams, CopyInAndOutAreOrderedOnTheStream) {
   EXPECT_EQ(rt->Stats().tiers[TM_TIER_HBM].used, 0u);
 }
 
+// A tensor destroyed while its copy_in still waits for the stream: destroy does not wait on the
+// host, and the memory is not reused before the copy has landed.
+TEST_F(Streams, DestroyDuringCopyInDoesNotWait) {
+  auto rt = Make(16ull << 20, kBytes * 3 / 2);  // DRAM for one tensor (a quarter is staging)
+  ASSERT_NE(rt, nullptr);
+  const uint64_t t = Tensor(*rt, kBytes, TM_TIER_DRAM, "in-flight");
+  std::vector<uint8_t> src(kBytes, 0x42);
+  stream_.Launch([] { std::this_thread::sleep_for(kStreamWork); });
+  ASSERT_TRUE(rt->CopyIn(t, 0, src.data(), kBytes, &stream_).ok());
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(rt->DestroyTensor(t).ok());
+  EXPECT_LT(MsSince(t0), 100) << "destroy waited for the stream on the host";
+  // The next tensor needs that DRAM: it waits for the landing copy, then gets it.
+  const uint64_t u = Tensor(*rt, kBytes, TM_TIER_DRAM, "next");
+  std::vector<uint8_t> other(kBytes, 0x17), back(kBytes);
+  ASSERT_TRUE(rt->Write(u, 0, other.data(), kBytes).ok());
+  ASSERT_TRUE(rt->Read(u, 0, back.data(), kBytes).ok());
+  EXPECT_EQ(back, other);
+  stream_.Synchronize();
+}
+
 TEST_F(Streams, BadAndCapturingStreamsAreReported) {
   auto rt = Make(16ull << 20);
   ASSERT_NE(rt, nullptr);
