@@ -144,9 +144,9 @@ absl::Status Runtime::CopyIn(uint64_t handle, uint64_t offset, const void* src, 
 
   // Only on NVMe (or never written, with an NVMe home): rewritten there through staging into a
   // fresh extent, as tm_tensor_write does; synchronous, so nothing is left for the stream.
-  const bool on_nvme = !t.copy(TM_TIER_HBM).valid() && !t.copy(TM_TIER_DRAM).valid() &&
-                       (t.copy(TM_TIER_NVME).valid() || t.home == TM_TIER_NVME);
-  if (on_nvme) {
+  const bool above_nvme = t.copy(TM_TIER_HBM).valid() || t.copy(TM_TIER_DRAM).valid();
+  const bool on_nvme = !above_nvme && (t.copy(TM_TIER_NVME).valid() || t.home == TM_TIER_NVME);
+  auto write_on_nvme = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
     room.Leave();
     auto fresh = tiers_->space(TM_TIER_NVME).Allocate(t.bytes, t.name, t.handle);
     if (!fresh.ok()) return fresh.status();
@@ -165,7 +165,8 @@ absl::Status Runtime::CopyIn(uint64_t handle, uint64_t offset, const void* src, 
     t.EndFill(TM_TIER_NVME);
     NoteUse(t, TM_TIER_NVME, !whole);
     return absl::OkStatus();
-  }
+  };
+  if (on_nvme) return write_on_nvme();
 
   // Into the fastest valid copy, else the home tier: device memory goes straight to DRAM
   // (D2H) for a DRAM copy, never through tiermem's HBM.
@@ -176,6 +177,12 @@ absl::Status Runtime::CopyIn(uint64_t handle, uint64_t offset, const void* src, 
   const bool fresh = whole && !t.copy(target).valid();
   absl::Status s = fresh ? Reserve(t, target)
                          : MakeValid(t, target, {}, Want{Want::kDemand, Schedule::kNever, true});
+  if (!s.ok() && target == TM_TIER_DRAM && !above_nvme && ToTmStatus(s) == TM_ERR_OUT_OF_MEMORY) {
+    // Nothing above NVMe holds the tensor and DRAM cannot take it (a tensor larger than the
+    // whole DRAM tier, or one whose room is pinned): it goes on NVMe, through staging, rather
+    // than failing while the NVMe tier has room.
+    return write_on_nvme();
+  }
   if (!s.ok()) return WithContext(s, kFn);
   room.Leave();
   char* addr = tiers_->Address(target, t.copy(target).extent) + offset;

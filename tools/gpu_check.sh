@@ -171,7 +171,8 @@ else
   blog="$work/offload_bench.log"
   timeout 150 env TIERMEM_LIBRARY="$lib" PYTHONPATH="$root/python" "$py" \
     "$root/python/examples/offload_bench.py" --hidden 1024 --blocks 4 --seq 512 --batch 4 \
-    --steps 8 --warmup 2 --dram-bytes 4GiB --nvme-bytes 16GiB --nvme-dir "$work" >"$blog" 2>&1
+    --steps 8 --warmup 2 --dram-bytes 4GiB --nvme-bytes 16GiB --nvme-run-dram-bytes 512MiB \
+    --nvme-dir "$work" >"$blog" 2>&1
   rc=$?
   cat "$blog" >&2
   if [ $rc -eq 0 ]; then

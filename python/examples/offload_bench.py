@@ -38,6 +38,8 @@ def main():
     ap.add_argument("--nvme-dir", default=None)
     ap.add_argument("--dram-bytes", default="1GiB", help="the DRAM run's DRAM budget")
     ap.add_argument("--nvme-bytes", default="4GiB", help="each run's NVMe budget")
+    ap.add_argument("--nvme-run-dram-bytes", default="16MiB",
+                    help="the NVMe run's DRAM budget (small: every saved tensor goes to NVMe)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
@@ -51,7 +53,8 @@ def main():
     with tempfile.TemporaryDirectory(dir=args.nvme_dir) as swap, \
             tiermem.Runtime(dram_bytes=args.dram_bytes, nvme_paths=swap,
                             nvme_bytes=args.nvme_bytes, hbm_bytes="256MiB") as rt_dram, \
-            tiermem.Runtime(dram_bytes="16MiB", nvme_paths=swap, nvme_bytes=args.nvme_bytes,
+            tiermem.Runtime(dram_bytes=args.nvme_run_dram_bytes, nvme_paths=swap,
+                            nvme_bytes=args.nvme_bytes,
                             hbm_bytes="256MiB") as rt_nvme:
         modes = {
             "plain": lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t),
