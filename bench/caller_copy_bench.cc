@@ -76,13 +76,19 @@ int main(int argc, char** argv) {
   tm_info info = TM_INFO_INIT;
   CHECK_TM(tm_runtime_info(rt, &info));
 
+  // Each path starts from the same state: fresh tensors (DRAM home, never written) going in,
+  // every tensor on NVMe alone coming out.
   std::vector<tm_tensor> ts(tensors);
-  for (int i = 0; i < tensors; ++i) {
-    tm_tensor_desc d = TM_TENSOR_DESC_INIT;
-    d.bytes = bytes;
-    d.home_tier = TM_TIER_DRAM;
-    CHECK_TM(tm_tensor_create(rt, &d, &ts[i]));
-  }
+  auto fresh = [&] {
+    for (int i = 0; i < tensors; ++i) {
+      if (ts[i].bits != 0) CHECK_TM(tm_tensor_destroy(rt, ts[i]));
+      tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+      d.bytes = bytes;
+      d.home_tier = TM_TIER_DRAM;
+      CHECK_TM(tm_tensor_create(rt, &d, &ts[i]));
+    }
+  };
+  for (auto& t : ts) t.bits = 0;
   std::vector<std::vector<char>> src(tensors), dst(tensors);
   for (int i = 0; i < tensors; ++i) {
     src[i].assign(bytes, static_cast<char>(i + 1));
@@ -111,6 +117,7 @@ int main(int argc, char** argv) {
     }));
     check();
     // In: caller memory -> DRAM copy -> NVMe, every tensor, then one sync.
+    fresh();
     copy_in.push_back(gbps([&] {
       for (int i = 0; i < tensors; ++i) {
         CHECK_TM(tm_tensor_copy_in(rt, ts[i], 0, src[i].data(), bytes, nullptr));
@@ -128,6 +135,7 @@ int main(int argc, char** argv) {
     }));
     check();
     CHECK_TM(tm_runtime_sync(rt));
+    fresh();
     write_in.push_back(gbps([&] {
       for (int i = 0; i < tensors; ++i) {
         CHECK_TM(tm_tensor_write(rt, ts[i], 0, src[i].data(), bytes));
