@@ -10,40 +10,48 @@ int main(int argc, char** argv) {
   std::vector<unsigned char> a(8192), b(8192);
   fill(a, 1);
   if (!(skip & 1)) {
-  // Range edges.
-  EXPECT_ST(tm_tensor_copy_in(rt, t, UINT64_MAX, a.data(), 1, nullptr), TM_ERR_INVALID_ARGUMENT);
-  EXPECT_ST(tm_tensor_copy_in(rt, t, 1, a.data(), UINT64_MAX, nullptr), TM_ERR_INVALID_ARGUMENT);
-  EXPECT_ST(tm_tensor_copy_in(rt, t, UINT64_MAX, a.data(), UINT64_MAX, nullptr), TM_ERR_INVALID_ARGUMENT);
-  EXPECT_ST(tm_tensor_copy_in(rt, t, 4097, a.data(), 1, nullptr), TM_ERR_INVALID_ARGUMENT);
-  EXPECT_ST(tm_tensor_copy_in(rt, t, 4096, a.data(), 2, nullptr), TM_ERR_INVALID_ARGUMENT);
-  EXPECT_ST(tm_tensor_copy_out(rt, t, UINT64_MAX, b.data(), 1, nullptr), TM_ERR_INVALID_ARGUMENT);
-  EXPECT_ST(tm_tensor_copy_out(rt, t, 2, b.data(), UINT64_MAX - 1, nullptr), TM_ERR_INVALID_ARGUMENT);
-  EXPECT_ST(tm_tensor_copy_out(rt, t, 0, b.data(), 4098, nullptr), TM_ERR_INVALID_ARGUMENT);
-  EXPECT_ST(tm_tensor_copy_in(rt, t, 0, nullptr, 1, nullptr), TM_ERR_INVALID_ARGUMENT);
-  EXPECT_ST(tm_tensor_copy_out(rt, t, 0, nullptr, 1, nullptr), TM_ERR_INVALID_ARGUMENT);
-  // bytes == 0: fine with NULL, and at offset == size, and past it?
-  EXPECT_ST(tm_tensor_copy_in(rt, t, 0, nullptr, 0, nullptr), TM_OK);
-  EXPECT_ST(tm_tensor_copy_out(rt, t, 0, nullptr, 0, nullptr), TM_OK);
-  EXPECT_ST(tm_tensor_copy_in(rt, t, 4097, a.data(), 0, nullptr), TM_OK);
-  {
-    tm_status s = tm_tensor_copy_in(rt, t, UINT64_MAX, a.data(), 0, nullptr);
-    printf("info copy_in(offset=UINT64_MAX, bytes=0) -> %s %s\n", tm_status_string(s), tm_last_error());
-  }
-  // Bad handles.
-  EXPECT_ST(tm_tensor_copy_in(rt, tm_tensor{0}, 0, a.data(), 1, nullptr), TM_ERR_INVALID_HANDLE);
-  EXPECT_ST(tm_tensor_copy_in(rt, tm_tensor{rt.bits}, 0, a.data(), 1, nullptr), TM_ERR_INVALID_HANDLE);
-  EXPECT_ST(tm_tensor_copy_out(tm_runtime{t.bits}, t, 0, b.data(), 1, nullptr), TM_ERR_INVALID_HANDLE);
-  EXPECT_ST(tm_tensor_copy_out(rt, tm_tensor{0xdeadbeefdeadbeefull}, 0, b.data(), 1, nullptr), TM_ERR_INVALID_HANDLE);
-
+    // Range edges.
+    EXPECT_ST(tm_tensor_copy_in(rt, t, UINT64_MAX, a.data(), 1, nullptr), TM_ERR_INVALID_ARGUMENT);
+    EXPECT_ST(tm_tensor_copy_in(rt, t, 1, a.data(), UINT64_MAX, nullptr), TM_ERR_INVALID_ARGUMENT);
+    EXPECT_ST(tm_tensor_copy_in(rt, t, UINT64_MAX, a.data(), UINT64_MAX, nullptr),
+              TM_ERR_INVALID_ARGUMENT);
+    EXPECT_ST(tm_tensor_copy_in(rt, t, 4097, a.data(), 1, nullptr), TM_ERR_INVALID_ARGUMENT);
+    EXPECT_ST(tm_tensor_copy_in(rt, t, 4096, a.data(), 2, nullptr), TM_ERR_INVALID_ARGUMENT);
+    EXPECT_ST(tm_tensor_copy_out(rt, t, UINT64_MAX, b.data(), 1, nullptr), TM_ERR_INVALID_ARGUMENT);
+    EXPECT_ST(tm_tensor_copy_out(rt, t, 2, b.data(), UINT64_MAX - 1, nullptr),
+              TM_ERR_INVALID_ARGUMENT);
+    EXPECT_ST(tm_tensor_copy_out(rt, t, 0, b.data(), 4098, nullptr), TM_ERR_INVALID_ARGUMENT);
+    EXPECT_ST(tm_tensor_copy_in(rt, t, 0, nullptr, 1, nullptr), TM_ERR_INVALID_ARGUMENT);
+    EXPECT_ST(tm_tensor_copy_out(rt, t, 0, nullptr, 1, nullptr), TM_ERR_INVALID_ARGUMENT);
+    // bytes == 0: fine with NULL, and at offset == size, and past it?
+    EXPECT_ST(tm_tensor_copy_in(rt, t, 0, nullptr, 0, nullptr), TM_OK);
+    EXPECT_ST(tm_tensor_copy_out(rt, t, 0, nullptr, 0, nullptr), TM_OK);
+    EXPECT_ST(tm_tensor_copy_in(rt, t, 4097, a.data(), 0, nullptr), TM_OK);
+    {
+      tm_status s = tm_tensor_copy_in(rt, t, UINT64_MAX, a.data(), 0, nullptr);
+      printf("info copy_in(offset=UINT64_MAX, bytes=0) -> %s %s\n", tm_status_string(s),
+             tm_last_error());
+    }
+    // Bad handles.
+    EXPECT_ST(tm_tensor_copy_in(rt, tm_tensor{0}, 0, a.data(), 1, nullptr), TM_ERR_INVALID_HANDLE);
+    EXPECT_ST(tm_tensor_copy_in(rt, tm_tensor{rt.bits}, 0, a.data(), 1, nullptr),
+              TM_ERR_INVALID_HANDLE);
+    EXPECT_ST(tm_tensor_copy_out(tm_runtime{t.bits}, t, 0, b.data(), 1, nullptr),
+              TM_ERR_INVALID_HANDLE);
+    EXPECT_ST(tm_tensor_copy_out(rt, tm_tensor{0xdeadbeefdeadbeefull}, 0, b.data(), 1, nullptr),
+              TM_ERR_INVALID_HANDLE);
   }
   if (!(skip & 2)) {
-  // Never-written tensor reads zeros.
-  memset(b.data(), 0xAA, b.size());
-  EXPECT_ST(tm_tensor_copy_out(rt, t, 0, b.data(), 4097, nullptr), TM_OK);
-  EXPECT_ST(tm_tensor_sync(rt, t), TM_OK);
-  for (int i = 0; i < 4097; i++) if (b[i] != 0) { CHECK(false, "never-written byte %d = %d", i, b[i]); break; }
-  CHECK(b[4097] == 0xAA, "copy_out wrote past the range");
-
+    // Never-written tensor reads zeros.
+    memset(b.data(), 0xAA, b.size());
+    EXPECT_ST(tm_tensor_copy_out(rt, t, 0, b.data(), 4097, nullptr), TM_OK);
+    EXPECT_ST(tm_tensor_sync(rt, t), TM_OK);
+    for (int i = 0; i < 4097; i++)
+      if (b[i] != 0) {
+        CHECK(false, "never-written byte %d = %d", i, b[i]);
+        break;
+      }
+    CHECK(b[4097] == 0xAA, "copy_out wrote past the range");
   }
   // Odd-size round trips in every tier, with odd offsets.
   const uint64_t sizes[] = {1, 3, 255, 4095, 4097, 65537, 1048577};
@@ -62,9 +70,19 @@ int main(int argc, char** argv) {
       }
       EXPECT_ST(tm_tensor_copy_out(rt, x, 0, dst.data(), sz, nullptr), TM_OK);
       EXPECT_ST(tm_tensor_sync(rt, x), TM_OK);
-      { size_t bad=0, first=SIZE_MAX; for (size_t i=0;i<sz;i++) if (src[i]!=dst[i]) {bad++; if(first==SIZE_MAX) first=i;}
-        CHECK(bad==0, "home %d size %llu round trip differs: %zu bytes, first %zu want %02x got %02x", home, (unsigned long long)sz, bad, first, bad?src[first]:0, bad?dst[first]:0); }
-      CHECK(dst[sz] == 0xCD, "copy_out overran dst (home %d size %llu)", home, (unsigned long long)sz);
+      {
+        size_t bad = 0, first = SIZE_MAX;
+        for (size_t i = 0; i < sz; i++)
+          if (src[i] != dst[i]) {
+            bad++;
+            if (first == SIZE_MAX) first = i;
+          }
+        CHECK(bad == 0,
+              "home %d size %llu round trip differs: %zu bytes, first %zu want %02x got %02x", home,
+              (unsigned long long)sz, bad, first, bad ? src[first] : 0, bad ? dst[first] : 0);
+      }
+      CHECK(dst[sz] == 0xCD, "copy_out overran dst (home %d size %llu)", home,
+            (unsigned long long)sz);
       // Offload to NVMe, then copy_out a tail straight from NVMe.
       if (sz <= (1 << 20)) {
         EXPECT_ST(tm_tensor_offload(rt, x, TM_TIER_NVME), TM_OK);
@@ -76,14 +94,17 @@ int main(int argc, char** argv) {
         memset(dst.data(), 0xCD, dst.size());
         EXPECT_ST(tm_tensor_copy_out(rt, x, off, dst.data(), sz - off, nullptr), TM_OK);
         EXPECT_ST(tm_tensor_sync(rt, x), TM_OK);
-        CHECK(memcmp(src.data() + off, dst.data(), sz - off) == 0, "nvme tail differs home %d size %llu", home, (unsigned long long)sz);
+        CHECK(memcmp(src.data() + off, dst.data(), sz - off) == 0,
+              "nvme tail differs home %d size %llu", home, (unsigned long long)sz);
         CHECK(dst[sz - off] == 0xCD, "nvme copy_out overran");
         // copy_in into the NVMe-only tensor at the last byte.
         unsigned char last = 0x5A;
         EXPECT_ST(tm_tensor_copy_in(rt, x, sz - 1, &last, 1, nullptr), TM_OK);
         src[sz - 1] = last;
         EXPECT_ST(tm_tensor_read(rt, x, 0, dst.data(), sz), TM_OK);
-        CHECK(memcmp(src.data(), dst.data(), sz) == 0, "after nvme copy_in last byte differs home %d size %llu", home, (unsigned long long)sz);
+        CHECK(memcmp(src.data(), dst.data(), sz) == 0,
+              "after nvme copy_in last byte differs home %d size %llu", home,
+              (unsigned long long)sz);
       }
       EXPECT_ST(tm_tensor_destroy(rt, x), TM_OK);
     }
@@ -117,10 +138,12 @@ int main(int argc, char** argv) {
     void* q = nullptr;
     EXPECT_ST(tm_tensor_acquire(rt, self, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &q), TM_OK);
     s = tm_tensor_copy_in(rt, self, 1, q, 4096, nullptr);
-    printf("info copy_in(self, offset 1, src = own pinned DRAM copy) -> %s: %s\n", tm_status_string(s), s ? tm_last_error() : "");
+    printf("info copy_in(self, offset 1, src = own pinned DRAM copy) -> %s: %s\n",
+           tm_status_string(s), s ? tm_last_error() : "");
     tm_tensor_sync(rt, self);
     s = tm_tensor_copy_out(rt, self, 0, (char*)q + 1, 4096, nullptr);
-    printf("info copy_out(self, dst = own pinned DRAM copy + 1) -> %s: %s\n", tm_status_string(s), s ? tm_last_error() : "");
+    printf("info copy_out(self, dst = own pinned DRAM copy + 1) -> %s: %s\n", tm_status_string(s),
+           s ? tm_last_error() : "");
     tm_tensor_sync(rt, self);
     EXPECT_ST(tm_tensor_release(rt, self, TM_TIER_DRAM), TM_OK);
     // copy_in into a tensor pinned in another tier.
@@ -160,11 +183,13 @@ int main(int argc, char** argv) {
   EXPECT_ST(tm_runtime_stats(rt, &st), TM_OK);
   CHECK(st.tensors == 1, "tensors alive %llu", (unsigned long long)st.tensors);
   CHECK(st.tiers[0].used <= 8192 && st.tiers[1].used <= 8192, "used hbm %llu dram %llu nvme %llu",
-        (unsigned long long)st.tiers[0].used, (unsigned long long)st.tiers[1].used, (unsigned long long)st.tiers[2].used);
+        (unsigned long long)st.tiers[0].used, (unsigned long long)st.tiers[1].used,
+        (unsigned long long)st.tiers[2].used);
   EXPECT_ST(tm_tensor_destroy(rt, t), TM_OK);
   EXPECT_ST(tm_runtime_stats(rt, &st), TM_OK);
-  CHECK(st.tiers[0].used == 0 && st.tiers[1].used == 0 && st.tiers[2].used == 0, "leak: used hbm %llu dram %llu nvme %llu",
-        (unsigned long long)st.tiers[0].used, (unsigned long long)st.tiers[1].used, (unsigned long long)st.tiers[2].used);
+  CHECK(st.tiers[0].used == 0 && st.tiers[1].used == 0 && st.tiers[2].used == 0,
+        "leak: used hbm %llu dram %llu nvme %llu", (unsigned long long)st.tiers[0].used,
+        (unsigned long long)st.tiers[1].used, (unsigned long long)st.tiers[2].used);
   EXPECT_ST(tm_runtime_destroy(rt), TM_OK);
   rmdir(g_dir.c_str());
   return finish("copy_edges");

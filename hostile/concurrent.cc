@@ -1,10 +1,11 @@
 // Hostile probe: threads doing copy_in/copy_out on their own and on shared tensors, mixed with
 // offload/prefetch/acquire/destroy/sync under tight budgets: data never lost or torn, no hang.
-#include "common.h"
 #include <atomic>
 #include <mutex>
 #include <random>
 #include <thread>
+
+#include "common.h"
 
 static const uint64_t kBytes = 65536 + 24;  // not a multiple of anything nice
 static tm_runtime rt;
@@ -12,14 +13,17 @@ static std::atomic<int> unexpected{0}, torn{0}, lost{0};
 static std::atomic<long> ops{0};
 static std::mutex print_mu;
 
-static void fill_version(std::vector<uint64_t>& v, uint64_t tag) { for (auto& w : v) w = tag; }
+static void fill_version(std::vector<uint64_t>& v, uint64_t tag) {
+  for (auto& w : v) w = tag;
+}
 static bool allowed(tm_status s) {
   return s == TM_OK || s == TM_ERR_BUSY || s == TM_ERR_OUT_OF_MEMORY || s == TM_ERR_INVALID_HANDLE;
 }
 static void note(const char* what, tm_status s) {
   if (!allowed(s)) {
     std::lock_guard<std::mutex> g(print_mu);
-    if (unexpected++ < 10) printf("UNEXPECTED %s -> %s: %s\n", what, tm_status_string(s), tm_last_error());
+    if (unexpected++ < 10)
+      printf("UNEXPECTED %s -> %s: %s\n", what, tm_status_string(s), tm_last_error());
   }
 }
 
@@ -38,7 +42,8 @@ static void owner(int id, int iters) {
   for (int it = 0; it < iters; it++) {
     int i = rng() % n;
     switch (rng() % 6) {
-      case 0: case 1: {
+      case 0:
+      case 1: {
         uint64_t tag = ((uint64_t)id << 48) | ((uint64_t)i << 40) | (ver[i] + 1);
         fill_version(buf, tag);
         tm_status s = tm_tensor_copy_in(rt, ts[i], 0, buf.data(), kBytes, nullptr);
@@ -62,16 +67,24 @@ static void owner(int id, int iters) {
               std::lock_guard<std::mutex> g(print_mu);
               uint64_t got = out[w];
               usleep(20000);
-              if (lost++ < 10) printf("LOST owner %d tensor %d home %d off %llu word %zu: want %llx got %llx; 20 ms later %llx\n", id, i, i % 3, (unsigned long long)off, w,
-                                      (unsigned long long)want, (unsigned long long)got, (unsigned long long)out[w]);
+              if (lost++ < 10)
+                printf(
+                    "LOST owner %d tensor %d home %d off %llu word %zu: want %llx got %llx; 20 ms "
+                    "later %llx\n",
+                    id, i, i % 3, (unsigned long long)off, w, (unsigned long long)want,
+                    (unsigned long long)got, (unsigned long long)out[w]);
               break;
             }
           }
         }
         break;
       }
-      case 3: note("owner offload", tm_tensor_offload(rt, ts[i], (tm_tier)(1 + rng() % 2))); break;
-      case 4: note("owner prefetch", tm_tensor_prefetch(rt, ts[i], (tm_tier)(rng() % 2))); break;
+      case 3:
+        note("owner offload", tm_tensor_offload(rt, ts[i], (tm_tier)(1 + rng() % 2)));
+        break;
+      case 4:
+        note("owner prefetch", tm_tensor_prefetch(rt, ts[i], (tm_tier)(rng() % 2)));
+        break;
       case 5: {
         void* p;
         tm_tier tier = (tm_tier)(rng() % 2);
@@ -81,11 +94,14 @@ static void owner(int id, int iters) {
           uint64_t want = ver[i] ? (((uint64_t)id << 48) | ((uint64_t)i << 40) | ver[i]) : 0;
           if (((uint64_t*)p)[0] != want || ((uint64_t*)p)[kBytes / 8 - 1] != want) {
             std::lock_guard<std::mutex> g(print_mu);
-            if (lost++ < 10) printf("LOST owner %d acquire tensor %d: want %llx got %llx\n", id, i, (unsigned long long)want,
-                                    (unsigned long long)((uint64_t*)p)[0]);
+            if (lost++ < 10)
+              printf("LOST owner %d acquire tensor %d: want %llx got %llx\n", id, i,
+                     (unsigned long long)want, (unsigned long long)((uint64_t*)p)[0]);
           }
-          if (rng() % 2) note("owner release", tm_tensor_release(rt, ts[i], tier));
-          else note("owner release_on_stream", tm_tensor_release_on_stream(rt, ts[i], tier, (void*)1));
+          if (rng() % 2)
+            note("owner release", tm_tensor_release(rt, ts[i], tier));
+          else
+            note("owner release_on_stream", tm_tensor_release_on_stream(rt, ts[i], tier, (void*)1));
         }
         break;
       }
@@ -108,7 +124,8 @@ static void chaos(int id, int iters) {
     int op = rng() % 8;
     if (!(mask & (1 << op))) continue;
     switch (op) {
-      case 0: case 1: {
+      case 0:
+      case 1: {
         fill_version(buf, ((uint64_t)(100 + id) << 48) | it);
         note("chaos copy_in", tm_tensor_copy_in(rt, t, 0, buf.data(), kBytes, nullptr));
         note("chaos sync", tm_tensor_sync(rt, t));  // buf must live until then
@@ -123,16 +140,21 @@ static void chaos(int id, int iters) {
           for (size_t w = 1; w < kBytes / 8; w++) {
             if (out[w] != out[0]) {
               std::lock_guard<std::mutex> g(print_mu);
-              if (torn++ < 5) printf("TORN shared %d word %zu: %llx vs word 0 %llx\n", i, w, (unsigned long long)out[w],
-                                     (unsigned long long)out[0]);
+              if (torn++ < 5)
+                printf("TORN shared %d word %zu: %llx vs word 0 %llx\n", i, w,
+                       (unsigned long long)out[w], (unsigned long long)out[0]);
               break;
             }
           }
         }
         break;
       }
-      case 3: note("chaos offload", tm_tensor_offload(rt, t, (tm_tier)(1 + rng() % 2))); break;
-      case 4: note("chaos prefetch", tm_tensor_prefetch(rt, t, (tm_tier)(rng() % 2))); break;
+      case 3:
+        note("chaos offload", tm_tensor_offload(rt, t, (tm_tier)(1 + rng() % 2)));
+        break;
+      case 4:
+        note("chaos prefetch", tm_tensor_prefetch(rt, t, (tm_tier)(rng() % 2)));
+        break;
       case 5: {
         void* p;
         tm_tier tier = (tm_tier)(rng() % 2);
@@ -153,7 +175,14 @@ static void chaos(int id, int iters) {
         }
         break;
       }
-      case 7: { tm_status s = tm_runtime_sync(rt); if (s) { std::lock_guard<std::mutex> g(print_mu); printf("chaos runtime_sync -> %s: %s\n", tm_status_string(s), tm_last_error()); } break; }
+      case 7: {
+        tm_status s = tm_runtime_sync(rt);
+        if (s) {
+          std::lock_guard<std::mutex> g(print_mu);
+          printf("chaos runtime_sync -> %s: %s\n", tm_status_string(s), tm_last_error());
+        }
+        break;
+      }
     }
     ops++;
   }
@@ -183,15 +212,18 @@ int main(int argc, char** argv) {
   for (auto& t : th) t.join();
   step.join();
   note("final runtime_sync", tm_runtime_sync(rt));
-  for (int i = 0; i < kShared; i++) note("final destroy", tm_tensor_destroy(rt, tm_tensor{shared_bits[i]}));
+  for (int i = 0; i < kShared; i++)
+    note("final destroy", tm_tensor_destroy(rt, tm_tensor{shared_bits[i]}));
   tm_runtime_sync(rt);
   tm_stats st = TM_STATS_INIT;
   tm_runtime_stats(rt, &st);
-  printf("ops %ld, tensors left %llu, used hbm %llu dram %llu nvme %llu, moves_failed %llu\n", (long)ops,
-         (unsigned long long)st.tensors, (unsigned long long)st.tiers[0].used, (unsigned long long)st.tiers[1].used,
-         (unsigned long long)st.tiers[2].used, (unsigned long long)st.moves_failed);
+  printf("ops %ld, tensors left %llu, used hbm %llu dram %llu nvme %llu, moves_failed %llu\n",
+         (long)ops, (unsigned long long)st.tensors, (unsigned long long)st.tiers[0].used,
+         (unsigned long long)st.tiers[1].used, (unsigned long long)st.tiers[2].used,
+         (unsigned long long)st.moves_failed);
   CHECK(st.tensors == 0, "tensors left");
-  CHECK(unexpected == 0 && lost == 0 && torn == 0, "unexpected %d lost %d torn %d", (int)unexpected, (int)lost, (int)torn);
+  CHECK(unexpected == 0 && lost == 0 && torn == 0, "unexpected %d lost %d torn %d", (int)unexpected,
+        (int)lost, (int)torn);
   EXPECT_ST(tm_runtime_destroy(rt), TM_OK);
   return finish("concurrent");
 }

@@ -9,8 +9,10 @@ int main(int argc, char** argv) {
   for (int i = 0; i < iters; i++) {
     tm_tensor x = make_t(rt, 100000, home);
     fill(src, i);
-    if (what & 1) EXPECT_ST(tm_tensor_copy_in(rt, x, 0, src.data(), 100000, nullptr), TM_OK);
-    else EXPECT_ST(tm_tensor_write(rt, x, 0, src.data(), 100000), TM_OK);
+    if (what & 1)
+      EXPECT_ST(tm_tensor_copy_in(rt, x, 0, src.data(), 100000, nullptr), TM_OK);
+    else
+      EXPECT_ST(tm_tensor_write(rt, x, 0, src.data(), 100000), TM_OK);
     if (what & 2) EXPECT_ST(tm_tensor_copy_out(rt, x, 0, dst.data(), 100000, nullptr), TM_OK);
     EXPECT_ST(tm_tensor_destroy(rt, x), TM_OK);
   }
@@ -18,11 +20,13 @@ int main(int argc, char** argv) {
   tm_stats st = TM_STATS_INIT;
   tm_runtime_stats(rt, &st);
   CHECK(st.tensors == 0 && st.tiers[0].used == 0 && st.tiers[1].used == 0 && st.tiers[2].used == 0,
-        "home %d what %d: tensors %llu used hbm %llu dram %llu nvme %llu", home, what, (unsigned long long)st.tensors,
-        (unsigned long long)st.tiers[0].used, (unsigned long long)st.tiers[1].used, (unsigned long long)st.tiers[2].used);
+        "home %d what %d: tensors %llu used hbm %llu dram %llu nvme %llu", home, what,
+        (unsigned long long)st.tensors, (unsigned long long)st.tiers[0].used,
+        (unsigned long long)st.tiers[1].used, (unsigned long long)st.tiers[2].used);
   usleep(200000);
   tm_runtime_stats(rt, &st);
-  printf("after 200 ms: used hbm %llu dram %llu\n", (unsigned long long)st.tiers[0].used, (unsigned long long)st.tiers[1].used);
+  printf("after 200 ms: used hbm %llu dram %llu\n", (unsigned long long)st.tiers[0].used,
+         (unsigned long long)st.tiers[1].used);
   {
     tm_tensor y = make_t(rt, 256, 0);
     unsigned char b[256] = {1};
@@ -34,8 +38,10 @@ int main(int argc, char** argv) {
     EXPECT_ST(tm_tensor_write(rt, z, 0, big.data(), 900000), TM_OK);
     EXPECT_ST(tm_tensor_destroy(rt, z), TM_OK);
     tm_runtime_stats(rt, &st);
-    printf("after a 900000-byte HBM write+destroy: used hbm %llu\n", (unsigned long long)st.tiers[0].used);
-    printf("after another HBM alloc+free: used hbm %llu tensors %llu\n", (unsigned long long)st.tiers[0].used, (unsigned long long)st.tensors);
+    printf("after a 900000-byte HBM write+destroy: used hbm %llu\n",
+           (unsigned long long)st.tiers[0].used);
+    printf("after another HBM alloc+free: used hbm %llu tensors %llu\n",
+           (unsigned long long)st.tiers[0].used, (unsigned long long)st.tensors);
   }
   tm_runtime_destroy(rt);
   return finish("leak_destroy");

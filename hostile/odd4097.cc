@@ -7,7 +7,8 @@ int main(int argc, char** argv) {
   tm_runtime rt = make_rt(1 << 20, 8 << 20, 64 << 20);
   tm_tensor x = make_t(rt, sz, home);
   std::vector<unsigned char> src(sz), mid(sz - 2), dst(sz);
-  fill(src, 1); fill(mid, 99);
+  fill(src, 1);
+  fill(mid, 99);
   EXPECT_ST(tm_tensor_copy_in(rt, x, 0, src.data(), sz, nullptr), TM_OK);
   if (sync_between) EXPECT_ST(tm_tensor_sync(rt, x), TM_OK);
   EXPECT_ST(tm_tensor_copy_in(rt, x, 1, mid.data(), sz - 2, nullptr), TM_OK);
@@ -15,8 +16,13 @@ int main(int argc, char** argv) {
   EXPECT_ST(tm_tensor_copy_out(rt, x, 0, dst.data(), sz, nullptr), TM_OK);
   EXPECT_ST(tm_tensor_sync(rt, x), TM_OK);
   size_t bad = 0, first = SIZE_MAX;
-  for (size_t i = 0; i < sz; i++) if (src[i] != dst[i]) { bad++; if (first == SIZE_MAX) first = i; }
-  CHECK(bad == 0, "%zu bytes differ, first at %zu (want %d got %d)", bad, first, bad ? src[first] : 0, bad ? dst[first] : 0);
+  for (size_t i = 0; i < sz; i++)
+    if (src[i] != dst[i]) {
+      bad++;
+      if (first == SIZE_MAX) first = i;
+    }
+  CHECK(bad == 0, "%zu bytes differ, first at %zu (want %d got %d)", bad, first,
+        bad ? src[first] : 0, bad ? dst[first] : 0);
   // Does a plain read agree with copy_out?
   std::vector<unsigned char> r(sz);
   EXPECT_ST(tm_tensor_read(rt, x, 0, r.data(), sz), TM_OK);

@@ -13,7 +13,8 @@ int main(int argc, char** argv) {
     tm_tensor x = (mode & 2) || !keep.bits ? make_t(rt, 4096, home) : keep;
     if (!(mode & 2)) keep = x;
     std::vector<unsigned char> src(sz), mid(sz), dst(sz, 0xCD);
-    fill(src, it); fill(mid, it + 1000);
+    fill(src, it);
+    fill(mid, it + 1000);
     EXPECT_ST(tm_tensor_copy_in(rt, x, 0, src.data(), sz, nullptr), TM_OK);
     if (mode & 1) {
       EXPECT_ST(tm_tensor_copy_in(rt, x, 1, mid.data(), sz - 2, nullptr), TM_OK);
@@ -22,9 +23,15 @@ int main(int argc, char** argv) {
     EXPECT_ST(tm_tensor_copy_out(rt, x, 0, dst.data(), sz, nullptr), TM_OK);
     EXPECT_ST(tm_tensor_sync(rt, x), TM_OK);
     size_t bad = 0, first = SIZE_MAX;
-    for (size_t i = 0; i < sz; i++) if (src[i] != dst[i]) { bad++; if (first == SIZE_MAX) first = i; }
+    for (size_t i = 0; i < sz; i++)
+      if (src[i] != dst[i]) {
+        bad++;
+        if (first == SIZE_MAX) first = i;
+      }
     if (bad) {
-      if (badruns < 5) printf("iter %d size %llu: %zu bytes differ, first at %zu (want %d got %d)\n", it, (unsigned long long)sz, bad, first, src[first], dst[first]);
+      if (badruns < 5)
+        printf("iter %d size %llu: %zu bytes differ, first at %zu (want %d got %d)\n", it,
+               (unsigned long long)sz, bad, first, src[first], dst[first]);
       badruns++;
     }
     if (mode & 2) EXPECT_ST(tm_tensor_destroy(rt, x), TM_OK);

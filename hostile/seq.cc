@@ -15,8 +15,14 @@ static bool trip(tm_runtime rt, uint64_t sz, int home, bool offload, bool twoste
   EXPECT_ST(tm_tensor_copy_out(rt, x, 0, dst.data(), sz, nullptr), TM_OK);
   EXPECT_ST(tm_tensor_sync(rt, x), TM_OK);
   size_t bad = 0, first = SIZE_MAX;
-  for (size_t i = 0; i < sz; i++) if (src[i] != dst[i]) { bad++; if (first == SIZE_MAX) first = i; }
-  if (bad) printf("size %llu home %d: %zu bytes differ, first at %zu (want %d got %d)\n", (unsigned long long)sz, home, bad, first, src[first], dst[first]);
+  for (size_t i = 0; i < sz; i++)
+    if (src[i] != dst[i]) {
+      bad++;
+      if (first == SIZE_MAX) first = i;
+    }
+  if (bad)
+    printf("size %llu home %d: %zu bytes differ, first at %zu (want %d got %d)\n",
+           (unsigned long long)sz, home, bad, first, src[first], dst[first]);
   if (offload) {
     EXPECT_ST(tm_tensor_offload(rt, x, TM_TIER_NVME), TM_OK);
     EXPECT_ST(tm_tensor_sync(rt, x), TM_OK);

@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
     EXPECT_ST(tm_tensor_copy_out(rt, x, 0, dst.data(), sz, nullptr), TM_OK);
     EXPECT_ST(tm_tensor_sync(rt, x), TM_OK);
     if (memcmp(src.data(), dst.data(), sz) != 0) {
-      if (bad_rt++ < 5) printf("iter %d: round trip differs: want %02x got %02x\n", it, src[0], dst[0]);
+      if (bad_rt++ < 5)
+        printf("iter %d: round trip differs: want %02x got %02x\n", it, src[0], dst[0]);
     }
     if (variant == 0) {
       EXPECT_ST(tm_tensor_offload(rt, x, TM_TIER_NVME), TM_OK);
@@ -35,8 +36,9 @@ int main(int argc, char** argv) {
   CHECK(bad_rt == 0, "%d of %d round trips wrong", bad_rt, iters);
   tm_stats st = TM_STATS_INIT;
   tm_runtime_stats(rt, &st);
-  CHECK(st.tiers[0].used == 0 && st.tiers[1].used == 0 && st.tiers[2].used == 0, "leak: used hbm %llu dram %llu nvme %llu",
-        (unsigned long long)st.tiers[0].used, (unsigned long long)st.tiers[1].used, (unsigned long long)st.tiers[2].used);
+  CHECK(st.tiers[0].used == 0 && st.tiers[1].used == 0 && st.tiers[2].used == 0,
+        "leak: used hbm %llu dram %llu nvme %llu", (unsigned long long)st.tiers[0].used,
+        (unsigned long long)st.tiers[1].used, (unsigned long long)st.tiers[2].used);
   tm_runtime_destroy(rt);
   return finish("seq2");
 }

@@ -1,9 +1,10 @@
 // Hostile probe: tm_tensor_sync must not return before this tensor's copy_out has landed in dst,
 // while another thread works on other tensors (mode 0: tm_runtime_sync in a loop; 1: create,
 // copy_in, destroy other tensors; 2: both).
-#include "common.h"
 #include <atomic>
 #include <thread>
+
+#include "common.h"
 int main(int argc, char** argv) {
   int mode = argc > 1 ? atoi(argv[1]) : 0;
   int iters = argc > 2 ? atoi(argv[2]) : 20000;
@@ -34,12 +35,16 @@ int main(int argc, char** argv) {
     EXPECT_ST(tm_tensor_copy_out(rt, t, 0, dst.data(), n, nullptr), TM_OK);
     EXPECT_ST(tm_tensor_sync(rt, t), TM_OK);
     if (dst[0] != (uint64_t)it || dst[n / 8 - 1] != (uint64_t)it) {
-      if (early++ < 3) printf("iter %d: after copy_out + tm_tensor_sync == TM_OK, dst[0] = %llx (want %x)\n", it, (unsigned long long)dst[0], it);
+      if (early++ < 3)
+        printf("iter %d: after copy_out + tm_tensor_sync == TM_OK, dst[0] = %llx (want %x)\n", it,
+               (unsigned long long)dst[0], it);
     }
   }
   stop = true;
   other.join();
-  CHECK(early == 0, "mode %d home %d: %d of %d copy_outs had not landed when tm_tensor_sync returned TM_OK", mode, home, early, iters);
+  CHECK(early == 0,
+        "mode %d home %d: %d of %d copy_outs had not landed when tm_tensor_sync returned TM_OK",
+        mode, home, early, iters);
   tm_tensor_destroy(rt, t);
   tm_runtime_destroy(rt);
   return finish("sync_race");

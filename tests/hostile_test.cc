@@ -134,5 +134,44 @@ TEST_F(Hostile, DeviceFreeComesBySyncAfterReleaseOnStreamAndDestroy) {
   EXPECT_EQ(g_outstanding.load(), 0);
 }
 
+// A budget that rounds down to nothing is refused for a percentage ("resolves to 0 bytes") and
+// for DRAM, but TIERMEM_HBM_BYTES of 1 to 255 silently gives an HBM tier of 0 bytes (config_value
+// still says "255"), where every HBM use fails.
+TEST_F(Hostile, HbmBudgetBelowItsGranuleIsRefused) {
+  config_.hbm_bytes = 255;
+  tm_status s = tm_runtime_create(&config_, &rt_);
+  if (s == TM_OK) {
+    tm_info info = TM_INFO_INIT;
+    ASSERT_EQ(tm_runtime_info(rt_, &info), TM_OK);
+    EXPECT_GT(info.tier_bytes[TM_TIER_HBM], 0u) << "TIERMEM_HBM_BYTES=255 resolved to 0 bytes";
+  } else {
+    EXPECT_EQ(s, TM_ERR_CONFIG) << tm_last_error();
+  }
+}
+
+// copy_in whose src overlaps the tensor's own copy (its DRAM copy, acquired for reading) is a
+// memcpy of overlapping ranges inside tiermem (undefined behaviour; ASan: memcpy-param-overlap).
+// Either refuse it or copy as memmove would.
+TEST_F(Hostile, CopyInFromTheTensorsOwnCopyOverlapping) {
+  Create();
+  constexpr uint64_t kBytes = 65536;
+  tm_tensor t = Tensor(kBytes, TM_TIER_DRAM, "self");
+  std::vector<uint8_t> src = testing::RandomBytes(kBytes, 3);
+  ASSERT_EQ(tm_tensor_write(rt_, t, 0, src.data(), kBytes), TM_OK) << tm_last_error();
+  void* p = nullptr;
+  ASSERT_EQ(tm_tensor_acquire(rt_, t, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &p), TM_OK);
+  tm_status s = tm_tensor_copy_in(rt_, t, 1, p, 4096, nullptr);
+  if (s == TM_OK) s = tm_tensor_sync(rt_, t);
+  ASSERT_EQ(tm_tensor_release(rt_, t, TM_TIER_DRAM), TM_OK);
+  if (s == TM_OK) {
+    std::vector<uint8_t> want = src, got(kBytes);
+    std::memmove(want.data() + 1, src.data(), 4096);
+    ASSERT_EQ(tm_tensor_read(rt_, t, 0, got.data(), kBytes), TM_OK) << tm_last_error();
+    EXPECT_EQ(got, want);
+  } else {
+    EXPECT_EQ(s, TM_ERR_INVALID_ARGUMENT) << tm_last_error();
+  }
+}
+
 }  // namespace
 }  // namespace tiermem
