@@ -9,7 +9,8 @@ int main() {
   void* q = nullptr;
   EXPECT_ST(tm_tensor_acquire(rt, t, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &q), TM_OK);
   tm_status s = tm_tensor_copy_out(rt, t, 0, (char*)q + 1, 4096, nullptr);
-  printf("copy_out into own pinned copy + 1 -> %s %s\n", tm_status_string(s), s ? tm_last_error() : "");
+  printf("copy_out into own pinned copy + 1 -> %s %s\n", tm_status_string(s),
+         s ? tm_last_error() : "");
   tm_tensor_sync(rt, t);
   EXPECT_ST(tm_tensor_release(rt, t, TM_TIER_DRAM), TM_OK);
   tm_runtime_destroy(rt);

@@ -58,7 +58,7 @@ TEST_F(Hostile, TensorSyncWaitsForCopyOutWhileAnotherThreadSyncsTheRuntime) {
   });
   std::vector<uint64_t> src(kBytes / 8), dst(kBytes / 8);
   int not_landed = 0, first_bad = 0;
-  for (int it = 1; it <= 5000 && not_landed == 0; ++it) {
+  for (int it = 1; it <= 10000 && not_landed == 0; ++it) {
     std::fill(src.begin(), src.end(), static_cast<uint64_t>(it));
     ASSERT_EQ(tm_tensor_copy_in(rt_, t, 0, src.data(), kBytes, nullptr), TM_OK) << tm_last_error();
     ASSERT_EQ(tm_tensor_sync(rt_, t), TM_OK) << tm_last_error();
