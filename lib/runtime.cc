@@ -649,6 +649,7 @@ absl::Status Runtime::Sync(uint64_t handle) {
   auto claimed = Claim(handle);  // also lands a stream-ordered copy
   if (!claimed.ok()) return claimed.status();
   ReapCallerCopies(handle, true);
+  for (int tier = 0; tier < TM_TIER_COUNT; ++tier) ReapDeferred(static_cast<tm_tier>(tier));
   return TakeFailures(handle);
 }
 
@@ -656,6 +657,7 @@ absl::Status Runtime::SyncAll() {
   MutexLock lock(&mu_);
   while (outstanding_ > 0) changed_.Wait(&mu_);
   ReapCallerCopies(0, true);
+  SettleDeferred();
   return TakeFailures(0);
 }
 

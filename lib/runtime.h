@@ -176,6 +176,9 @@ class Runtime {
   // Records the failures of the callers' copies that are done (all of them when `wait`, only
   // those of `handle` unless it is 0). May release the lock to wait.
   void ReapCallerCopies(uint64_t handle, bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the uses of every deferred free, then frees them (tm_runtime_sync). May release
+  // the lock.
+  void SettleDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A fence on the caller's stream, or none without a stream.
   absl::StatusOr<io::FencePtr> StreamFence(void* stream, const char* function);
   // Space for t in `tier` (lib/runtime_policy.cc): evicts the cheapest window of copies when

@@ -19,7 +19,14 @@ absl::Status StreamError(const absl::Status& s, const char* function, void* stre
   const tm_status code = absl::IsInvalidArgument(s) ? TM_ERR_INVALID_ARGUMENT
                          : absl::IsUnimplemented(s) ? TM_ERR_UNSUPPORTED
                                                     : TM_ERR_DEVICE;
-  return Error(code, absl::StrFormat("%s: stream %p: %s", function, stream, s.message()));
+  (void)stream;  // the device's message names it
+  return Error(code, absl::StrFormat("%s: %s", function, s.message()));
+}
+
+// Whether [a, a+n) and [b, b+n) share a byte (the caller's buffer and the tensor's own copy).
+bool Overlap(const void* a, const void* b, uint64_t n) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + n && y < x + n;
 }
 
 absl::Status CheckCallerRange(const Tensor& t, uint64_t offset, uint64_t bytes,
@@ -65,26 +72,46 @@ bool Runtime::ReapDeferred(tm_tier tier) {
 }
 
 void Runtime::ReapCallerCopies(uint64_t handle, bool wait) {
-  std::vector<CallerCopy> done;
-  std::erase_if(caller_copies_, [&](CallerCopy& c) {
+  if (wait) {
+    // Wait for the matching copies without taking them off the list: another thread's sync
+    // that looks meanwhile must find them still there and wait too (taking them off first let
+    // a tm_tensor_sync return while a tm_runtime_sync elsewhere was still waiting for its copy).
+    std::vector<io::FencePtr> fences;
+    for (const CallerCopy& c : caller_copies_) {
+      if (handle == 0 || c.handle == handle) fences.push_back(c.ticket.fence);
+    }
+    if (!fences.empty()) {
+      mu_.Unlock();
+      for (const io::FencePtr& f : fences) (void)f->Wait();
+      mu_.Lock();
+    }
+  }
+  // Every copy that is done now leaves the list, its failure recorded once.
+  std::erase_if(caller_copies_, [&](CallerCopy& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (handle != 0 && c.handle != handle) return false;
-    if (!wait && !c.ticket.fence->Passed()) return false;
-    done.push_back(std::move(c));
+    if (!c.ticket.fence->Passed()) return false;
+    if (absl::Status s = c.ticket.fence->Wait(); !s.ok()) {
+      ++counters_.moves_failed;
+      failures_.push_back(
+          Failure{c.handle, c.tensor,
+                  WithContext(Retag(s, TM_ERR_DEVICE),
+                              absl::StrFormat("%s of tensor \"%s\"", c.what, c.tensor))});
+    }
     return true;
   });
-  if (done.empty()) return;
-  std::vector<absl::Status> outcomes;
-  if (wait) mu_.Unlock();
-  for (const CallerCopy& c : done) outcomes.push_back(c.ticket.fence->Wait());
-  if (wait) mu_.Lock();
-  for (size_t i = 0; i < done.size(); ++i) {
-    if (outcomes[i].ok()) continue;
-    ++counters_.moves_failed;
-    failures_.push_back(
-        Failure{done[i].handle, done[i].tensor,
-                WithContext(Retag(outcomes[i], TM_ERR_DEVICE),
-                            absl::StrFormat("%s of tensor \"%s\"", done[i].what, done[i].tensor))});
+}
+
+void Runtime::SettleDeferred() {
+  // The memory of dropped copies goes back once what used it has passed: waited for here, so
+  // that after a sync the tiers' usage (and the framework's allocator) see it free.
+  std::vector<io::FencePtr> fences;
+  for (const Deferred& d : deferred_) fences.insert(fences.end(), d.uses.begin(), d.uses.end());
+  if (!fences.empty()) {
+    mu_.Unlock();
+    for (const io::FencePtr& f : fences) (void)f->Wait();
+    mu_.Lock();
   }
+  for (int tier = 0; tier < TM_TIER_COUNT; ++tier) ReapDeferred(static_cast<tm_tier>(tier));
 }
 
 absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* stream) {
@@ -186,6 +213,12 @@ absl::Status Runtime::CopyIn(uint64_t handle, uint64_t offset, const void* src, 
   if (!s.ok()) return WithContext(s, kFn);
   room.Leave();
   char* addr = tiers_->Address(target, t.copy(target).extent) + offset;
+  if (Overlap(addr, src, bytes)) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("%s: src overlaps the bytes it is copied to (tensor \"%s\"'s own "
+                                 "copy in %s)",
+                                 kFn, t.name, tm_tier_name(target)));
+  }
   for (io::FencePtr& f : PendingUses(t, target)) buffer.after.push_back(std::move(f));
   const io::CopyDirection dir = Mover::Direction(target, device_src, true);
   if (dir == io::CopyDirection::kHostToHost && buffer.after.empty()) {
@@ -240,6 +273,12 @@ absl::Status Runtime::CopyOut(uint64_t handle, uint64_t offset, void* dst, uint6
   Tensor& t = **claimed;
   if (auto s = CheckCallerRange(t, offset, bytes, kFn); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
+  if (int w = t.writing_tier(); w >= 0) {
+    return Error(TM_ERR_BUSY,
+                 absl::StrFormat("%s: tensor \"%s\" is acquired for writing in %s: its bytes "
+                                 "are in flux until released",
+                                 kFn, t.name, tm_tier_name(static_cast<tm_tier>(w))));
+  }
   CallerBuffer buffer;
   buffer.addr = static_cast<char*>(dst);
   buffer.device = device_dst;
@@ -279,6 +318,12 @@ absl::Status Runtime::CopyOut(uint64_t handle, uint64_t offset, void* dst, uint6
     return absl::OkStatus();
   }
   const char* addr = tiers_->Address(source, t.copy(source).extent) + offset;
+  if (Overlap(addr, dst, bytes)) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("%s: dst overlaps the bytes it is copied from (tensor \"%s\"'s "
+                                 "own copy in %s)",
+                                 kFn, t.name, tm_tier_name(source)));
+  }
   const io::CopyDirection dir = Mover::Direction(source, device_dst, false);
   if (dir == io::CopyDirection::kHostToHost && buffer.after.empty()) {
     Unlocked(t, [&] {

@@ -345,7 +345,10 @@ absl::Status Runtime::StepEnd() {
   }
   schedule_.EndStep();
   // The failures kept so far, without waiting for moves in flight: a framework calls this
-  // anyway, so a failed offload does not wait for a sync nobody calls.
+  // anyway, so a failed offload does not wait for a sync nobody calls. Callers' copies that are
+  // done are reaped too, and deferred frees whose streams have passed.
+  ReapCallerCopies(0, false);
+  for (int tier = 0; tier < TM_TIER_COUNT; ++tier) ReapDeferred(static_cast<tm_tier>(tier));
   return TakeFailures(0);
 }
 

@@ -192,6 +192,15 @@ absl::Status Runtime::Init() {
   auto hbm =
       MemoryTier::CreateHbm(*device_, hbm_bytes, config_.device_allocator, info_.cuda_device);
   if (!hbm.ok()) return hbm.status();
+  if ((*hbm)->space().capacity() == 0) {
+    // Below the tier's granule nothing could ever be placed: said now, as for a DRAM budget of
+    // 0, not at the first acquire.
+    return Error(TM_ERR_CONFIG,
+                 absl::StrFormat("TIERMEM_HBM_BYTES=%llu is below the HBM tier's granule (%llu "
+                                 "bytes): no tensor could ever be placed there",
+                                 static_cast<unsigned long long>(hbm_bytes),
+                                 static_cast<unsigned long long>((*hbm)->space().granule())));
+  }
 
   // Whole stripes over every path, so that the tier rounds nothing up past the share.
   const uint64_t stripes = static_cast<uint64_t>(config_.io_block_size) * config_.nvme_paths.size();

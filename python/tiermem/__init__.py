@@ -68,6 +68,13 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 <<
           "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40}
 
 
+def _fits_uint64(n, what):
+    """ctypes would wrap a larger value silently (2**64 to 0, "unset")."""
+    if n >= 1 << 64:
+        raise ValueError("%s: %d bytes does not fit in 64 bits" % (what, n))
+    return n
+
+
 def parse_size(value, what="size"):
     """An int, or a string such as "64MiB", "2G", "4096" (units are powers of 1024, as in the
     TIERMEM_* variables): bytes as an int."""
@@ -76,11 +83,11 @@ def parse_size(value, what="size"):
     if isinstance(value, int):
         if value < 0:
             raise ValueError("%s: %d is negative" % (what, value))
-        return value
+        return _fits_uint64(value, what)
     if isinstance(value, str):
         m = re.fullmatch(r"\s*([0-9]+)\s*([a-zA-Z]*)\s*", value)
         if m and m.group(2).lower() in _UNITS:
-            return int(m.group(1)) * _UNITS[m.group(2).lower()]
+            return _fits_uint64(int(m.group(1)) * _UNITS[m.group(2).lower()], what)
         if value.strip().endswith("%"):
             raise ValueError("%s: %r: a percentage of the tier is only accepted in the TIERMEM_* "
                              "variable, not as a keyword" % (what, value))

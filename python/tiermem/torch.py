@@ -159,7 +159,8 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
 
     def __enter__(self):
         self.error = None
-        return super().__enter__()
+        super().__enter__()
+        return self  # `with offload_saved_tensors(...) as hooks:` reads .packed, .skipped
 
     def __exit__(self, exc_type, exc, tb):
         super().__exit__(exc_type, exc, tb)
