@@ -305,8 +305,9 @@ class Session {
           if (!good_rt) return Expect("tm_step_end(bad runtime)", s, {bad_rt});
           // Ending a step reports the asynchronous failures kept so far, as a sync does.
           if (r.in_step) {
+            // It does not wait: an offload still in flight may fail after it, and is reported by
+            // a later sync. Only tm_runtime_sync, which waits, clears the flag.
             Expect("tm_step_end", s, Reported(r));
-            r.offloads_unreported = false;
           } else {
             Expect("tm_step_end(no step)", s, {TM_ERR_INVALID_ARGUMENT});
           }
