@@ -6,10 +6,10 @@
 #include <random>
 #include <vector>
 
-#include "lib/checksum.h"
-#include "lib/config.h"
-#include "lib/offset_allocator.h"
-#include "lib/runtime.h"
+#include "lib/tiers/checksum.h"
+#include "lib/config/config.h"
+#include "lib/tiers/offset_allocator.h"
+#include "lib/runtime/runtime.h"
 
 namespace tiermem {
 namespace {

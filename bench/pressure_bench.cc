@@ -20,8 +20,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "lib/config.h"
-#include "lib/runtime.h"
+#include "lib/config/config.h"
+#include "lib/runtime/runtime.h"
 
 namespace tiermem {
 namespace {

@@ -18,8 +18,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "lib/config.h"
-#include "lib/runtime.h"
+#include "lib/config/config.h"
+#include "lib/runtime/runtime.h"
 #include "tools/step_workload.h"
 
 namespace tiermem {

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "lib/eviction.h"
-#include "lib/tier_space.h"
+#include "lib/policy/eviction.h"
+#include "lib/tiers/tier_space.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 

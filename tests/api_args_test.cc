@@ -259,7 +259,7 @@ TEST_F(ApiArgs, TensorHandles) {
 
 // Runtime and tensor handles once shared one numbering space (generation << 32 | slot), so a
 // runtime handle passed as a tensor could name a live tensor. Each kind now carries its own
-// tag in the top four bits (lib/handle.h): no handle of one kind is ever taken for the other.
+// tag in the top four bits (lib/base/handle.h): no handle of one kind is ever taken for the other.
 TEST_F(ApiArgs, HandlesOfOneKindNeverNameTheOther) {
   constexpr uint64_t kKindBits = 0xFull << 60;
   std::vector<tm_tensor> tensors{t_};

@@ -1,7 +1,7 @@
 // TIERMEM_CHECKSUM=xxh3: a byte flipped in a swap file behind tiermem's back is found on every
 // read path (TM_ERR_CORRUPT naming the tensor, the file and the offset), the bad copy is never
 // served, other copies stay intact, and nothing correct is ever flagged.
-#include "lib/checksum.h"
+#include "lib/tiers/checksum.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "io/io_engine.h"
-#include "lib/nvme_tier.h"
-#include "lib/status.h"
+#include "lib/tiers/nvme_tier.h"
+#include "lib/base/status.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 

@@ -1,6 +1,6 @@
 // Configuration: sizes, precedence (config > environment > default), and every bad value
 // rejected with the variable and the value named.
-#include "lib/config.h"
+#include "lib/config/config.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -19,7 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "json_check.h"
-#include "lib/trace.h"
+#include "lib/trace/trace.h"
 #include "test_util.h"
 
 namespace tiermem {

@@ -1,6 +1,6 @@
 // The eviction unit alone: the cheapest window over fragmented layouts, walls never crossed,
 // ties, and the cost's order (Belady for single victims of equal size).
-#include "lib/eviction.h"
+#include "lib/policy/eviction.h"
 
 #include <gtest/gtest.h>
 

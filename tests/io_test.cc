@@ -19,7 +19,7 @@
 #include "io/fault_injection.h"
 #include "io/io_engine.h"
 #include "io/swap_file.h"
-#include "lib/nvme_tier.h"
+#include "lib/tiers/nvme_tier.h"
 #include "test_util.h"
 
 namespace tiermem {

@@ -1,5 +1,5 @@
 // The TLSF allocator against a reference model of the range under random alloc/free.
-#include "lib/offset_allocator.h"
+#include "lib/tiers/offset_allocator.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The planner against hand-computed cases (Korthikanti et al. 2022 formulas, units carried
 // through), with tensor and sequence parallelism, and budgets that force each rung.
-#include "lib/planner.h"
+#include "lib/plan/planner.h"
 
 #include <gtest/gtest.h>
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "json_check.h"
-#include "lib/config.h"
+#include "lib/config/config.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 #include "tools/json.h"

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "io/log.h"
-#include "lib/config.h"
-#include "lib/local_ranks.h"
+#include "lib/config/config.h"
+#include "lib/config/local_ranks.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 

@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "io/host_memory.h"
 #include "io/swap_file.h"
-#include "lib/config.h"
+#include "lib/config/config.h"
 
 namespace tiermem {
 

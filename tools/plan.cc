@@ -8,9 +8,9 @@
 #include <string>
 
 #include "absl/strings/numbers.h"
-#include "lib/config.h"
-#include "lib/planner.h"
-#include "lib/trace.h"
+#include "lib/config/config.h"
+#include "lib/plan/planner.h"
+#include "lib/trace/trace.h"
 #include "tools/probe_reading.h"
 
 namespace tiermem {

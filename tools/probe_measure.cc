@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_format.h"
 #include "io/host_memory.h"
-#include "lib/status.h"
-#include "lib/trace.h"
+#include "lib/base/status.h"
+#include "lib/trace/trace.h"
 
 namespace tiermem {
 namespace {

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "lib/config.h"
-#include "lib/runtime.h"
+#include "lib/config/config.h"
+#include "lib/runtime/runtime.h"
 #include "tools/io_sweep.h"
 
 namespace tiermem {

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "lib/runtime.h"
+#include "lib/runtime/runtime.h"
 
 namespace tiermem {
 

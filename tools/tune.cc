@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "lib/runtime.h"
+#include "lib/runtime/runtime.h"
 #include "tools/step_workload.h"
 
 namespace tiermem {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "lib/config.h"
+#include "lib/config/config.h"
 #include "tools/io_sweep.h"
 
 namespace tiermem {

@@ -63,7 +63,7 @@ def _check(status, call):
         raise TiermemError(status, msg.decode(errors="replace") if msg else "", call)
 
 
-# As lib/config.cc reads sizes: binary units only, no decimal point.
+# As lib/config/config.cc reads sizes: binary units only, no decimal point.
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
           "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40}
 

@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "lib/config.h"
+#include "lib/config/config.h"
 
 namespace {
 

@@ -1,0 +1,88 @@
+// The tm_status tag rides in a status payload so that it survives context added on the way up.
+#include "lib/base/status.h"
+
+#include <string>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace tiermem {
+namespace {
+
+constexpr absl::string_view kPayload = "tiermem.tm_status";
+
+absl::StatusCode CanonicalFor(tm_status code) {
+  switch (code) {
+    case TM_ERR_INVALID_ARGUMENT:
+      return absl::StatusCode::kInvalidArgument;
+    case TM_ERR_INVALID_HANDLE:
+      return absl::StatusCode::kNotFound;
+    case TM_ERR_OUT_OF_MEMORY:
+    case TM_ERR_NO_SPACE:
+      return absl::StatusCode::kResourceExhausted;
+    case TM_ERR_IO:
+    case TM_ERR_CORRUPT:
+      return absl::StatusCode::kDataLoss;
+    case TM_ERR_DEVICE:
+      return absl::StatusCode::kUnavailable;
+    case TM_ERR_CONFIG:
+      return absl::StatusCode::kInvalidArgument;
+    case TM_ERR_BUSY:
+      return absl::StatusCode::kFailedPrecondition;
+    case TM_ERR_UNSUPPORTED:
+      return absl::StatusCode::kUnimplemented;
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
+}  // namespace
+
+absl::Status Error(tm_status code, absl::string_view message) {
+  absl::Status s(CanonicalFor(code), message);
+  s.SetPayload(kPayload, absl::Cord(absl::StrCat(static_cast<int>(code))));
+  return s;
+}
+
+tm_status ToTmStatus(const absl::Status& s) {
+  if (s.ok()) return TM_OK;
+  if (auto p = s.GetPayload(kPayload); p.has_value()) {
+    int v = 0;
+    if (absl::SimpleAtoi(std::string(*p), &v) && v > 0 && v < TM_STATUS_COUNT) {
+      return static_cast<tm_status>(v);
+    }
+  }
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return TM_ERR_INVALID_ARGUMENT;
+    case absl::StatusCode::kResourceExhausted:
+      return TM_ERR_OUT_OF_MEMORY;
+    case absl::StatusCode::kUnavailable:
+      return TM_ERR_DEVICE;
+    case absl::StatusCode::kUnimplemented:
+      return TM_ERR_UNSUPPORTED;
+    case absl::StatusCode::kFailedPrecondition:
+      return TM_ERR_BUSY;
+    default:
+      return TM_ERR_INTERNAL;
+  }
+}
+
+absl::Status WithContext(const absl::Status& s, absl::string_view context) {
+  if (s.ok()) return s;
+  absl::Status out(s.code(), absl::StrCat(context, ": ", s.message()));
+  s.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
+
+absl::Status Retag(const absl::Status& s, tm_status code) {
+  if (s.ok()) return s;
+  if (code == TM_ERR_IO && s.code() == absl::StatusCode::kResourceExhausted) code = TM_ERR_NO_SPACE;
+  return Error(code, s.message());
+}
+
+}  // namespace tiermem

@@ -1,0 +1,301 @@
+// The runtime: the device, the three tiers, the engines and the tensors, behind one C++ API
+// that lib/c_api exposes as the C ABI.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "io/device.h"
+#include "io/io_engine.h"
+#include "io/numa.h"
+#include "io/sync.h"
+#include "lib/config/config.h"
+#include "lib/move/mover.h"
+#include "lib/policy/schedule.h"
+#include "lib/move/staging_pool.h"
+#include "lib/runtime/tensor.h"
+#include "lib/tiers/tiers.h"
+#include "lib/trace/trace.h"
+#include "tiermem/tiermem.h"
+
+namespace tiermem {
+
+struct TensorDesc {
+  uint64_t bytes = 0;
+  tm_tensor_class cls = TM_CLASS_OTHER;
+  int home_tier = TM_TIER_BY_PLACEMENT;
+  std::string name;
+};
+
+// What the runtime found when it set itself up, for tiermem-probe, logs and tm_runtime_info.
+struct RuntimeInfo {
+  std::string device;       // Device::Describe()
+  std::string device_kind;  // "cuda" | "emulated"
+  int cuda_device = -1;     // the CUDA ordinal in use; -1 with the emulated device
+  std::string no_gpu;       // with the emulated device: why no GPU is used
+  int numa_node = -1;       // node the DRAM tier is bound to, -1 when unbound
+  int numa_nodes = 1;
+  std::string io_engine;  // "uring" | "posix"
+  bool io_buffers_registered = false;
+  bool io_files_registered = false;
+  uint64_t staging_chunk = 0;  // bytes per staging slot
+  uint32_t staging_slots = 0;
+  uint64_t tier_bytes[TM_TIER_COUNT] = {0, 0, 0};  // resolved budgets
+  uint64_t prefetch_bytes = 0;                     // resolved TIERMEM_PREFETCH_BYTES
+  struct Path {
+    std::string dir;
+    bool direct = false;
+    uint32_t alignment = 1;
+    std::string alignment_source;
+    uint64_t bytes = 0;
+  };
+  std::vector<Path> nvme;
+};
+
+class Runtime {
+ public:
+  static absl::StatusOr<std::unique_ptr<Runtime>> Create(const Config& config);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  absl::StatusOr<uint64_t> CreateTensor(const TensorDesc& desc);
+  absl::Status DestroyTensor(uint64_t handle);
+  absl::StatusOr<uint64_t> TensorBytes(uint64_t handle);
+  // Copies host memory into the tensor; a use for the schedule (the tier it lands in).
+  absl::Status Write(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes);
+  absl::Status Read(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes);
+  absl::StatusOr<void*> Acquire(uint64_t handle, tm_tier tier, tm_access access, void* stream);
+  absl::Status Release(uint64_t handle, tm_tier tier);
+  // Release once the work queued on `stream` so far has passed (an event; the host does not wait).
+  absl::Status ReleaseOnStream(uint64_t handle, tm_tier tier, void* stream);
+  // The caller's host or device memory into / out of the tensor, enqueued and ordered on
+  // `stream` (see tm_tensor_copy_in / tm_tensor_copy_out).
+  absl::Status CopyIn(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes,
+                      void* stream);
+  absl::Status CopyOut(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes, void* stream);
+  // Asynchronous: queued, and return at once. A prefetch is a hint: dropped (and counted) when
+  // it cannot be done. An offload's failure is kept until Sync, SyncAll or StepEnd reports it.
+  absl::Status Prefetch(uint64_t handle, tm_tier tier);
+  absl::Status Offload(uint64_t handle, tm_tier tier);
+  // Waits for the tensor's queued and running moves; returns (and forgets) its failures.
+  absl::Status Sync(uint64_t handle);
+  // Waits for every queued and running move; returns (and forgets) every kept failure,
+  // destroyed tensors' included.
+  absl::Status SyncAll();
+  absl::StatusOr<uint32_t> Residency(uint64_t handle);
+  // Steps and the schedule (see Schedule).
+  absl::Status StepBegin();
+  // Ends the step; returns (and forgets) the failures kept so far, without waiting.
+  absl::Status StepEnd();
+  struct ScheduledUse {
+    uint64_t handle = 0;
+    tm_tier tier = TM_TIER_HBM;
+  };
+  absl::Status SetSchedule(const std::vector<ScheduledUse>& uses);
+
+  tm_stats Stats();
+  // For tests and tools: the blocks of a tier in address order, with their owners' handles.
+  std::vector<TierSpace::Block> Layout(tm_tier tier) { return tiers_->space(tier).Layout(); }
+  // Bytes a tensor of `bytes` takes in `tier` (its granule); 0 when it exceeds the tier.
+  uint64_t Rounded(tm_tier tier, uint64_t bytes) { return tiers_->space(tier).Rounded(bytes); }
+  const Config& config() const { return config_; }
+  const RuntimeInfo& info() const { return info_; }
+  // The HBM tier's backend, for tiermem-probe's copy measurements.
+  io::Device& device() { return *device_; }
+  // The machine's topology (nullptr when hwloc could not load it), for binding host buffers
+  // where the DRAM tier is (info().numa_node).
+  const io::Topology* topology() const { return topology_.get(); }
+
+ private:
+  // Who asks for room, and what it may do to get it.
+  struct Want {
+    enum Kind {
+      kDemand,    // acquire, write, offload, an eviction's write-down for them: waits for moves
+                  // in flight and cancels queued prefetches; fails only when nothing can help
+      kHint,      // tm_tensor_prefetch: evicts what is unpinned, never waits; dropped when short
+      kPrefetch,  // a scheduled prefetch serving the use at `horizon`: do no harm (see Allocate)
+    } kind = kDemand;
+    uint64_t horizon = Schedule::kNever;
+    // The outermost demand move of an operation holding the room token: the token is handed
+    // back once the room is made, before the bytes move, so that other demands need not wait
+    // for this move (evictions' write-downs keep it: they are part of making room).
+    bool release_room = false;
+  };
+  // Why a prefetch was dropped (counted in tm_stats, never reported as a failure).
+  enum class DropReason { kNone, kNoRoom, kDemand, kSuperseded };
+
+  explicit Runtime(Config config) : config_(std::move(config)) {}
+  absl::Status Init();
+  // The tensor of `handle`, or TM_ERR_INVALID_HANDLE.
+  absl::StatusOr<Tensor*> Find(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live tensor that the schedule's `key` names now (the newest created), or nullptr.
+  Tensor* FindKey(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The tensor of `handle` once no operation of another thread runs on it and its landing copy
+  // (if any) has landed: the caller may then change it. May release and retake the lock.
+  // With land == false the landing copy may still be in flight (a reader orders itself after
+  // its ticket instead).
+  absl::StatusOr<Tensor*> Claim(uint64_t handle, bool land = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `f` without the lock while the tensor is busy (by this thread).
+  template <typename F>
+  absl::Status Unlocked(Tensor& t, F&& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the ticket of t's landing copy; a failed copy is dropped and recorded.
+  void Land(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The room token: demand operations that may allocate take it before claiming their tensor,
+  // so that at most one thread at a time makes room by evicting and waiting. A holder waits
+  // only for work that never waits for the token (moves in flight, host copies, prefetches,
+  // which never wait), so waiting cannot deadlock. Re-entrant for the holder's own evictions.
+  void EnterRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LeaveRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the token back early when this thread holds it (see Want::release_room).
+  void ReleaseRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  class RoomScope;
+
+  // A caller's stream for a stream-ordered move: the copy starts after `fence` (recorded on the
+  // stream when the call came in) and the stream waits for the copy.
+  struct CallerStream {
+    void* stream = nullptr;
+    io::FencePtr fence;
+  };
+  // Makes t's copy in `dst` valid (a claimed tensor). Releases the lock during the move, and
+  // while evicting to make room.
+  absl::Status MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
+                         DropReason* why = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The fences of t's copy in `tier` that have not passed yet (the passed ones are forgotten).
+  std::vector<io::FencePtr> PendingUses(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the deferred extents whose uses have passed; true when any of `tier` remain.
+  bool ReapDeferred(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the failures of the callers' copies that are done (all of them when `wait`, only
+  // those of `handle` unless it is 0). May release the lock to wait.
+  void ReapCallerCopies(uint64_t handle, bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the uses of every deferred free, then frees them (tm_runtime_sync). May release
+  // the lock.
+  void SettleDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A fence on the caller's stream, or none without a stream.
+  absl::StatusOr<io::FencePtr> StreamFence(void* stream, const char* function);
+  // Space for t in `tier` (lib/runtime/runtime_policy.cc): evicts the cheapest window of copies when
+  // the tier is full, waits for moves in flight when a demand finds nothing to evict.
+  absl::StatusOr<Extent> Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves t's copy in `tier` to be filled whole by the caller (kFilling).
+  absl::Status Reserve(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What eviction could do for a request of `need` bytes in `tier` (see Allocate).
+  struct EvictionPlan;
+  EvictionPlan PlanEviction(const Tensor& t, tm_tier tier, Want want, uint64_t need)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bytes that scheduled uses before `horizon` still need in `tier` (do-no-harm).
+  uint64_t NeededBefore(const Tensor& t, tm_tier tier, uint64_t horizon)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees v's copy in `tier`: dropped when another copy is valid, written down first if not.
+  absl::Status Evict(Tensor& v, tm_tier tier, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the queued (not yet started) prefetches into `tier`: a demand needs the room.
+  void CancelPrefetches(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees t's copy in `tier` and its space.
+  void FreeCopy(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues prefetches for the scheduled uses ahead of the current position.
+  void IssuePrefetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Notes a use of t for the schedule and the LRU order, then prefetches ahead.
+  void NoteUse(Tensor& t, tm_tier tier, bool fill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves a claimed tensor down to `tier` and frees the copies above.
+  absl::Status OffloadClaimed(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // TM_ERR_BUSY when a copy other than `keep` is pinned (it would have to be freed).
+  absl::Status CheckOthersUnpinned(const Tensor& t, int keep) const;
+  // TM_ERR_BUSY when a copy above `tier` is pinned.
+  absl::Status CheckAboveUnpinned(const Tensor& t, tm_tier tier) const;
+  // Frees every copy except the one in `keep`: they became stale.
+  void DropOthers(Tensor& t, tm_tier keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps an asynchronous failure until a sync or step end reports it, even after its tensor
+  // is destroyed.
+  void RecordFailure(const Tensor& t, absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reports (and forgets) the kept failures of `handle` (0: of every tensor).
+  absl::Status TakeFailures(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountDrop(DropReason why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues an asynchronous move.
+  enum class JobKind { kOffload, kHint, kPrefetch };
+  absl::Status Enqueue(uint64_t handle, tm_tier tier, JobKind kind);
+  tm_tier HomeOf(tm_tensor_class cls) const;
+  // The schedule key of a new tensor (see Schedule).
+  uint64_t KeyFor(const TensorDesc& desc, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A mover thread: runs queued moves until the runtime stops.
+  void MoverLoop();
+
+  Config config_;
+  RuntimeInfo info_;
+  std::unique_ptr<io::Topology> topology_;
+  std::unique_ptr<io::Device> device_;
+  std::unique_ptr<Tiers> tiers_;
+  std::unique_ptr<io::IoEngine> io_;
+  std::unique_ptr<StagingPool> staging_;
+  std::unique_ptr<Mover> mover_;
+
+  // Guards the tensor table, every tensor's state, the schedule and the job queue. Moves run
+  // without it: a tensor being moved is busy instead, and only its own operations wait.
+  // Lock order: mu_, then a TierSpace's lock, then the staging pool's; the engines' locks are
+  // leaves. Nothing takes mu_ while holding one of those.
+  Mutex mu_;
+  CondVar changed_;  // a tensor stopped being busy, a job finished, the room token was freed
+  CondVar work_;     // a job was queued, or the runtime stops
+  TensorTable tensors_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, uint64_t> keyed_ ABSL_GUARDED_BY(mu_);  // key -> newest handle
+  uint64_t created_in_step_ ABSL_GUARDED_BY(mu_) = 0;  // tensors created in this step
+  struct Job {
+    uint64_t handle;
+    tm_tier tier;
+    JobKind kind;
+    uint64_t horizon = Schedule::kNever;  // kPrefetch: the position it serves
+    uint64_t prefetch_bytes = 0;          // counted in prefetch_in_flight_ until done
+  };
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // jobs queued or running
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread::id room_owner_ ABSL_GUARDED_BY(mu_);
+  int room_depth_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t room_generation_ ABSL_GUARDED_BY(mu_) = 0;  // counts fresh takes of the token
+  // Demands making room in a tier now: prefetches into it are dropped meanwhile.
+  uint32_t room_wanted_[TM_TIER_COUNT] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
+  struct Failure {
+    uint64_t handle;
+    std::string tensor;
+    absl::Status status;
+  };
+  std::vector<Failure> failures_ ABSL_GUARDED_BY(mu_);
+  // Extents whose tensor dropped them while callers' work may still use the memory: freed once
+  // their fences pass (as PyTorch's allocator frees a block only after record_stream's events).
+  struct Deferred {
+    tm_tier tier;
+    Extent extent;
+    std::vector<io::FencePtr> uses;
+  };
+  std::vector<Deferred> deferred_ ABSL_GUARDED_BY(mu_);
+  // Copies between tensors and callers' memory (tm_tensor_copy_in / copy_out) not yet reaped:
+  // their outcome is reported by tm_tensor_sync, tm_runtime_sync or tm_step_end.
+  struct CallerCopy {
+    uint64_t handle;
+    std::string tensor;
+    const char* what;  // "copy_in" | "copy_out"
+    io::CopyTicket ticket;
+  };
+  std::vector<CallerCopy> caller_copies_ ABSL_GUARDED_BY(mu_);
+  Schedule schedule_ ABSL_GUARDED_BY(mu_);
+  uint64_t tick_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t prefetch_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // bytes
+  uint64_t prefetch_limit_ = 0;                           // bytes
+  struct Counters {
+    uint64_t acquires = 0, hits = 0, misses = 0, stall_ns = 0, prefetches = 0, evictions = 0,
+             eviction_bytes = 0, dropped_no_room = 0, dropped_demand = 0, dropped_superseded = 0,
+             cancelled = 0, moves_failed = 0, demand_waits = 0, demand_wait_ns = 0,
+             fragmentation_evictions = 0;
+  } counters_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Trace> trace_;
+  std::vector<std::thread> movers_;
+};
+
+}  // namespace tiermem

@@ -1,0 +1,63 @@
+// The runtime's scopes, shared by its source files: a tensor busy by this thread, work without
+// the lock, the room token.
+#pragma once
+
+#include <thread>
+
+#include "lib/runtime/runtime.h"
+
+namespace tiermem {
+
+// Marks a tensor busy by this thread for a scope; the lock is held at both ends.
+class BusyScope {
+ public:
+  BusyScope(Tensor& t, CondVar& changed) : t_(t), changed_(changed) {
+    t_.busy_by = std::this_thread::get_id();
+  }
+  ~BusyScope() {
+    t_.busy_by = std::thread::id{};
+    changed_.SignalAll();
+  }
+  BusyScope(const BusyScope&) = delete;
+  BusyScope& operator=(const BusyScope&) = delete;
+
+ private:
+  Tensor& t_;
+  CondVar& changed_;
+};
+
+template <typename F>
+absl::Status Runtime::Unlocked(Tensor& t, F&& f) {
+  BusyScope busy(t, changed_);
+  mu_.Unlock();
+  absl::Status s = f();
+  mu_.Lock();
+  return s;
+}
+
+// Holds the room token for a scope (or until Leave).
+class Runtime::RoomScope {
+ public:
+  explicit RoomScope(Runtime& rt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rt.mu_) : rt_(rt) {
+    rt_.EnterRoom();
+    generation_ = rt_.room_generation_;
+  }
+  ~RoomScope() ABSL_NO_THREAD_SAFETY_ANALYSIS { Leave(); }
+  // Hands the token back, unless a move already did (ReleaseRoom).
+  void Leave() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (held_ && rt_.room_depth_ > 0 && rt_.room_owner_ == std::this_thread::get_id() &&
+        rt_.room_generation_ == generation_) {
+      rt_.LeaveRoom();
+    }
+    held_ = false;
+  }
+  RoomScope(const RoomScope&) = delete;
+  RoomScope& operator=(const RoomScope&) = delete;
+
+ private:
+  Runtime& rt_;
+  bool held_ = true;
+  uint64_t generation_ = 0;
+};
+
+}  // namespace tiermem

@@ -1,0 +1,301 @@
+// Runtime set-up and tear-down: device, tiers, engines, staging pool, mover threads.
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "io/cuda_count.h"
+#include "io/log.h"
+#include "lib/config/local_ranks.h"
+#include "lib/runtime/runtime.h"
+#include "lib/base/status.h"
+
+namespace tiermem {
+namespace {
+
+using io::Log;
+using io::LogSeverity;
+
+uint64_t PhysicalRam() {
+  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+         static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+// What a percentage of TIERMEM_NVME_BYTES is of: the total size of the paths' file systems,
+// each counted once. The total, not what is free now: ranks started one after another must get
+// the same share, whoever reserved first (free space gave 39, 15 and 6 MiB by start order).
+uint64_t NvmeNodeBytes(const std::vector<std::string>& dirs) {
+  std::vector<dev_t> seen;
+  uint64_t total = 0;
+  for (const std::string& dir : dirs) {
+    struct stat st = {};
+    struct statvfs v = {};
+    if (stat(dir.c_str(), &st) != 0 || statvfs(dir.c_str(), &v) != 0) continue;
+    if (std::find(seen.begin(), seen.end(), st.st_dev) != seen.end()) continue;
+    seen.push_back(st.st_dev);
+    total += static_cast<uint64_t>(v.f_blocks) * v.f_frsize;
+  }
+  return total;
+}
+
+// Asynchronous moves run on a few threads of their own.
+constexpr int kMoverThreads = 4;
+
+void SetEntry(Config& c, absl::string_view name, std::string value,
+              std::optional<std::string> source = std::nullopt) {
+  for (auto& e : c.entries) {
+    if (e.name != name) continue;
+    e.value = std::move(value);
+    if (source.has_value()) e.source = std::move(*source);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Config& config) {
+  std::unique_ptr<Runtime> rt(new Runtime(config));
+  if (auto s = rt->Init(); !s.ok()) return s;
+  return rt;
+}
+
+Runtime::~Runtime() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+    outstanding_ -= jobs_.size();
+    jobs_.clear();  // queued moves are abandoned; running ones finish
+    work_.SignalAll();
+  }
+  for (auto& t : movers_) t.join();
+  if (trace_ != nullptr) {
+    if (auto s = trace_->Write(); !s.ok()) {
+      Log(LogSeverity::kError, "%s", std::string(s.message()).c_str());
+    }
+  }
+  // Copies still in flight and callers' work released on stream must pass before the memory
+  // they use goes away.
+  if (mover_ != nullptr) {
+    MutexLock lock(&mu_);
+    tensors_.ForEach([&](Tensor& t) {
+      if (t.landing.has_value()) (void)mover_->copy_engine().Wait(*t.landing);
+      for (const TensorCopy& c : t.copies) (void)io::WaitAll(c.uses);
+    });
+    for (const CallerCopy& c : caller_copies_) (void)c.ticket.fence->Wait();
+    for (const Deferred& d : deferred_) (void)io::WaitAll(d.uses);
+  }
+}
+
+absl::Status Runtime::Init() {
+  io::SetLogLevel(static_cast<LogSeverity>(config_.log_level));
+  io::SetLogRank(config_.local_rank, config_.local_world_size);
+  for (const auto& v : config_.unknown_variables) {
+    Log(LogSeverity::kWarn, "%s is not a tiermem variable and is ignored (a typo?)", v.c_str());
+  }
+  for (const auto& w : config_.warnings) Log(LogSeverity::kWarn, "%s", w.c_str());
+
+  // The CUDA device: the one asked for, else the local rank's (rank mod the devices visible).
+  // The count is asked only to choose: without a device the backend below says why.
+  int devices_visible = 0;
+  if (config_.device != DeviceKind::kEmulated) {
+    if (auto n = io::CudaDeviceCount(); n.ok()) devices_visible = *n;
+  }
+  if (config_.cuda_device < 0) {
+    config_.cuda_device = DefaultCudaDevice(config_.local_rank, devices_visible);
+    if (devices_visible > 0) {
+      SetEntry(config_, "TIERMEM_CUDA_DEVICE", absl::StrCat(config_.cuda_device),
+               absl::StrFormat("default: local rank %d mod %d device(s)", config_.local_rank,
+                               devices_visible));
+    }
+  }
+
+  // The device backend.
+  if (config_.device == DeviceKind::kEmulated) {
+    device_ = io::CreateEmulatedDevice({0, config_.emu_link_gbps});
+    info_.no_gpu = "TIERMEM_DEVICE=emulated";
+  } else {
+    auto cuda = io::CreateCudaDevice(config_.cuda_device);
+    if (cuda.ok()) {
+      device_ = std::move(*cuda);
+    } else if (config_.device == DeviceKind::kCuda || absl::IsInvalidArgument(cuda.status())) {
+      return Error(absl::IsInvalidArgument(cuda.status()) ? TM_ERR_CONFIG : TM_ERR_DEVICE,
+                   absl::StrFormat("TIERMEM_DEVICE=%s: %s", DeviceKindName(config_.device),
+                                   cuda.status().message()));
+    } else {
+      // Said once per process: a CPU-only machine creating many runtimes hears it once.
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true)) {
+        Log(LogSeverity::kWarn, "TIERMEM_DEVICE=auto: %s; using the emulated device",
+            std::string(cuda.status().message()).c_str());
+      }
+      device_ = io::CreateEmulatedDevice({0, config_.emu_link_gbps});
+      info_.no_gpu = std::string(cuda.status().message());
+    }
+  }
+  info_.device = device_->Describe();
+  info_.device_kind = std::string(device_->kind());
+  if (info_.device_kind == "cuda") info_.cuda_device = std::max(config_.cuda_device, 0);
+  // What was chosen, not what was asked: a binding reads it to know its pointers.
+  SetEntry(config_, "TIERMEM_DEVICE", info_.device_kind);
+
+  // NUMA: the GPU's node, else this thread's.
+  if (auto topo = io::Topology::Load(device_->pci_bus_id().has_value()); topo.ok()) {
+    topology_ = std::move(*topo);
+    info_.numa_nodes = topology_->NodeCount();
+  } else {
+    Log(LogSeverity::kWarn, "hwloc: %s; host memory is not NUMA-bound",
+        std::string(topo.status().message()).c_str());
+  }
+  int node = -1;
+  if (config_.numa == NumaMode::kNode) {
+    if (topology_ == nullptr) {
+      return Error(TM_ERR_CONFIG,
+                   absl::StrFormat("TIERMEM_NUMA=%d: the topology is unknown", config_.numa_node));
+    }
+    node = config_.numa_node;
+  } else if (config_.numa == NumaMode::kAuto && topology_ != nullptr) {
+    if (auto bus = device_->pci_bus_id(); bus.has_value()) node = topology_->NodeOfPciDevice(*bus);
+    if (node < 0) node = topology_->NodeOfCallingThread();
+  }
+
+  // Tiers. NVMe first: its alignment is the granule of the DRAM copies it reads and writes.
+  // A percentage is a share of the node split evenly over the ranks that share the resource:
+  // RAM and file systems over the local world; a GPU over the local ranks that default to it
+  // (local rank mod device count), so a GPU of its own keeps its whole percentage. The emulated
+  // device's memory is the node's RAM: shared by the whole local world. The CUDA default (half
+  // the device) is a percentage too; absolute sizes are each rank's own.
+  const int world = config_.local_world_size;
+  const bool cuda = device_->kind() == "cuda";
+  const int hbm_sharers = cuda ? RanksOnDevice(config_.cuda_device, world, devices_visible) : world;
+  uint64_t hbm_bytes = 0;
+  if (config_.hbm_bytes.bytes == 0 && config_.hbm_bytes.percent == 0) {
+    hbm_bytes = device_->default_budget() / static_cast<uint64_t>(cuda ? hbm_sharers : 1);
+  } else {
+    // Of the memory free now, beside what a framework already holds; of the whole device when
+    // ranks share it (what is free would depend on which rank started first).
+    const uint64_t base = hbm_sharers > 1 ? device_->physical_bytes() : device_->free_bytes();
+    hbm_bytes = RankShare(config_.hbm_bytes, base, hbm_sharers, 4096);
+  }
+  if (hbm_bytes == 0) {
+    return Error(TM_ERR_CONFIG,
+                 absl::StrFormat("TIERMEM_HBM_BYTES=%s resolves to 0 bytes (shared by %d rank(s))",
+                                 config_.hbm_bytes.ToString(), hbm_sharers));
+  }
+  SetEntry(config_, "TIERMEM_HBM_BYTES", SizeSetting{hbm_bytes, 0}.ToString());
+  auto hbm =
+      MemoryTier::CreateHbm(*device_, hbm_bytes, config_.device_allocator, info_.cuda_device);
+  if (!hbm.ok()) return hbm.status();
+  if ((*hbm)->space().capacity() == 0) {
+    // Below the tier's granule nothing could ever be placed: said now, as for a DRAM budget of
+    // 0, not at the first acquire.
+    return Error(TM_ERR_CONFIG,
+                 absl::StrFormat("TIERMEM_HBM_BYTES=%llu is below the HBM tier's granule (%llu "
+                                 "bytes): no tensor could ever be placed there",
+                                 static_cast<unsigned long long>(hbm_bytes),
+                                 static_cast<unsigned long long>((*hbm)->space().granule())));
+  }
+
+  // Whole stripes over every path, so that the tier rounds nothing up past the share.
+  const uint64_t stripes = static_cast<uint64_t>(config_.io_block_size) * config_.nvme_paths.size();
+  const uint64_t nvme_bytes =
+      RankShare(config_.nvme_bytes, NvmeNodeBytes(config_.nvme_paths), world, stripes);
+  if (nvme_bytes == 0) {
+    return Error(TM_ERR_CONFIG,
+                 absl::StrFormat("TIERMEM_NVME_BYTES=%s resolves to 0 bytes (the file systems of "
+                                 "TIERMEM_NVME_PATHS hold %llu bytes, shared by %d rank(s), in "
+                                 "whole stripes of %llu bytes)",
+                                 config_.nvme_bytes.ToString(),
+                                 static_cast<unsigned long long>(NvmeNodeBytes(config_.nvme_paths)),
+                                 world, static_cast<unsigned long long>(stripes)));
+  }
+  auto nvme = NvmeTier::Create(config_.nvme_paths, nvme_bytes, config_.io_block_size);
+  if (!nvme.ok()) return nvme.status();
+
+  const uint64_t granule = std::max<uint64_t>(4096, (*nvme)->alignment());
+  const uint64_t dram_bytes = RankShare(config_.dram_bytes, PhysicalRam(), world, granule);
+  if (dram_bytes == 0) {
+    return Error(TM_ERR_CONFIG,
+                 absl::StrFormat("TIERMEM_DRAM_BYTES=%s resolves to 0 bytes (shared by %d rank(s))",
+                                 config_.dram_bytes.ToString(), world));
+  }
+  // HBM <-> NVMe moves are staged in pinned slots at the end of the DRAM pool.
+  const StagingPool::Shape shape = StagingPool::ShapeFor(
+      dram_bytes, std::max<uint64_t>(4ull << 20, config_.io_block_size), granule);
+  auto dram =
+      MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule, shape.bytes());
+  if (!dram.ok() && ToTmStatus(dram.status()) != TM_ERR_CONFIG && config_.numa == NumaMode::kAuto &&
+      node >= 0) {
+    Log(LogSeverity::kWarn, "%s; the DRAM tier is left unbound",
+        std::string(dram.status().message()).c_str());
+    node = -1;
+    dram =
+        MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule, shape.bytes());
+  }
+  if (!dram.ok()) return dram.status();
+  tiers_ = std::make_unique<Tiers>(std::move(*hbm), std::move(*dram), std::move(*nvme));
+  info_.numa_node = node;
+  info_.tier_bytes[TM_TIER_HBM] = tiers_->space(TM_TIER_HBM).capacity();
+  info_.tier_bytes[TM_TIER_DRAM] = tiers_->space(TM_TIER_DRAM).capacity();
+  info_.tier_bytes[TM_TIER_NVME] = tiers_->space(TM_TIER_NVME).capacity();
+
+  // The I/O engine.
+  io::IoEngineOptions opts;
+  opts.block_size = config_.io_block_size;
+  opts.queue_depth = config_.io_queue_depth;
+  opts.threads = config_.io_threads;
+  opts.buffers.push_back({tiers_->dram().base(), tiers_->dram().mapped_bytes()});
+  for (const auto& f : tiers_->nvme().files()) opts.files.push_back(f->fd());
+  if (config_.io_engine == IoEngineKind::kPosix) {
+    io_ = io::CreatePosixEngine(opts);
+  } else if (auto uring = io::CreateUringEngine(opts); uring.ok()) {
+    io_ = std::move(*uring);
+  } else if (config_.io_engine == IoEngineKind::kUring) {
+    return Error(TM_ERR_UNSUPPORTED,
+                 absl::StrFormat("TIERMEM_IO_ENGINE=uring: %s", uring.status().message()));
+  } else {
+    Log(LogSeverity::kWarn, "TIERMEM_IO_ENGINE=auto: io_uring is unavailable (%s); using posix",
+        std::string(uring.status().message()).c_str());
+    io_ = io::CreatePosixEngine(opts);
+  }
+  info_.io_engine = std::string(io_->name());
+  info_.io_buffers_registered = io_->buffers_registered();
+  info_.io_files_registered = io_->files_registered();
+  info_.staging_chunk = shape.chunk;
+  info_.staging_slots = shape.slots;
+  staging_ = std::make_unique<StagingPool>(tiers_->dram().reserved(), shape);
+  // One sum per I/O block, or per staging chunk when the DRAM budget made chunks smaller: a
+  // power of two dividing the chunk, so every chunk-by-chunk transfer covers whole blocks.
+  if (config_.checksum == ChecksumKind::kXxh3) {
+    tiers_->nvme().EnableChecksums(
+        std::min<uint64_t>(config_.io_block_size, shape.chunk & -shape.chunk));
+  }
+  for (const auto& f : tiers_->nvme().files()) {
+    info_.nvme.push_back({f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
+  }
+  mover_ = std::make_unique<Mover>(*tiers_, *device_, *io_, *staging_);
+  // Opened now, not at destroy: a path that cannot be written fails create (TM_ERR_CONFIG).
+  auto trace = Trace::Open(config_.trace, config_.local_rank);
+  if (!trace.ok()) return trace.status();
+  trace_ = std::move(*trace);
+  prefetch_limit_ = config_.prefetch_bytes.bytes == 0 && config_.prefetch_bytes.percent == 0
+                        ? hbm_bytes / 2
+                        : config_.prefetch_bytes.Resolve(hbm_bytes);
+  info_.prefetch_bytes = prefetch_limit_;
+  // Asynchronous moves run on a few threads of their own; the engines below them keep the
+  // links busy (each mover keeps the I/O queue depth in flight).
+  for (int i = 0; i < kMoverThreads; ++i) movers_.emplace_back([this] { MoverLoop(); });
+  Log(LogSeverity::kInfo,
+      "runtime ready: %s, HBM %s, DRAM %s (NUMA node %d), NVMe %s on %zu path(s), %s I/O",
+      info_.device.c_str(), HumanBytes(hbm_bytes).c_str(), HumanBytes(dram_bytes).c_str(), node,
+      HumanBytes(nvme_bytes).c_str(), config_.nvme_paths.size(), info_.io_engine.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace tiermem

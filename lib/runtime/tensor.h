@@ -1,0 +1,178 @@
+// Tensor records and the generation-checked handle table that names them.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "io/copy_engine.h"
+#include "lib/tiers/tier_space.h"
+#include "tiermem/tiermem.h"
+
+namespace tiermem {
+
+// The state of a tensor's copy in one tier. It changes only through the named transitions of
+// Tensor below, always under the runtime's lock.
+//
+//   kAbsent  --BeginFill-->   kFilling  an extent is reserved; a move or host copy will fill it
+//   kFilling --EndFill-->     kValid    every completion of the fill was checked
+//   kFilling --Drop-->        kAbsent   the fill failed: the extent is freed, every other copy is
+//                                       as it was
+//   kValid   --PinWrite-->    kWriting  acquired for writing: its bytes are in flux
+//   kFilling --PinWrite-->    kWriting  reserved for a whole overwrite (acquire for writing)
+//   kWriting --UnpinWrite-->  kValid    the last release of the writing acquire
+//   kValid   --Land(ticket)-> kLanding  valid in a caller's stream order (a stream-ordered acquire,
+//                                       a tm_tensor_copy_in), not yet on the host's
+//   kLanding --Landed-->      kValid    the host waited for the ticket
+//   kValid   --Drop-->        kAbsent   evicted, superseded or destroyed
+//
+// Invariants:
+// - kAbsent holds no extent; every other state holds one.
+// - kValid, kLanding and kWriting copies are the tensor's bytes; when several tiers hold
+//   kValid/kLanding copies, they hold the same bytes. A kWriting copy is the only copy.
+// - pins > 0 only for kValid, kLanding or kWriting; a pinned copy is never dropped or moved.
+// - A copy is read by a move or a host copy only while its tensor is busy (see Tensor::busy).
+// - Nothing of tiermem reads, writes or frees a copy's memory before its `uses` have passed:
+//   fences on callers' streams (tm_tensor_release_on_stream) and copies to callers
+//   (tm_tensor_copy_out) still reading it. A copy dropped with uses pending hands its extent to
+//   the runtime's deferred frees instead of its tier.
+enum class CopyState : uint8_t { kAbsent, kFilling, kValid, kLanding, kWriting };
+
+const char* CopyStateName(CopyState s);
+
+struct TensorCopy {
+  Extent extent;
+  CopyState state = CopyState::kAbsent;
+  uint32_t pins = 0;               // outstanding acquires
+  std::vector<io::FencePtr> uses;  // must pass before tiermem touches the memory (see above)
+
+  // Holds the tensor's bytes (the host may need to wait for a landing copy first).
+  bool valid() const {
+    return state == CopyState::kValid || state == CopyState::kLanding ||
+           state == CopyState::kWriting;
+  }
+};
+
+// All fields are guarded by the runtime's lock.
+struct Tensor {
+  uint64_t handle = 0;
+  uint64_t key = 0;       // matches its uses across steps (see Schedule)
+  uint64_t last_use = 0;  // runtime tick of the last use: LRU order without a schedule
+  uint64_t bytes = 0;
+  tm_tensor_class cls = TM_CLASS_OTHER;
+  tm_tier home = TM_TIER_HBM;
+  std::string name;
+  std::array<TensorCopy, TM_TIER_COUNT> copies;
+  // The thread of an operation that runs outside the runtime's lock on this tensor (a move, a
+  // host copy, an eviction's write-down); empty when none. Every other operation on the tensor
+  // waits, so the extents and copies it uses stay put. Set and cleared only by Runtime's
+  // BusyScope. Eviction tells "busy by me" (a wall) from "busy by another thread" (a move in
+  // flight that will finish: a demand may wait for it).
+  std::thread::id busy_by{};
+  bool busy() const { return busy_by != std::thread::id{}; }
+  // Asynchronous moves queued and not yet finished.
+  uint32_t queued = 0;
+  // The ticket of the kLanding copy (in `landing_tier`): a copy ordered on a caller's stream or
+  // enqueued by tm_tensor_copy_in, that the host has not waited for.
+  std::optional<io::CopyTicket> landing;
+  tm_tier landing_tier = TM_TIER_HBM;
+  // The landing copy replaces the others once it lands (tm_tensor_copy_in): until then they
+  // keep the old bytes, so that a copy that fails loses nothing.
+  bool landing_replaces = false;
+
+  TensorCopy& copy(tm_tier t) { return copies[t]; }
+  const TensorCopy& copy(tm_tier t) const { return copies[t]; }
+
+  // ---- transitions (the runtime holds its lock) ----
+  void BeginFill(tm_tier t, const Extent& e) {
+    copies[t].extent = e;
+    copies[t].state = CopyState::kFilling;
+  }
+  // On success the copy is valid; on failure the caller frees the extent (Drop).
+  void EndFill(tm_tier t) { copies[t].state = CopyState::kValid; }
+  void PinWrite(tm_tier t) { copies[t].state = CopyState::kWriting; }
+  void UnpinWrite(tm_tier t) { copies[t].state = CopyState::kValid; }
+  void Land(tm_tier t, io::CopyTicket ticket, bool replaces = false) {
+    copies[t].state = CopyState::kLanding;
+    landing = std::move(ticket);
+    landing_tier = t;
+    landing_replaces = replaces;
+  }
+  void Landed(tm_tier t) {
+    copies[t].state = CopyState::kValid;
+    landing.reset();
+  }
+  // Forgets the copy; returns the extent for the caller to free in its tier.
+  Extent Drop(tm_tier t) {
+    Extent e = copies[t].extent;
+    copies[t] = TensorCopy{};
+    if (t == landing_tier) landing.reset();
+    return e;
+  }
+
+  // ---- queries ----
+  // Whether any tier holds it; a tensor never written reads as zeros.
+  bool materialized() const {
+    for (const auto& c : copies) {
+      if (c.valid()) return true;
+    }
+    return false;
+  }
+  uint32_t ResidencyMask() const {
+    uint32_t m = 0;
+    for (int t = 0; t < TM_TIER_COUNT; ++t) {
+      if (copies[t].valid()) m |= TM_TIER_BIT(t);
+    }
+    return m;
+  }
+  // The tier whose copy is being written through an acquire, or -1.
+  int writing_tier() const {
+    for (int t = 0; t < TM_TIER_COUNT; ++t) {
+      if (copies[t].state == CopyState::kWriting) return t;
+    }
+    return -1;
+  }
+  bool pinned() const {
+    for (const auto& c : copies) {
+      if (c.pins > 0) return true;
+    }
+    return false;
+  }
+  // The copy in `t` is the tensor's only valid one: evicting it means writing it down first.
+  bool only_copy(tm_tier t) const { return (ResidencyMask() & ~TM_TIER_BIT(t)) == 0; }
+};
+
+// Slots indexed by the low 32 bits of a handle; above them the slot's generation, drawn from a
+// process-wide counter so that a handle from one runtime never names a tensor of another and a
+// destroyed handle never names its slot's next tenant, and the tensor kind tag, so that no
+// runtime handle is ever taken for a tensor (layout in lib/base/handle.h). Not thread-safe.
+class TensorTable {
+ public:
+  uint64_t Insert(std::unique_ptr<Tensor> t);
+  // nullptr for zero, destroyed, stale or foreign handles.
+  Tensor* Find(uint64_t handle) const;
+  std::unique_ptr<Tensor> Remove(uint64_t handle);
+  size_t size() const { return live_; }
+  template <typename F>
+  void ForEach(F&& f) {
+    for (auto& s : slots_) {
+      if (s.tensor) f(*s.tensor);
+    }
+  }
+
+ private:
+  struct Slot {
+    uint32_t generation = 0;
+    std::unique_ptr<Tensor> tensor;
+  };
+  std::vector<Slot> slots_;
+  std::vector<uint32_t> free_;
+  size_t live_ = 0;
+};
+
+}  // namespace tiermem

@@ -1,0 +1,91 @@
+// Setting up and tearing down the HBM slab (or the framework's allocator) and the pinned DRAM
+// region.
+#include "lib/tiers/memory_tier.h"
+
+#include "absl/strings/str_format.h"
+#include "lib/base/status.h"
+
+namespace tiermem {
+
+absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateHbm(io::Device& device,
+                                                                  uint64_t bytes,
+                                                                  const DeviceAllocatorHooks& hooks,
+                                                                  int device_ordinal) {
+  if (bytes == 0) return Error(TM_ERR_CONFIG, "TIERMEM_HBM_BYTES resolves to 0 bytes");
+  if (hooks.set()) {
+    // No slab: the framework's allocator (a caching allocator) holds the GPU's memory, and
+    // tiermem borrows from it copy by copy, within its budget. No stream is known where space
+    // is reserved (a copy's memory may be first used by a mover), so the hooks get NULL: the
+    // memory must be usable on any stream (see docs/c-api.md).
+    TierBacking backing;
+    backing.allocate = [hooks, device_ordinal](uint64_t n,
+                                               absl::string_view tensor) -> absl::StatusOr<void*> {
+      void* p = hooks.alloc(hooks.user, static_cast<size_t>(n), device_ordinal, nullptr);
+      if (p == nullptr) {
+        return Error(TM_ERR_OUT_OF_MEMORY,
+                     absl::StrFormat("tm_config.device_alloc returned NULL for %llu bytes "
+                                     "(tensor \"%s\")",
+                                     static_cast<unsigned long long>(n), tensor));
+      }
+      return p;
+    };
+    backing.free = [hooks, device_ordinal](void* p, uint64_t n) {
+      hooks.free(hooks.user, p, static_cast<size_t>(n), device_ordinal, nullptr);
+    };
+    return std::unique_ptr<MemoryTier>(
+        new MemoryTier(TM_TIER_HBM, device, bytes, 256, std::move(backing)));
+  }
+  std::unique_ptr<MemoryTier> t(new MemoryTier(TM_TIER_HBM, device, bytes, 256));
+  auto slab = device.AllocateSlab(bytes);
+  if (!slab.ok()) {
+    return Error(absl::IsResourceExhausted(slab.status()) ? TM_ERR_OUT_OF_MEMORY : TM_ERR_DEVICE,
+                 absl::StrFormat("allocating the HBM tier (TIERMEM_HBM_BYTES=%s): %s",
+                                 HumanBytes(bytes), slab.status().message()));
+  }
+  t->base_ = static_cast<char*>(*slab);
+  t->slab_bytes_ = bytes;
+  t->mapped_ = bytes;
+  return t;
+}
+
+absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateDram(io::Device& device,
+                                                                   const io::Topology* topo,
+                                                                   uint64_t bytes, int numa_node,
+                                                                   uint64_t granule,
+                                                                   uint64_t reserved) {
+  if (bytes == 0) return Error(TM_ERR_CONFIG, "TIERMEM_DRAM_BYTES resolves to 0 bytes");
+  if (reserved >= bytes) {
+    return Error(TM_ERR_CONFIG, absl::StrFormat("TIERMEM_DRAM_BYTES=%s leaves no room beside the "
+                                                "%s staging pool",
+                                                HumanBytes(bytes), HumanBytes(reserved)));
+  }
+  std::unique_ptr<MemoryTier> t(
+      new MemoryTier(TM_TIER_DRAM, device, (bytes - reserved) / granule * granule, granule));
+  auto region = io::HostRegion::Create(bytes, topo, numa_node);
+  if (!region.ok()) {
+    tm_status code =
+        absl::IsInvalidArgument(region.status()) ? TM_ERR_CONFIG : TM_ERR_OUT_OF_MEMORY;
+    return Error(
+        code, absl::StrFormat("TIERMEM_DRAM_BYTES=%llu: %s", static_cast<unsigned long long>(bytes),
+                              region.status().message()));
+  }
+  t->host_ = std::move(*region);
+  t->base_ = static_cast<char*>(t->host_->data());
+  t->mapped_ = t->host_->size();
+  t->reserved_ = reserved;
+  t->numa_node_ = numa_node;
+  // Pinned once, at start-up and whole: registration is slow and must stay off the hot path.
+  if (auto s = device.RegisterHost(t->base_, t->host_->size()); !s.ok()) {
+    return Error(TM_ERR_DEVICE, absl::StrFormat("pinning the DRAM tier (%s) for the device: %s",
+                                                HumanBytes(bytes), s.message()));
+  }
+  t->registered_ = true;
+  return t;
+}
+
+MemoryTier::~MemoryTier() {
+  if (registered_) device_.UnregisterHost(base_);
+  if (slab_bytes_ > 0) device_.FreeSlab(base_, slab_bytes_);
+}
+
+}  // namespace tiermem

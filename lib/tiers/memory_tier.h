@@ -1,0 +1,69 @@
+// An addressable tier: HBM (one device slab, or each copy from the framework's allocator) or
+// pinned DRAM (one NUMA-bound host region), sub-allocated by a TierSpace.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "io/device.h"
+#include "io/host_memory.h"
+#include "io/numa.h"
+#include "lib/config/config.h"
+#include "lib/tiers/tier_space.h"
+
+namespace tiermem {
+
+class MemoryTier {
+ public:
+  // A slab of `bytes` of device memory; or, when `hooks` are set, no slab: each copy's memory
+  // comes from hooks.alloc (with `device_ordinal`: the CUDA ordinal, -1 for the emulated
+  // device) and goes back with hooks.free, `bytes` staying the budget (a counted TierSpace).
+  static absl::StatusOr<std::unique_ptr<MemoryTier>> CreateHbm(
+      io::Device& device, uint64_t bytes, const DeviceAllocatorHooks& hooks = {},
+      int device_ordinal = -1);
+  // `bytes` of host memory bound to `numa_node` (-1: unbound), pinned with the device.
+  // `granule` is the O_DIRECT alignment that every copy must keep. The last `reserved` bytes
+  // are not sub-allocated: they are the staging pool's (see reserved()).
+  static absl::StatusOr<std::unique_ptr<MemoryTier>> CreateDram(io::Device& device,
+                                                                const io::Topology* topo,
+                                                                uint64_t bytes, int numa_node,
+                                                                uint64_t granule,
+                                                                uint64_t reserved);
+  ~MemoryTier();
+  MemoryTier(const MemoryTier&) = delete;
+  MemoryTier& operator=(const MemoryTier&) = delete;
+
+  TierSpace& space() { return space_; }
+  const TierSpace& space() const { return space_; }
+  char* Address(const Extent& e) const {
+    return e.memory != nullptr ? static_cast<char*>(e.memory) : base_ + e.offset;
+  }
+  // The whole mapped range, reserved tail included (for registering with the I/O engine); null
+  // for HBM from the framework's allocator.
+  char* base() const { return base_; }
+  uint64_t mapped_bytes() const { return mapped_; }
+  // The reserved tail.
+  char* reserved() const { return base_ + mapped_ - reserved_; }
+  int numa_node() const { return numa_node_; }
+
+ private:
+  MemoryTier(tm_tier tier, io::Device& device, uint64_t capacity, uint64_t granule)
+      : device_(device), space_(tier, capacity, granule) {}
+  MemoryTier(tm_tier tier, io::Device& device, uint64_t capacity, uint64_t granule,
+             TierBacking backing)
+      : device_(device), space_(tier, capacity, granule, std::move(backing)) {}
+
+  io::Device& device_;
+  TierSpace space_;
+  char* base_ = nullptr;
+  uint64_t mapped_ = 0;                   // bytes at base_
+  uint64_t reserved_ = 0;                 // DRAM: the staging tail
+  uint64_t slab_bytes_ = 0;               // HBM: the device slab
+  std::unique_ptr<io::HostRegion> host_;  // DRAM: the host region
+  bool registered_ = false;
+  int numa_node_ = -1;
+};
+
+}  // namespace tiermem
