@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_format.h"
 #include "lib/base/status.h"
@@ -47,14 +48,17 @@ absl::Status Mover::ExecuteUncounted(const MovePlan& p, std::optional<CopyTicket
         std::memset(p.dst_addr, 0, p.dst_extent.size);
         return absl::OkStatus();
       default:
-        return ZeroNvme(p.dst_extent, p.bytes);
+        return StagedWrite(Extent{}, p.dst_extent, p.bytes, 0, CallerBuffer{}, 0);
     }
   }
   const tm_tier src = static_cast<tm_tier>(p.src);
-  if (src == TM_TIER_NVME && p.dst == TM_TIER_HBM)
-    return StagedUp(p.src_extent, p.dst_addr, p.bytes);
-  if (src == TM_TIER_HBM && p.dst == TM_TIER_NVME)
-    return StagedDown(p.src_addr, p.dst_extent, p.bytes);
+  if (src == TM_TIER_NVME && p.dst == TM_TIER_HBM) {
+    return StagedRead(p.src_extent, p.bytes, 0, CallerBuffer{p.dst_addr, true, {}}, p.bytes);
+  }
+  if (src == TM_TIER_HBM && p.dst == TM_TIER_NVME) {
+    return StagedWrite(Extent{}, p.dst_extent, p.bytes, 0, CallerBuffer{p.src_addr, true, {}},
+                       p.bytes);
+  }
   if (src == TM_TIER_NVME) return Io(p.src_extent, 0, p.dst_addr, p.bytes, false);
   if (p.dst == TM_TIER_NVME) return Io(p.dst_extent, 0, p.src_addr, p.bytes, true);
   const CopyDirection dir =
@@ -74,123 +78,16 @@ absl::Status Mover::ExecuteUncounted(const MovePlan& p, std::optional<CopyTicket
   return Retag(copy.Wait(*ticket), TM_ERR_DEVICE);
 }
 
-// NVMe -> HBM: chunk k+1 is read into one slot while chunk k is copied up from the other.
-absl::Status Mover::StagedUp(const Extent& src, char* dst, uint64_t bytes) {
-  io::CopyEngine& copy = device_.copy_engine();
-  const uint64_t chunk = staging_.chunk();
-  std::vector<char*> slots = staging_.Acquire(2);
-  std::optional<CopyTicket> in_flight[2];
-  absl::Status status;
-  for (uint64_t k = 0, off = 0; off < bytes && status.ok(); ++k, off += chunk) {
-    const int slot = static_cast<int>(k % 2);
-    if (in_flight[slot].has_value()) {  // the slot's previous chunk must have left it
-      status = Retag(copy.Wait(*in_flight[slot]), TM_ERR_DEVICE);
-      in_flight[slot].reset();
-      if (!status.ok()) break;
-    }
-    const uint64_t n = std::min(chunk, bytes - off);
-    status = Io(src, off, slots[slot], n, false);
-    if (!status.ok()) break;
-    auto t = copy.Enqueue(CopyDirection::kHostToDevice, dst + off, slots[slot], n);
-    if (!t.ok()) {
-      status = Retag(t.status(), TM_ERR_DEVICE);
-      break;
-    }
-    in_flight[slot] = *t;
-  }
-  // Never hand a slot back with a copy still reading it.
-  for (auto& t : in_flight) {
-    if (!t.has_value()) continue;
-    absl::Status s = Retag(copy.Wait(*t), TM_ERR_DEVICE);
-    if (status.ok()) status = s;
-  }
-  staging_.Release(slots);
-  return status;
-}
-
-// HBM -> NVMe: chunk k+1 is copied down into one slot while chunk k is written from the other.
-absl::Status Mover::StagedDown(const char* src, const Extent& dst, uint64_t bytes) {
-  io::CopyEngine& copy = device_.copy_engine();
-  const uint64_t chunk = staging_.chunk();
-  std::vector<char*> slots = staging_.Acquire(2);
-  std::optional<CopyTicket> in_flight[2];
-  absl::Status status;
-  auto start = [&](uint64_t k) {
-    const uint64_t off = k * chunk;
-    auto t = copy.Enqueue(CopyDirection::kDeviceToHost, slots[k % 2], src + off,
-                          std::min(chunk, bytes - off));
-    if (!t.ok()) return Retag(t.status(), TM_ERR_DEVICE);
-    in_flight[k % 2] = *t;
-    return absl::OkStatus();
-  };
-  const uint64_t chunks = (bytes + chunk - 1) / chunk;
-  status = start(0);
-  for (uint64_t k = 0; k < chunks && status.ok(); ++k) {
-    const int slot = static_cast<int>(k % 2);
-    status = Retag(copy.Wait(*in_flight[slot]), TM_ERR_DEVICE);
-    in_flight[slot].reset();
-    if (!status.ok()) break;
-    if (k + 1 < chunks && !(status = start(k + 1)).ok()) break;
-    const uint64_t off = k * chunk;
-    status = Io(dst, off, slots[slot], std::min(chunk, bytes - off), true);
-  }
-  for (auto& t : in_flight) {
-    if (t.has_value()) (void)copy.Wait(*t);
-  }
-  staging_.Release(slots);
-  return status;
-}
-
-absl::Status Mover::ZeroNvme(const Extent& dst, uint64_t bytes) {
-  const uint64_t chunk = staging_.chunk();
-  std::vector<char*> slot = staging_.Acquire(1);
-  std::memset(slot[0], 0, chunk);
-  absl::Status status;
-  for (uint64_t off = 0; off < bytes && status.ok(); off += chunk) {
-    status = Io(dst, off, slot[0], std::min(chunk, bytes - off), true);
-  }
-  staging_.Release(slot);
-  return status;
-}
-
-absl::Status Mover::ReadNvme(const Extent& e, uint64_t bytes, uint64_t offset, void* dst,
-                             uint64_t n) {
-  const uint64_t chunk = staging_.chunk();
-  std::vector<char*> slot = staging_.Acquire(1);
-  absl::Status status;
-  for (uint64_t k = offset / chunk; k * chunk < offset + n && status.ok(); ++k) {
-    const uint64_t start = k * chunk;
-    status = Io(e, start, slot[0], std::min(chunk, bytes - start), false);
-    if (!status.ok()) break;
-    const uint64_t from = std::max(start, offset);
-    const uint64_t to = std::min(start + chunk, offset + n);
-    std::memcpy(static_cast<char*>(dst) + (from - offset), slot[0] + (from - start), to - from);
-  }
-  staging_.Release(slot);
-  return status;
-}
-
-absl::Status Mover::WriteNvme(const Extent& old, const Extent& fresh, uint64_t bytes,
-                              uint64_t offset, const void* src, uint64_t n) {
-  CallerBuffer b;
-  b.addr = static_cast<char*>(const_cast<void*>(src));
-  return WriteNvmeFrom(old, fresh, bytes, offset, b, n);
-}
-
-CopyDirection Mover::Direction(tm_tier tier, bool caller_device, bool into_tier) {
-  const bool tier_device = tier == TM_TIER_HBM;
-  const bool from_device = into_tier ? caller_device : tier_device;
-  const bool to_device = into_tier ? tier_device : caller_device;
-  if (from_device) return to_device ? CopyDirection::kDeviceToDevice : CopyDirection::kDeviceToHost;
-  return to_device ? CopyDirection::kHostToDevice : CopyDirection::kHostToHost;
-}
-
-absl::Status Mover::ReadNvmeTo(const Extent& e, uint64_t bytes, uint64_t offset,
+// NVMe -> staging -> dst: chunk k+1 is read into one slot while chunk k is copied out of the
+// other (a device destination; into host memory the copy is a memcpy here).
+absl::Status Mover::StagedRead(const Extent& e, uint64_t bytes, uint64_t offset,
                                const CallerBuffer& dst, uint64_t n) {
+  if (!dst.device) {  // the host copies: what the destination waits for passes first
+    if (auto s = Retag(io::WaitAll(dst.after), TM_ERR_DEVICE); !s.ok()) return s;
+  }
   io::CopyEngine& copy = device_.copy_engine();
-  const CopyDirection dir = dst.device ? CopyDirection::kHostToDevice : CopyDirection::kHostToHost;
   const uint64_t chunk = staging_.chunk();
-  std::vector<char*> slots = staging_.Acquire(2);
+  const StagingRing::Lease slots = staging_.Acquire(2);
   std::optional<CopyTicket> in_flight[2];
   absl::Status status;
   uint64_t i = 0;
@@ -206,79 +103,91 @@ absl::Status Mover::ReadNvmeTo(const Extent& e, uint64_t bytes, uint64_t offset,
     if (!status.ok()) break;
     const uint64_t from = std::max(start, offset);
     const uint64_t to = std::min(start + chunk, offset + n);
-    auto t = copy.Enqueue(dir, dst.addr + (from - offset), slots[slot] + (from - start), to - from,
-                          dst.after);
+    if (!dst.device) {
+      std::memcpy(dst.addr + (from - offset), slots[slot] + (from - start), to - from);
+      continue;
+    }
+    auto t = copy.Enqueue(CopyDirection::kHostToDevice, dst.addr + (from - offset),
+                          slots[slot] + (from - start), to - from, dst.after);
     if (!t.ok()) {
       status = Retag(t.status(), TM_ERR_DEVICE);
       break;
     }
     in_flight[slot] = *t;
   }
-  for (auto& t : in_flight) {  // never hand a slot back with a copy still reading it
+  for (auto& t : in_flight) {  // never hand a slot back with a copy still writing from it
     if (!t.has_value()) continue;
     absl::Status s = Retag(copy.Wait(*t), TM_ERR_DEVICE);
     if (status.ok()) status = s;
   }
-  staging_.Release(slots);
   return status;
+}
+
+// src -> staging -> NVMe: chunk k+1 is copied into one slot while chunk k is written from the
+// other. A chunk that src covers only in part is read from `old` (or zeroed) first.
+absl::Status Mover::StagedWrite(const Extent& old, const Extent& fresh, uint64_t bytes,
+                                uint64_t offset, const CallerBuffer& src, uint64_t n) {
+  if (auto s = Retag(io::WaitAll(src.after), TM_ERR_DEVICE); !s.ok()) return s;
+  io::CopyEngine& copy = device_.copy_engine();
+  const uint64_t chunk = staging_.chunk();
+  const StagingRing::Lease slots = staging_.Acquire(2);
+  std::optional<CopyTicket> filling[2];
+  auto fill = [&](uint64_t k) -> absl::Status {
+    char* slot = slots[k % 2];
+    const uint64_t start = k * chunk, len = std::min(chunk, bytes - start);
+    const uint64_t from = std::max(start, offset), to = std::min(start + len, offset + n);
+    if (from >= to || from != start || to != start + len) {  // not all of it comes from src
+      if (old.empty()) {
+        std::memset(slot, 0, len);
+      } else if (auto s = Io(old, start, slot, len, false); !s.ok()) {
+        return s;
+      }
+    }
+    if (from >= to) return absl::OkStatus();
+    if (!src.device) {
+      std::memcpy(slot + (from - start), src.addr + (from - offset), to - from);
+      return absl::OkStatus();
+    }
+    auto t = copy.Enqueue(CopyDirection::kDeviceToHost, slot + (from - start),
+                          src.addr + (from - offset), to - from);
+    if (!t.ok()) return Retag(t.status(), TM_ERR_DEVICE);
+    filling[k % 2] = *t;
+    return absl::OkStatus();
+  };
+  const uint64_t chunks = (bytes + chunk - 1) / chunk;
+  absl::Status status = chunks > 0 ? fill(0) : absl::OkStatus();
+  for (uint64_t k = 0; k < chunks && status.ok(); ++k) {
+    const int slot = static_cast<int>(k % 2);
+    if (filling[slot].has_value()) {
+      status = Retag(copy.Wait(*filling[slot]), TM_ERR_DEVICE);
+      filling[slot].reset();
+      if (!status.ok()) break;
+    }
+    if (k + 1 < chunks && !(status = fill(k + 1)).ok()) break;
+    status = Io(fresh, k * chunk, slots[slot], std::min(chunk, bytes - k * chunk), true);
+  }
+  for (auto& t : filling) {  // never hand a slot back with a copy still writing into it
+    if (t.has_value()) (void)copy.Wait(*t);
+  }
+  return status;
+}
+
+absl::Status Mover::ReadNvmeTo(const Extent& e, uint64_t bytes, uint64_t offset,
+                               const CallerBuffer& dst, uint64_t n) {
+  return StagedRead(e, bytes, offset, dst, n);
 }
 
 absl::Status Mover::WriteNvmeFrom(const Extent& old, const Extent& fresh, uint64_t bytes,
                                   uint64_t offset, const CallerBuffer& src, uint64_t n) {
-  if (auto s = Retag(io::WaitAll(src.after), TM_ERR_DEVICE); !s.ok()) return s;
-  const uint64_t chunk = staging_.chunk();
-  std::vector<char*> slot = staging_.Acquire(1);
-  absl::Status status;
-  for (uint64_t start = 0; start < bytes && status.ok(); start += chunk) {
-    const uint64_t len = std::min(chunk, bytes - start);
-    const uint64_t from = std::max(start, offset);
-    const uint64_t to = std::min(start + len, offset + n);
-    const bool covered = from == start && to == start + len;  // all of it comes from src
-    if (!covered) {
-      if (old.empty()) {
-        std::memset(slot[0], 0, len);
-      } else if (!(status = Io(old, start, slot[0], len, false)).ok()) {
-        break;
-      }
-    }
-    if (from < to) {
-      if (src.device) {
-        status =
-            Retag(device_.copy_engine().Copy(CopyDirection::kDeviceToHost, slot[0] + (from - start),
-                                             src.addr + (from - offset), to - from),
-                  TM_ERR_DEVICE);
-        if (!status.ok()) break;
-      } else {
-        std::memcpy(slot[0] + (from - start), src.addr + (from - offset), to - from);
-      }
-    }
-    status = Io(fresh, start, slot[0], len, true);
-  }
-  staging_.Release(slot);
-  return status;
+  return StagedWrite(old, fresh, bytes, offset, src, n);
 }
 
-absl::Status Mover::CopyIn(tm_tier tier, char* addr, const void* src, uint64_t n,
-                           const std::vector<io::FencePtr>& after) {
-  if (auto s = Retag(io::WaitAll(after), TM_ERR_DEVICE); !s.ok()) return s;
-  if (tier == TM_TIER_DRAM) {
-    std::memcpy(addr, src, n);
-    return absl::OkStatus();
-  }
-  // A caller's buffer is not a tier: these bytes are not counted as moved.
-  return Retag(device_.copy_engine().Copy(CopyDirection::kHostToDevice, addr, src, n),
-               TM_ERR_DEVICE);
-}
-
-absl::Status Mover::CopyOut(tm_tier tier, const char* addr, void* dst, uint64_t n,
-                            const std::vector<io::FencePtr>& after) {
-  if (auto s = Retag(io::WaitAll(after), TM_ERR_DEVICE); !s.ok()) return s;
-  if (tier == TM_TIER_DRAM) {
-    std::memcpy(dst, addr, n);
-    return absl::OkStatus();
-  }
-  return Retag(device_.copy_engine().Copy(CopyDirection::kDeviceToHost, dst, addr, n),
-               TM_ERR_DEVICE);
+CopyDirection Mover::Direction(tm_tier tier, bool caller_device, bool into_tier) {
+  const bool tier_device = tier == TM_TIER_HBM;
+  const bool from_device = into_tier ? caller_device : tier_device;
+  const bool to_device = into_tier ? tier_device : caller_device;
+  if (from_device) return to_device ? CopyDirection::kDeviceToDevice : CopyDirection::kDeviceToHost;
+  return to_device ? CopyDirection::kHostToDevice : CopyDirection::kHostToHost;
 }
 
 }  // namespace tiermem

@@ -1,5 +1,5 @@
 // Moving bytes between tiers, through engines (HBM <-> DRAM by the copy engine, DRAM <-> NVMe by
-// the I/O engine, HBM <-> NVMe chunk by chunk through the staging pool, double-buffered). The
+// the I/O engine, HBM <-> NVMe chunk by chunk through the staging ring, double-buffered). The
 // mover knows no tensor: the runtime prepares a MovePlan under its lock (source, destination,
 // extents, addresses), the mover executes it without the lock, and the runtime commits the
 // outcome to the tensor's copy states. A plan's outcome is only OK when every completion was
@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "io/device.h"
 #include "io/io_engine.h"
-#include "lib/move/staging_pool.h"
+#include "lib/move/staging_ring.h"
 #include "lib/tiers/tiers.h"
 
 namespace tiermem {
@@ -43,7 +43,7 @@ struct CallerBuffer {
 
 class Mover {
  public:
-  Mover(Tiers& tiers, io::Device& device, io::IoEngine& io, StagingPool& staging)
+  Mover(Tiers& tiers, io::Device& device, io::IoEngine& io, StagingRing& staging)
       : tiers_(tiers), device_(device), io_(io), staging_(staging) {}
 
   // With a plan's stream and a device that has streams, a copy into HBM from DRAM is only
@@ -51,31 +51,19 @@ class Mover {
   // when it succeeds.
   absl::Status Execute(const MovePlan& p, std::optional<io::CopyTicket>* pending);
 
-  // Without the lock: host memory <-> an HBM or DRAM address, once `after` has passed.
-  absl::Status CopyIn(tm_tier tier, char* addr, const void* src, uint64_t n,
-                      const std::vector<io::FencePtr>& after = {});
-  absl::Status CopyOut(tm_tier tier, const char* addr, void* dst, uint64_t n,
-                       const std::vector<io::FencePtr>& after = {});
-  // Without the lock: bytes [offset, offset+n) of a tensor of `bytes` held on NVMe at `e`,
-  // into host memory, through one staging slot.
-  absl::Status ReadNvme(const Extent& e, uint64_t bytes, uint64_t offset, void* dst, uint64_t n);
-  // Without the lock: the same into a caller's buffer (host or device memory), pipelined: chunk
-  // k+1 is read into one staging slot while chunk k is copied out of the other. Returns when
-  // every copy is done (the slots go back to the pool).
+  // Without the lock: bytes [offset, offset+n) of a tensor of `bytes` held on NVMe at `e`, into
+  // a caller's buffer (host or device memory), pipelined through two staging slots. Returns
+  // when every copy is done.
   absl::Status ReadNvmeTo(const Extent& e, uint64_t bytes, uint64_t offset, const CallerBuffer& dst,
                           uint64_t n);
-  // The direction of a copy between a tier's memory and a caller's buffer.
-  static io::CopyDirection Direction(tm_tier tier, bool caller_device, bool into_tier);
-
   // Without the lock: makes `fresh` (an NVMe extent) hold the tensor's bytes with
-  // [offset, offset+n) replaced by `src`; the rest comes from `old` (an NVMe extent), or is zero
-  // when `old` is empty. Chunk by chunk through one staging slot. `old` is left untouched, so a
-  // failure loses nothing.
-  absl::Status WriteNvme(const Extent& old, const Extent& fresh, uint64_t bytes, uint64_t offset,
-                         const void* src, uint64_t n);
-  // The same from a caller's buffer (host or device memory).
+  // [offset, offset+n) replaced from a caller's buffer (host or device memory); the rest comes
+  // from `old` (an NVMe extent), or is zero when `old` is empty. Pipelined through two staging
+  // slots. `old` is left untouched, so a failure loses nothing.
   absl::Status WriteNvmeFrom(const Extent& old, const Extent& fresh, uint64_t bytes,
                              uint64_t offset, const CallerBuffer& src, uint64_t n);
+  // The direction of a copy between a tier's memory and a caller's buffer.
+  static io::CopyDirection Direction(tm_tier tier, bool caller_device, bool into_tier);
 
   io::CopyEngine& copy_engine() { return device_.copy_engine(); }
 
@@ -83,9 +71,11 @@ class Mover {
   uint64_t moved(int from, int to) const { return moved_[from][to].load(); }
 
  private:
-  absl::Status StagedUp(const Extent& src, char* dst, uint64_t bytes);
-  absl::Status StagedDown(const char* src, const Extent& dst, uint64_t bytes);
-  absl::Status ZeroNvme(const Extent& dst, uint64_t bytes);
+  // The two staged loops every NVMe path goes through (see ReadNvmeTo and WriteNvmeFrom).
+  absl::Status StagedRead(const Extent& e, uint64_t bytes, uint64_t offset, const CallerBuffer& dst,
+                          uint64_t n);
+  absl::Status StagedWrite(const Extent& old, const Extent& fresh, uint64_t bytes, uint64_t offset,
+                           const CallerBuffer& src, uint64_t n);
   absl::Status Io(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write);
 
   absl::Status ExecuteUncounted(const MovePlan& p, std::optional<io::CopyTicket>* pending);
@@ -94,7 +84,7 @@ class Mover {
   Tiers& tiers_;
   io::Device& device_;
   io::IoEngine& io_;
-  StagingPool& staging_;
+  StagingRing& staging_;
   std::array<std::array<std::atomic<uint64_t>, TM_TIER_COUNT>, TM_TIER_COUNT> moved_{};
 };
 

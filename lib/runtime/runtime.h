@@ -3,8 +3,8 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,7 +18,13 @@
 #include "lib/config/config.h"
 #include "lib/move/mover.h"
 #include "lib/policy/schedule.h"
-#include "lib/move/staging_pool.h"
+#include "lib/move/staging_ring.h"
+#include "lib/policy/eviction.h"
+#include "lib/runtime/counters.h"
+#include "lib/runtime/deferred_frees.h"
+#include "lib/runtime/failure_log.h"
+#include "lib/runtime/job_queue.h"
+#include "lib/runtime/room_token.h"
 #include "lib/runtime/tensor.h"
 #include "lib/tiers/tiers.h"
 #include "lib/trace/trace.h"
@@ -128,11 +134,25 @@ class Runtime {
     // for this move (evictions' write-downs keep it: they are part of making room).
     bool release_room = false;
   };
-  // Why a prefetch was dropped (counted in tm_stats, never reported as a failure).
-  enum class DropReason { kNone, kNoRoom, kDemand, kSuperseded };
+  static Want Demand() { return Want{Want::kDemand, Schedule::kNever, true}; }
 
   explicit Runtime(Config config) : config_(std::move(config)) {}
+  // Set-up (setup.cc), in the order Init runs them.
+  struct Setup;
   absl::Status Init();
+  // The CUDA device (or the emulated one) and the device backend.
+  absl::Status InitDevice(Setup& st);
+  // The NUMA node of the DRAM tier: the GPU's, else this thread's.
+  absl::Status InitNuma(Setup& st);
+  // The HBM tier's budget (a share of the device split over the ranks using it) and the tier.
+  absl::StatusOr<std::unique_ptr<MemoryTier>> InitHbm(Setup& st);
+  // NVMe first (its alignment is the granule of DRAM copies), then DRAM with the staging ring.
+  absl::Status InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm);
+  // The I/O engine, the staging ring, checksums, the mover, the trace, the prefetch limit.
+  absl::Status InitEngines(Setup& st);
+  void StartMovers(const Setup& st);
+
+  // ---- the move protocol (moves.cc) ----
   // The tensor of `handle`, or TM_ERR_INVALID_HANDLE.
   absl::StatusOr<Tensor*> Find(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live tensor that the schedule's `key` names now (the newest created), or nullptr.
@@ -146,17 +166,11 @@ class Runtime {
   // Runs `f` without the lock while the tensor is busy (by this thread).
   template <typename F>
   absl::Status Unlocked(Tensor& t, F&& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits for the ticket of t's landing copy; a failed copy is dropped and recorded.
-  void Land(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the ticket of t's landing copy (the host waits); a failed copy is dropped and
+  // recorded.
+  void WaitLanded(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // The room token: demand operations that may allocate take it before claiming their tensor,
-  // so that at most one thread at a time makes room by evicting and waiting. A holder waits
-  // only for work that never waits for the token (moves in flight, host copies, prefetches,
-  // which never wait), so waiting cannot deadlock. Re-entrant for the holder's own evictions.
-  void EnterRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LeaveRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands the token back early when this thread holds it (see Want::release_room).
-  void ReleaseRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The room token (see RoomToken), held for a scope by RoomScope.
   class RoomScope;
 
   // A caller's stream for a stream-ordered move: the copy starts after `fence` (recorded on the
@@ -169,26 +183,81 @@ class Runtime {
   // while evicting to make room.
   absl::Status MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
                          DropReason* why = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The plan of MakeValid's move, its destination reserved (the lock is held).
+  MovePlan PrepareMove(Tensor& t, tm_tier dst, const Extent& extent, const CallerStream& caller)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The fences of t's copy in `tier` that have not passed yet (the passed ones are forgotten).
   std::vector<io::FencePtr> PendingUses(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the deferred extents whose uses have passed; true when any of `tier` remain.
   bool ReapDeferred(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records the failures of the callers' copies that are done (all of them when `wait`, only
-  // those of `handle` unless it is 0). May release the lock to wait.
-  void ReapCallerCopies(uint64_t handle, bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for the uses of every deferred free, then frees them (tm_runtime_sync). May release
   // the lock.
   void SettleDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A fence on the caller's stream, or none without a stream.
-  absl::StatusOr<io::FencePtr> StreamFence(void* stream, const char* function);
-  // Space for t in `tier` (lib/runtime/runtime_policy.cc): evicts the cheapest window of copies when
-  // the tier is full, waits for moves in flight when a demand finds nothing to evict.
-  absl::StatusOr<Extent> Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves t's copy in `tier` to be filled whole by the caller (kFilling).
   absl::Status Reserve(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What eviction could do for a request of `need` bytes in `tier` (see Allocate).
+  // Frees t's copy in `tier` and its space (deferred while callers' work may use it).
+  void FreeCopy(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves a claimed tensor down to `tier` and frees the copies above.
+  absl::Status OffloadClaimed(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // TM_ERR_BUSY when a copy other than `keep` is pinned (it would have to be freed).
+  absl::Status CheckOthersUnpinned(const Tensor& t, int keep) const;
+  // TM_ERR_BUSY when a copy above `tier` is pinned.
+  absl::Status CheckAboveUnpinned(const Tensor& t, tm_tier tier) const;
+  // Frees every copy except the one in `keep`: they became stale.
+  void DropOthers(Tensor& t, tm_tier keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps an asynchronous failure until a sync or step end reports it.
+  void RecordFailure(const Tensor& t, absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- callers' copies (caller_copy.cc) ----
+  struct CallerCopyRequest;
+  // The one path of CopyIn, Write (into) and CopyOut, Read (out of the tensor).
+  absl::Status CallerCopy(const char* fn, uint64_t handle, uint64_t offset, void* buffer,
+                          uint64_t bytes, void* stream, bool into, bool wait);
+  // Zeros into the caller's buffer: the tensor was never written.
+  absl::Status ReadZeros(Tensor& t, const CallerCopyRequest& r, CallerBuffer& buffer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CopyInto(const CallerCopyRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CopyFrom(const CallerCopyRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rewrites a claimed tensor on NVMe with [offset, +bytes) from the caller's buffer, through
+  // staging into a fresh extent that replaces the old one only once complete.
+  absl::Status RewriteOnNvme(Tensor& t, const CallerCopyRequest& r, CallerBuffer& buffer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Enqueues (or, host to host with nothing to wait for, does) the copy between `addr` in
+  // `tier` and the caller's buffer; with r.wait, returns once it is done.
+  // With neither, a ticket of the copy in flight; refuses a buffer overlapping the copy.
+  absl::StatusOr<std::optional<io::CopyTicket>> CopyTierAndCaller(Tensor& t, tm_tier tier,
+                                                                  char* addr,
+                                                                  const CallerCopyRequest& r,
+                                                                  CallerBuffer& buffer,
+                                                                  bool into_tier)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the failures of the callers' copies that are done (all of them when `wait`, only
+  // those of `handle` unless it is 0). May release the lock to wait.
+  void ReapCallerCopies(uint64_t handle, bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A fence on the caller's stream, or none without a stream.
+  absl::StatusOr<io::FencePtr> StreamFence(void* stream, const char* function);
+
+  // ---- room and eviction (room.cc) ----
+  // Space for t in `tier`: evicts the cheapest window of copies when the tier is full, waits
+  // for moves in flight when a demand finds nothing to evict.
+  absl::StatusOr<Extent> Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct AllocateState;
+  // Allocate's loop: allocates, else evicts a window, waits (a demand) or gives up.
+  absl::StatusOr<Extent> MakeRoom(Tensor& t, tm_tier tier, Want want, uint64_t need,
+                                  DropReason* why, AllocateState& st)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Do no harm: whether a scheduled prefetch may take `need` bytes in `tier` at all.
+  absl::Status AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t need,
+                             DropReason* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts the victims of a window; an error ends the allocation.
   struct EvictionPlan;
+  absl::Status EvictWindow(const EvictionPlan& plan, tm_tier tier, Want want, bool fragmented,
+                           DropReason* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The error of a demand that cannot fit even with every unpinned copy evicted.
+  static absl::Status OutOfRoom(const absl::Status& failed, EvictionPlan& plan,
+                                uint64_t capacity);
+  // What eviction could do for a request of `need` bytes in `tier` (see Allocate).
   EvictionPlan PlanEviction(const Tensor& t, tm_tier tier, Want want, uint64_t need)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes that scheduled uses before `horizon` still need in `tier` (do-no-harm).
@@ -198,34 +267,23 @@ class Runtime {
   absl::Status Evict(Tensor& v, tm_tier tier, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the queued (not yet started) prefetches into `tier`: a demand needs the room.
   void CancelPrefetches(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees t's copy in `tier` and its space.
-  void FreeCopy(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- prefetch and the schedule (prefetch.cc) ----
   // Queues prefetches for the scheduled uses ahead of the current position.
   void IssuePrefetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes a use of t for the schedule and the LRU order, then prefetches ahead.
   void NoteUse(Tensor& t, tm_tier tier, bool fill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves a claimed tensor down to `tier` and frees the copies above.
-  absl::Status OffloadClaimed(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // TM_ERR_BUSY when a copy other than `keep` is pinned (it would have to be freed).
-  absl::Status CheckOthersUnpinned(const Tensor& t, int keep) const;
-  // TM_ERR_BUSY when a copy above `tier` is pinned.
-  absl::Status CheckAboveUnpinned(const Tensor& t, tm_tier tier) const;
-  // Frees every copy except the one in `keep`: they became stale.
-  void DropOthers(Tensor& t, tm_tier keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps an asynchronous failure until a sync or step end reports it, even after its tensor
-  // is destroyed.
-  void RecordFailure(const Tensor& t, absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reports (and forgets) the kept failures of `handle` (0: of every tensor).
-  absl::Status TakeFailures(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CountDrop(DropReason why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues an asynchronous move.
-  enum class JobKind { kOffload, kHint, kPrefetch };
-  absl::Status Enqueue(uint64_t handle, tm_tier tier, JobKind kind);
   tm_tier HomeOf(tm_tensor_class cls) const;
   // The schedule key of a new tensor (see Schedule).
   uint64_t KeyFor(const TensorDesc& desc, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- the job queue (job_queue.cc) ----
+  // Queues an asynchronous move.
+  absl::Status Enqueue(uint64_t handle, tm_tier tier, JobKind kind);
   // A mover thread: runs queued moves until the runtime stops.
   void MoverLoop();
+  // Runs one job on its claimed tensor; the failure to keep, if any.
+  absl::Status RunJob(Tensor& t, const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Config config_;
   RuntimeInfo info_;
@@ -233,12 +291,12 @@ class Runtime {
   std::unique_ptr<io::Device> device_;
   std::unique_ptr<Tiers> tiers_;
   std::unique_ptr<io::IoEngine> io_;
-  std::unique_ptr<StagingPool> staging_;
+  std::unique_ptr<StagingRing> staging_;
   std::unique_ptr<Mover> mover_;
 
-  // Guards the tensor table, every tensor's state, the schedule and the job queue. Moves run
-  // without it: a tensor being moved is busy instead, and only its own operations wait.
-  // Lock order: mu_, then a TierSpace's lock, then the staging pool's; the engines' locks are
+  // Guards the tensor table, every tensor's state, the schedule and the components below. Moves
+  // run without it: a tensor being moved is busy instead, and only its own operations wait.
+  // Lock order: mu_, then a TierSpace's lock, then the staging ring's; the engines' locks are
   // leaves. Nothing takes mu_ while holding one of those.
   Mutex mu_;
   CondVar changed_;  // a tensor stopped being busy, a job finished, the room token was freed
@@ -246,54 +304,24 @@ class Runtime {
   TensorTable tensors_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, uint64_t> keyed_ ABSL_GUARDED_BY(mu_);  // key -> newest handle
   uint64_t created_in_step_ ABSL_GUARDED_BY(mu_) = 0;  // tensors created in this step
-  struct Job {
-    uint64_t handle;
-    tm_tier tier;
-    JobKind kind;
-    uint64_t horizon = Schedule::kNever;  // kPrefetch: the position it serves
-    uint64_t prefetch_bytes = 0;          // counted in prefetch_in_flight_ until done
-  };
-  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
-  uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // jobs queued or running
+  JobQueue jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread::id room_owner_ ABSL_GUARDED_BY(mu_);
-  int room_depth_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t room_generation_ ABSL_GUARDED_BY(mu_) = 0;  // counts fresh takes of the token
-  // Demands making room in a tier now: prefetches into it are dropped meanwhile.
-  uint32_t room_wanted_[TM_TIER_COUNT] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
-  struct Failure {
-    uint64_t handle;
-    std::string tensor;
-    absl::Status status;
-  };
-  std::vector<Failure> failures_ ABSL_GUARDED_BY(mu_);
-  // Extents whose tensor dropped them while callers' work may still use the memory: freed once
-  // their fences pass (as PyTorch's allocator frees a block only after record_stream's events).
-  struct Deferred {
-    tm_tier tier;
-    Extent extent;
-    std::vector<io::FencePtr> uses;
-  };
-  std::vector<Deferred> deferred_ ABSL_GUARDED_BY(mu_);
+  RoomToken room_ ABSL_GUARDED_BY(mu_);
+  FailureLog failures_ ABSL_GUARDED_BY(mu_);
+  DeferredFrees deferred_ ABSL_GUARDED_BY(mu_);
   // Copies between tensors and callers' memory (tm_tensor_copy_in / copy_out) not yet reaped:
   // their outcome is reported by tm_tensor_sync, tm_runtime_sync or tm_step_end.
-  struct CallerCopy {
+  struct CopyInFlight {
     uint64_t handle;
     std::string tensor;
     const char* what;  // "copy_in" | "copy_out"
     io::CopyTicket ticket;
   };
-  std::vector<CallerCopy> caller_copies_ ABSL_GUARDED_BY(mu_);
+  std::vector<CopyInFlight> caller_copies_ ABSL_GUARDED_BY(mu_);
   Schedule schedule_ ABSL_GUARDED_BY(mu_);
   uint64_t tick_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t prefetch_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // bytes
-  uint64_t prefetch_limit_ = 0;                           // bytes
-  struct Counters {
-    uint64_t acquires = 0, hits = 0, misses = 0, stall_ns = 0, prefetches = 0, evictions = 0,
-             eviction_bytes = 0, dropped_no_room = 0, dropped_demand = 0, dropped_superseded = 0,
-             cancelled = 0, moves_failed = 0, demand_waits = 0, demand_wait_ns = 0,
-             fragmentation_evictions = 0;
-  } counters_ ABSL_GUARDED_BY(mu_);
+  uint64_t prefetch_limit_ = 0;  // bytes
+  Counters counters_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Trace> trace_;
   std::vector<std::thread> movers_;
 };

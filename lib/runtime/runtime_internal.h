@@ -39,15 +39,14 @@ absl::Status Runtime::Unlocked(Tensor& t, F&& f) {
 class Runtime::RoomScope {
  public:
   explicit RoomScope(Runtime& rt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rt.mu_) : rt_(rt) {
-    rt_.EnterRoom();
-    generation_ = rt_.room_generation_;
+    rt_.room_.Enter(rt_.mu_, rt_.changed_);
+    generation_ = rt_.room_.generation();
   }
   ~RoomScope() ABSL_NO_THREAD_SAFETY_ANALYSIS { Leave(); }
-  // Hands the token back, unless a move already did (ReleaseRoom).
+  // Hands the token back, unless a move already did (RoomToken::Release).
   void Leave() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (held_ && rt_.room_depth_ > 0 && rt_.room_owner_ == std::this_thread::get_id() &&
-        rt_.room_generation_ == generation_) {
-      rt_.LeaveRoom();
+    if (held_ && rt_.room_.HeldByMe() && rt_.room_.generation() == generation_) {
+      rt_.room_.Leave(rt_.changed_);
     }
     held_ = false;
   }

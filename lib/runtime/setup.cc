@@ -1,4 +1,4 @@
-// Runtime set-up and tear-down: device, tiers, engines, staging pool, mover threads.
+// Runtime set-up and tear-down: device, NUMA node, tiers, engines, staging ring, mover threads.
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -70,8 +70,8 @@ Runtime::~Runtime() {
   {
     MutexLock lock(&mu_);
     stopping_ = true;
-    outstanding_ -= jobs_.size();
-    jobs_.clear();  // queued moves are abandoned; running ones finish
+    jobs_.RemoveIf([](const Job&) { return true; });  // queued moves are abandoned; running
+                                                       // ones finish
     work_.SignalAll();
   }
   for (auto& t : movers_) t.join();
@@ -88,10 +88,18 @@ Runtime::~Runtime() {
       if (t.landing.has_value()) (void)mover_->copy_engine().Wait(*t.landing);
       for (const TensorCopy& c : t.copies) (void)io::WaitAll(c.uses);
     });
-    for (const CallerCopy& c : caller_copies_) (void)c.ticket.fence->Wait();
-    for (const Deferred& d : deferred_) (void)io::WaitAll(d.uses);
+    for (const CopyInFlight& c : caller_copies_) (void)c.ticket.fence->Wait();
+    (void)io::WaitAll(deferred_.Fences());
   }
 }
+
+// What one step of set-up hands to the next.
+struct Runtime::Setup {
+  int devices_visible = 0;
+  int node = -1;  // the DRAM tier's NUMA node, -1: unbound
+  uint64_t hbm_bytes = 0, dram_bytes = 0, nvme_bytes = 0;
+  StagingRing::Shape shape;
+};
 
 absl::Status Runtime::Init() {
   io::SetLogLevel(static_cast<LogSeverity>(config_.log_level));
@@ -101,18 +109,30 @@ absl::Status Runtime::Init() {
   }
   for (const auto& w : config_.warnings) Log(LogSeverity::kWarn, "%s", w.c_str());
 
+  Setup st;
+  if (auto s = InitDevice(st); !s.ok()) return s;
+  if (auto s = InitNuma(st); !s.ok()) return s;
+  auto hbm = InitHbm(st);
+  if (!hbm.ok()) return hbm.status();
+  if (auto s = InitLowerTiers(st, std::move(*hbm)); !s.ok()) return s;
+  if (auto s = InitEngines(st); !s.ok()) return s;
+  StartMovers(st);
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::InitDevice(Setup& st) {
   // The CUDA device: the one asked for, else the local rank's (rank mod the devices visible).
   // The count is asked only to choose: without a device the backend below says why.
-  int devices_visible = 0;
+  
   if (config_.device != DeviceKind::kEmulated) {
-    if (auto n = io::CudaDeviceCount(); n.ok()) devices_visible = *n;
+    if (auto n = io::CudaDeviceCount(); n.ok()) st.devices_visible = *n;
   }
   if (config_.cuda_device < 0) {
-    config_.cuda_device = DefaultCudaDevice(config_.local_rank, devices_visible);
-    if (devices_visible > 0) {
+    config_.cuda_device = DefaultCudaDevice(config_.local_rank, st.devices_visible);
+    if (st.devices_visible > 0) {
       SetEntry(config_, "TIERMEM_CUDA_DEVICE", absl::StrCat(config_.cuda_device),
                absl::StrFormat("default: local rank %d mod %d device(s)", config_.local_rank,
-                               devices_visible));
+                               st.devices_visible));
     }
   }
 
@@ -145,6 +165,10 @@ absl::Status Runtime::Init() {
   // What was chosen, not what was asked: a binding reads it to know its pointers.
   SetEntry(config_, "TIERMEM_DEVICE", info_.device_kind);
 
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::InitNuma(Setup& st) {
   // NUMA: the GPU's node, else this thread's.
   if (auto topo = io::Topology::Load(device_->pci_bus_id().has_value()); topo.ok()) {
     topology_ = std::move(*topo);
@@ -153,7 +177,7 @@ absl::Status Runtime::Init() {
     Log(LogSeverity::kWarn, "hwloc: %s; host memory is not NUMA-bound",
         std::string(topo.status().message()).c_str());
   }
-  int node = -1;
+  int& node = st.node;
   if (config_.numa == NumaMode::kNode) {
     if (topology_ == nullptr) {
       return Error(TM_ERR_CONFIG,
@@ -165,6 +189,10 @@ absl::Status Runtime::Init() {
     if (node < 0) node = topology_->NodeOfCallingThread();
   }
 
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<MemoryTier>> Runtime::InitHbm(Setup& st) {
   // Tiers. NVMe first: its alignment is the granule of the DRAM copies it reads and writes.
   // A percentage is a share of the node split evenly over the ranks that share the resource:
   // RAM and file systems over the local world; a GPU over the local ranks that default to it
@@ -173,8 +201,8 @@ absl::Status Runtime::Init() {
   // the device) is a percentage too; absolute sizes are each rank's own.
   const int world = config_.local_world_size;
   const bool cuda = device_->kind() == "cuda";
-  const int hbm_sharers = cuda ? RanksOnDevice(config_.cuda_device, world, devices_visible) : world;
-  uint64_t hbm_bytes = 0;
+  const int hbm_sharers = cuda ? RanksOnDevice(config_.cuda_device, world, st.devices_visible) : world;
+  uint64_t& hbm_bytes = st.hbm_bytes;
   if (config_.hbm_bytes.bytes == 0 && config_.hbm_bytes.percent == 0) {
     hbm_bytes = device_->default_budget() / static_cast<uint64_t>(cuda ? hbm_sharers : 1);
   } else {
@@ -202,9 +230,14 @@ absl::Status Runtime::Init() {
                                  static_cast<unsigned long long>((*hbm)->space().granule())));
   }
 
+  return std::move(*hbm);
+}
+
+absl::Status Runtime::InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm) {
+  const int world = config_.local_world_size;
   // Whole stripes over every path, so that the tier rounds nothing up past the share.
   const uint64_t stripes = static_cast<uint64_t>(config_.io_block_size) * config_.nvme_paths.size();
-  const uint64_t nvme_bytes =
+  const uint64_t nvme_bytes = st.nvme_bytes =
       RankShare(config_.nvme_bytes, NvmeNodeBytes(config_.nvme_paths), world, stripes);
   if (nvme_bytes == 0) {
     return Error(TM_ERR_CONFIG,
@@ -219,32 +252,36 @@ absl::Status Runtime::Init() {
   if (!nvme.ok()) return nvme.status();
 
   const uint64_t granule = std::max<uint64_t>(4096, (*nvme)->alignment());
-  const uint64_t dram_bytes = RankShare(config_.dram_bytes, PhysicalRam(), world, granule);
+  const uint64_t dram_bytes = st.dram_bytes = RankShare(config_.dram_bytes, PhysicalRam(), world, granule);
   if (dram_bytes == 0) {
     return Error(TM_ERR_CONFIG,
                  absl::StrFormat("TIERMEM_DRAM_BYTES=%s resolves to 0 bytes (shared by %d rank(s))",
                                  config_.dram_bytes.ToString(), world));
   }
   // HBM <-> NVMe moves are staged in pinned slots at the end of the DRAM pool.
-  const StagingPool::Shape shape = StagingPool::ShapeFor(
+  const StagingRing::Shape shape = st.shape = StagingRing::ShapeFor(
       dram_bytes, std::max<uint64_t>(4ull << 20, config_.io_block_size), granule);
   auto dram =
-      MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule, shape.bytes());
+      MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, st.node, granule, shape.bytes());
   if (!dram.ok() && ToTmStatus(dram.status()) != TM_ERR_CONFIG && config_.numa == NumaMode::kAuto &&
-      node >= 0) {
+      st.node >= 0) {
     Log(LogSeverity::kWarn, "%s; the DRAM tier is left unbound",
         std::string(dram.status().message()).c_str());
-    node = -1;
+    st.node = -1;
     dram =
-        MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, node, granule, shape.bytes());
+        MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, st.node, granule, shape.bytes());
   }
   if (!dram.ok()) return dram.status();
-  tiers_ = std::make_unique<Tiers>(std::move(*hbm), std::move(*dram), std::move(*nvme));
-  info_.numa_node = node;
+  tiers_ = std::make_unique<Tiers>(std::move(hbm), std::move(*dram), std::move(*nvme));
+  info_.numa_node = st.node;
   info_.tier_bytes[TM_TIER_HBM] = tiers_->space(TM_TIER_HBM).capacity();
   info_.tier_bytes[TM_TIER_DRAM] = tiers_->space(TM_TIER_DRAM).capacity();
   info_.tier_bytes[TM_TIER_NVME] = tiers_->space(TM_TIER_NVME).capacity();
 
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::InitEngines(Setup& st) {
   // The I/O engine.
   io::IoEngineOptions opts;
   opts.block_size = config_.io_block_size;
@@ -267,14 +304,14 @@ absl::Status Runtime::Init() {
   info_.io_engine = std::string(io_->name());
   info_.io_buffers_registered = io_->buffers_registered();
   info_.io_files_registered = io_->files_registered();
-  info_.staging_chunk = shape.chunk;
-  info_.staging_slots = shape.slots;
-  staging_ = std::make_unique<StagingPool>(tiers_->dram().reserved(), shape);
+  info_.staging_chunk = st.shape.chunk;
+  info_.staging_slots = st.shape.slots;
+  staging_ = std::make_unique<StagingRing>(tiers_->dram().reserved(), st.shape);
   // One sum per I/O block, or per staging chunk when the DRAM budget made chunks smaller: a
   // power of two dividing the chunk, so every chunk-by-chunk transfer covers whole blocks.
   if (config_.checksum == ChecksumKind::kXxh3) {
     tiers_->nvme().EnableChecksums(
-        std::min<uint64_t>(config_.io_block_size, shape.chunk & -shape.chunk));
+        std::min<uint64_t>(config_.io_block_size, st.shape.chunk & -st.shape.chunk));
   }
   for (const auto& f : tiers_->nvme().files()) {
     info_.nvme.push_back({f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
@@ -285,17 +322,21 @@ absl::Status Runtime::Init() {
   if (!trace.ok()) return trace.status();
   trace_ = std::move(*trace);
   prefetch_limit_ = config_.prefetch_bytes.bytes == 0 && config_.prefetch_bytes.percent == 0
-                        ? hbm_bytes / 2
-                        : config_.prefetch_bytes.Resolve(hbm_bytes);
+                        ? st.hbm_bytes / 2
+                        : config_.prefetch_bytes.Resolve(st.hbm_bytes);
   info_.prefetch_bytes = prefetch_limit_;
+  return absl::OkStatus();
+}
+
+void Runtime::StartMovers(const Setup& st) {
   // Asynchronous moves run on a few threads of their own; the engines below them keep the
   // links busy (each mover keeps the I/O queue depth in flight).
   for (int i = 0; i < kMoverThreads; ++i) movers_.emplace_back([this] { MoverLoop(); });
   Log(LogSeverity::kInfo,
       "runtime ready: %s, HBM %s, DRAM %s (NUMA node %d), NVMe %s on %zu path(s), %s I/O",
-      info_.device.c_str(), HumanBytes(hbm_bytes).c_str(), HumanBytes(dram_bytes).c_str(), node,
-      HumanBytes(nvme_bytes).c_str(), config_.nvme_paths.size(), info_.io_engine.c_str());
-  return absl::OkStatus();
+      info_.device.c_str(), HumanBytes(st.hbm_bytes).c_str(), HumanBytes(st.dram_bytes).c_str(), st.node,
+      HumanBytes(st.nvme_bytes).c_str(), config_.nvme_paths.size(), info_.io_engine.c_str());
+
 }
 
 }  // namespace tiermem

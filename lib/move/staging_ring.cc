@@ -1,11 +1,11 @@
-// The staging pool.
-#include "lib/move/staging_pool.h"
+// The staging ring: its shape for a DRAM budget, and leases of its slots.
+#include "lib/move/staging_ring.h"
 
 #include <algorithm>
 
 namespace tiermem {
 
-StagingPool::Shape StagingPool::ShapeFor(uint64_t dram_bytes, uint64_t preferred_chunk,
+StagingRing::Shape StagingRing::ShapeFor(uint64_t dram_bytes, uint64_t preferred_chunk,
                                          uint64_t alignment) {
   Shape s{preferred_chunk, 8};
   const uint64_t limit = dram_bytes / 4;
@@ -16,20 +16,20 @@ StagingPool::Shape StagingPool::ShapeFor(uint64_t dram_bytes, uint64_t preferred
   return s;
 }
 
-StagingPool::StagingPool(char* base, Shape shape) : shape_(shape) {
+StagingRing::StagingRing(char* base, Shape shape) : shape_(shape) {
   MutexLock lock(&mu_);
   for (uint32_t i = 0; i < shape.slots; ++i) free_.push_back(base + i * shape.chunk);
 }
 
-std::vector<char*> StagingPool::Acquire(uint32_t n) {
+StagingRing::Lease StagingRing::Acquire(uint32_t n) {
   MutexLock lock(&mu_);
   while (free_.size() < n) released_.Wait(&mu_);
   std::vector<char*> out(free_.end() - n, free_.end());
   free_.resize(free_.size() - n);
-  return out;
+  return Lease(*this, std::move(out));
 }
 
-void StagingPool::Release(const std::vector<char*>& slots) {
+void StagingRing::Release(const std::vector<char*>& slots) {
   MutexLock lock(&mu_);
   free_.insert(free_.end(), slots.begin(), slots.end());
   released_.SignalAll();

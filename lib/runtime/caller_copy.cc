@@ -1,0 +1,336 @@
+// Callers' memory and callers' streams: tm_tensor_copy_in / copy_out (host or device memory,
+// ordered on a stream) and tm_tensor_write / read (host memory, the host waits) are one path:
+// into the fastest valid copy (or on NVMe through staging), out of the fastest valid copy.
+// What keeps tiermem's own work from running ahead of callers' streams lives here too.
+#include <cstring>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "lib/base/status.h"
+#include "lib/runtime/runtime.h"
+#include "lib/runtime/runtime_internal.h"
+
+namespace tiermem {
+namespace {
+
+// The C API's status for a stream that cannot be used: a bad handle, a capture, a device error.
+absl::Status StreamError(const absl::Status& s, const char* function, void* stream) {
+  const tm_status code = absl::IsInvalidArgument(s) ? TM_ERR_INVALID_ARGUMENT
+                         : absl::IsUnimplemented(s) ? TM_ERR_UNSUPPORTED
+                                                    : TM_ERR_DEVICE;
+  (void)stream;  // the device's message names it
+  return Error(code, absl::StrFormat("%s: %s", function, s.message()));
+}
+
+// Whether [a, a+n) and [b, b+n) share a byte (the caller's buffer and the tensor's own copy).
+bool Overlap(const void* a, const void* b, uint64_t n) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + n && y < x + n;
+}
+
+absl::Status CheckCallerRange(const Tensor& t, uint64_t offset, uint64_t bytes,
+                              const char* function) {
+  if (offset > t.bytes || bytes > t.bytes - offset) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("%s: range [%llu, +%llu) is outside tensor \"%s\" of %llu bytes",
+                                 function, static_cast<unsigned long long>(offset),
+                                 static_cast<unsigned long long>(bytes), t.name,
+                                 static_cast<unsigned long long>(t.bytes)));
+  }
+  return absl::OkStatus();
+}
+
+// Checks shared by both directions on a claimed tensor: the range, and, for a copy the host
+// does not wait for, no writer acquired (its bytes change in an order the copy cannot know; a
+// host-synchronous read or write is ordered by the caller's own thread, as it always was).
+absl::Status CheckCallerCopy(const Tensor& t, uint64_t offset, uint64_t bytes, const char* fn,
+                             bool into, bool wait) {
+  if (auto s = CheckCallerRange(t, offset, bytes, fn); !s.ok()) return s;
+  if (int w = t.writing_tier(); w >= 0 && bytes > 0 && !wait) {
+    return Error(TM_ERR_BUSY,
+                 absl::StrFormat("%s: tensor \"%s\" is acquired for writing in %s: %s", fn, t.name,
+                                 tm_tier_name(static_cast<tm_tier>(w)),
+                                 into ? "write through the acquired pointer instead"
+                                      : "its bytes are in flux until released"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// One copy between a caller's buffer and a tensor, as each entry point asks for it.
+struct Runtime::CallerCopyRequest {
+  const char* fn = "";  // the C function, for messages
+  uint64_t handle = 0, offset = 0, bytes = 0;
+  char* buffer = nullptr;  // the caller's memory
+  bool device = false;     // ... is device memory (crosses the link)
+  io::FencePtr fence;      // the caller's stream's work so far; none without a stream
+  void* stream = nullptr;  // waits for the copy; none: the caller syncs (or `wait`)
+  bool wait = false;       // the host waits for the copy (tm_tensor_write / read)
+};
+
+absl::StatusOr<io::FencePtr> Runtime::StreamFence(void* stream, const char* function) {
+  if (stream == nullptr) return io::FencePtr();
+  auto fence = mover_->copy_engine().RecordOnStream(stream);
+  if (!fence.ok()) return StreamError(fence.status(), function, stream);
+  return *std::move(fence);
+}
+
+absl::Status Runtime::CopyIn(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes,
+                             void* stream) {
+  return CallerCopy("tm_tensor_copy_in", handle, offset, const_cast<void*>(src), bytes, stream,
+                    /*into=*/true, /*wait=*/false);
+}
+
+absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes) {
+  return CallerCopy("tm_tensor_write", handle, offset, const_cast<void*>(src), bytes, nullptr,
+                    /*into=*/true, /*wait=*/true);
+}
+
+absl::Status Runtime::CopyOut(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes,
+                              void* stream) {
+  return CallerCopy("tm_tensor_copy_out", handle, offset, dst, bytes, stream, /*into=*/false,
+                    /*wait=*/false);
+}
+
+absl::Status Runtime::Read(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes) {
+  return CallerCopy("tm_tensor_read", handle, offset, dst, bytes, nullptr, /*into=*/false,
+                    /*wait=*/true);
+}
+
+absl::Status Runtime::CallerCopy(const char* fn, uint64_t handle, uint64_t offset, void* buffer,
+                                 uint64_t bytes, void* stream, bool into, bool wait) {
+  if (buffer == nullptr && bytes > 0) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("%s: %s is NULL", fn, into ? "src" : "dst"));
+  }
+  CallerCopyRequest r;
+  r.fn = fn;
+  r.handle = handle;
+  r.offset = offset;
+  r.bytes = bytes;
+  r.buffer = static_cast<char*>(buffer);
+  r.stream = stream;
+  r.wait = wait;
+  auto fence = StreamFence(stream, fn);  // first: the copy follows the stream's work so far
+  if (!fence.ok()) return fence.status();
+  r.fence = *std::move(fence);
+  r.device = bytes > 0 && device_->IsDevicePointer(buffer);
+  MutexLock lock(&mu_);
+  ReapCallerCopies(0, false);
+  return into ? CopyInto(r) : CopyFrom(r);
+}
+
+absl::Status Runtime::CopyInto(const CallerCopyRequest& r) {
+  RoomScope room(*this);  // before the claim: the copy may need room
+  auto claimed = Claim(r.handle);
+  if (!claimed.ok()) return claimed.status();
+  Tensor& t = **claimed;
+  if (auto s = CheckCallerCopy(t, r.offset, r.bytes, r.fn, true, r.wait); !s.ok() || r.bytes == 0) {
+    return s;
+  }
+  const bool whole = r.offset == 0 && r.bytes == t.bytes;
+  CallerBuffer buffer{r.buffer, r.device, {}};
+  if (r.fence != nullptr) buffer.after.push_back(r.fence);
+  // Only on NVMe (or never written, with an NVMe home): rewritten there through staging into a
+  // fresh extent; synchronous, so nothing is left for the stream.
+  const bool above_nvme = t.copy(TM_TIER_HBM).valid() || t.copy(TM_TIER_DRAM).valid();
+  if (!above_nvme && (t.copy(TM_TIER_NVME).valid() || t.home == TM_TIER_NVME)) {
+    room.Leave();
+    return RewriteOnNvme(t, r, buffer);
+  }
+  // Into the fastest valid copy, else the home tier: device memory goes straight to DRAM
+  // (D2H) for a DRAM copy, never through tiermem's HBM.
+  const tm_tier target = t.copy(TM_TIER_HBM).valid()    ? TM_TIER_HBM
+                         : t.copy(TM_TIER_DRAM).valid() ? TM_TIER_DRAM
+                                                        : t.home;
+  if (auto s = CheckOthersUnpinned(t, target); !s.ok()) return WithContext(s, r.fn);
+  const bool fresh = whole && !t.copy(target).valid();
+  absl::Status s = fresh ? Reserve(t, target) : MakeValid(t, target, {}, Demand());
+  if (!s.ok() && target == TM_TIER_DRAM && !above_nvme && ToTmStatus(s) == TM_ERR_OUT_OF_MEMORY) {
+    // Nothing above NVMe holds the tensor and DRAM cannot take it (a tensor larger than the
+    // whole DRAM tier, or one whose room is pinned): it goes on NVMe, through staging, rather
+    // than failing while the NVMe tier has room.
+    room.Leave();
+    return RewriteOnNvme(t, r, buffer);
+  }
+  if (!s.ok()) return WithContext(s, r.fn);
+  room.Leave();
+  char* addr = tiers_->Address(target, t.copy(target).extent) + r.offset;
+  for (io::FencePtr& f : PendingUses(t, target)) buffer.after.push_back(std::move(f));
+  auto copy = CopyTierAndCaller(t, target, addr, r, buffer, /*into_tier=*/true);
+  if (!copy.ok()) {
+    // The target may hold part of the bytes: it is no longer a faithful copy. Keep another.
+    if (fresh || t.ResidencyMask() != TM_TIER_BIT(target)) FreeCopy(t, target);
+    return copy.status();
+  }
+  if (fresh) t.EndFill(target);
+  if (!copy->has_value()) {  // done: the other copies are stale now
+    DropOthers(t, target);
+  } else {
+    // Valid in the stream's order now; replaces the other copies once it has landed.
+    t.Land(target, **copy, /*replaces=*/true);
+    if (r.stream != nullptr) {
+      if (s = mover_->copy_engine().StreamWait(r.stream, (*copy)->fence); !s.ok()) {
+        return StreamError(s, r.fn, r.stream);
+      }
+    }
+  }
+  NoteUse(t, target, !whole);
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::RewriteOnNvme(Tensor& t, const CallerCopyRequest& r, CallerBuffer& buffer) {
+  auto fresh = tiers_->space(TM_TIER_NVME).Allocate(t.bytes, t.name, t.handle);
+  if (!fresh.ok()) return fresh.status();
+  const Extent old = t.copy(TM_TIER_NVME).valid() ? t.copy(TM_TIER_NVME).extent : Extent{};
+  for (io::FencePtr& f : PendingUses(t, TM_TIER_NVME)) buffer.after.push_back(std::move(f));
+  const uint64_t size = t.bytes;
+  absl::Status s = Unlocked(
+      t, [&] { return mover_->WriteNvmeFrom(old, *fresh, size, r.offset, buffer, r.bytes); });
+  if (!s.ok()) {
+    Extent done = *fresh;
+    tiers_->space(TM_TIER_NVME).Free(done);
+    return WithContext(s, absl::StrFormat("%s: writing tensor \"%s\" on NVMe", r.fn, t.name));
+  }
+  FreeCopy(t, TM_TIER_NVME);
+  t.BeginFill(TM_TIER_NVME, *fresh);
+  t.EndFill(TM_TIER_NVME);
+  DropOthers(t, TM_TIER_NVME);
+  NoteUse(t, TM_TIER_NVME, !(r.offset == 0 && r.bytes == t.bytes));
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::CopyFrom(const CallerCopyRequest& r) {
+  // A copy still landing (a copy_in, a stream-ordered acquire) is not waited for on the host:
+  // this copy is ordered after it on the device, which keeps program order per tensor. A read
+  // that the host waits for lands it first (a failed landing copy is then not read).
+  auto claimed = Claim(r.handle, /*land=*/r.wait);
+  if (!claimed.ok()) return claimed.status();
+  Tensor& t = **claimed;
+  if (auto s = CheckCallerCopy(t, r.offset, r.bytes, r.fn, false, r.wait); !s.ok() || r.bytes == 0) {
+    return s;
+  }
+  CallerBuffer buffer{r.buffer, r.device, {}};
+  if (r.fence != nullptr) buffer.after.push_back(r.fence);
+  if (!t.materialized()) return ReadZeros(t, r, buffer);
+  // A landing copy that replaces the others is the only current one.
+  const tm_tier source = t.landing.has_value() && t.landing_replaces ? t.landing_tier
+                         : t.copy(TM_TIER_HBM).valid()               ? TM_TIER_HBM
+                         : t.copy(TM_TIER_DRAM).valid()              ? TM_TIER_DRAM
+                                                                     : TM_TIER_NVME;
+  for (io::FencePtr& f : PendingUses(t, source)) buffer.after.push_back(std::move(f));
+  if (t.landing.has_value() && t.landing_tier == source) buffer.after.push_back(t.landing->fence);
+  if (source == TM_TIER_NVME) {
+    // NVMe -> staging -> dst, pipelined; done when it returns. For the schedule, a use in DRAM:
+    // a prefetch to DRAM ahead of it leaves only the last copy.
+    const Extent e = t.copy(TM_TIER_NVME).extent;
+    const uint64_t size = t.bytes;
+    absl::Status s =
+        Unlocked(t, [&] { return mover_->ReadNvmeTo(e, size, r.offset, buffer, r.bytes); });
+    if (!s.ok()) {
+      return WithContext(s, absl::StrFormat("%s: reading tensor \"%s\" from NVMe", r.fn, t.name));
+    }
+    NoteUse(t, TM_TIER_DRAM, true);
+    return absl::OkStatus();
+  }
+  char* addr = tiers_->Address(source, t.copy(source).extent) + r.offset;
+  auto copy = CopyTierAndCaller(t, source, addr, r, buffer, /*into_tier=*/false);
+  if (!copy.ok()) return copy.status();
+  if (copy->has_value()) {
+    // The source is not evicted, refilled or freed before the copy has read it.
+    t.copy(source).uses.push_back((*copy)->fence);
+    caller_copies_.push_back(CopyInFlight{t.handle, t.name, "copy_out", **copy});
+    if (r.stream != nullptr) {
+      if (auto s = mover_->copy_engine().StreamWait(r.stream, (*copy)->fence); !s.ok()) {
+        return StreamError(s, r.fn, r.stream);
+      }
+    }
+  }
+  NoteUse(t, source, true);
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::ReadZeros(Tensor& t, const CallerCopyRequest& r, CallerBuffer& buffer) {
+  // Never written: zeros, once the stream's work so far is done (a host wait: a corner case).
+  absl::Status s = Unlocked(t, [&] {
+    if (auto w = Retag(io::WaitAll(buffer.after), TM_ERR_DEVICE); !w.ok()) return w;
+    if (!r.device) {
+      std::memset(r.buffer, 0, r.bytes);
+      return absl::OkStatus();
+    }
+    return Retag(device_->Fill(r.buffer, 0, r.bytes), TM_ERR_DEVICE);
+  });
+  if (s.ok()) NoteUse(t, TM_TIER_DRAM, true);
+  return s;
+}
+
+absl::StatusOr<std::optional<io::CopyTicket>> Runtime::CopyTierAndCaller(
+    Tensor& t, tm_tier tier, char* addr, const CallerCopyRequest& r, CallerBuffer& buffer,
+    bool into_tier) {
+  if (Overlap(addr, r.buffer, r.bytes)) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("%s: %s overlaps the bytes it is copied %s (tensor \"%s\"'s own "
+                                 "copy in %s)",
+                                 r.fn, into_tier ? "src" : "dst", into_tier ? "to" : "from",
+                                 t.name, tm_tier_name(tier)));
+  }
+  const io::CopyDirection dir = Mover::Direction(tier, r.device, into_tier);
+  char* dst = into_tier ? addr : r.buffer;
+  const char* src = into_tier ? r.buffer : addr;
+  if (dir == io::CopyDirection::kHostToHost && buffer.after.empty()) {
+    // Host memory and the DRAM copy with nothing to wait for: a memcpy here is the copy, done
+    // by the time the call returns (an engine would only add a hop and a thread).
+    Unlocked(t, [&] {
+      std::memcpy(dst, src, r.bytes);
+      return absl::OkStatus();
+    }).IgnoreError();
+    return std::optional<io::CopyTicket>();
+  }
+  absl::StatusOr<io::CopyTicket> ticket;
+  absl::Status s = Unlocked(t, [&] {
+    ticket = mover_->copy_engine().Enqueue(dir, dst, src, r.bytes, buffer.after);
+    if (!ticket.ok() || !r.wait) return ticket.status();
+    return mover_->copy_engine().Wait(*ticket);
+  });
+  if (!s.ok()) {
+    return WithContext(Retag(s, TM_ERR_DEVICE),
+                       absl::StrFormat("%s: tensor \"%s\" %s %s", r.fn, t.name,
+                                       into_tier ? "in" : "from", tm_tier_name(tier)));
+  }
+  if (r.wait) return std::optional<io::CopyTicket>();
+  return std::optional<io::CopyTicket>(*ticket);
+}
+
+void Runtime::ReapCallerCopies(uint64_t handle, bool wait) {
+  if (wait) {
+    // Wait for the matching copies without taking them off the list: another thread's sync
+    // that looks meanwhile must find them still there and wait too (taking them off first let
+    // a tm_tensor_sync return while a tm_runtime_sync elsewhere was still waiting for its copy).
+    std::vector<io::FencePtr> fences;
+    for (const CopyInFlight& c : caller_copies_) {
+      if (handle == 0 || c.handle == handle) fences.push_back(c.ticket.fence);
+    }
+    if (!fences.empty()) {
+      mu_.Unlock();
+      for (const io::FencePtr& f : fences) (void)f->Wait();
+      mu_.Lock();
+    }
+  }
+  // Every copy that is done now leaves the list, its failure recorded once.
+  std::erase_if(caller_copies_, [&](CopyInFlight& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (handle != 0 && c.handle != handle) return false;
+    if (!c.ticket.fence->Passed()) return false;
+    if (absl::Status s = c.ticket.fence->Wait(); !s.ok()) {
+      ++counters_.moves_failed;
+      failures_.Record(c.handle, c.tensor,
+                       WithContext(Retag(s, TM_ERR_DEVICE),
+                                   absl::StrFormat("%s of tensor \"%s\"", c.what, c.tensor)));
+    }
+    return true;
+  });
+}
+
+}  // namespace tiermem

@@ -1,0 +1,46 @@
+// The runtime's components that need more than their header: the failure log and the deferred
+// frees.
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "lib/base/status.h"
+#include "lib/runtime/deferred_frees.h"
+#include "lib/runtime/failure_log.h"
+
+namespace tiermem {
+
+absl::Status FailureLog::Take(uint64_t handle) {
+  absl::Status first;
+  int failed = 0;
+  std::erase_if(failures_, [&](Failure& f) {
+    if (handle != 0 && f.handle != handle) return false;
+    if (failed++ == 0) first = std::move(f.status);
+    return true;
+  });
+  if (failed > 1) {
+    return WithContext(first, absl::StrFormat("%d asynchronous moves failed; the first", failed));
+  }
+  return first;
+}
+
+bool DeferredFrees::Reap(Tiers& tiers, tm_tier tier) {
+  bool remain = false;
+  std::erase_if(deferred_, [&](Deferred& d) {
+    std::erase_if(d.uses, [](const io::FencePtr& f) { return f->Passed(); });
+    if (!d.uses.empty()) {
+      remain |= d.tier == tier;
+      return false;
+    }
+    tiers.space(d.tier).Free(d.extent);
+    return true;
+  });
+  return remain;
+}
+
+std::vector<io::FencePtr> DeferredFrees::Fences() const {
+  std::vector<io::FencePtr> fences;
+  for (const Deferred& d : deferred_) fences.insert(fences.end(), d.uses.begin(), d.uses.end());
+  return fences;
+}
+
+}  // namespace tiermem

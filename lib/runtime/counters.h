@@ -1,0 +1,53 @@
+// The runtime's event counters behind tm_stats. Guarded by the runtime's lock.
+#pragma once
+
+#include <cstdint>
+
+#include "tiermem/tiermem.h"
+
+namespace tiermem {
+
+// Why a prefetch was dropped (counted in tm_stats, never reported as a failure).
+enum class DropReason { kNone, kNoRoom, kDemand, kSuperseded };
+
+struct Counters {
+  uint64_t acquires = 0, hits = 0, misses = 0, stall_ns = 0, prefetches = 0, evictions = 0,
+           eviction_bytes = 0, dropped_no_room = 0, dropped_demand = 0, dropped_superseded = 0,
+           cancelled = 0, moves_failed = 0, demand_waits = 0, demand_wait_ns = 0,
+           fragmentation_evictions = 0;
+
+  void CountDrop(DropReason why) {
+    switch (why) {
+      case DropReason::kDemand:
+        ++dropped_demand;
+        break;
+      case DropReason::kSuperseded:
+        ++dropped_superseded;
+        break;
+      default:
+        ++dropped_no_room;
+        break;
+    }
+  }
+  // Writes the counters' fields of tm_stats.
+  void Fill(tm_stats& s) const {
+    s.acquires = acquires;
+    s.acquire_hits = hits;
+    s.acquire_misses = misses;
+    s.acquire_stall_ns = stall_ns;
+    s.prefetches = prefetches;
+    s.evictions = evictions;
+    s.eviction_bytes = eviction_bytes;
+    s.prefetches_dropped_no_room = dropped_no_room;
+    s.prefetches_dropped_demand = dropped_demand;
+    s.prefetches_dropped_superseded = dropped_superseded;
+    s.prefetches_dropped = dropped_no_room + dropped_demand + dropped_superseded;
+    s.prefetches_cancelled = cancelled;
+    s.moves_failed = moves_failed;
+    s.demand_waits = demand_waits;
+    s.demand_wait_ns = demand_wait_ns;
+    s.fragmentation_evictions = fragmentation_evictions;
+  }
+};
+
+}  // namespace tiermem

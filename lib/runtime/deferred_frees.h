@@ -1,0 +1,38 @@
+// Extents whose tensor dropped them while callers' work may still use the memory: freed once
+// their fences pass (as PyTorch's allocator frees a block only after record_stream's events).
+// Guarded by the runtime's lock.
+#pragma once
+
+#include <vector>
+
+#include "io/copy_engine.h"
+#include "lib/tiers/tiers.h"
+
+namespace tiermem {
+
+class DeferredFrees {
+ public:
+  // Takes e out of its tier's accounting until `uses` have passed.
+  void Add(Tiers& tiers, tm_tier tier, const Extent& e, std::vector<io::FencePtr> uses) {
+    tiers.space(tier).Disown(e);
+    deferred_.push_back(Deferred{tier, e, std::move(uses)});
+  }
+  // Frees the extents whose uses have passed; true when any of `tier` remain.
+  bool Reap(Tiers& tiers, tm_tier tier);
+  void ReapAll(Tiers& tiers) {
+    for (int tier = 0; tier < TM_TIER_COUNT; ++tier) Reap(tiers, static_cast<tm_tier>(tier));
+  }
+  // The fences still pending, for a sync that waits for them (then ReapAll).
+  std::vector<io::FencePtr> Fences() const;
+  bool empty() const { return deferred_.empty(); }
+
+ private:
+  struct Deferred {
+    tm_tier tier;
+    Extent extent;
+    std::vector<io::FencePtr> uses;
+  };
+  std::vector<Deferred> deferred_;
+};
+
+}  // namespace tiermem

@@ -1,0 +1,112 @@
+// The asynchronous moves: offloads and prefetches queued, and the mover threads that run them.
+#include <optional>
+#include <string>
+
+#include "io/log.h"
+#include "absl/strings/str_format.h"
+#include "lib/base/status.h"
+#include "lib/runtime/runtime.h"
+#include "lib/runtime/runtime_internal.h"
+
+namespace tiermem {
+
+using io::Log;
+using io::LogSeverity;
+
+absl::Status Runtime::Enqueue(uint64_t handle, tm_tier tier, JobKind kind) {
+  MutexLock lock(&mu_);
+  auto found = Find(handle);
+  if (!found.ok()) return found.status();
+  Tensor& t = **found;
+  if (kind == JobKind::kOffload) {
+    // Said now rather than at sync when it is already certain.
+    if (auto s = CheckAboveUnpinned(t, tier); !s.ok()) return s;
+  } else if (t.copy(tier).valid() && !t.busy()) {
+    return absl::OkStatus();  // already there
+  } else if (int w = t.writing_tier(); w >= 0) {
+    return Error(TM_ERR_BUSY, absl::StrFormat("cannot prefetch tensor \"%s\": it is acquired for "
+                                              "writing in %s",
+                                              t.name, tm_tier_name(static_cast<tm_tier>(w))));
+  }
+  ++t.queued;
+  jobs_.Push(Job{handle, tier, kind});
+  work_.Signal();
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Prefetch(uint64_t handle, tm_tier tier) {
+  if (tier != TM_TIER_HBM && tier != TM_TIER_DRAM) {
+    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("prefetch needs tier hbm or dram, not %d",
+                                                          static_cast<int>(tier)));
+  }
+  return Enqueue(handle, tier, JobKind::kHint);
+}
+
+absl::Status Runtime::Offload(uint64_t handle, tm_tier tier) {
+  if (tier != TM_TIER_DRAM && tier != TM_TIER_NVME) {
+    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("offload needs tier dram or nvme, not %d",
+                                                          static_cast<int>(tier)));
+  }
+  return Enqueue(handle, tier, JobKind::kOffload);
+}
+
+void Runtime::MoverLoop() {
+  device_->BindThread();
+  MutexLock lock(&mu_);
+  for (;;) {
+    while (!stopping_ && jobs_.empty()) work_.Wait(&mu_);
+    if (stopping_) return;
+    const Job job = *jobs_.Pop();
+    // An offload is a request: it may need room below, so it takes the room token before
+    // claiming its tensor, as a demand does. Prefetches never wait for room.
+    std::optional<RoomScope> room;
+    if (job.kind == JobKind::kOffload) room.emplace(*this);
+    // The job stays counted in `queued` until it is done, so that Sync waits for it.
+    auto claimed = Claim(job.handle);  // gone: destroyed since it was queued
+    if (claimed.ok()) {
+      Tensor& t = **claimed;
+      absl::Status s = RunJob(t, job);
+      --t.queued;
+      if (!s.ok()) {
+        Log(LogSeverity::kDebug, "async %s of \"%s\" to %s failed: %s",
+            job.kind == JobKind::kOffload ? "offload" : "prefetch", t.name.c_str(),
+            tm_tier_name(job.tier), std::string(s.message()).c_str());
+        RecordFailure(t, s);
+      }
+    }
+    room.reset();
+    jobs_.Done(job);
+    // A scheduled use skipped while an offload of its tensor was queued can be prefetched now,
+    // without waiting for the next use to look ahead again. (Only after an offload: after a
+    // dropped prefetch it would only queue the same prefetch again.)
+    if (job.kind == JobKind::kOffload) IssuePrefetches();
+    changed_.SignalAll();
+  }
+}
+
+absl::Status Runtime::RunJob(Tensor& t, const Job& job) {
+  if (job.kind == JobKind::kOffload) {
+    // Acquired again since the offload was queued: the newer use supersedes it.
+    if (!CheckAboveUnpinned(t, job.tier).ok()) return absl::OkStatus();
+    return OffloadClaimed(t, job.tier);
+  }
+  absl::Status s;
+  DropReason why = DropReason::kNone;
+  if (t.writing_tier() >= 0) {
+    // Acquired for writing since the job was queued: the writer's newer bytes supersede it.
+    why = DropReason::kSuperseded;
+  } else {
+    const Want want = job.kind == JobKind::kPrefetch ? Want{Want::kPrefetch, job.horizon}
+                                                     : Want{Want::kHint, Schedule::kNever};
+    s = MakeValid(t, job.tier, {}, want, &why);
+    // A prefetch is a hint: one that found no room is dropped and counted, not a failure.
+    if (!s.ok() && (why != DropReason::kNone || absl::IsResourceExhausted(s))) {
+      if (why == DropReason::kNone) why = DropReason::kNoRoom;
+      s = absl::OkStatus();
+    }
+  }
+  if (why != DropReason::kNone) counters_.CountDrop(why);
+  return s;
+}
+
+}  // namespace tiermem

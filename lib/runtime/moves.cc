@@ -1,0 +1,223 @@
+// The move protocol: claim a tensor, prepare a move under the lock, run it without the lock,
+// commit its outcome to the copy states; copies freed (or deferred), checks on pins.
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "lib/base/status.h"
+#include "lib/runtime/runtime.h"
+#include "lib/runtime/runtime_internal.h"
+
+namespace tiermem {
+
+absl::StatusOr<Tensor*> Runtime::Find(uint64_t handle) {
+  Tensor* t = tensors_.Find(handle);
+  if (t == nullptr) {
+    return Error(
+        TM_ERR_INVALID_HANDLE,
+        absl::StrFormat("tensor handle 0x%016x is zero, destroyed or of another runtime", handle));
+  }
+  return t;
+}
+
+Tensor* Runtime::FindKey(uint64_t key) {
+  auto it = keyed_.find(key);
+  return it == keyed_.end() ? nullptr : tensors_.Find(it->second);
+}
+
+void Runtime::WaitLanded(Tensor& t) {
+  if (!t.landing.has_value()) return;
+  const io::CopyTicket ticket = *t.landing;
+  const tm_tier tier = t.landing_tier;
+  absl::Status s =
+      Unlocked(t, [&] { return Retag(mover_->copy_engine().Wait(ticket), TM_ERR_DEVICE); });
+  const bool replaces = t.landing_replaces;
+  if (s.ok()) {
+    t.Landed(tier);
+    if (replaces) DropOthers(t, tier);
+    return;
+  }
+  // The copy failed: that copy never became what it claimed. A copy_in's target is kept only
+  // when it is the tensor's only copy (its other bytes are still there).
+  if (!replaces || t.ResidencyMask() != TM_TIER_BIT(tier)) {
+    FreeCopy(t, tier);
+  } else {
+    t.Landed(tier);
+  }
+  RecordFailure(t, WithContext(s, absl::StrFormat("stream-ordered copy of tensor \"%s\" to %s",
+                                                  t.name, tm_tier_name(tier))));
+}
+
+absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle, bool land) {
+  for (;;) {
+    auto t = Find(handle);  // again after every wait: it may have been destroyed meanwhile
+    if (!t.ok()) return t.status();
+    Tensor& tensor = **t;
+    if (tensor.busy()) {
+      changed_.Wait(&mu_);
+      continue;
+    }
+    if (land && tensor.landing.has_value()) {
+      WaitLanded(tensor);
+      continue;
+    }
+    return &tensor;
+  }
+}
+
+void Runtime::FreeCopy(Tensor& t, tm_tier tier) {
+  std::vector<io::FencePtr> uses = PendingUses(t, tier);
+  Extent e = t.Drop(tier);
+  if (e.empty()) return;
+  if (uses.empty()) {
+    tiers_->space(tier).Free(e);
+    return;
+  }
+  // Callers' work may still use the memory: it is freed once that work has passed.
+  deferred_.Add(*tiers_, tier, e, std::move(uses));
+}
+
+void Runtime::RecordFailure(const Tensor& t, absl::Status s) {
+  ++counters_.moves_failed;
+  failures_.Record(t.handle, t.name, std::move(s));
+}
+
+absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
+                                DropReason* why) {
+  if (t.copy(dst).valid()) return absl::OkStatus();
+  if (int w = t.writing_tier(); w >= 0) {
+    // Copying bytes that a writer is changing would make a torn copy look valid.
+    if (why != nullptr) *why = DropReason::kSuperseded;
+    return Error(TM_ERR_BUSY, absl::StrFormat("tensor \"%s\" is acquired for writing in %s", t.name,
+                                              tm_tier_name(static_cast<tm_tier>(w))));
+  }
+  BusyScope busy(t, changed_);  // for the whole move: eviction below may release the lock too
+  auto extent = Allocate(t, dst, want, why);
+  if (want.release_room) room_.Release(changed_);  // the room is made; the move needs no token
+  if (!extent.ok()) return extent.status();
+
+  MovePlan plan = PrepareMove(t, dst, *extent, caller);
+
+  // Execute without the lock.
+  std::optional<io::CopyTicket> pending;
+  mu_.Unlock();
+  const Trace::Clock::time_point start = Trace::Clock::now();
+  absl::Status s = mover_->Execute(plan, &pending);
+  if (trace_->enabled() && plan.src >= 0) {
+    static constexpr Trace::Track kTrack[TM_TIER_COUNT][TM_TIER_COUNT] = {
+        {Trace::kAcquire, Trace::kDeviceToHost, Trace::kHbmToNvme},
+        {Trace::kHostToDevice, Trace::kAcquire, Trace::kNvmeWrite},
+        {Trace::kNvmeToHbm, Trace::kNvmeRead, Trace::kAcquire}};
+    trace_->Add(kTrack[plan.src][dst], t.name, start, Trace::Clock::now(), plan.bytes);
+  }
+  mu_.Lock();
+
+  // Commit: the destination becomes valid only now; a failure frees it and leaves the rest.
+  if (!s.ok()) {
+    FreeCopy(t, dst);
+    return WithContext(s, absl::StrFormat("moving tensor \"%s\" (%s) to %s", t.name,
+                                          HumanBytes(t.bytes), tm_tier_name(dst)));
+  }
+  t.EndFill(dst);
+  if (pending.has_value()) t.Land(dst, *pending);
+  return absl::OkStatus();
+}
+
+MovePlan Runtime::PrepareMove(Tensor& t, tm_tier dst, const Extent& extent,
+                              const CallerStream& caller) {
+  // Prepare: the nearest valid copy is the source (on a tie, the faster tier).
+  MovePlan plan;
+  plan.dst = dst;
+  plan.bytes = t.bytes;
+  plan.stream = caller.stream;
+  if (caller.fence != nullptr) plan.after.push_back(caller.fence);
+  if (t.materialized()) {
+    for (int d = 1; d < TM_TIER_COUNT && plan.src < 0; ++d) {
+      for (int cand : {static_cast<int>(dst) - d, static_cast<int>(dst) + d}) {
+        if (cand >= 0 && cand < TM_TIER_COUNT && t.copies[cand].valid()) {
+          plan.src = cand;
+          break;
+        }
+      }
+    }
+    const tm_tier src = static_cast<tm_tier>(plan.src);
+    for (io::FencePtr& f : PendingUses(t, src)) plan.after.push_back(std::move(f));
+    plan.src_extent = t.copy(src).extent;
+    if (src != TM_TIER_NVME) plan.src_addr = tiers_->Address(src, plan.src_extent);
+  }
+  t.BeginFill(dst, extent);
+  plan.dst_extent = extent;
+  if (dst != TM_TIER_NVME) plan.dst_addr = tiers_->Address(dst, extent);
+  return plan;
+
+}
+
+absl::Status Runtime::CheckOthersUnpinned(const Tensor& t, int keep) const {
+  for (int i = 0; i < TM_TIER_COUNT; ++i) {
+    if (i != keep && t.copies[i].pins > 0) {
+      return Error(
+          TM_ERR_BUSY,
+          absl::StrFormat("tensor \"%s\" is acquired in %s (%u outstanding acquire(s))", t.name,
+                          tm_tier_name(static_cast<tm_tier>(i)), t.copies[i].pins));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::CheckAboveUnpinned(const Tensor& t, tm_tier tier) const {
+  for (int above = 0; above < tier; ++above) {
+    if (t.copies[above].pins > 0) {
+      return Error(TM_ERR_BUSY,
+                   absl::StrFormat("cannot offload tensor \"%s\": it is acquired in %s", t.name,
+                                   tm_tier_name(static_cast<tm_tier>(above))));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Runtime::DropOthers(Tensor& t, tm_tier keep) {
+  for (int i = 0; i < TM_TIER_COUNT; ++i) {
+    if (i != keep) FreeCopy(t, static_cast<tm_tier>(i));
+  }
+}
+
+absl::Status Runtime::Reserve(Tensor& t, tm_tier tier) {
+  if (t.copy(tier).valid()) return absl::OkStatus();
+  BusyScope busy(t, changed_);
+  auto e = Allocate(t, tier, Want{}, nullptr);
+  if (!e.ok()) return e.status();
+  t.BeginFill(tier, *e);
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
+  if (!t.materialized()) return absl::OkStatus();  // zeros need no space anywhere
+  if (auto s = CheckAboveUnpinned(t, tier); !s.ok()) return s;
+  if (auto s = MakeValid(t, tier, {}, Demand()); !s.ok()) {
+    return s;
+  }
+  for (int above = 0; above < tier; ++above) FreeCopy(t, static_cast<tm_tier>(above));
+  return absl::OkStatus();
+}
+
+std::vector<io::FencePtr> Runtime::PendingUses(Tensor& t, tm_tier tier) {
+  std::vector<io::FencePtr>& uses = t.copy(tier).uses;
+  std::erase_if(uses, [](const io::FencePtr& f) { return f->Passed(); });
+  return uses;
+}
+
+bool Runtime::ReapDeferred(tm_tier tier) { return deferred_.Reap(*tiers_, tier); }
+
+void Runtime::SettleDeferred() {
+  // The memory of dropped copies goes back once what used it has passed: waited for here, so
+  // that after a sync the tiers' usage (and the framework's allocator) see it free.
+  if (std::vector<io::FencePtr> fences = deferred_.Fences(); !fences.empty()) {
+    mu_.Unlock();
+    for (const io::FencePtr& f : fences) (void)f->Wait();
+    mu_.Lock();
+  }
+  deferred_.ReapAll(*tiers_);
+}
+
+}  // namespace tiermem

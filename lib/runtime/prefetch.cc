@@ -1,0 +1,115 @@
+// Prefetching along the schedule: uses noted, prefetches issued ahead within the depth and
+// byte limits, steps, explicit schedules, schedule keys and the home tier of each class.
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/hash/hash.h"
+#include "absl/strings/str_format.h"
+#include "lib/base/status.h"
+#include "lib/runtime/runtime.h"
+#include "lib/runtime/runtime_internal.h"
+
+namespace tiermem {
+
+void Runtime::NoteUse(Tensor& t, tm_tier tier, bool fill) {
+  t.last_use = ++tick_;
+  schedule_.OnUse(t.key, tier, fill, t.bytes);
+  IssuePrefetches();
+}
+
+void Runtime::IssuePrefetches() {
+  const uint32_t depth = config_.prefetch_depth;
+  if (depth == 0 || !schedule_.replaying()) return;
+  // Stage 1: the next `depth` uses, up to the tier they are used in. Stage 2: the `depth` after
+  // those, from NVMe to DRAM, so that stage 1 then only crosses the PCIe link. Room is checked
+  // when a prefetch runs (do no harm), not here: by then the picture has changed.
+  const auto upcoming = schedule_.Upcoming(2 * static_cast<size_t>(depth));
+  for (size_t i = 0; i < upcoming.size(); ++i) {
+    const auto& [position, use] = upcoming[i];
+    if (!use.fill || use.tier == TM_TIER_NVME) continue;  // overwritten, or nothing to bring
+    Tensor* v = FindKey(use.key);
+    if (v == nullptr || v->busy() || v->queued > 0) continue;
+    tm_tier target = use.tier;
+    if (i >= depth) {
+      if (!v->copy(TM_TIER_NVME).valid() || v->copy(TM_TIER_DRAM).valid() ||
+          v->copy(TM_TIER_HBM).valid()) {
+        continue;
+      }
+      target = TM_TIER_DRAM;
+    }
+    if (v->copy(target).valid() || !v->materialized()) continue;
+    const uint64_t in_flight = jobs_.prefetch_in_flight();
+    if (in_flight > 0 && in_flight + v->bytes > prefetch_limit_) break;
+    ++v->queued;
+    ++counters_.prefetches;
+    jobs_.Push(Job{v->handle, target, JobKind::kPrefetch, position, v->bytes});
+    work_.Signal();
+  }
+}
+
+tm_tier Runtime::HomeOf(tm_tensor_class cls) const {
+  switch (config_.placement) {
+    case Placement::kZeroOffload:
+      return cls == TM_CLASS_OPTIMIZER_STATE ? TM_TIER_DRAM : TM_TIER_HBM;
+    case Placement::kZeroInfinity:
+      return cls == TM_CLASS_PARAM || cls == TM_CLASS_OPTIMIZER_STATE ? TM_TIER_NVME : TM_TIER_HBM;
+    case Placement::kActivations:
+      return cls == TM_CLASS_ACTIVATION ? TM_TIER_DRAM : TM_TIER_HBM;
+    default:
+      return TM_TIER_HBM;
+  }
+}
+
+uint64_t Runtime::KeyFor(const TensorDesc& desc, uint64_t handle) {
+  if (!desc.name.empty()) return absl::Hash<std::pair<int, std::string>>{}({1, desc.name});
+  if (schedule_.in_step()) {
+    return absl::Hash<std::tuple<int, uint64_t, uint64_t>>{}({2, created_in_step_++, desc.bytes});
+  }
+  return absl::Hash<std::pair<int, uint64_t>>{}({3, handle});
+}
+
+absl::Status Runtime::StepBegin() {
+  MutexLock lock(&mu_);
+  schedule_.BeginStep();
+  created_in_step_ = 0;
+  IssuePrefetches();  // the step's first tensors, before its first acquire
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::StepEnd() {
+  MutexLock lock(&mu_);
+  if (!schedule_.in_step()) {
+    return Error(TM_ERR_INVALID_ARGUMENT, "tm_step_end without tm_step_begin");
+  }
+  schedule_.EndStep();
+  // The failures kept so far, without waiting for moves in flight: a framework calls this
+  // anyway, so a failed offload does not wait for a sync nobody calls. Callers' copies that are
+  // done are reaped too, and deferred frees whose streams have passed.
+  ReapCallerCopies(0, false);
+  deferred_.ReapAll(*tiers_);
+  return failures_.Take(0);
+}
+
+absl::Status Runtime::SetSchedule(const std::vector<ScheduledUse>& uses) {
+  MutexLock lock(&mu_);
+  std::vector<Schedule::Use> keyed;
+  keyed.reserve(uses.size());
+  for (const auto& u : uses) {
+    const Tensor* t = tensors_.Find(u.handle);
+    if (t == nullptr) {
+      return Error(
+          TM_ERR_INVALID_HANDLE,
+          absl::StrFormat("schedule entry 0x%016x is not a tensor of this runtime", u.handle));
+    }
+    if (u.tier != TM_TIER_HBM && u.tier != TM_TIER_DRAM) {
+      return Error(TM_ERR_INVALID_ARGUMENT, "schedule tiers must be hbm or dram");
+    }
+    keyed.push_back(Schedule::Use{t->key, u.tier, true, t->bytes});
+  }
+  schedule_.Set(std::move(keyed));
+  return absl::OkStatus();
+}
+
+}  // namespace tiermem

@@ -1,0 +1,309 @@
+// Room in a tier: admission (do no harm), the cheapest window of copies evicted, demands waiting
+// for moves in flight, and the error of a request beyond help.
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "lib/base/status.h"
+#include "lib/runtime/runtime.h"
+#include "lib/runtime/runtime_internal.h"
+
+namespace tiermem {
+
+// What eviction sees in a tier for one request.
+struct Runtime::EvictionPlan {
+  std::optional<EvictionWindow> window;
+  std::vector<uint64_t> owners;  // the owner of each slot (0: free)
+  std::vector<EvictionSlot> slots;
+  uint64_t free_bytes = 0;   // in holes, anywhere
+  uint64_t reclaimable = 0;  // free bytes plus the evictable copies' bytes
+  bool in_flight = false;    // a wall that will move: a copy another thread is moving
+  // Pinned bytes by tensor, for the message of a demand that cannot fit.
+  std::vector<std::pair<std::string, uint64_t>> pinned;
+};
+
+
+Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want want,
+                                            uint64_t need) {
+  EvictionPlan plan;
+  // Extents waiting for callers' work to pass are walls that will fall: a demand waits for them.
+  plan.in_flight = ReapDeferred(tier);
+  const bool belady = schedule_.replaying();
+  const uint64_t now = schedule_.now();
+  const std::vector<TierSpace::Block> layout = tiers_->space(tier).Layout();
+  const uint64_t horizon = belady ? schedule_.size() : layout.size();
+  for (const TierSpace::Block& b : layout) {
+    EvictionSlot slot;
+    slot.size = b.size;
+    plan.owners.push_back(b.owner);
+    if (b.free) {
+      plan.free_bytes += b.size;
+      plan.reclaimable += b.size;
+      plan.slots.push_back(slot);
+      continue;
+    }
+    slot.kind = EvictionSlot::Kind::kWall;
+    Tensor* v = tensors_.Find(b.owner);
+    if (v == nullptr || v == &t) {
+      plan.slots.push_back(slot);
+      continue;
+    }
+    const TensorCopy& c = v->copies[tier];
+    if (c.pins > 0 || c.state == CopyState::kWriting) {
+      plan.pinned.emplace_back(v->name, b.size);
+    } else if (v->busy() && v->busy_by != std::this_thread::get_id()) {
+      plan.in_flight = true;  // another thread moves it: done soon, then maybe evictable
+    } else if (v->busy() || c.state == CopyState::kFilling) {
+      // Busy by this thread: a tensor of the chain that asked for this room.
+    } else if (!c.uses.empty() && !PendingUses(*v, tier).empty()) {
+      // Callers' streams may still use its memory: evictable once their work passes (a demand
+      // waits for that, polling; nothing waits on the host for a caller's stream here).
+      plan.in_flight = true;
+    } else if (c.state == CopyState::kLanding && want.kind != Want::kDemand) {
+      // Evicting it means waiting for its stream-ordered copy: only a demand waits.
+    } else {
+      uint64_t next = Schedule::kNever;
+      if (belady && FindKey(v->key) == v) next = schedule_.NextUse(v->key);
+      if (want.kind == Want::kPrefetch && next <= want.horizon) {
+        // Do no harm: never evict a copy used before the use this prefetch serves.
+      } else {
+        const uint64_t distance =
+            belady ? (next == Schedule::kNever ? kNoNextUse : next - now) : tick_ - v->last_use;
+        slot.kind = EvictionSlot::Kind::kEvictable;
+        slot.cost = EvictionCost(b.size, v->only_copy(tier), distance, horizon);
+        plan.reclaimable += b.size;
+      }
+    }
+    plan.slots.push_back(slot);
+  }
+  if (tiers_->space(tier).counted()) {
+    // HBM from the framework's allocator: no adjacency to keep, any victims whose bytes suffice
+    // make room. Taken in CountedOrder, the cheapest of them form a window.
+    std::vector<EvictionSlot> slots;
+    std::vector<uint64_t> owners;
+    for (size_t i : CountedOrder(plan.slots)) {
+      slots.push_back(plan.slots[i]);
+      owners.push_back(plan.owners[i]);
+    }
+    plan.slots = std::move(slots);
+    plan.owners = std::move(owners);
+  }
+  plan.window = CheapestWindow(plan.slots, need);
+  return plan;
+}
+
+uint64_t Runtime::NeededBefore(const Tensor& t, tm_tier tier, uint64_t horizon) {
+  uint64_t needed = 0;
+  absl::flat_hash_map<uint64_t, bool> seen;
+  TierSpace& space = tiers_->space(tier);
+  schedule_.ForEachBefore(
+      horizon, [&](uint64_t, const Schedule::Use& use) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        if (use.tier != tier || use.key == t.key || !seen.emplace(use.key, true).second) return;
+        const Tensor* v = FindKey(use.key);
+        // A use whose tensor is not created yet (a fresh activation) needs its room all the same.
+        if (v != nullptr && v->copies[tier].state != CopyState::kAbsent) return;
+        needed += space.Rounded(v != nullptr ? v->bytes : use.bytes);
+      });
+  return needed;
+}
+
+namespace {
+
+// The error of a prefetch (or hint) dropped for want of room: a hint, counted, never reported.
+absl::Status Dropped(const Tensor& t, tm_tier tier, DropReason reason, absl::string_view message,
+                     DropReason* why) {
+  if (why != nullptr) *why = reason;
+  return Error(TM_ERR_OUT_OF_MEMORY, absl::StrFormat("prefetch of tensor \"%s\" to %s dropped: %s",
+                                                     t.name, tm_tier_name(tier), message));
+}
+
+}  // namespace
+
+absl::Status Runtime::AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t need,
+                                    DropReason* why) {
+  // Do no harm (Cao, Felten, Karlin, Li 1995): a scheduled prefetch takes only room that no
+  // use before the one it serves needs, whether that use fills (a read) or not (a write
+  // acquire, a fresh tensor). Room is free bytes plus the copies it may evict.
+  if (want.kind != Want::kPrefetch || tier == TM_TIER_NVME) return absl::OkStatus();
+  const uint64_t before = NeededBefore(t, tier, want.horizon);
+  if (before == 0) return absl::OkStatus();
+  const EvictionPlan plan = PlanEviction(t, tier, want, need);
+  if (plan.reclaimable < before || plan.reclaimable - before < need) {
+    return Dropped(t, tier, DropReason::kNoRoom,
+                   absl::StrFormat("the %s that earlier uses need leave no room for it",
+                                   HumanBytes(before)),
+                   why);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::EvictWindow(const EvictionPlan& plan, tm_tier tier, Want want,
+                                  bool fragmented, DropReason* why) {
+  for (size_t i = plan.window->first; i <= plan.window->last; ++i) {
+    if (plan.slots[i].kind != EvictionSlot::Kind::kEvictable) continue;
+    // Evictions release the lock: look the victim up again, and skip it when it changed.
+    Tensor* v = tensors_.Find(plan.owners[i]);
+    if (v == nullptr || v->busy() || v->copies[tier].pins > 0 || !v->copies[tier].valid() ||
+        v->copies[tier].state == CopyState::kWriting) {
+      continue;
+    }
+    if (auto s = Evict(*v, tier, want); !s.ok()) {
+      if (want.kind != Want::kDemand && why != nullptr) *why = DropReason::kNoRoom;
+      return WithContext(s, absl::StrFormat("evicting \"%s\" to make room", v->name));
+    }
+    if (fragmented) ++counters_.fragmentation_evictions;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::OutOfRoom(const absl::Status& failed, EvictionPlan& plan,
+                                uint64_t capacity) {
+  uint64_t pinned = 0;
+  std::string by;
+  std::sort(plan.pinned.begin(), plan.pinned.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  for (size_t i = 0; i < plan.pinned.size(); ++i) {
+    pinned += plan.pinned[i].second;
+    if (i < 4)
+      absl::StrAppendFormat(&by, "%s\"%s\" (%s)", i == 0 ? "" : ", ", plan.pinned[i].first,
+                            HumanBytes(plan.pinned[i].second));
+  }
+  if (plan.pinned.size() > 4) absl::StrAppendFormat(&by, " and %zu more", plan.pinned.size() - 4);
+  return Error(ToTmStatus(failed),
+               absl::StrFormat("%s; it cannot fit even with every unpinned copy evicted: %s of %s "
+                               "are held by acquired (pinned) copies%s%s",
+                               failed.message(), HumanBytes(pinned), HumanBytes(capacity),
+                               by.empty() ? "" : ": ", by));
+}
+
+// One Allocate's bookkeeping: whether it registered as a demand wanting room, and waited.
+struct Runtime::AllocateState {
+  bool wanting = false;
+  bool waited = false;
+  bool backing_retried = false;  // the framework's allocator was asked again after evicting
+  Trace::Clock::time_point start = Trace::Clock::now();
+};
+
+absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why) {
+  TierSpace& space = tiers_->space(tier);
+  const uint64_t need = space.Rounded(t.bytes);
+  if (auto s = AdmitPrefetch(t, tier, want, need, why); !s.ok()) return s;
+  AllocateState st;
+  absl::StatusOr<Extent> result = MakeRoom(t, tier, want, need, why, st);
+  if (st.wanting) --room_.wanted(tier);
+  if (st.waited) {
+    ++counters_.demand_waits;
+    counters_.demand_wait_ns += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Trace::Clock::now() - st.start)
+            .count());
+  }
+  return result;
+}
+
+absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uint64_t need,
+                                         DropReason* why, AllocateState& st) {
+  TierSpace& space = tiers_->space(tier);
+  for (;;) {
+    if (want.kind != Want::kDemand && room_.wanted(tier) > 0) {
+      return Dropped(t, tier, DropReason::kDemand, "a demand needs the room", why);
+    }
+    auto e = space.Allocate(t.bytes, t.name, t.handle);
+    if (!e.ok() && absl::IsResourceExhausted(e.status()) && !deferred_.empty()) {
+      ReapDeferred(tier);  // memory that callers' work has finished with since
+      e = space.Allocate(t.bytes, t.name, t.handle);
+    }
+    // The framework's allocator was short though the budget had room (lib/tiers/tier_space.h):
+    // it may be short because tiermem holds its memory, so a demand gives back copies of
+    // `need` bytes, once, and asks again; a prefetch is dropped.
+    const bool backing_short = !e.ok() && IsBackingShort(e.status());
+    if (backing_short && (want.kind != Want::kDemand || st.backing_retried)) {
+      if (want.kind != Want::kDemand && why != nullptr) *why = DropReason::kNoRoom;
+      return e;
+    }
+    if (!backing_short &&
+        (e.ok() || tier == TM_TIER_NVME || !absl::IsResourceExhausted(e.status()))) {
+      return e;
+    }
+    if (need == 0) return WithContext(e.status(), "it is larger than the whole tier and can never fit");
+    if (want.kind == Want::kDemand && !st.wanting) {
+      st.wanting = true;
+      ++room_.wanted(tier);
+    }
+    // Backing short: the budget's free bytes count in a window but free nothing in the
+    // framework's allocator, so the victims alone must cover `need`.
+    EvictionPlan plan =
+        PlanEviction(t, tier, want, backing_short ? need + space.free_bytes() : need);
+    const bool victims = plan.window.has_value() && plan.window->victims > 0;
+    if (backing_short) {
+      st.backing_retried = true;
+      if (!victims) return e;
+    }
+    if (victims) {
+      // Free bytes sufficed, no hole did: the window clears contiguity, not bytes.
+      const bool fragmented = !backing_short && plan.free_bytes >= need;
+      if (auto s = EvictWindow(plan, tier, want, fragmented, why); !s.ok()) return s;
+      continue;
+    }
+    if (want.kind != Want::kDemand) {
+      return Dropped(t, tier, DropReason::kNoRoom,
+                     want.kind == Want::kPrefetch ? "nothing used after it can be evicted to fit it"
+                                                  : "nothing unpinned can be evicted to fit it",
+                     why);
+    }
+    // A demand: prefetches queued for this tier would only take room; moves in flight will
+    // finish (and their copies become evictable), so wait for them. Only when nothing is in
+    // flight and the pinned copies leave no hole is the request beyond help.
+    CancelPrefetches(tier);
+    if (plan.in_flight || plan.window.has_value()) {
+      st.waited = true;
+      changed_.WaitWithTimeout(&mu_, absl::Milliseconds(20));
+      continue;
+    }
+    return OutOfRoom(e.status(), plan, space.capacity());
+  }
+}
+
+void Runtime::CancelPrefetches(tm_tier tier) {
+  counters_.cancelled += jobs_.RemoveIf([&](const Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (job.kind == JobKind::kOffload || job.tier != tier) return false;
+    if (Tensor* t = tensors_.Find(job.handle); t != nullptr) --t->queued;
+    return true;
+  });
+  changed_.SignalAll();
+}
+
+absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want) {
+  const Trace::Clock::time_point start = Trace::Clock::now();
+  const uint64_t bytes = v.bytes;
+  if (v.landing.has_value() && v.landing_tier == tier) {
+    WaitLanded(v);  // its stream-ordered copy must be done before its memory is reused
+    if (!v.copy(tier).valid()) return absl::OkStatus();
+  }
+  if (v.only_copy(tier)) {
+    // The only copy: write it one tier down first (which may evict there in turn). From HBM,
+    // when DRAM cannot take it, straight to NVMe through the staging slots.
+    const tm_tier lower = static_cast<tm_tier>(tier + 1);
+    Want down = want;
+    down.release_room = false;  // part of making room: the token stays
+    absl::Status s = MakeValid(v, lower, {}, down);
+    if (!s.ok() && tier == TM_TIER_HBM && absl::IsResourceExhausted(s)) {
+      s = MakeValid(v, TM_TIER_NVME, {}, down);
+    }
+    if (!s.ok()) return s;
+    // Acquired or changed while the lock was released: look again.
+    if (v.copy(tier).pins > 0 || v.copy(tier).state != CopyState::kValid) return absl::OkStatus();
+  }
+  FreeCopy(v, tier);
+  ++counters_.evictions;
+  counters_.eviction_bytes += bytes;
+  trace_->Add(Trace::kEviction, v.name, start, Trace::Clock::now(), bytes);
+  return absl::OkStatus();
+}
+
+}  // namespace tiermem
