@@ -330,6 +330,20 @@ TEST_F(EnvFileTest, ValuesSitBetweenEnvironmentAndDefaults) {
   EXPECT_EQ(c->io_queue_depth, 64u);
 }
 
+TEST_F(EnvFileTest, DevNullIsAnEmptyFile) {
+  // As GIT_CONFIG=/dev/null: the way users say "no file", read as empty; any other device is
+  // still refused.
+  auto c = LoadConfig({}, FakeEnv({{"TIERMEM_ENV_FILE", "/dev/null"}, {"TIERMEM_IO_QUEUE_DEPTH", "8"}}),
+                      {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->io_queue_depth, 8u);
+  EXPECT_EQ(c->Value("TIERMEM_ENV_FILE"), "/dev/null");
+  auto zero = LoadConfig({}, FakeEnv({{"TIERMEM_ENV_FILE", "/dev/zero"}}), {});
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("not a regular file"), absl::string_view::npos)
+      << zero.status();
+}
+
 TEST_F(EnvFileTest, BadValueNamesFileLineAndVariable) {
   std::string path = Write("export TIERMEM_IO_THREADS=2\nexport TIERMEM_IO_BLOCK_SIZE=1000\n");
   auto c = LoadConfig({}, FakeEnv({{"TIERMEM_ENV_FILE", path}}), {});

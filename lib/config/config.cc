@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -80,6 +81,14 @@ absl::StatusOr<EnvFile> ParseEnvFile(const std::string& path) {
     return bad(absl::StrCat("cannot open it: ", strerror_r(errno, msg, sizeof msg)));
   }
   struct stat st = {};
+  if (fstat(fd, &st) == 0 && S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3)) {
+    // The null device (/dev/null, or a link to it) means "no file", as GIT_CONFIG=/dev/null
+    // does: read as empty.
+    close(fd);
+    EnvFile empty;
+    empty.path = path;
+    return empty;
+  }
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
     return bad("not a regular file (a FIFO, device or directory is never read)");

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <initializer_list>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -44,6 +45,15 @@ namespace tiermem {
 enum class CopyState : uint8_t { kAbsent, kFilling, kValid, kLanding, kWriting };
 
 const char* CopyStateName(CopyState s);
+
+struct Tensor;
+// Whether copy-state transitions check their starting state: on in builds without NDEBUG and in
+// those with TIERMEM_CHECK_TRANSITIONS (the sanitizer builds), off otherwise; tests may switch.
+bool TransitionChecksOn();
+void SetTransitionChecks(bool on);
+// A transition from a state it does not start from: says which, and aborts (a bug of tiermem's,
+// never of a caller's: every caller error is refused before any transition).
+[[noreturn]] void BadTransition(const Tensor& t, tm_tier tier, const char* transition);
 
 struct TensorCopy {
   Extent extent;
@@ -89,26 +99,41 @@ struct Tensor {
   const TensorCopy& copy(tm_tier t) const { return copies[t]; }
 
   // ---- transitions (the runtime holds its lock) ----
+  // Each checks its starting state when checks are on (see TransitionChecksOn).
   void BeginFill(tm_tier t, const Extent& e) {
+    Expect(t, "BeginFill", {CopyState::kAbsent});
     copies[t].extent = e;
     copies[t].state = CopyState::kFilling;
   }
   // On success the copy is valid; on failure the caller frees the extent (Drop).
-  void EndFill(tm_tier t) { copies[t].state = CopyState::kValid; }
-  void PinWrite(tm_tier t) { copies[t].state = CopyState::kWriting; }
-  void UnpinWrite(tm_tier t) { copies[t].state = CopyState::kValid; }
+  void EndFill(tm_tier t) {
+    Expect(t, "EndFill", {CopyState::kFilling});
+    copies[t].state = CopyState::kValid;
+  }
+  void PinWrite(tm_tier t) {
+    Expect(t, "PinWrite", {CopyState::kValid, CopyState::kFilling});
+    copies[t].state = CopyState::kWriting;
+  }
+  void UnpinWrite(tm_tier t) {
+    Expect(t, "UnpinWrite", {CopyState::kWriting});
+    copies[t].state = CopyState::kValid;
+  }
   void Land(tm_tier t, io::CopyTicket ticket, bool replaces = false) {
+    Expect(t, "Land", {CopyState::kValid});
     copies[t].state = CopyState::kLanding;
     landing = std::move(ticket);
     landing_tier = t;
     landing_replaces = replaces;
   }
   void Landed(tm_tier t) {
+    Expect(t, "Landed", {CopyState::kLanding});
     copies[t].state = CopyState::kValid;
     landing.reset();
   }
-  // Forgets the copy; returns the extent for the caller to free in its tier.
+  // Forgets the copy; returns the extent for the caller to free in its tier. Never of a pinned
+  // copy.
   Extent Drop(tm_tier t) {
+    if (copies[t].pins > 0 && TransitionChecksOn()) BadTransition(*this, t, "Drop (pinned)");
     Extent e = copies[t].extent;
     copies[t] = TensorCopy{};
     if (t == landing_tier) landing.reset();
@@ -145,6 +170,15 @@ struct Tensor {
   }
   // The copy in `t` is the tensor's only valid one: evicting it means writing it down first.
   bool only_copy(tm_tier t) const { return (ResidencyMask() & ~TM_TIER_BIT(t)) == 0; }
+
+ private:
+  void Expect(tm_tier t, const char* transition, std::initializer_list<CopyState> from) const {
+    if (!TransitionChecksOn()) return;
+    for (CopyState s : from) {
+      if (copies[t].state == s) return;
+    }
+    BadTransition(*this, t, transition);
+  }
 };
 
 // Slots indexed by the low 32 bits of a handle; above them the slot's generation, drawn from a

@@ -1,4 +1,4 @@
-"""Bugs found by driving the Python package as an outside client (hostile/): these fail until fixed."""
+"""Sizes the Python package hands to tm_config: values of 2**64 and more are a ValueError naming the field."""
 
 import pytest
 

@@ -1,8 +1,11 @@
-// Bugs found by driving the C API as an outside client (hostile/): each test fails until fixed.
+// Callers' copies against the runtime's own work: syncs that wait for copies in flight, deferred frees
+// after destroy, buffers that overlap the tensor's own copy (every caller-copy entry point), and an HBM
+// budget below its granule. First found by an outside client driving the C API.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -12,7 +15,7 @@
 namespace tiermem {
 namespace {
 
-class Hostile : public ::testing::Test {
+class CallerCopy : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_FALSE(dir_.path().empty());
@@ -48,7 +51,7 @@ class Hostile : public ::testing::Test {
 // docs/c-api.md, copy_out: "dst holds the bytes once tm_tensor_sync returns". With another thread
 // calling tm_runtime_sync meanwhile, tm_tensor_sync of an HBM tensor returns TM_OK before the
 // copy out of HBM has landed: the caller reads stale bytes (they arrive later).
-TEST_F(Hostile, TensorSyncWaitsForCopyOutWhileAnotherThreadSyncsTheRuntime) {
+TEST_F(CallerCopy, TensorSyncWaitsForCopyOutWhileAnotherThreadSyncsTheRuntime) {
   Create();
   constexpr uint64_t kBytes = 65536;
   tm_tensor t = Tensor(kBytes, TM_TIER_HBM, "mine");
@@ -81,7 +84,7 @@ TEST_F(Hostile, TensorSyncWaitsForCopyOutWhileAnotherThreadSyncsTheRuntime) {
 // A tensor destroyed right after a copy_out from its HBM copy keeps that copy's memory: with
 // every tensor destroyed and tm_runtime_sync returned, tiers[HBM].used stays above 0 until some
 // later allocation needs the room.
-TEST_F(Hostile, DestroyAfterCopyOutFreesTheHbmCopyBySync) {
+TEST_F(CallerCopy, DestroyAfterCopyOutFreesTheHbmCopyBySync) {
   Create();
   std::vector<uint8_t> src = testing::RandomBytes(100000, 1), dst(100000);
   for (int i = 0; i < 20; ++i) {
@@ -110,7 +113,7 @@ void CountingFree(void*, void* ptr, size_t bytes, int32_t, void*) {
   free(ptr);
 }
 
-TEST_F(Hostile, DeviceFreeComesBySyncAfterReleaseOnStreamAndDestroy) {
+TEST_F(CallerCopy, DeviceFreeComesBySyncAfterReleaseOnStreamAndDestroy) {
   g_outstanding = 0;
   config_.device_alloc = CountingAlloc;
   config_.device_free = CountingFree;
@@ -137,7 +140,7 @@ TEST_F(Hostile, DeviceFreeComesBySyncAfterReleaseOnStreamAndDestroy) {
 // A budget that rounds down to nothing is refused for a percentage ("resolves to 0 bytes") and
 // for DRAM, but TIERMEM_HBM_BYTES of 1 to 255 silently gives an HBM tier of 0 bytes (config_value
 // still says "255"), where every HBM use fails.
-TEST_F(Hostile, HbmBudgetBelowItsGranuleIsRefused) {
+TEST_F(CallerCopy, HbmBudgetBelowItsGranuleIsRefused) {
   config_.hbm_bytes = 255;
   tm_status s = tm_runtime_create(&config_, &rt_);
   if (s == TM_OK) {
@@ -149,10 +152,10 @@ TEST_F(Hostile, HbmBudgetBelowItsGranuleIsRefused) {
   }
 }
 
-// copy_in whose src overlaps the tensor's own copy (its DRAM copy, acquired for reading) is a
-// memcpy of overlapping ranges inside tiermem (undefined behaviour; ASan: memcpy-param-overlap).
-// Either refuse it or copy as memmove would.
-TEST_F(Hostile, CopyInFromTheTensorsOwnCopyOverlapping) {
+// copy_in whose src overlaps the tensor's own copy (its DRAM copy, acquired for reading) must not
+// be a memcpy of overlapping ranges inside tiermem (undefined behaviour; ASan:
+// memcpy-param-overlap): refused, or copied as memmove would.
+TEST_F(CallerCopy, CopyInFromTheTensorsOwnCopyOverlapping) {
   Create();
   constexpr uint64_t kBytes = 65536;
   tm_tensor t = Tensor(kBytes, TM_TIER_DRAM, "self");
@@ -171,6 +174,32 @@ TEST_F(Hostile, CopyInFromTheTensorsOwnCopyOverlapping) {
   } else {
     EXPECT_EQ(s, TM_ERR_INVALID_ARGUMENT) << tm_last_error();
   }
+}
+
+// tm_tensor_read into, and tm_tensor_write from, a buffer inside the tensor's own acquired DRAM
+// copy: the same refusal as copy_in / copy_out (they are one path), never a memcpy of
+// overlapping ranges.
+TEST_F(CallerCopy, ReadAndWriteWithABufferOverlappingTheAcquiredCopyAreRefused) {
+  Create();
+  constexpr uint64_t kBytes = 65536;
+  tm_tensor t = Tensor(kBytes, TM_TIER_DRAM, "self");
+  const std::vector<uint8_t> src = testing::RandomBytes(kBytes, 4);
+  ASSERT_EQ(tm_tensor_write(rt_, t, 0, src.data(), kBytes), TM_OK) << tm_last_error();
+  void* p = nullptr;
+  ASSERT_EQ(tm_tensor_acquire(rt_, t, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &p), TM_OK);
+  char* own = static_cast<char*>(p);
+  EXPECT_EQ(tm_tensor_read(rt_, t, 0, own + 16, 4096), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tm_last_error()).find("dst overlaps"), std::string::npos)
+      << tm_last_error();
+  EXPECT_EQ(tm_tensor_write(rt_, t, 8, own, 4096), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tm_last_error()).find("src overlaps"), std::string::npos)
+      << tm_last_error();
+  // A buffer beside the copy (not overlapping) still works, and the bytes are intact.
+  std::vector<uint8_t> got(kBytes);
+  EXPECT_EQ(tm_tensor_read(rt_, t, 0, got.data(), kBytes), TM_OK) << tm_last_error();
+  EXPECT_EQ(got, src);
+  ASSERT_EQ(tm_tensor_release(rt_, t, TM_TIER_DRAM), TM_OK);
+  EXPECT_EQ(tm_tensor_sync(rt_, t), TM_OK) << tm_last_error();
 }
 
 }  // namespace
