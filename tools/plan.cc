@@ -85,7 +85,7 @@ constexpr NumberFlag kNumberFlags[] = {
      "optimizer_bytes_per_param", nullptr},
     {"--tflops", &PlanInput::flops_per_s, "flops_per_s", "the achieved TFLOP/s per GPU"},
     {"--link-gbps", &PlanInput::link_bytes_per_s, "link_bytes_per_s",
-     "the HBM <-> DRAM bandwidth in GB/s (or --probe FILE)"},
+     "the HBM <-> DRAM bandwidth in GB/s, or --probe FILE"},
     {"--nvme-gbps", &PlanInput::nvme_bytes_per_s, "nvme_bytes_per_s", nullptr},
     {"--dram-gbps", &PlanInput::dram_bytes_per_s, "dram_bytes_per_s", nullptr},
 };

@@ -138,14 +138,16 @@ int PrintPlanText(const PlanInput& in, const Plan& p, const PlanSources& src) {
                 RungSetName(c.rungs).c_str());
   }
   if (unavailable > 0) {
-    std::printf("\nnot priced: %d combinations (", unavailable);
     std::string reasons;
+    int would_fit = 0;
     for (const PlanPrice& c : p.combinations) {
       if (c.available) continue;
+      would_fit += c.hbm_bytes <= in.hbm_bytes ? 1 : 0;
       const std::string why = Missing(c, in);
       if (reasons.find(why) == std::string::npos) reasons += (reasons.empty() ? "" : "; ") + why;
     }
-    std::printf("%s)\n", reasons.c_str());
+    std::printf("\nnot priced: %d combinations (%s); %d of them would fit the budget\n",
+                unavailable, reasons.c_str(), would_fit);
   }
   if (best == nullptr) {
     std::printf(
