@@ -146,6 +146,36 @@ int ApplyProbe(const std::string& file, const std::map<std::string, std::string>
   return 0;
 }
 
+// Every required flag that was not given, in one message; empty when none is missing.
+std::string MissingFlags(const std::map<std::string, std::string>& given, const PlanInput& in) {
+  std::string missing;
+  auto need = [&](const char* flag, const char* what) {
+    missing += absl::StrCat(missing.empty() ? "" : "; ", flag, " is missing (", what, ")");
+  };
+  for (const NumberFlag& f : kNumberFlags) {
+    if (f.required == nullptr || given.contains(f.flag)) continue;
+    if (std::string(f.flag) == "--link-gbps" && in.link_bytes_per_s > 0) continue;  // the probe's
+    need(f.flag, f.required);
+  }
+  if (!given.contains("--hbm")) need("--hbm", kHbmRequired);
+  return missing;
+}
+
+// MakePlan's "field=value: why" as "--flag TEXT: why", in the units the user gave.
+int BadInput(const absl::Status& status, const std::map<std::string, std::string>& given) {
+  const std::string m(status.message());
+  const std::string field = m.substr(0, m.find('='));
+  const std::string why = m.find(": ") == std::string::npos ? m : m.substr(m.find(": ") + 2);
+  if (field == "hbm_bytes") return Bad("--hbm " + given.at("--hbm") + ": " + why);
+  for (const NumberFlag& f : kNumberFlags) {
+    if (field != f.field_name) continue;
+    const auto it = given.find(f.flag);
+    return Bad(std::string(f.flag) + " " + (it != given.end() ? it->second : "(from --probe)") +
+               ": " + why);
+  }
+  return Bad(m);
+}
+
 int Main(int argc, char** argv) {
   PlanInput in;
   bool json = false;
@@ -199,33 +229,9 @@ int Main(int argc, char** argv) {
   if (!probe_file.empty()) {
     if (int rc = ApplyProbe(probe_file, given, &in, &src); rc != 0) return rc;
   }
-  // Name every missing flag at once.
-  std::string missing;
-  auto need = [&](const char* flag, const char* what) {
-    missing += absl::StrCat(missing.empty() ? "" : "; ", flag, " is missing (", what, ")");
-  };
-  for (const NumberFlag& f : kNumberFlags) {
-    if (f.required == nullptr || given.contains(f.flag)) continue;
-    if (std::string(f.flag) == "--link-gbps" && in.link_bytes_per_s > 0) continue;  // the probe's
-    need(f.flag, f.required);
-  }
-  if (!given.contains("--hbm")) need("--hbm", kHbmRequired);
-  if (!missing.empty()) return Bad(missing);
-
+  if (const std::string missing = MissingFlags(given, in); !missing.empty()) return Bad(missing);
   auto plan = MakePlan(in);
-  if (!plan.ok()) {
-    // "field=value: why" -> "--flag TEXT: why", in the units the user gave.
-    const std::string m(plan.status().message());
-    const std::string field = m.substr(0, m.find('='));
-    const std::string why = m.find(": ") == std::string::npos ? m : m.substr(m.find(": ") + 2);
-    if (field == "hbm_bytes") return Bad("--hbm " + given["--hbm"] + ": " + why);
-    for (const NumberFlag& f : kNumberFlags) {
-      if (field != f.field_name) continue;
-      const std::string text = given.contains(f.flag) ? given[f.flag] : "(from --probe)";
-      return Bad(std::string(f.flag) + " " + text + ": " + why);
-    }
-    return Bad(m);
-  }
+  if (!plan.ok()) return BadInput(plan.status(), given);
   return json ? PrintPlanJson(in, *plan, src) : PrintPlanText(in, *plan, src);
 }
 

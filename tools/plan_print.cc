@@ -75,6 +75,59 @@ void PrintWhy(const PlanPrice& c) {
   }
 }
 
+// The combinations that fit, cheapest first, each with its parts and its distance to the best.
+void PrintFitting(const Plan& p, const std::vector<int>& order, const PlanPrice* best) {
+  int fitting = 0;
+  for (const PlanPrice& c : p.combinations) fitting += c.fits ? 1 : 0;
+  std::printf("\ncombinations that fit, cheapest first (%d of %zu):\n", fitting,
+              p.combinations.size());
+  std::printf("%8s %9s %9s %9s %9s %9s  %s\n", "HBM GiB", "added s", "recompute", "transfer",
+              "optimizer", "vs best", "combination");
+  for (int i : order) {
+    const PlanPrice& c = p.combinations[i];
+    if (!c.fits) continue;
+    const std::string vs = &c == best ? "best"
+                           : c.added_seconds == best->added_seconds
+                               ? "tie"
+                               : absl::StrFormat("+%.4f", c.added_seconds - best->added_seconds);
+    std::printf("%8.2f %9.4f %9.4f %9.4f %9.4f %9s  %s\n", GiB(c.hbm_bytes), c.added_seconds,
+                c.recompute_seconds, c.transfer_exposed_seconds, c.optimizer_exposed_seconds,
+                vs.c_str(), RungSetName(c.rungs).c_str());
+  }
+}
+
+// Why the others lose: those ranked before the best do not fit; those not priced lack a
+// bandwidth.
+void PrintLosers(const PlanInput& in, const Plan& p, const std::vector<int>& order,
+                 const PlanPrice* best) {
+  bool header = false;
+  for (int i : order) {
+    const PlanPrice& c = p.combinations[i];
+    if (&c == best) break;
+    if (c.fits || !c.available) continue;
+    if (!header) {
+      std::printf("\nas cheap or cheaper, but over the budget:\n%8s %9s  %s\n", "HBM GiB",
+                  "added s", "combination");
+      header = true;
+    }
+    std::printf("%8.2f %9.4f  %s\n", GiB(c.hbm_bytes), c.added_seconds,
+                RungSetName(c.rungs).c_str());
+  }
+  int unavailable = 0, would_fit = 0;
+  std::string reasons;
+  for (const PlanPrice& c : p.combinations) {
+    if (c.available) continue;
+    ++unavailable;
+    would_fit += c.hbm_bytes <= in.hbm_bytes ? 1 : 0;
+    const std::string why = Missing(c, in);
+    if (reasons.find(why) == std::string::npos) reasons += (reasons.empty() ? "" : "; ") + why;
+  }
+  if (unavailable > 0) {
+    std::printf("\nnot priced: %d combinations (%s); %d of them would fit the budget\n",
+                unavailable, reasons.c_str(), would_fit);
+  }
+}
+
 }  // namespace
 
 int PrintPlanText(const PlanInput& in, const Plan& p, const PlanSources& src) {
@@ -101,54 +154,10 @@ int PrintPlanText(const PlanInput& in, const Plan& p, const PlanSources& src) {
   }
 
   const std::vector<int> order = Ranked(p);
-  int fitting = 0, unavailable = 0;
-  for (const PlanPrice& c : p.combinations) {
-    fitting += c.fits ? 1 : 0;
-    unavailable += c.available ? 0 : 1;
-  }
   const PlanPrice* best =
       p.recommended_combination >= 0 ? &p.combinations[p.recommended_combination] : nullptr;
-  std::printf("\ncombinations that fit, cheapest first (%d of %zu):\n", fitting,
-              p.combinations.size());
-  std::printf("%8s %9s %9s %9s %9s %9s  %s\n", "HBM GiB", "added s", "recompute", "transfer",
-              "optimizer", "vs best", "combination");
-  for (int i : order) {
-    const PlanPrice& c = p.combinations[i];
-    if (!c.fits) continue;
-    const std::string vs = &c == best ? "best"
-                           : c.added_seconds == best->added_seconds
-                               ? "tie"
-                               : absl::StrFormat("+%.4f", c.added_seconds - best->added_seconds);
-    std::printf("%8.2f %9.4f %9.4f %9.4f %9.4f %9s  %s\n", GiB(c.hbm_bytes), c.added_seconds,
-                c.recompute_seconds, c.transfer_exposed_seconds, c.optimizer_exposed_seconds,
-                vs.c_str(), RungSetName(c.rungs).c_str());
-  }
-  // Why the others lose: every combination cheaper than the recommended one does not fit.
-  bool header = false;
-  for (int i : order) {
-    const PlanPrice& c = p.combinations[i];
-    if (&c == best) break;
-    if (c.fits || !c.available) continue;
-    if (!header) {
-      std::printf("\nas cheap or cheaper, but over the budget:\n%8s %9s  %s\n", "HBM GiB",
-                  "added s", "combination");
-      header = true;
-    }
-    std::printf("%8.2f %9.4f  %s\n", GiB(c.hbm_bytes), c.added_seconds,
-                RungSetName(c.rungs).c_str());
-  }
-  if (unavailable > 0) {
-    std::string reasons;
-    int would_fit = 0;
-    for (const PlanPrice& c : p.combinations) {
-      if (c.available) continue;
-      would_fit += c.hbm_bytes <= in.hbm_bytes ? 1 : 0;
-      const std::string why = Missing(c, in);
-      if (reasons.find(why) == std::string::npos) reasons += (reasons.empty() ? "" : "; ") + why;
-    }
-    std::printf("\nnot priced: %d combinations (%s); %d of them would fit the budget\n",
-                unavailable, reasons.c_str(), would_fit);
-  }
+  PrintFitting(p, order, best);
+  PrintLosers(in, p, order, best);
   if (best == nullptr) {
     std::printf(
         "\nnothing fits: raise the budget, the tensor-parallel degree, or shrink the "
