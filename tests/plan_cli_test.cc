@@ -1,9 +1,12 @@
-// tiermem-plan as a user runs it: the README's 7B example, --json carrying the combinations and
-// the priced optimizer step, and errors that name the flag that is missing or bad.
+// tiermem-plan as a user runs it: the README's 7B example (and that the docs show what it
+// prints), --json carrying the combinations and the priced optimizer step, and errors that name
+// the flag that is missing or bad.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "tools/json.h"
@@ -29,6 +32,13 @@ PlanRun Plan(const std::string& args) {
   return r;
 }
 
+std::string ReadSource(const std::string& path) {
+  std::ifstream f(std::string(TIERMEM_SOURCE_DIR) + "/" + path);
+  std::stringstream text;
+  text << f.rdbuf();
+  return text.str();
+}
+
 constexpr const char* kModel =
     "--layers 32 --hidden 4096 --heads 32 --seq 4096 --micro-batch 8 --params 7B";
 constexpr const char* kMachine = "--link-gbps 25 --nvme-gbps 6 --dram-gbps 100 --tflops 400";
@@ -45,6 +55,18 @@ TEST(PlanCli, ReadmeExampleRecommendsRecomputeWithOptimizerOffload) {
   EXPECT_NE(r.out.find("the CPU optimizer step (1.960 s) hides under backward"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("as cheap or cheaper, but over the budget:"), std::string::npos) << r.out;
+  // The docs show what the tool prints: the README its recommendation, docs/planner.md all of it.
+  const std::string readme = ReadSource("README.md"), doc = ReadSource("docs/planner.md");
+  ASSERT_FALSE(readme.empty());
+  ASSERT_FALSE(doc.empty());
+  const std::string recommended = r.out.substr(r.out.find("recommended: "));
+  EXPECT_NE(readme.find(recommended.substr(0, recommended.find("\n"))), std::string::npos)
+      << "README.md does not show\n"
+      << recommended;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    EXPECT_NE(doc.find(line), std::string::npos) << "docs/planner.md does not show: " << line;
+  }
 }
 
 TEST(PlanCli, JsonCarriesCombinationsAndTheOptimizerStep) {
