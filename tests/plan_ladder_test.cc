@@ -275,7 +275,7 @@ TEST(PlanLadder, RecommendsTheCheapestFittingSetAgainstBruteForce) {
     ++chosen[rec.rungs];
   }
   // The cases reach many answers, so a planner stuck on one would fail.
-  EXPECT_GE(chosen.size(), 6u);
+  EXPECT_GE(chosen.size(), 10u);  // 17 different sets with this seed, and 39 with none
   EXPECT_GE(nothing_fits, 1);
   EXPECT_LE(nothing_fits, 150);
 }
