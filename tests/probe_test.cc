@@ -70,7 +70,9 @@ TEST(Probe, JsonFollowsTheSchema) {
         "\"engine\": \"uring\", \"bytes\": 8388608",
         "{\"block_size\": 65536, \"queue_depth\": 1, \"threads\": 1, \"write_gbps\": ",
         "{\"block_size\": 1048576, \"queue_depth\": 8, \"threads\": 1, \"write_gbps\": ",
-        "\"best\": {\"block_size\": "}) {
+        "\"best\": {\"block_size\": ",
+        "\"dram\": {\"kernel\": \"triad\", \"bytes\": 16777216, \"threads\": ",
+        "\"repeats\": 2, \"triad_gbps\": "}) {
     EXPECT_NE(out.find(key), std::string::npos) << "missing " << key << " in\n" << out;
   }
   EXPECT_EQ(out.find("\"demo\""), std::string::npos) << "--no-demo";
@@ -175,6 +177,8 @@ TEST(Probe, PlanReadsTheProbesBandwidths) {
   EXPECT_NE(out.find("\"nvme_source\":\"probe runtime path dram <-> nvme"), std::string::npos)
       << out;
   EXPECT_NE(out.find("measured without a GPU"), std::string::npos) << out;  // the warning
+  EXPECT_NE(out.find("\"dram_source\":\"probe dram triad, "), std::string::npos) << out;
+  EXPECT_NE(out.find("\"optimizer_step\":{\"priced\":true"), std::string::npos) << out;
   // A flag given wins over the file.
   const std::string flagged = Capture(plan + " --link-gbps 25 2>/dev/null");
   EXPECT_NE(flagged.find("\"link_gbps\":25,\"link_source\":\"--link-gbps\""), std::string::npos)

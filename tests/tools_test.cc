@@ -4,6 +4,7 @@
 #include <string>
 
 #include "tools/json.h"
+#include "tools/probe_dram.h"
 #include "tools/probe_reading.h"
 
 namespace tiermem {
@@ -66,7 +67,9 @@ constexpr const char* kProbe = R"({
                 "write_gbps": 12.0, "read_gbps": 13.0}}],
   "bandwidth": [
     {"from": "dram", "to": "nvme", "gbps": 6.5}, {"from": "nvme", "to": "dram", "gbps": 7.0},
-    {"from": "dram", "to": "hbm", "gbps": 40.0}, {"from": "hbm", "to": "dram", "gbps": 41.0}]
+    {"from": "dram", "to": "hbm", "gbps": 40.0}, {"from": "hbm", "to": "dram", "gbps": 41.0}],
+  "dram": {"kernel": "triad", "bytes": 268435456, "threads": 16, "repeats": 5,
+           "triad_gbps": 123.5}
 })";
 
 TEST(ReadProbeJson, PinnedCopiesAndRuntimePathSlowerDirection) {
@@ -78,6 +81,8 @@ TEST(ReadProbeJson, PinnedCopiesAndRuntimePathSlowerDirection) {
   EXPECT_NE(b->nvme_source.find("runtime path"), std::string::npos);
   EXPECT_TRUE(b->gpu);
   EXPECT_EQ(b->device, "cuda:0 H200");
+  EXPECT_DOUBLE_EQ(b->dram_bytes_per_s, 123.5e9);
+  EXPECT_NE(b->dram_source.find("triad, 16 thread(s)"), std::string::npos) << b->dram_source;
 }
 
 TEST(ReadProbeJson, FallsBackToRuntimePathAndSweep) {
@@ -94,12 +99,30 @@ TEST(ReadProbeJson, FallsBackToRuntimePathAndSweep) {
   EXPECT_DOUBLE_EQ(b->nvme_bytes_per_s, 9e9);
   EXPECT_NE(b->nvme_source.find("sweep best"), std::string::npos) << b->nvme_source;
   EXPECT_FALSE(b->gpu);
+  // A probe from before the triad row: readable, with no DRAM figure.
+  EXPECT_EQ(b->dram_bytes_per_s, 0);
+  EXPECT_TRUE(b->dram_source.empty());
   // One direction only: not a figure.
   b = ReadProbeJson(R"({"schema": "tiermem-probe/1",
       "bandwidth": [{"from": "dram", "to": "nvme", "gbps": 6.5}]})");
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->nvme_bytes_per_s, 0);
   EXPECT_EQ(b->link_bytes_per_s, 0);
+}
+
+// The triad measures, checks its result, and its JSON member reads back as the planner's DRAM
+// bandwidth.
+TEST(DramTriad, MeasuresAndReadsBack) {
+  auto m = DramTriad(16u << 20, 2);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->bytes, 16u << 20);
+  EXPECT_GE(m->threads, 1);
+  EXPECT_EQ(m->repeats, 2);
+  EXPECT_GT(m->gbps, 0.01);
+  EXPECT_NE(DramRow(*m).find("triad"), std::string::npos);
+  auto b = ReadProbeJson("{\"schema\": \"tiermem-probe/1\", " + DramJson(*m) + "}");
+  ASSERT_TRUE(b.ok()) << b.status() << DramJson(*m);
+  EXPECT_NEAR(b->dram_bytes_per_s, m->gbps * 1e9, 1e5);
 }
 
 TEST(ReadProbeJson, RejectsOtherDocuments) {

@@ -1,16 +1,19 @@
-// tiermem-plan: for a model shape, an HBM budget and the machine's bandwidths, what each rung
-// of the ladder (keep, selective recompute, per-layer recompute, optimizer / activation /
-// parameter offload) needs in HBM and adds to a step, and which one to use. --json for machines.
+// tiermem-plan: for a model shape, an HBM budget and the machine's bandwidths, what each
+// combination of the ladder's rungs (selective / per-layer recompute, optimizer-state,
+// activation and parameter offload) needs in HBM and adds to a step, the CPU optimizer step
+// included, and which one to use. --json for machines.
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "lib/config/config.h"
 #include "lib/plan/planner.h"
-#include "lib/trace/trace.h"
+#include "tools/plan_print.h"
 #include "tools/probe_reading.h"
 
 namespace tiermem {
@@ -20,13 +23,17 @@ void Usage(FILE* f) {
   std::fprintf(
       f,
       "usage: tiermem-plan --layers L --hidden H --heads A --seq S --micro-batch B --params N\n"
-      "                    --hbm SIZE --tflops T [--link-gbps G] [--nvme-gbps G] [--tp T]\n"
+      "                    --hbm SIZE --tflops T [--link-gbps G] [--nvme-gbps G]\n"
+      "                    [--dram-gbps G] [--optimizer-bytes-per-param N] [--tp T]\n"
       "                    [--sequence-parallel] [--flash-attention] [--bytes-per-element E]\n"
       "                    [--probe FILE] [--json]\n"
       "  --params accepts 7e9 or 7B/70B/1.5T; --hbm a size (80GiB); bandwidths in GB/s (1e9 B/s);\n"
       "  --tflops is the achieved compute per GPU in 1e12 FLOP/s.\n"
-      "  --probe FILE takes --link-gbps and --nvme-gbps from tiermem-probe --json output (given\n"
-      "  flags win).\n");
+      "  --dram-gbps prices the CPU optimizer step (STREAM triad bandwidth); without it, and\n"
+      "  without a probe file that has it, optimizer-state offload is left out.\n"
+      "  --optimizer-bytes-per-param is the DRAM traffic of one CPU Adam step (default 28).\n"
+      "  --probe FILE takes --link-gbps, --nvme-gbps and --dram-gbps from tiermem-probe --json\n"
+      "  output (given flags win).\n");
 }
 
 bool Number(const std::string& v, double* out) {
@@ -57,15 +64,125 @@ bool Number(const std::string& v, double* out) {
   return true;
 }
 
-double GiB(double b) { return b / (1ull << 30); }
+// Each numeric flag, where its value goes, the PlanInput field MakePlan names when it is out of
+// range, and what a missing one is (nullptr: optional).
+struct NumberFlag {
+  const char* flag;
+  double PlanInput::*field;  // nullptr: a bandwidth in GB/s, scaled after reading
+  const char* field_name;
+  const char* required;
+};
+constexpr NumberFlag kNumberFlags[] = {
+    {"--layers", &PlanInput::layers, "layers", "the number of transformer layers"},
+    {"--hidden", &PlanInput::hidden, "hidden", "the hidden size"},
+    {"--heads", &PlanInput::heads, "heads", "the number of attention heads"},
+    {"--seq", &PlanInput::seq, "seq", "the sequence length"},
+    {"--micro-batch", &PlanInput::micro_batch, "micro_batch", "the micro-batch size"},
+    {"--params", &PlanInput::params, "params", "the model's parameter count, such as 7B"},
+    {"--tp", &PlanInput::tensor_parallel, "tensor_parallel", nullptr},
+    {"--bytes-per-element", &PlanInput::bytes_per_element, "bytes_per_element", nullptr},
+    {"--optimizer-bytes-per-param", &PlanInput::optimizer_bytes_per_param,
+     "optimizer_bytes_per_param", nullptr},
+    {"--tflops", &PlanInput::flops_per_s, "flops_per_s", "the achieved TFLOP/s per GPU"},
+    {"--link-gbps", &PlanInput::link_bytes_per_s, "link_bytes_per_s",
+     "the HBM <-> DRAM bandwidth in GB/s, or --probe FILE"},
+    {"--nvme-gbps", &PlanInput::nvme_bytes_per_s, "nvme_bytes_per_s", nullptr},
+    {"--dram-gbps", &PlanInput::dram_bytes_per_s, "dram_bytes_per_s", nullptr},
+};
+constexpr const char* kHbmRequired = "the HBM budget per GPU, such as 80GiB";
+
+// A flag's value as given, and the unit it is scaled by into PlanInput.
+double Scale(const std::string& flag) {
+  if (flag == "--tflops") return 1e12;
+  if (flag == "--link-gbps" || flag == "--nvme-gbps" || flag == "--dram-gbps") return 1e9;
+  return 1;
+}
+
+int Bad(const std::string& message) {
+  std::fprintf(stderr, "tiermem-plan: %s (see --help)\n", message.c_str());
+  return 2;
+}
+
+std::string ReadFile(const std::string& path, bool* ok) {
+  std::string text;
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  *ok = f != nullptr;
+  if (f == nullptr) return std::strerror(errno);
+  char buf[65536];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0 && text.size() < (64u << 20))
+    text.append(buf, n);
+  std::fclose(f);
+  return text;
+}
+
+// Fills the bandwidths the flags left out from tiermem-probe's JSON; 0 on success, else the exit
+// status after saying why.
+int ApplyProbe(const std::string& file, const std::map<std::string, std::string>& given,
+               PlanInput* in, PlanSources* src) {
+  bool ok = false;
+  const std::string text = ReadFile(file, &ok);
+  if (!ok) return Bad("--probe " + file + ": " + text);
+  auto probe = ReadProbeJson(text);
+  if (!probe.ok()) return Bad("--probe " + file + ": " + std::string(probe.status().message()));
+  if (!given.contains("--link-gbps") && probe->link_bytes_per_s > 0) {
+    in->link_bytes_per_s = probe->link_bytes_per_s;
+    src->link = probe->link_source;
+    if (!probe->gpu) {
+      std::fprintf(stderr,
+                   "tiermem-plan: warning: %s was measured without a GPU (%s): its HBM <-> DRAM "
+                   "figure is host memory, not a PCIe link; give --link-gbps to override\n",
+                   file.c_str(), probe->device.c_str());
+    }
+  }
+  if (!given.contains("--nvme-gbps") && probe->nvme_bytes_per_s > 0) {
+    in->nvme_bytes_per_s = probe->nvme_bytes_per_s;
+    src->nvme = probe->nvme_source;
+  }
+  if (!given.contains("--dram-gbps") && probe->dram_bytes_per_s > 0) {
+    in->dram_bytes_per_s = probe->dram_bytes_per_s;
+    src->dram = probe->dram_source;
+  }
+  return 0;
+}
+
+// Every required flag that was not given, in one message; empty when none is missing.
+std::string MissingFlags(const std::map<std::string, std::string>& given, const PlanInput& in) {
+  std::string missing;
+  auto need = [&](const char* flag, const char* what) {
+    missing += absl::StrCat(missing.empty() ? "" : "; ", flag, " is missing (", what, ")");
+  };
+  for (const NumberFlag& f : kNumberFlags) {
+    if (f.required == nullptr || given.contains(f.flag)) continue;
+    if (std::string(f.flag) == "--link-gbps" && in.link_bytes_per_s > 0) continue;  // the probe's
+    need(f.flag, f.required);
+  }
+  if (!given.contains("--hbm")) need("--hbm", kHbmRequired);
+  return missing;
+}
+
+// MakePlan's "field=value: why" as "--flag TEXT: why", in the units the user gave.
+int BadInput(const absl::Status& status, const std::map<std::string, std::string>& given) {
+  const std::string m(status.message());
+  const std::string field = m.substr(0, m.find('='));
+  const std::string why = m.find(": ") == std::string::npos ? m : m.substr(m.find(": ") + 2);
+  if (field == "hbm_bytes") return Bad("--hbm " + given.at("--hbm") + ": " + why);
+  for (const NumberFlag& f : kNumberFlags) {
+    if (field != f.field_name) continue;
+    const auto it = given.find(f.flag);
+    return Bad(std::string(f.flag) + " " + (it != given.end() ? it->second : "(from --probe)") +
+               ": " + why);
+  }
+  return Bad(m);
+}
 
 int Main(int argc, char** argv) {
   PlanInput in;
   bool json = false;
-  double link = 0, nvme = 0, tflops = 0;
   std::string probe_file;
+  std::map<std::string, std::string> given;  // flag -> its text, for messages
   for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
+    const std::string k = argv[i];
     if (k == "--json") {
       json = true;
       continue;
@@ -82,149 +199,40 @@ int Main(int argc, char** argv) {
       Usage(stdout);
       return 0;
     }
-    if (i + 1 >= argc) {
-      Usage(stderr);
-      return 2;
+    const NumberFlag* number = nullptr;
+    for (const NumberFlag& f : kNumberFlags) {
+      if (k == f.flag) number = &f;
     }
-    std::string v = argv[++i];
-    bool ok = true;
+    if (number == nullptr && k != "--probe" && k != "--hbm") {
+      return Bad("unknown argument " + k);
+    }
+    if (i + 1 >= argc) return Bad(k + " needs a value");
+    const std::string v = argv[++i];
+    given[k] = v;
     if (k == "--probe") {
       probe_file = v;
     } else if (k == "--hbm") {
       auto size = ParseSize("--hbm", v);
-      ok = size.ok() && size->percent == 0;
-      if (ok) in.hbm_bytes = static_cast<double>(size->bytes);
+      if (!size.ok() || size->percent != 0)
+        return Bad("--hbm " + v + ": needs a size, such as 80GiB");
+      in.hbm_bytes = static_cast<double>(size->bytes);
     } else {
       double d = 0;
-      ok = Number(v, &d);
-      if (k == "--layers")
-        in.layers = d;
-      else if (k == "--hidden")
-        in.hidden = d;
-      else if (k == "--heads")
-        in.heads = d;
-      else if (k == "--seq")
-        in.seq = d;
-      else if (k == "--micro-batch")
-        in.micro_batch = d;
-      else if (k == "--params")
-        in.params = d;
-      else if (k == "--tp")
-        in.tensor_parallel = d;
-      else if (k == "--bytes-per-element")
-        in.bytes_per_element = d;
-      else if (k == "--link-gbps")
-        link = d;
-      else if (k == "--nvme-gbps")
-        nvme = d;
-      else if (k == "--tflops")
-        tflops = d;
-      else
-        ok = false;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "tiermem-plan: bad argument %s %s\n", k.c_str(), v.c_str());
-      Usage(stderr);
-      return 2;
+      if (!Number(v, &d)) return Bad(k + " " + v + ": not a number");
+      in.*(number->field) = d * Scale(k);
     }
   }
-  in.link_bytes_per_s = link * 1e9;
-  in.nvme_bytes_per_s = nvme * 1e9;
-  std::string link_source = link > 0 ? "--link-gbps" : "";
-  std::string nvme_source = nvme > 0 ? "--nvme-gbps" : "";
+  PlanSources src;
+  if (given.contains("--link-gbps")) src.link = "--link-gbps";
+  if (given.contains("--nvme-gbps")) src.nvme = "--nvme-gbps";
+  if (given.contains("--dram-gbps")) src.dram = "--dram-gbps";
   if (!probe_file.empty()) {
-    std::string text;
-    if (std::FILE* f = std::fopen(probe_file.c_str(), "r")) {
-      char buf[65536];
-      size_t n = 0;
-      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0 && text.size() < (64u << 20))
-        text.append(buf, n);
-      std::fclose(f);
-    } else {
-      std::fprintf(stderr, "tiermem-plan: --probe %s: %s\n", probe_file.c_str(),
-                   std::strerror(errno));
-      return 2;
-    }
-    auto probe = ReadProbeJson(text);
-    if (!probe.ok()) {
-      std::fprintf(stderr, "tiermem-plan: --probe %s: %s\n", probe_file.c_str(),
-                   std::string(probe.status().message()).c_str());
-      return 2;
-    }
-    if (link <= 0 && probe->link_bytes_per_s > 0) {
-      in.link_bytes_per_s = probe->link_bytes_per_s;
-      link_source = probe->link_source;
-      if (!probe->gpu) {
-        std::fprintf(stderr,
-                     "tiermem-plan: warning: %s was measured without a GPU (%s): its HBM <-> DRAM "
-                     "figure is host memory, not a PCIe link; give --link-gbps to override\n",
-                     probe_file.c_str(), probe->device.c_str());
-      }
-    }
-    if (nvme <= 0 && probe->nvme_bytes_per_s > 0) {
-      in.nvme_bytes_per_s = probe->nvme_bytes_per_s;
-      nvme_source = probe->nvme_source;
-    }
+    if (int rc = ApplyProbe(probe_file, given, &in, &src); rc != 0) return rc;
   }
-  in.flops_per_s = tflops * 1e12;
+  if (const std::string missing = MissingFlags(given, in); !missing.empty()) return Bad(missing);
   auto plan = MakePlan(in);
-  if (!plan.ok()) {
-    std::fprintf(stderr, "tiermem-plan: %s\n", std::string(plan.status().message()).c_str());
-    return 2;
-  }
-  const Plan& p = *plan;
-  if (json) {
-    std::printf(
-        "{\"activation_bytes_per_layer\":{\"full\":%.0f,\"selective\":%.0f,\"checkpoint\":%.0f},\n"
-        " \"model_state_bytes\":%.0f,\"forward_flops\":%.6g,\"step_compute_seconds\":%.6g,\n"
-        " \"hbm_budget_bytes\":%.0f,\n \"link_gbps\":%.6g,\"link_source\":\"%s\","
-        "\"nvme_gbps\":%.6g,\"nvme_source\":\"%s\",\n \"rungs\":[",
-        p.activation_full, p.activation_selective, p.activation_checkpoint, p.model_state,
-        p.forward_flops, p.step_compute_seconds, in.hbm_bytes, in.link_bytes_per_s / 1e9,
-        JsonEscape(link_source).c_str(), in.nvme_bytes_per_s / 1e9,
-        JsonEscape(nvme_source).c_str());
-    for (int i = 0; i < kRungCount; ++i) {
-      const RungResult& r = p.rungs[i];
-      std::printf(
-          "%s\n  "
-          "{\"rung\":\"%s\",\"hbm_bytes\":%.0f,\"added_seconds\":%.6g,\"fits\":%s,\"available\":%"
-          "s}",
-          i ? "," : "", RungName(r.rung), r.hbm_bytes, r.added_seconds, r.fits ? "true" : "false",
-          r.available ? "true" : "false");
-    }
-    std::printf("],\n \"recommended\":%s%s%s}\n", p.recommended < 0 ? "" : "\"",
-                p.recommended < 0 ? "null" : RungName(p.rungs[p.recommended].rung),
-                p.recommended < 0 ? "" : "\"");
-    return 0;
-  }
-  std::printf(
-      "activations per layer per GPU: %.3f GiB kept, %.3f GiB selective, %.3f GiB checkpointed\n",
-      GiB(p.activation_full), GiB(p.activation_selective), GiB(p.activation_checkpoint));
-  std::printf(
-      "model state per GPU: %.2f GiB (16 B/param); compute %.3f s/step (forward %.4g FLOPs)\n",
-      GiB(p.model_state), p.step_compute_seconds, p.forward_flops);
-  std::printf("bandwidths: link %.2f GB/s (%s), nvme %.2f GB/s (%s)\n", in.link_bytes_per_s / 1e9,
-              link_source.c_str(), in.nvme_bytes_per_s / 1e9,
-              nvme_source.empty() ? "none" : nvme_source.c_str());
-  std::printf("HBM budget: %.2f GiB\n\n%-30s %12s %14s %s\n", GiB(in.hbm_bytes), "rung", "HBM GiB",
-              "added s/step", "fits");
-  for (const RungResult& r : p.rungs) {
-    std::printf("%-30s %12.2f %14.4f %s\n", RungName(r.rung), GiB(r.hbm_bytes), r.added_seconds,
-                !r.available ? "n/a (no --nvme-gbps)"
-                : r.fits     ? "yes"
-                             : "no");
-  }
-  if (p.recommended < 0) {
-    std::printf(
-        "\nnothing fits: raise the budget, the tensor-parallel degree, or shrink the "
-        "micro-batch\n");
-    return 1;
-  }
-  const RungResult& best = p.rungs[p.recommended];
-  std::printf("\nrecommended: %s (%.2f GiB, +%.4f s/step, +%.1f%%)\n", RungName(best.rung),
-              GiB(best.hbm_bytes), best.added_seconds,
-              100 * best.added_seconds / p.step_compute_seconds);
-  return 0;
+  if (!plan.ok()) return BadInput(plan.status(), given);
+  return json ? PrintPlanJson(in, *plan, src) : PrintPlanText(in, *plan, src);
 }
 
 }  // namespace

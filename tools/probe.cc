@@ -24,6 +24,7 @@
 #include "lib/base/status.h"
 #include "lib/trace/trace.h"
 #include "tools/io_sweep.h"
+#include "tools/probe_dram.h"
 #include "tools/probe_measure.h"
 #include "tools/tune.h"
 
@@ -99,6 +100,7 @@ void PrintInfo(const Runtime& rt) {
 struct Findings {
   std::vector<Measurement> bw;
   std::vector<CopyMeasurement> copies;
+  std::optional<DramMeasurement> dram;
   std::vector<SweepTarget> sweep;
   std::optional<DemoResult> demo;
   std::optional<TuneResult> tune;
@@ -176,7 +178,8 @@ void PrintHuman(Runtime& rt, const Findings& f) {
     std::printf("gpu         none used (%s): HBM figures are the emulated device's\n",
                 info.no_gpu.c_str());
   }
-  if (!f.copies.empty()) std::printf("\n");
+  if (!f.copies.empty() || f.dram.has_value()) std::printf("\n");
+  if (f.dram.has_value()) std::printf("%s", DramRow(*f.dram).c_str());
   for (const CopyMeasurement& m : f.copies) {
     std::printf("copy        %-4s -> %-4s %-9s %8.2f GB/s   (%s, %s, median of %d)\n", m.from, m.to,
                 m.host_memory, m.gbps, HumanBytes(m.bytes).c_str(),
@@ -289,6 +292,7 @@ void PrintJson(Runtime& rt, const Findings& f) {
         c.io_block_size, c.io_queue_depth, f.bw[i].gbps);
   }
   std::printf("]");
+  if (f.dram.has_value()) std::printf(",\n  %s", DramJson(*f.dram).c_str());
   if (f.tune.has_value()) {
     const TuneResult& r = *f.tune;
     std::printf(
@@ -461,6 +465,10 @@ int Main(int argc, char** argv) {
     }
   } else {
     if (bench && !sweep_only) {
+      Progress("measuring dram: triad");
+      auto dram = DramTriad(bench_bytes, repeats);
+      if (!dram.ok()) return Fail(dram.status());
+      f.dram = *dram;
       auto copies = Copies(**rt, bench_bytes, repeats);
       if (!copies.ok()) return Fail(copies.status());
       f.copies = std::move(*copies);

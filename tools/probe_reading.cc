@@ -72,6 +72,13 @@ absl::StatusOr<ProbeBandwidths> ReadProbeJson(absl::string_view text) {
       }
     }
   }
+  if (const JsonValue* dram = root->Find("dram"); dram != nullptr) {
+    if (double g = Num(dram->Find("triad_gbps")); g > 0) {
+      out.dram_bytes_per_s = g * 1e9;
+      out.dram_source =
+          absl::StrFormat("probe dram triad, %.0f thread(s)", Num(dram->Find("threads")));
+    }
+  }
   return out;
 }
 

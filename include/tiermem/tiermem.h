@@ -520,10 +520,14 @@ typedef struct tm_plan_input {
   double link_bytes_per_s;   /**< HBM <-> DRAM per direction */
   double nvme_bytes_per_s;   /**< DRAM <-> NVMe; 0: no NVMe rungs */
   double flops_per_s;        /**< achieved compute per GPU */
+  /* Added with the CPU optimizer step; a caller built before passes the smaller struct_size,
+   * and reads as dram_bytes_per_s 0, optimizer_bytes_per_param 28. */
+  double dram_bytes_per_s;          /**< host memory (STREAM triad); 0: optimizer offload n/a */
+  double optimizer_bytes_per_param; /**< DRAM traffic of the CPU step per parameter (28) */
 } tm_plan_input;
 
 #define TM_PLAN_INPUT_INIT \
-  { sizeof(tm_plan_input), 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 0 }
+  { sizeof(tm_plan_input), 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 28 }
 
 typedef struct tm_plan_rung_result {
   double hbm_bytes;     /**< needed per GPU */
@@ -540,16 +544,25 @@ typedef struct tm_plan_result {
   double model_state;           /**< bytes per GPU: 16 per parameter (mixed-precision Adam) */
   double forward_flops;         /**< per step per GPU */
   double step_compute_seconds;  /**< forward + backward */
-  tm_plan_rung_result rungs[TM_PLAN_RUNG_COUNT];
-  int32_t recommended; /**< a tm_plan_rung, or -1 when nothing fits */
+  tm_plan_rung_result rungs[TM_PLAN_RUNG_COUNT]; /**< the ladder: each rung on those before */
+  int32_t recommended; /**< highest rung of the recommended combination, -1: nothing fits */
+  /* Added with the combinations; a caller built before passes the smaller struct_size. */
+  uint32_t recommended_rungs;       /**< TM_PLAN_RUNG_BIT set of the recommended combination */
+  double recommended_hbm_bytes;     /**< what it needs per GPU */
+  double recommended_added_seconds; /**< what it adds per step, the CPU optimizer step included */
+  double optimizer_step_seconds;    /**< the CPU step over DRAM; 0 without dram_bytes_per_s */
+  double backward_seconds;          /**< backward alone (2x forward), before recompute */
 } tm_plan_result;
 
+#define TM_PLAN_RUNG_BIT(rung) (1u << (rung))
+
 #define TM_PLAN_RESULT_INIT \
-  { sizeof(tm_plan_result), 0, 0, 0, 0, 0, 0, {{0, 0, 0, 0}}, -1 }
+  { sizeof(tm_plan_result), 0, 0, 0, 0, 0, 0, {{0, 0, 0, 0}}, -1, 0, 0, 0, 0, 0 }
 
 /**
- * Prices every rung for the input and recommends the cheapest that fits (ties: the earlier rung).
- * TM_ERR_INVALID_ARGUMENT naming the field for a missing or out-of-range input.
+ * Prices every combination of rungs for the input (docs/planner.md) and recommends the one that
+ * fits with the least added time (ties: fewer rungs). TM_ERR_INVALID_ARGUMENT naming the field
+ * for a missing or out-of-range input.
  */
 TM_API tm_status tm_plan(const tm_plan_input* input, tm_plan_result* out);
 

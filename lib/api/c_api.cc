@@ -515,7 +515,15 @@ TM_API tm_status tm_schedule_set(tm_runtime runtime, const tm_tensor* tensors, c
 TM_API tm_status tm_plan(const tm_plan_input* in, tm_plan_result* out) {
   if (in == nullptr) return NullArgument("tm_plan", "input");
   if (out == nullptr) return NullArgument("tm_plan", "out");
-  if (in->struct_size != sizeof(tm_plan_input) || out->struct_size != sizeof(tm_plan_result)) {
+  // Callers built before the optimizer step and the combinations pass the smaller sizes.
+  constexpr size_t kOldInput = offsetof(tm_plan_input, dram_bytes_per_s);
+  constexpr size_t kOldResult =
+      (offsetof(tm_plan_result, recommended_rungs) + alignof(double) - 1) / alignof(double) *
+      alignof(double);  // padded after recommended
+  const bool new_input = in->struct_size == sizeof(tm_plan_input);
+  const bool new_result = out->struct_size == sizeof(tm_plan_result);
+  if ((!new_input && in->struct_size != kOldInput) ||
+      (!new_result && out->struct_size != kOldResult)) {
     return Fail(
         TM_ERR_INVALID_ARGUMENT,
         "tm_plan: struct_size mismatch: fill with TM_PLAN_INPUT_INIT / TM_PLAN_RESULT_INIT");
@@ -535,6 +543,10 @@ TM_API tm_status tm_plan(const tm_plan_input* in, tm_plan_result* out) {
   p.link_bytes_per_s = in->link_bytes_per_s;
   p.nvme_bytes_per_s = in->nvme_bytes_per_s;
   p.flops_per_s = in->flops_per_s;
+  if (new_input) {
+    p.dram_bytes_per_s = in->dram_bytes_per_s;
+    p.optimizer_bytes_per_param = in->optimizer_bytes_per_param;
+  }
   auto plan = MakePlan(p);
   if (!plan.ok()) return Fail(TM_ERR_INVALID_ARGUMENT, plan.status().message());
   out->activation_full = plan->activation_full;
@@ -548,6 +560,14 @@ TM_API tm_status tm_plan(const tm_plan_input* in, tm_plan_result* out) {
     out->rungs[i] = {r.hbm_bytes, r.added_seconds, r.fits ? 1 : 0, r.available ? 1 : 0};
   }
   out->recommended = plan->recommended;
+  if (new_result) {
+    const int best = plan->recommended_combination;
+    out->recommended_rungs = best >= 0 ? plan->combinations[best].rungs : 0;
+    out->recommended_hbm_bytes = best >= 0 ? plan->combinations[best].hbm_bytes : 0;
+    out->recommended_added_seconds = best >= 0 ? plan->combinations[best].added_seconds : 0;
+    out->optimizer_step_seconds = plan->optimizer_step_seconds;
+    out->backward_seconds = plan->backward_seconds;
+  }
   return TM_OK;
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
+#include "lib/plan/plan_ladder.h"
 
 namespace tiermem {
 namespace {
@@ -42,7 +43,11 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
                    "must be positive"},
         std::tuple{in.nvme_bytes_per_s >= 0, "nvme_bytes_per_s", in.nvme_bytes_per_s,
                    "must not be negative"},
-        std::tuple{in.flops_per_s > 0, "flops_per_s", in.flops_per_s, "must be positive"}}) {
+        std::tuple{in.flops_per_s > 0, "flops_per_s", in.flops_per_s, "must be positive"},
+        std::tuple{in.dram_bytes_per_s >= 0, "dram_bytes_per_s", in.dram_bytes_per_s,
+                   "must not be negative"},
+        std::tuple{in.optimizer_bytes_per_param > 0, "optimizer_bytes_per_param",
+                   in.optimizer_bytes_per_param, "must be positive"}}) {
     if (auto st = Need(ok && std::isfinite(v), field, v, why); !st.ok()) return st;
   }
   const double s = in.seq, b = in.micro_batch, h = in.hidden, a = in.heads, L = in.layers;
@@ -67,48 +72,14 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   // Megatron-LM's count: forward = 24 b s L h^2 (1 + s / 6h) FLOPs, split over t.
   p.forward_flops = 24 * b * s * L * h * h * (1 + s / (6 * h)) / t;
   p.step_compute_seconds = 3 * p.forward_flops / in.flops_per_s;
-  // Recomputing the attention core: QK^T and scores x V, 2 b s^2 h FLOPs each, per layer.
-  const double attention_flops = in.flash_attention ? 0 : 4 * b * s * s * h * L / t;
-
-  const double compute = p.step_compute_seconds;
-  auto hidden_under_compute = [&](double transfer) { return std::max(0.0, transfer - compute); };
-  const double weights_grads = 4 * params_per_gpu;  // fp16 weights and grads stay on the GPU
-  const double working_layers = 2;  // activations a layer's backward and the next prefetch hold
-  auto& r = p.rungs;
-  r[0] = {Rung::kKeepAll, p.model_state + L * p.activation_full, 0};
-  r[1] = {Rung::kSelectiveRecompute, p.model_state + L * p.activation_selective,
-          attention_flops / in.flops_per_s};
-  r[2] = {Rung::kFullRecompute,
-          p.model_state + L * p.activation_checkpoint + p.activation_selective,
-          p.forward_flops / in.flops_per_s};
-  // ZeRO-Offload: fp32 state stays in DRAM; fp16 grads go down and fp16 weights come up.
-  const double opt_transfer = 2 * (2 * params_per_gpu) / in.link_bytes_per_s;
-  r[3] = {Rung::kOptimizerOffload, weights_grads + L * p.activation_selective,
-          r[1].added_seconds + hidden_under_compute(opt_transfer)};
-  // Activations leave HBM after their layer's forward and come back for its backward.
-  const double act_bytes = L * p.activation_selective;
-  const double act_transfer = 2 * act_bytes / in.link_bytes_per_s;
-  r[4] = {Rung::kActivationOffloadDram, weights_grads + working_layers * p.activation_selective,
-          r[1].added_seconds + hidden_under_compute(opt_transfer + act_transfer)};
-  const bool nvme = in.nvme_bytes_per_s > 0;
-  const double nvme_bw = nvme ? std::min(in.nvme_bytes_per_s, in.link_bytes_per_s) : 1;
-  r[5] = {Rung::kActivationOffloadNvme, r[4].hbm_bytes,
-          r[1].added_seconds +
-              hidden_under_compute(std::max(opt_transfer + act_transfer, 2 * act_bytes / nvme_bw))};
-  // ZeRO-Infinity: weights come up for forward and again for backward, grads go down, all from
-  // and to NVMe; HBM holds a couple of layers of weights.
-  const double param_bytes = 2 * params_per_gpu;
-  const double param_transfer = (2 * param_bytes + param_bytes) / nvme_bw;
-  r[6] = {Rung::kParameterOffload,
-          working_layers * (4 * params_per_gpu / L) + working_layers * p.activation_selective,
-          r[1].added_seconds + hidden_under_compute(param_transfer + act_transfer)};
-  r[5].available = r[6].available = nvme;
-  for (auto& x : r) x.fits = x.available && x.hbm_bytes <= in.hbm_bytes;
-  // The cheapest rung that fits; on a tie, the earlier rung of the ladder.
-  for (int i = 0; i < kRungCount; ++i) {
-    if (!r[i].fits) continue;
-    if (p.recommended < 0 || r[i].added_seconds < r[p.recommended].added_seconds) p.recommended = i;
+  p.backward_seconds = 2 * p.forward_flops / in.flops_per_s;
+  // ZeRO-Offload: the fp32 state stays in DRAM and the CPU steps it there; fp16 grads (2 B/param)
+  // go down and fp16 params (2 B/param) come up.
+  p.optimizer_link_bytes = 2 * (2 * params_per_gpu);
+  if (in.dram_bytes_per_s > 0) {
+    p.optimizer_step_seconds = in.optimizer_bytes_per_param * params_per_gpu / in.dram_bytes_per_s;
   }
+  PriceLadder(in, &p);
   return p;
 }
 

@@ -1,13 +1,15 @@
 // The activation-memory / recompute / offload cost model: for a model shape, an HBM budget and
-// measured bandwidths, what each rung of the ladder needs in HBM and adds to a step, and which
-// rung to stand on. Activation memory after Korthikanti et al. 2022 ("Reducing Activation
-// Recomputation in Large Transformer Models", arXiv 2205.05198); every quantity in bytes,
-// seconds and FLOP/s.
+// measured bandwidths, what each combination of the ladder's rungs needs in HBM and adds to a
+// step (the CPU optimizer step included), and which combination to use. Activation memory after
+// Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+// arXiv 2205.05198); every quantity in bytes, seconds and FLOP/s. The combinations are priced in
+// lib/plan_ladder.h.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -26,6 +28,10 @@ struct PlanInput {
   double link_bytes_per_s = 0;  // HBM <-> DRAM, per direction
   double nvme_bytes_per_s = 0;  // DRAM <-> NVMe (0: no NVMe rungs)
   double flops_per_s = 0;       // achieved compute throughput per GPU
+  // The CPU optimizer step once the state lives in DRAM: a fused Adam pass reads and writes
+  // about 28 B per parameter (fp32 p, m, v read and written, the gradient read), bound by DRAM.
+  double dram_bytes_per_s = 0;  // host memory bandwidth (STREAM triad); 0: optimizer offload n/a
+  double optimizer_bytes_per_param = 28;  // DRAM traffic of the CPU step per parameter
 };
 
 enum class Rung {
@@ -40,24 +46,58 @@ enum class Rung {
 };
 constexpr int kRungCount = static_cast<int>(Rung::kCount);
 
+// A combination of rungs, one bit per Rung (kKeepAll is the empty set).
+using RungSet = uint32_t;
+constexpr RungSet RungBit(Rung r) { return RungSet{1} << static_cast<int>(r); }
+
+// What one combination of rungs needs and adds. Each total is the sum of its parts.
+struct PlanPrice {
+  RungSet rungs = 0;
+  // HBM per GPU = state_bytes + activation_bytes.
+  double hbm_bytes = 0;
+  double state_bytes = 0;       // weights, gradients and optimizer state left in HBM
+  double activation_bytes = 0;  // activations held in HBM, the working layers included
+  // Added seconds per step, over keep-all = recompute + transfer_exposed + optimizer_exposed.
+  double added_seconds = 0;
+  double recompute_seconds = 0;           // the FLOPs done again, at the achieved throughput
+  double transfer_seconds = 0;            // link and NVMe traffic (the slower of the two channels)
+  double transfer_exposed_seconds = 0;    // what the step's compute (recompute included) leaves
+  double optimizer_step_seconds = 0;      // the CPU step (0 unless the state is offloaded)
+  double backward_seconds = 0;            // backward, recompute included: what can hide the step
+  double optimizer_exposed_seconds = 0;   // max(0, CPU step - backward)
+  double link_bytes = 0, nvme_bytes = 0;  // moved per step, both directions
+  bool fits = false;
+  bool available = true;  // false: a bandwidth it needs (NVMe, DRAM) was not given
+};
+
+// One rung of the ladder, priced with every rung before it applied.
 struct RungResult {
   Rung rung;
   double hbm_bytes = 0;      // needed per GPU
   double added_seconds = 0;  // per step, over keep-all
   bool fits = false;
-  bool available = true;  // false: needs NVMe and none was given
+  bool available = true;  // false: a bandwidth it needs was not given
+  RungSet rungs = 0;      // the rungs applied: this one and those before it
 };
 
 struct Plan {
   // Per layer, per GPU, bytes.
-  double activation_full = 0;        // no recomputation
-  double activation_selective = 0;   // attention core recomputed (or FlashAttention)
-  double activation_checkpoint = 0;  // full recomputation: the layer's input only
-  double model_state = 0;            // 16 bytes per parameter (mixed-precision Adam), per GPU
-  double forward_flops = 0;          // per step, per GPU
-  double step_compute_seconds = 0;   // forward + backward (3x forward)
+  double activation_full = 0;         // no recomputation
+  double activation_selective = 0;    // attention core recomputed (or FlashAttention)
+  double activation_checkpoint = 0;   // full recomputation: the layer's input only
+  double model_state = 0;             // 16 bytes per parameter (mixed-precision Adam), per GPU
+  double forward_flops = 0;           // per step, per GPU
+  double step_compute_seconds = 0;    // forward + backward (3x forward)
+  double backward_seconds = 0;        // backward alone (2x forward), before any recompute
+  double optimizer_step_seconds = 0;  // the CPU step over DRAM; 0 without a DRAM bandwidth
+  double optimizer_link_bytes = 0;    // ZeRO-Offload's per step: fp16 grads down, fp16 params up
+  // The ladder, cumulative: rung i priced on top of the rungs before it (the NVMe rung instead of
+  // the DRAM one, parameter offload with activations in DRAM).
   std::array<RungResult, kRungCount> rungs{};
-  int recommended = -1;  // index into rungs, -1 when nothing fits
+  // Every valid combination of rungs (ValidRungSet), in ascending RungSet order.
+  std::vector<PlanPrice> combinations;
+  int recommended_combination = -1;  // index into combinations, -1 when nothing fits
+  int recommended = -1;  // the highest rung of the recommended combination, -1 when none fits
 };
 
 // InvalidArgument naming the field when an input is missing or out of range.
