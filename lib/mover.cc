@@ -27,6 +27,15 @@ absl::Status Mover::Io(const Extent& e, uint64_t offset, char* buffer, uint64_t 
   return tiers_.nvme().Transfer(io_, e, offset, buffer, n, write);
 }
 
+absl::Status Mover::CountedIo(const Extent& e, uint64_t offset, char* buffer, uint64_t n,
+                              bool write) {
+  // The caller copies' own NVMe legs: the staging slot is DRAM, so each chunk crosses the
+  // DRAM <-> NVMe boundary (no MovePlan passes through Count for them).
+  absl::Status s = Io(e, offset, buffer, n, write);
+  if (s.ok()) (write ? moved_[TM_TIER_DRAM][TM_TIER_NVME] : moved_[TM_TIER_NVME][TM_TIER_DRAM]) += n;
+  return s;
+}
+
 absl::Status Mover::Execute(const MovePlan& p, std::optional<CopyTicket>* pending) {
   absl::Status s = ExecuteUncounted(p, pending);
   if (s.ok()) Count(p);
@@ -160,7 +169,7 @@ absl::Status Mover::ReadNvme(const Extent& e, uint64_t bytes, uint64_t offset, v
   absl::Status status;
   for (uint64_t k = offset / chunk; k * chunk < offset + n && status.ok(); ++k) {
     const uint64_t start = k * chunk;
-    status = Io(e, start, slot[0], std::min(chunk, bytes - start), false);
+    status = CountedIo(e, start, slot[0], std::min(chunk, bytes - start), false);
     if (!status.ok()) break;
     const uint64_t from = std::max(start, offset);
     const uint64_t to = std::min(start + chunk, offset + n);
@@ -202,7 +211,7 @@ absl::Status Mover::ReadNvmeTo(const Extent& e, uint64_t bytes, uint64_t offset,
       if (!status.ok()) break;
     }
     const uint64_t start = k * chunk;
-    status = Io(e, start, slots[slot], std::min(chunk, bytes - start), false);
+    status = CountedIo(e, start, slots[slot], std::min(chunk, bytes - start), false);
     if (!status.ok()) break;
     const uint64_t from = std::max(start, offset);
     const uint64_t to = std::min(start + chunk, offset + n);
@@ -237,7 +246,7 @@ absl::Status Mover::WriteNvmeFrom(const Extent& old, const Extent& fresh, uint64
     if (!covered) {
       if (old.empty()) {
         std::memset(slot[0], 0, len);
-      } else if (!(status = Io(old, start, slot[0], len, false)).ok()) {
+      } else if (!(status = CountedIo(old, start, slot[0], len, false)).ok()) {
         break;
       }
     }
@@ -252,7 +261,7 @@ absl::Status Mover::WriteNvmeFrom(const Extent& old, const Extent& fresh, uint64
         std::memcpy(slot[0] + (from - start), src.addr + (from - offset), to - from);
       }
     }
-    status = Io(fresh, start, slot[0], len, true);
+    status = CountedIo(fresh, start, slot[0], len, true);
   }
   staging_.Release(slot);
   return status;

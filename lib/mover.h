@@ -79,7 +79,8 @@ class Mover {
 
   io::CopyEngine& copy_engine() { return device_.copy_engine(); }
 
-  // Bytes moved between tiers, [from][to]; a staged HBM <-> NVMe move counts both hops.
+  // Bytes moved between tiers, [from][to]; a staged HBM <-> NVMe move counts both hops, and a
+  // caller copy to or from NVMe counts the bytes its staging slot wrote or read there.
   uint64_t moved(int from, int to) const { return moved_[from][to].load(); }
 
  private:
@@ -87,6 +88,8 @@ class Mover {
   absl::Status StagedDown(const char* src, const Extent& dst, uint64_t bytes);
   absl::Status ZeroNvme(const Extent& dst, uint64_t bytes);
   absl::Status Io(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write);
+  // Io that adds its bytes to moved_ when it succeeds: for the caller copies to and from NVMe.
+  absl::Status CountedIo(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write);
 
   absl::Status ExecuteUncounted(const MovePlan& p, std::optional<io::CopyTicket>* pending);
   void Count(const MovePlan& p);
