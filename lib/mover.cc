@@ -32,7 +32,11 @@ absl::Status Mover::CountedIo(const Extent& e, uint64_t offset, char* buffer, ui
   // The caller copies' own NVMe legs: the staging slot is DRAM, so each chunk crosses the
   // DRAM <-> NVMe boundary (no MovePlan passes through Count for them).
   absl::Status s = Io(e, offset, buffer, n, write);
-  if (s.ok()) (write ? moved_[TM_TIER_DRAM][TM_TIER_NVME] : moved_[TM_TIER_NVME][TM_TIER_DRAM]) += n;
+  if (s.ok()) {
+    std::atomic<uint64_t>& to =
+        write ? moved_[TM_TIER_DRAM][TM_TIER_NVME] : moved_[TM_TIER_NVME][TM_TIER_DRAM];
+    to += n;
+  }
   return s;
 }
 
