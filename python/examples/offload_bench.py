@@ -321,6 +321,11 @@ def report(args, modes, link, nvme, pbytes):
             print("  NOTE %s packed %.1f MiB a step, the like-for-like rows %.1f MiB: tiermem "
                   "copies a view's whole span, save_on_cpu its elements" %
                   (m.name, m.check / MIB, same / MIB))
+    for m in modes:
+        if m.check is not None and m.per_step()[0] < m.check:
+            print("  NOTE %s: %.1f MiB a step counted leaving the device, %.1f MiB packed: some "
+                  "bytes moved by a path the bench does not count (its bound is then too low)" %
+                  (m.name, m.per_step()[0] / MIB, m.check / MIB))
     print("  params: %.1f MiB of parameters; the bound counts the bytes moved as measured" %
           (pbytes / MIB))
     if CUDA:

@@ -51,7 +51,8 @@ class CountingSaveOnCpu(torch.autograd.graph.save_on_cpu):
             return pack(t)
 
         def counted_unpack(p):
-            self.unpacked_bytes += _nbytes(p[1])
+            if p[0].type != "cpu":  # .to() of a CPU tensor to the CPU copies nothing
+                self.unpacked_bytes += _nbytes(p[1])
             return unpack(p)
 
         self.pack_hook, self.unpack_hook = counted_pack, counted_unpack
@@ -79,7 +80,8 @@ class SaveOnCpuLikeForLike(torch.autograd.graph.saved_tensors_hooks):
         if isinstance(p, torch.Tensor):
             return p
         device, host = p
-        self.unpacked_bytes += _nbytes(host)
+        if device.type != "cpu":  # .to() of a CPU tensor to the CPU copies nothing
+            self.unpacked_bytes += _nbytes(host)
         return host.to(device, non_blocking=True)
 
 
@@ -124,9 +126,9 @@ class SideStreamReference(torch.autograd.graph.saved_tensors_hooks):
         if isinstance(p, torch.Tensor):
             return p
         device, host, event = p
-        self.unpacked_bytes += _nbytes(host)
         if event is None:
-            return host
+            return host  # no streams: the copy made in pack is handed back
+        self.unpacked_bytes += _nbytes(host)
         self._drain(0)  # forward is over: every source may go once its copy has passed
         # On demand: the reload starts when autograd asks, and compute waits for it.
         with torch.cuda.stream(self.stream):
