@@ -336,7 +336,8 @@ def report(args, modes, link, nvme, pbytes):
     ratio = lambda a, b: rows[a][0] / rows[b][0]  # noqa: E731
     print("ratio dram_step_over_bound %.3f" % (rows["tiermem dram"][0] / rows["tiermem dram"][1]))
     print("ratio dram_step_over_reference %.3f" % ratio("tiermem dram", "side-stream ref"))
-    print("ratio dram_step_over_like_for_like %.3f" % ratio("tiermem dram", "save_on_cpu same"))
+    # Shown, not gated (no target): an `info` line, so that every `ratio` line has a target.
+    print("info dram_step_over_like_for_like %.3f" % ratio("tiermem dram", "save_on_cpu same"))
     print("ratio nvme_step_over_bound %.3f" % (rows["tiermem nvme"][0] / rows["tiermem nvme"][1]))
     print("ratio params_step_over_bound %.3f" %
           (rows["params offload"][0] / rows["params offload"][1]))
