@@ -252,6 +252,34 @@ double Bound(double compute, const Bytes& b, double link, double nvme_r, double 
   return terms[i];
 }
 
+// One row of the table: the run against both bounds (and its bytes, with PRESSURE_BENCH_TERMS).
+void PrintRow(const Options& o, int k, uint64_t hbm, int depth, const Result& r, const Bytes& least,
+              double compute, double nvme_r, double nvme_w, double base) {
+  const double link = o.link_gbps * 1e9;
+  const Bytes moved{r.h2d, r.d2h, r.nvme_read, r.nvme_write};
+  const char* min_by = nullptr;
+  const char* own_by = nullptr;
+  const double work = compute + r.checking;
+  const double min_bound = Bound(work, least, link, nvme_r, nvme_w, &min_by);
+  const double own_bound = Bound(work, moved, link, nvme_r, nvme_w, &own_by);
+  if (getenv("PRESSURE_BENCH_TERMS") != nullptr) {
+    std::printf(
+        "  bytes MiB/step (minimum / moved): h2d %.0f / %.0f, d2h %.0f / %.0f, NVMe read "
+        "%.0f / %.0f, NVMe write %.0f / %.0f; minimum bound by %s\n",
+        least.h2d / kMiB, r.h2d / kMiB, least.d2h / kMiB, r.d2h / kMiB, least.nvme_read / kMiB,
+        r.nvme_read / kMiB, least.nvme_write / kMiB, r.nvme_write / kMiB, min_by);
+  }
+  std::printf(
+      "%2d (%3.0f MiB) %3d %8.1f %7.1f %8.1f %6.2f %8.1f %6.2f %8s %9.2fx %7llu %8llu %8llu "
+      "%6llu\n",
+      k, static_cast<double>(hbm) / kMiB, depth, r.step * 1e3, r.checking * 1e3, min_bound * 1e3,
+      r.step / min_bound, own_bound * 1e3, r.step / own_bound, own_by,
+      base > 0 ? base / r.step : 0.0, static_cast<unsigned long long>(r.stats.acquire_misses),
+      static_cast<unsigned long long>(r.stats.evictions),
+      static_cast<unsigned long long>(r.stats.prefetches_dropped),
+      static_cast<unsigned long long>(r.stats.demand_waits));
+}
+
 std::vector<int> IntList(const std::string& v) {
   std::vector<int> out;
   for (absl::string_view p : absl::StrSplit(v, ','))
@@ -327,31 +355,8 @@ int Main(int argc, char** argv) {
         ok = false;
         continue;
       }
-      const double link = o.link_gbps * 1e9;
-      const Bytes moved{r->h2d, r->d2h, r->nvme_read, r->nvme_write};
-      const char* min_by = nullptr;
-      const char* own_by = nullptr;
-      const double work = compute + r->checking;
-      const double min_bound = Bound(work, least, link, nvme_r, nvme_w, &min_by);
-      const double own_bound = Bound(work, moved, link, nvme_r, nvme_w, &own_by);
       if (depth == 0) base = r->step;
-      if (getenv("PRESSURE_BENCH_TERMS") != nullptr) {
-        std::printf(
-            "  bytes MiB/step (minimum / moved): h2d %.0f / %.0f, d2h %.0f / %.0f, NVMe read "
-            "%.0f / %.0f, NVMe write %.0f / %.0f; minimum bound by %s\n",
-            least.h2d / kMiB, r->h2d / kMiB, least.d2h / kMiB, r->d2h / kMiB,
-            least.nvme_read / kMiB, r->nvme_read / kMiB, least.nvme_write / kMiB,
-            r->nvme_write / kMiB, min_by);
-      }
-      std::printf(
-          "%2d (%3.0f MiB) %3d %8.1f %7.1f %8.1f %6.2f %8.1f %6.2f %8s %9.2fx %7llu %8llu %8llu "
-          "%6llu\n",
-          k, static_cast<double>(hbm) / kMiB, depth, r->step * 1e3, r->checking * 1e3,
-          min_bound * 1e3, r->step / min_bound, own_bound * 1e3, r->step / own_bound, own_by,
-          base > 0 ? base / r->step : 0.0, static_cast<unsigned long long>(r->stats.acquire_misses),
-          static_cast<unsigned long long>(r->stats.evictions),
-          static_cast<unsigned long long>(r->stats.prefetches_dropped),
-          static_cast<unsigned long long>(r->stats.demand_waits));
+      PrintRow(o, k, hbm, depth, *r, least, compute, nvme_r, nvme_w, base);
     }
   }
   return ok ? 0 : 1;
