@@ -273,7 +273,11 @@ TEST(LocalRanks, LogLinesCarryTheRank) {
 class FourRanks : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+    if (geteuid() != 0) {
+      GTEST_SKIP() << "mounting a tmpfs needs root: run as root, or in a user namespace as ctest's "
+                      "ranks_test_userns does: unshare --map-root-user --mount "
+                      "build/tests/ranks_test --gtest_filter='FourRanks.*'";
+    }
     char templ[] = "/tmp/tiermem-ranks-XXXXXX";
     ASSERT_NE(mkdtemp(templ), nullptr) << strerror(errno);
     mnt_ = templ;

@@ -19,11 +19,11 @@ using Clock = std::chrono::steady_clock;
 
 absl::Status Steps(Runtime& rt, const StepWorkload& w, const std::vector<uint64_t>& params,
                    const std::vector<uint64_t>& acts, std::vector<double>& times,
-                   uint64_t& nvme_after_first) {
+                   tm_stats& after_first) {
   const auto fwd = std::chrono::duration<double, std::milli>(w.compute_ms);
   const auto bwd = 2 * fwd;
   for (int step = 0; step < w.steps; ++step) {
-    if (step == 1) nvme_after_first = rt.Stats().bytes_moved[TM_TIER_NVME][TM_TIER_DRAM];
+    if (step == 1) after_first = rt.Stats();
     STEP_RETURN_IF_ERROR(rt.StepBegin());
     auto t0 = Clock::now();
     for (int l = 0; l < w.layers; ++l) {
@@ -81,17 +81,21 @@ absl::StatusOr<StepResult> RunSteps(Runtime& rt, const StepWorkload& w) {
     st = rt.Write(params.back(), 0, init.data(), w.param_bytes);  // lands in its home tier
   }
   std::vector<double> times;
-  uint64_t nvme_after_first = 0;
-  if (st.ok()) st = Steps(rt, w, params, acts, times, nvme_after_first);
+  tm_stats first{};
+  if (st.ok()) st = Steps(rt, w, params, acts, times, first);
   StepResult r;
   if (st.ok()) {
     std::vector<double> measured(times.begin() + 1, times.end());
     std::sort(measured.begin(), measured.end());
     r.step_seconds = measured[measured.size() / 2];
     r.stats = rt.Stats();
-    r.nvme_bytes_per_step =
-        static_cast<double>(r.stats.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM] - nvme_after_first) /
-        (w.steps - 1);
+    auto per_step = [&](int from, int to) {
+      return static_cast<double>(r.stats.bytes_moved[from][to] - first.bytes_moved[from][to]) /
+             (w.steps - 1);
+    };
+    r.nvme_bytes_per_step = per_step(TM_TIER_NVME, TM_TIER_DRAM);
+    r.h2d_bytes_per_step = per_step(TM_TIER_DRAM, TM_TIER_HBM);
+    r.d2h_bytes_per_step = per_step(TM_TIER_HBM, TM_TIER_DRAM);
   }
   (void)rt.SyncAll();
   for (uint64_t h : params) (void)rt.DestroyTensor(h);

@@ -23,6 +23,8 @@ struct StepWorkload {
 struct StepResult {
   double step_seconds = 0;         // median over the steps after the first
   double nvme_bytes_per_step = 0;  // read from NVMe in those steps
+  double h2d_bytes_per_step = 0;   // DRAM -> HBM in those steps
+  double d2h_bytes_per_step = 0;   // HBM -> DRAM in those steps
   tm_stats stats{};
 };
 

@@ -28,6 +28,19 @@ absl::Status Mover::Io(const Extent& e, uint64_t offset, char* buffer, uint64_t 
   return tiers_.nvme().Transfer(io_, e, offset, buffer, n, write);
 }
 
+absl::Status Mover::CountedIo(const Extent& e, uint64_t offset, char* buffer, uint64_t n,
+                              bool write) {
+  // The caller copies' own NVMe legs: the staging slot is DRAM, so each chunk crosses the
+  // DRAM <-> NVMe boundary (no MovePlan passes through Count for them).
+  absl::Status s = Io(e, offset, buffer, n, write);
+  if (s.ok()) {
+    std::atomic<uint64_t>& to =
+        write ? moved_[TM_TIER_DRAM][TM_TIER_NVME] : moved_[TM_TIER_NVME][TM_TIER_DRAM];
+    to += n;
+  }
+  return s;
+}
+
 absl::Status Mover::Execute(const MovePlan& p, std::optional<CopyTicket>* pending) {
   absl::Status s = ExecuteUncounted(p, pending);
   if (s.ok()) Count(p);
@@ -48,16 +61,17 @@ absl::Status Mover::ExecuteUncounted(const MovePlan& p, std::optional<CopyTicket
         std::memset(p.dst_addr, 0, p.dst_extent.size);
         return absl::OkStatus();
       default:
-        return StagedWrite(Extent{}, p.dst_extent, p.bytes, 0, CallerBuffer{}, 0);
+        return StagedWrite(Extent{}, p.dst_extent, p.bytes, 0, CallerBuffer{}, 0, false);
     }
   }
   const tm_tier src = static_cast<tm_tier>(p.src);
   if (src == TM_TIER_NVME && p.dst == TM_TIER_HBM) {
-    return StagedRead(p.src_extent, p.bytes, 0, CallerBuffer{p.dst_addr, true, {}}, p.bytes);
+    return StagedRead(p.src_extent, p.bytes, 0, CallerBuffer{p.dst_addr, true, {}}, p.bytes,
+                      false);
   }
   if (src == TM_TIER_HBM && p.dst == TM_TIER_NVME) {
     return StagedWrite(Extent{}, p.dst_extent, p.bytes, 0, CallerBuffer{p.src_addr, true, {}},
-                       p.bytes);
+                       p.bytes, false);
   }
   if (src == TM_TIER_NVME) return Io(p.src_extent, 0, p.dst_addr, p.bytes, false);
   if (p.dst == TM_TIER_NVME) return Io(p.dst_extent, 0, p.src_addr, p.bytes, true);
@@ -81,7 +95,7 @@ absl::Status Mover::ExecuteUncounted(const MovePlan& p, std::optional<CopyTicket
 // NVMe -> staging -> dst: chunk k+1 is read into one slot while chunk k is copied out of the
 // other (a device destination; into host memory the copy is a memcpy here).
 absl::Status Mover::StagedRead(const Extent& e, uint64_t bytes, uint64_t offset,
-                               const CallerBuffer& dst, uint64_t n) {
+                               const CallerBuffer& dst, uint64_t n, bool count) {
   if (!dst.device) {  // the host copies: what the destination waits for passes first
     if (auto s = Retag(io::WaitAll(dst.after), TM_ERR_DEVICE); !s.ok()) return s;
   }
@@ -99,7 +113,8 @@ absl::Status Mover::StagedRead(const Extent& e, uint64_t bytes, uint64_t offset,
       if (!status.ok()) break;
     }
     const uint64_t start = k * chunk;
-    status = Io(e, start, slots[slot], std::min(chunk, bytes - start), false);
+    status = count ? CountedIo(e, start, slots[slot], std::min(chunk, bytes - start), false)
+                   : Io(e, start, slots[slot], std::min(chunk, bytes - start), false);
     if (!status.ok()) break;
     const uint64_t from = std::max(start, offset);
     const uint64_t to = std::min(start + chunk, offset + n);
@@ -126,7 +141,10 @@ absl::Status Mover::StagedRead(const Extent& e, uint64_t bytes, uint64_t offset,
 // src -> staging -> NVMe: chunk k+1 is copied into one slot while chunk k is written from the
 // other. A chunk that src covers only in part is read from `old` (or zeroed) first.
 absl::Status Mover::StagedWrite(const Extent& old, const Extent& fresh, uint64_t bytes,
-                                uint64_t offset, const CallerBuffer& src, uint64_t n) {
+                                uint64_t offset, const CallerBuffer& src, uint64_t n, bool count) {
+  auto io = [&](const Extent& e, uint64_t at, char* buffer, uint64_t len, bool write) {
+    return count ? CountedIo(e, at, buffer, len, write) : Io(e, at, buffer, len, write);
+  };
   if (auto s = Retag(io::WaitAll(src.after), TM_ERR_DEVICE); !s.ok()) return s;
   io::CopyEngine& copy = device_.copy_engine();
   const uint64_t chunk = staging_.chunk();
@@ -139,7 +157,7 @@ absl::Status Mover::StagedWrite(const Extent& old, const Extent& fresh, uint64_t
     if (from >= to || from != start || to != start + len) {  // not all of it comes from src
       if (old.empty()) {
         std::memset(slot, 0, len);
-      } else if (auto s = Io(old, start, slot, len, false); !s.ok()) {
+      } else if (auto s = io(old, start, slot, len, false); !s.ok()) {
         return s;
       }
     }
@@ -164,7 +182,7 @@ absl::Status Mover::StagedWrite(const Extent& old, const Extent& fresh, uint64_t
       if (!status.ok()) break;
     }
     if (k + 1 < chunks && !(status = fill(k + 1)).ok()) break;
-    status = Io(fresh, k * chunk, slots[slot], std::min(chunk, bytes - k * chunk), true);
+    status = io(fresh, k * chunk, slots[slot], std::min(chunk, bytes - k * chunk), true);
   }
   for (auto& t : filling) {  // never hand a slot back with a copy still writing into it
     if (t.has_value()) (void)copy.Wait(*t);
@@ -174,12 +192,12 @@ absl::Status Mover::StagedWrite(const Extent& old, const Extent& fresh, uint64_t
 
 absl::Status Mover::ReadNvmeTo(const Extent& e, uint64_t bytes, uint64_t offset,
                                const CallerBuffer& dst, uint64_t n) {
-  return StagedRead(e, bytes, offset, dst, n);
+  return StagedRead(e, bytes, offset, dst, n, /*count=*/true);
 }
 
 absl::Status Mover::WriteNvmeFrom(const Extent& old, const Extent& fresh, uint64_t bytes,
                                   uint64_t offset, const CallerBuffer& src, uint64_t n) {
-  return StagedWrite(old, fresh, bytes, offset, src, n);
+  return StagedWrite(old, fresh, bytes, offset, src, n, /*count=*/true);
 }
 
 CopyDirection Mover::Direction(tm_tier tier, bool caller_device, bool into_tier) {

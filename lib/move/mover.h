@@ -67,16 +67,20 @@ class Mover {
 
   io::CopyEngine& copy_engine() { return device_.copy_engine(); }
 
-  // Bytes moved between tiers, [from][to]; a staged HBM <-> NVMe move counts both hops.
+  // Bytes moved between tiers, [from][to]; a staged HBM <-> NVMe move counts both hops, and a
+  // caller copy to or from NVMe counts the bytes its staging slot wrote or read there.
   uint64_t moved(int from, int to) const { return moved_[from][to].load(); }
 
  private:
-  // The two staged loops every NVMe path goes through (see ReadNvmeTo and WriteNvmeFrom).
+  // The two staged loops every NVMe path goes through (see ReadNvmeTo and WriteNvmeFrom). With
+  // `count`, the NVMe legs add to moved_ (a caller copy; a MovePlan is counted by Count).
   absl::Status StagedRead(const Extent& e, uint64_t bytes, uint64_t offset, const CallerBuffer& dst,
-                          uint64_t n);
+                          uint64_t n, bool count);
   absl::Status StagedWrite(const Extent& old, const Extent& fresh, uint64_t bytes, uint64_t offset,
-                           const CallerBuffer& src, uint64_t n);
+                           const CallerBuffer& src, uint64_t n, bool count);
   absl::Status Io(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write);
+  // Io that adds its bytes to moved_ when it succeeds: for the caller copies to and from NVMe.
+  absl::Status CountedIo(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write);
 
   absl::Status ExecuteUncounted(const MovePlan& p, std::optional<io::CopyTicket>* pending);
   void Count(const MovePlan& p);

@@ -1,7 +1,10 @@
 """On a GPU (skipped without a CUDA-enabled torch and a tiermem built with CUDA): CUDA tensors
 move with copy_in / copy_out on the current stream, device memory straight to and from pinned
 DRAM; the tiny GPT trains bit-identically on the GPU with each offload and all three; layouts
-come back exact; a CUDA tensor and an emulated runtime are refused, not crashed on."""
+come back exact; a CUDA tensor and an emulated runtime are refused, not crashed on.
+
+TM_TEST_REQUIRE_CUDA=1 (set by tools/gpu_check.sh) turns every such skip into a failure: on a GPU
+machine a runtime that cannot be created on CUDA is a fault, not a reason to pass."""
 
 import os
 
@@ -14,7 +17,16 @@ import tiermem  # noqa: E402
 import tiermem.torch as tt  # noqa: E402
 from tinygpt import TinyGPT, batches  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA-enabled torch/GPU")
+REQUIRE_CUDA = os.environ.get("TM_TEST_REQUIRE_CUDA") == "1"
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and not REQUIRE_CUDA,
+                                reason="no CUDA-enabled torch/GPU")
+
+
+@pytest.fixture(autouse=True)
+def _cuda_is_there():
+    if REQUIRE_CUDA and not torch.cuda.is_available():
+        pytest.fail("TM_TEST_REQUIRE_CUDA=1 but torch %s has no usable CUDA device" %
+                    torch.__version__)
 
 
 @pytest.fixture
@@ -28,6 +40,8 @@ def cuda_runtime(nvme_dir):
         try:
             rt = tiermem.Runtime(**base)
         except tiermem.TiermemError as e:
+            if REQUIRE_CUDA:
+                pytest.fail("TM_TEST_REQUIRE_CUDA=1 and no CUDA runtime of tiermem: %s" % e)
             pytest.skip("no CUDA runtime of tiermem: %s" % e)
         made.append(rt)
         return rt
@@ -38,7 +52,7 @@ def cuda_runtime(nvme_dir):
     assert os.listdir(nvme_dir) == [], "swap files left behind"
 
 
-def train(rt=None, saved=None, optim=None, params=None, steps=3):
+def train(rt=None, saved=None, optim=None, params=None, steps=3, counts=None):
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.manual_seed(0)
     torch.cuda.manual_seed(0)
@@ -55,8 +69,12 @@ def train(rt=None, saved=None, optim=None, params=None, steps=3):
         if rt is not None:
             with rt.step():
                 if saved:
-                    with tt.offload_saved_tensors(rt, saved, min_bytes=1024):
+                    with tt.offload_saved_tensors(rt, saved, min_bytes=1024) as hooks:
                         loss = model(x, y)
+                    if counts is not None:
+                        counts["packed"] = counts.get("packed", 0) + hooks.packed
+                        counts["packed_bytes"] = (counts.get("packed_bytes", 0) +
+                                                  hooks.packed_bytes)
                 else:
                     loss = model(x, y)
                 loss.backward()
@@ -81,10 +99,16 @@ def train(rt=None, saved=None, optim=None, params=None, steps=3):
 def test_gpt_bit_identical_on_the_gpu(cuda_runtime, config):
     reference = train()
     rt = cuda_runtime()
-    losses, params = train(rt, **config)
+    counts = {}
+    losses, params = train(rt, counts=counts, **config)
     assert losses == reference[0]
     assert all(torch.equal(a, b) for a, b in zip(params, reference[1]))
     stats = rt.stats()
+    # Bit-identical training proves nothing if nothing left the GPU: something was offloaded.
+    if "saved" in config:
+        assert counts.get("packed", 0) > 0 and counts["packed_bytes"] > 0, counts
+    if "dram" in config.values():
+        assert stats["tiers"]["dram"]["peak"] > 0, "nothing was ever held in DRAM"
     if "nvme" in config.values():
         assert stats["bytes_moved"]["dram"]["nvme"] > 0
     # Device memory went straight to DRAM: tiermem's HBM tier was never used by the offloads.

@@ -35,7 +35,4 @@ def test_ddp_two_ranks_bit_identical(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("bit-identical True") == 2
     ranks = sorted(re.findall(r"local_rank (\d+) of (\d+)", r.stdout))
-    if ranks == [("0", "1"), ("0", "1")]:
-        pytest.xfail("the library does not resolve torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE yet "
-                     "(tm_info.local_rank is 0 of 1 on both ranks)")
     assert ranks == [("0", "2"), ("1", "2")]
