@@ -141,7 +141,7 @@ absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* strea
 }
 
 absl::Status Runtime::CopyIn(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes,
-                             void* stream) {
+                             void* stream, bool stream_waits) {
   constexpr const char* kFn = "tm_tensor_copy_in";
   if (src == nullptr && bytes > 0) {
     return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("%s: src is NULL", kFn));
@@ -246,7 +246,7 @@ absl::Status Runtime::CopyIn(uint64_t handle, uint64_t offset, const void* src, 
   if (fresh) t.EndFill(target);
   // Valid in the stream's order now; replaces the other copies once it has landed.
   t.Land(target, *ticket, /*replaces=*/true);
-  if (stream != nullptr) {
+  if (stream != nullptr && stream_waits) {
     if (s = mover_->copy_engine().StreamWait(stream, ticket->fence); !s.ok()) {
       return StreamError(s, kFn, stream);
     }
