@@ -227,7 +227,30 @@ class Tensor:
 _SETTINGS = ("device", "cuda_device", "hbm_bytes", "dram_bytes", "nvme_paths", "nvme_bytes",
              "io_engine", "io_block_size", "io_queue_depth", "io_threads", "numa_node",
              "log_level", "emu_link_gbps", "prefetch_depth", "prefetch_bytes", "placement",
-             "trace", "checksum", "local_rank", "local_world_size")
+             "trace", "checksum", "local_rank", "local_world_size", "device_alloc", "device_free")
+
+
+def _allocator_callbacks(alloc, free):
+    """The C callbacks over Python callables alloc(nbytes, device, stream) -> address (an int;
+    0 or None when it cannot) and free(address, nbytes, device, stream). An exception counts as
+    a failed allocation (free's is ignored): it must not cross into the library's threads."""
+    if not callable(alloc) or not callable(free):
+        raise TypeError("device_alloc and device_free: expected two callables, got %s and %s" %
+                        (type(alloc).__name__, type(free).__name__))
+
+    def c_alloc(user, nbytes, device, stream):
+        try:
+            return int(alloc(int(nbytes), int(device), stream or None) or 0) or None
+        except BaseException:  # noqa: B902 (nothing may unwind through the C caller)
+            return None
+
+    def c_free(user, ptr, nbytes, device, stream):
+        try:
+            free(int(ptr), int(nbytes), int(device), stream or None)
+        except BaseException:  # noqa: B902
+            pass
+
+    return _capi.DEVICE_ALLOC(c_alloc), _capi.DEVICE_FREE(c_free)
 
 
 class Runtime:
@@ -242,6 +265,12 @@ class Runtime:
                             (", ".join(unknown), ", ".join(_SETTINGS)))
         cfg = _capi.Config()
         self._keep = []  # C strings the config points at, alive until create returns
+        alloc, free = settings.pop("device_alloc", None), settings.pop("device_free", None)
+        # The callbacks live as long as the runtime (tiermem calls them until it is destroyed).
+        self._allocator = None
+        if alloc is not None or free is not None:
+            self._allocator = _allocator_callbacks(alloc, free)
+            cfg.device_alloc, cfg.device_free = self._allocator
         for key, value in settings.items():
             if value is None:
                 continue

@@ -219,3 +219,44 @@ def test_views_off_copies_out(make_runtime):
     assert torch.equal(seen[0], t)
     assert rt.stats()["acquires"] == 0
     assert isinstance(hooks, tt.SavedTensorOffload) and tiermem.version()
+
+
+def test_hbm_tier_from_a_framework_allocator(nvme_dir):
+    """device_alloc / device_free as Python callables (tiermem.torch.runtime passes PyTorch's
+    caching allocator this way on CUDA): every HBM copy a view serves came from the callback,
+    and went back to it."""
+    blocks = {}
+
+    def alloc(nbytes, device, stream):
+        buf = ctypes.create_string_buffer(nbytes)
+        blocks[ctypes.addressof(buf)] = buf
+        return ctypes.addressof(buf)
+
+    def free(ptr, nbytes, device, stream):
+        del blocks[ptr]
+
+    with tiermem.Runtime(device="emulated", hbm_bytes="8MiB", dram_bytes="8MiB",
+                         nvme_paths=str(nvme_dir), nvme_bytes="8MiB", log_level="error",
+                         device_alloc=alloc, device_free=free) as rt:
+        assert rt.info()["device_allocator"]
+        t = torch.randn(128, 64)
+        x = torch.ones(3, requires_grad=True)
+        seen = []
+        with tt.offload_saved_tensors(rt, "dram", min_bytes=0) as hooks:
+            y = Save.apply(x, t, seen)
+        y.sum().backward()
+        assert hooks.unpacked_views == 1 and len(blocks) == 1
+        (ptr,) = blocks
+        assert seen[0].data_ptr() == ptr and torch.equal(seen[0], t)
+        del seen, y
+        gc.collect()
+        assert not blocks and rt.stats()["tensors"] == 0
+    with pytest.raises(TypeError, match="two callables"):
+        tiermem.Runtime(device="emulated", device_alloc=alloc)
+
+
+def test_torch_runtime_helper(nvme_dir):
+    with tt.runtime(device="emulated", hbm_bytes="8MiB", dram_bytes="8MiB",
+                    nvme_paths=str(nvme_dir), nvme_bytes="8MiB", log_level="error") as rt:
+        assert not rt.info()["device_allocator"]  # the emulated device keeps its own memory
+    assert set(tt.caching_allocator()) == {"device_alloc", "device_free"}

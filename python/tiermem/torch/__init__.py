@@ -10,14 +10,18 @@
             loss.backward()
         opt.step()
 
-The modules, one feature each: transfers (bytes between torch tensors and tiermem tensors),
-saved_tensors (activations), swapped (a tensor freed between uses), optimizer_state (ZeRO-Offload
-and the bucketed step driver), parameters (ZeRO-Infinity).
+On CUDA, tiermem.torch.runtime(...) creates the runtime with its HBM tier drawing from
+PyTorch's caching allocator. The modules, one feature each: allocator, transfers (bytes between
+torch tensors and tiermem tensors), saved_tensors (activations; stash and views serve it),
+swapped (a tensor freed between uses), optimizer_state (ZeRO-Offload and the bucketed step
+driver), parameters (ZeRO-Infinity).
 """
 
+from .allocator import caching_allocator, runtime
 from .optimizer_state import OptimizerStateOffload, offload_optimizer_state
 from .parameters import ParameterOffload, offload_parameters
 from .saved_tensors import SavedTensorOffload, offload_saved_tensors
 
 __all__ = ["offload_saved_tensors", "offload_optimizer_state", "offload_parameters",
-           "SavedTensorOffload", "OptimizerStateOffload", "ParameterOffload"]
+           "SavedTensorOffload", "OptimizerStateOffload", "ParameterOffload", "runtime",
+           "caching_allocator"]
