@@ -1,6 +1,7 @@
 """One torch tensor whose memory is freed between uses while tiermem holds its bytes (optimizer
 state, parameters)."""
 
+from .. import TiermemError
 from .transfers import _TIER_HOME, _destroy_quietly, _fetch, _resize_storage, _send
 
 
@@ -27,9 +28,19 @@ class _Swapped:
         _resize_storage(self.tensor, 0)
         self.resident = False
 
-    def prefetch(self):
-        if not self.resident and self.tier == "nvme":
-            self.tm.prefetch("dram")
+    def prefetch(self, tier=None):
+        """Starts bringing the bytes up ahead of bring_in: to tier, or (None) to DRAM when they
+        live on NVMe. A hint: tiermem drops it when there is no room."""
+        if self.resident:
+            return
+        if tier is None:
+            if self.tier == "nvme":
+                self.tm.prefetch("dram")
+            return
+        try:
+            self.tm.prefetch(tier)
+        except TiermemError:
+            pass  # busy (acquired, or moving down): bring_in copies from where the bytes are
 
     def bring_in(self):
         if self.resident:
