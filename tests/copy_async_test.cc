@@ -197,8 +197,7 @@ TEST_F(CopyDoneApi, BadArgumentsAreReported) {
   EXPECT_EQ(done, 0);
   EXPECT_EQ(tm_tensor_copy_in_async(rt_, t, 0, nullptr, 16, nullptr), TM_ERR_INVALID_ARGUMENT);
   char buf[16] = {0};
-  EXPECT_EQ(tm_tensor_copy_in_async(rt_, t, kBytes - 8, buf, 16, nullptr),
-            TM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(tm_tensor_copy_in_async(rt_, t, kBytes - 8, buf, 16, nullptr), TM_ERR_INVALID_ARGUMENT);
   TM_ASSERT_OK(tm_tensor_destroy(rt_, t));
   EXPECT_EQ(tm_tensor_copy_done(rt_, t, &done), TM_ERR_INVALID_HANDLE);
 }

@@ -30,9 +30,11 @@ class _Packed:
 
 
 def _is_parameter(t):
-    if isinstance(t, torch.nn.Parameter):
-        return True
-    base = getattr(t, "_base", None)
+    # Parameter's isinstance runs Python code (its metaclass): asked only of leaves and of
+    # views' bases, since activations are mostly neither.
+    if t.is_leaf:
+        return isinstance(t, torch.nn.Parameter)
+    base = t._base
     return base is not None and isinstance(base, torch.nn.Parameter)
 
 
