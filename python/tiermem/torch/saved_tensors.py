@@ -80,7 +80,10 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         # tier "nvme": the last packs stay in DRAM (the backward unpacks them first, before a
         # write to NVMe and the read back could be done); each older one is written down.
         self._recent = collections.deque()
-        self._recent_limit = 2 * max(1, int(runtime.info()["prefetch_depth"]))
+        depth = getattr(runtime, "_tiermem_prefetch_depth", None)
+        if depth is None:
+            depth = runtime._tiermem_prefetch_depth = int(runtime.info()["prefetch_depth"])
+        self._recent_limit = 2 * max(1, depth)
         super().__init__(self._pack, self._unpack)
 
     def __enter__(self):
