@@ -162,7 +162,10 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         while len(recent) > self._recent_limit:
             older = recent.popleft()()
             if older is not None and older.tm._h is not None:
-                older.tm.offload("nvme")  # queued: written once its copy has landed
+                try:
+                    older.tm.offload("nvme")  # queued: written once its copy has landed
+                except TiermemError:
+                    pass  # busy: already unpacked (acquired), so it is needed in DRAM anyway
 
     def _unpack(self, p):
         if isinstance(p, torch.Tensor):
