@@ -445,10 +445,11 @@ TM_API tm_status tm_tensor_copy_out(tm_runtime runtime, tm_tensor tensor, uint64
  * compute stream's memory never stalls that stream. The caller learns when src may be reused
  * or freed from tm_tensor_copy_done (a query that never blocks) or tm_tensor_sync (which
  * waits); until then src must stay unchanged and allocated. Later operations on the tensor are
- * ordered after the copy (a copy_out on the device, the others on the host). tm_tensor_destroy does not wait for it: the tensor's memory is freed once the copy
- * has landed, and src must stay allocated until it has (query before destroying). Host memory
- * into a DRAM copy with no stream (and no caller's stream still using that copy) is copied
- * before the call returns, as by tm_tensor_copy_in.
+ * ordered after the copy (a copy_out on the device, the others on the host). tm_tensor_destroy does
+ * not wait for it: the tensor's memory is freed once the copy has landed, and src must stay
+ * allocated until it has (query before destroying). Host memory into a DRAM copy with no stream
+ * (and no caller's stream still using that copy) is copied before the call returns, as by
+ * tm_tensor_copy_in.
  */
 TM_API tm_status tm_tensor_copy_in_async(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
                                          const void* src, uint64_t bytes, void* stream);
