@@ -266,3 +266,26 @@ def test_torch_runtime_helper(nvme_dir):
                     nvme_paths=str(nvme_dir), nvme_bytes="8MiB", log_level="error") as rt:
         assert not rt.info()["device_allocator"]  # the emulated device keeps its own memory
     assert set(tt.caching_allocator()) == {"device_alloc", "device_free"}
+
+
+def test_last_packs_start_into_hbm_when_the_forward_ends(make_runtime):
+    """The backward's first unpacks are the forward's last packs, which the schedule cannot
+    prefetch: the context starts them into HBM when it exits, as many as the prefetch depth.
+    Checked in a first step (no schedule yet), after waiting for the moves."""
+    rt = make_runtime(hbm_bytes="8MiB", dram_bytes="8MiB", prefetch_depth=4)
+    ts = [torch.full((64, 64), float(i)) for i in range(6)]
+    x = torch.ones(3, requires_grad=True)
+    seen = []
+    with rt.step():
+        with tt.offload_saved_tensors(rt, "dram", min_bytes=0) as hooks:
+            y = x
+            for t in ts:
+                y = Save.apply(y, t, seen)
+        rt.sync()
+        before = rt.stats()
+        y.sum().backward()
+        after = rt.stats()
+    assert hooks.unpacked_views == 6
+    assert after["acquires"] - before["acquires"] == 6
+    assert after["acquire_hits"] - before["acquire_hits"] == 4  # the last 4 packs, not the rest
+    assert [float(s[0, 0]) for s in seen] == [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]

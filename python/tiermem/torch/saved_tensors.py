@@ -77,12 +77,14 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         self.unpacked_views = 0
         self.unpacked_copies = 0
         self.error = None
-        # tier "nvme": the last packs stay in DRAM (the backward unpacks them first, before a
-        # write to NVMe and the read back could be done); each older one is written down.
+        # The last packs (weak references), which the backward unpacks first. Tier "nvme": they
+        # stay in DRAM (their write to NVMe and the read back could not be done before they are
+        # needed); each older one is written down.
         self._recent = collections.deque()
         depth = getattr(runtime, "_tiermem_prefetch_depth", None)
         if depth is None:
             depth = runtime._tiermem_prefetch_depth = int(runtime.info()["prefetch_depth"])
+        self._depth = depth
         self._recent_limit = 2 * max(1, depth)
         super().__init__(self._pack, self._unpack)
 
@@ -93,6 +95,8 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
 
     def __exit__(self, exc_type, exc, tb):
         super().__exit__(exc_type, exc, tb)
+        if exc is None:
+            self._prefetch_last()
         if self.error is not None and not isinstance(exc, TiermemError) and (
                 exc is None or isinstance(exc, RuntimeError)):
             raise self.error from exc
@@ -143,8 +147,7 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         p.viewable = self.views and p.dense and (p.device.type == "cuda") == self._cuda_runtime
         try:
             p.tm.copy_in_async(src.data_ptr(), nbytes, 0, _stream(src, self.runtime))
-            if self.tier == "nvme":
-                self._offload_behind(p)
+            self._note_recent(p)
             # The source stays alive until the copy has read it (the compute stream goes on).
             if not p.tm.copy_done():
                 self.stash.add(p, src, nbytes)
@@ -156,12 +159,27 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         self.packed_bytes += nbytes
         return p
 
-    def _offload_behind(self, p):
+    def _prefetch_last(self):
+        """The forward is over: its last packs are the backward's first unpacks (often the
+        largest, the logits). The schedule cannot prefetch them (a tensor is busy during its
+        own pack, and no other use comes before the backward), so they start into HBM now, as
+        many as the prefetch depth."""
+        if not self.views or self._depth <= 0:
+            return
+        for ref in list(self._recent)[:-self._depth - 1:-1]:  # the last ones, newest first
+            p = ref()
+            if p is not None and p.viewable and p.tm._h is not None:
+                try:
+                    p.tm.prefetch("hbm")  # a hint: dropped when there is no room
+                except TiermemError:
+                    pass  # acquired already (unpacked): nothing to prefetch
+
+    def _note_recent(self, p):
         recent = self._recent
         recent.append(weakref.ref(p))
         while len(recent) > self._recent_limit:
             older = recent.popleft()()
-            if older is not None and older.tm._h is not None:
+            if self.tier == "nvme" and older is not None and older.tm._h is not None:
                 try:
                     older.tm.offload("nvme")  # queued: written once its copy has landed
                 except TiermemError:
