@@ -54,6 +54,18 @@ int main(int argc, char** argv) {
     fprintf(stderr, "bytes differ after the round trip\n");
     return 1;
   }
+  /* The copy that the caller's stream does not wait for, from C: back in from the buffer, then
+   * asked without blocking until it is done. */
+  CHECK(tm_tensor_copy_in_async(rt, t, 0, data, desc.bytes, NULL));
+  int32_t done = 0;
+  do {
+    CHECK(tm_tensor_copy_done(rt, t, &done));
+  } while (!done);
+  CHECK(tm_tensor_read(rt, t, 0, back, desc.bytes));
+  if (memcmp(data, back, desc.bytes) != 0) {
+    fprintf(stderr, "bytes differ after tm_tensor_copy_in_async\n");
+    return 1;
+  }
   tm_stats stats = TM_STATS_INIT;
   CHECK(tm_runtime_stats(rt, &stats));
   if (stats.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME] != desc.bytes) return 1;

@@ -439,6 +439,30 @@ TM_API tm_status tm_tensor_copy_out(tm_runtime runtime, tm_tensor tensor, uint64
                                     void* dst, uint64_t bytes, void* stream);
 
 /**
+ * As tm_tensor_copy_in, except that the caller's stream does not wait for the copy: the copy
+ * starts on tiermem's copy stream after an event recorded on stream (the work queued on it so
+ * far; NULL: at once), and the stream's later work goes on without it, so that a copy out of a
+ * compute stream's memory never stalls that stream. The caller learns when src may be reused
+ * or freed from tm_tensor_copy_done (a query that never blocks) or tm_tensor_sync (which
+ * waits); until then src must stay unchanged and allocated. Later operations on the tensor are
+ * ordered after the copy (a copy_out on the device, the others on the host). tm_tensor_destroy does
+ * not wait for it: the tensor's memory is freed once the copy has landed, and src must stay
+ * allocated until it has (query before destroying). Host memory into a DRAM copy with no stream
+ * (and no caller's stream still using that copy) is copied before the call returns, as by
+ * tm_tensor_copy_in.
+ */
+TM_API tm_status tm_tensor_copy_in_async(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
+                                         const void* src, uint64_t bytes, void* stream);
+
+/**
+ * Whether the tensor's copies to and from callers' memory (tm_tensor_copy_in, _copy_in_async,
+ * _copy_out) have all landed, without blocking: *done is 1 when no such copy is in flight, so
+ * that every source may be reused and every destination read, and 0 otherwise. A copy that
+ * failed counts as done; its failure is reported by tm_tensor_sync / tm_runtime_sync.
+ */
+TM_API tm_status tm_tensor_copy_done(tm_runtime runtime, tm_tensor tensor, int32_t* done);
+
+/**
  * Starts moving the tensor down to tier (DRAM or NVMe) and returns at once: a valid copy is
  * written there, then the copies above it are freed. TM_ERR_BUSY at once when a copy above tier
  * is acquired. A failure of the move itself (TM_ERR_OUT_OF_MEMORY, TM_ERR_NO_SPACE, TM_ERR_IO)

@@ -463,6 +463,25 @@ TM_API tm_status tm_tensor_copy_in(tm_runtime runtime, tm_tensor tensor, uint64_
       runtime, [&](Runtime& rt) { return rt.CopyIn(tensor.bits, offset, src, bytes, stream); });
 }
 
+TM_API tm_status tm_tensor_copy_in_async(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
+                                         const void* src, uint64_t bytes, void* stream) {
+  if (src == nullptr && bytes > 0) return NullArgument("tm_tensor_copy_in_async", "src");
+  return WithRuntime(runtime, [&](Runtime& rt) {
+    return rt.CopyIn(tensor.bits, offset, src, bytes, stream, /*stream_waits=*/false);
+  });
+}
+
+TM_API tm_status tm_tensor_copy_done(tm_runtime runtime, tm_tensor tensor, int32_t* done) {
+  if (done == nullptr) return NullArgument("tm_tensor_copy_done", "done");
+  *done = 0;
+  return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
+    auto d = rt.CopyDone(tensor.bits);
+    if (!d.ok()) return d.status();
+    *done = *d ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
 TM_API tm_status tm_tensor_copy_out(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
                                     void* dst, uint64_t bytes, void* stream) {
   if (dst == nullptr && bytes > 0) return NullArgument("tm_tensor_copy_out", "dst");

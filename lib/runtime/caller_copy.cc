@@ -2,6 +2,7 @@
 // ordered on a stream) and tm_tensor_write / read (host memory, the host waits) are one path:
 // into the fastest valid copy (or on NVMe through staging), out of the fastest valid copy.
 // What keeps tiermem's own work from running ahead of callers' streams lives here too.
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -69,6 +70,7 @@ struct Runtime::CallerCopyRequest {
   io::FencePtr fence;      // the caller's stream's work so far; none without a stream
   void* stream = nullptr;  // waits for the copy; none: the caller syncs (or `wait`)
   bool wait = false;       // the host waits for the copy (tm_tensor_write / read)
+  bool stream_waits = true;  // false: tm_tensor_copy_in_async (the stream's later work does not)
 };
 
 absl::StatusOr<io::FencePtr> Runtime::StreamFence(void* stream, const char* function) {
@@ -79,9 +81,10 @@ absl::StatusOr<io::FencePtr> Runtime::StreamFence(void* stream, const char* func
 }
 
 absl::Status Runtime::CopyIn(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes,
-                             void* stream) {
-  return CallerCopy("tm_tensor_copy_in", handle, offset, const_cast<void*>(src), bytes, stream,
-                    /*into=*/true, /*wait=*/false);
+                             void* stream, bool stream_waits) {
+  return CallerCopy(stream_waits ? "tm_tensor_copy_in" : "tm_tensor_copy_in_async", handle, offset,
+                    const_cast<void*>(src), bytes, stream, /*into=*/true, /*wait=*/false,
+                    stream_waits);
 }
 
 absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes) {
@@ -101,7 +104,8 @@ absl::Status Runtime::Read(uint64_t handle, uint64_t offset, void* dst, uint64_t
 }
 
 absl::Status Runtime::CallerCopy(const char* fn, uint64_t handle, uint64_t offset, void* buffer,
-                                 uint64_t bytes, void* stream, bool into, bool wait) {
+                                 uint64_t bytes, void* stream, bool into, bool wait,
+                                 bool stream_waits) {
   if (buffer == nullptr && bytes > 0) {
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("%s: %s is NULL", fn, into ? "src" : "dst"));
@@ -114,6 +118,7 @@ absl::Status Runtime::CallerCopy(const char* fn, uint64_t handle, uint64_t offse
   r.buffer = static_cast<char*>(buffer);
   r.stream = stream;
   r.wait = wait;
+  r.stream_waits = stream_waits;
   auto fence = StreamFence(stream, fn);  // first: the copy follows the stream's work so far
   if (!fence.ok()) return fence.status();
   r.fence = *std::move(fence);
@@ -172,7 +177,7 @@ absl::Status Runtime::CopyInto(const CallerCopyRequest& r) {
   } else {
     // Valid in the stream's order now; replaces the other copies once it has landed.
     t.Land(target, **copy, /*replaces=*/true);
-    if (r.stream != nullptr) {
+    if (r.stream != nullptr && r.stream_waits) {
       if (s = mover_->copy_engine().StreamWait(r.stream, (*copy)->fence); !s.ok()) {
         return StreamError(s, r.fn, r.stream);
       }
@@ -201,6 +206,24 @@ absl::Status Runtime::RewriteOnNvme(Tensor& t, const CallerCopyRequest& r, Calle
   DropOthers(t, TM_TIER_NVME);
   NoteUse(t, TM_TIER_NVME, !(r.offset == 0 && r.bytes == t.bytes));
   return absl::OkStatus();
+}
+
+// tm_tensor_copy_done: whether a tensor's copies to and from callers' memory have landed, asked
+// without blocking, so that a caller whose stream does not wait for a copy
+// (tm_tensor_copy_in_async) learns when its source may be reused.
+absl::StatusOr<bool> Runtime::CopyDone(uint64_t handle) {
+  MutexLock lock(&mu_);
+  // Find, not Claim: another thread's operation on the tensor is not waited for.
+  auto found = Find(handle);
+  if (!found.ok()) return found.status();
+  const Tensor& t = **found;
+  // A copy_in (or a stream-ordered acquire) lands as the tensor's landing copy; copy_outs are
+  // listed until reaped.
+  if (t.landing.has_value() && !t.landing->fence->Passed()) return false;
+  return std::none_of(caller_copies_.begin(), caller_copies_.end(),
+                      [&](const CopyInFlight& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                        return c.handle == handle && !c.ticket.fence->Passed();
+                      });
 }
 
 absl::Status Runtime::CopyFrom(const CallerCopyRequest& r) {

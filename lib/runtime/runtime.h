@@ -83,8 +83,11 @@ class Runtime {
   absl::Status ReleaseOnStream(uint64_t handle, tm_tier tier, void* stream);
   // The caller's host or device memory into / out of the tensor, enqueued and ordered on
   // `stream` (see tm_tensor_copy_in / tm_tensor_copy_out).
+  // stream_waits == false: tm_tensor_copy_in_async (the stream's later work does not wait).
   absl::Status CopyIn(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes,
-                      void* stream);
+                      void* stream, bool stream_waits = true);
+  // Whether no copy between the tensor and callers' memory is in flight (tm_tensor_copy_done).
+  absl::StatusOr<bool> CopyDone(uint64_t handle);
   absl::Status CopyOut(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes, void* stream);
   // Asynchronous: queued, and return at once. A prefetch is a hint: dropped (and counted) when
   // it cannot be done. An offload's failure is kept until Sync, SyncAll or StepEnd reports it.
@@ -212,7 +215,8 @@ class Runtime {
   struct CallerCopyRequest;
   // The one path of CopyIn, Write (into) and CopyOut, Read (out of the tensor).
   absl::Status CallerCopy(const char* fn, uint64_t handle, uint64_t offset, void* buffer,
-                          uint64_t bytes, void* stream, bool into, bool wait);
+                          uint64_t bytes, void* stream, bool into, bool wait,
+                          bool stream_waits = true);
   // Zeros into the caller's buffer: the tensor was never written.
   absl::Status ReadZeros(Tensor& t, const CallerCopyRequest& r, CallerBuffer& buffer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

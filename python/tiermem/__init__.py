@@ -110,6 +110,10 @@ _CLASSES = {"other": _capi.CLASS_OTHER, "param": _capi.CLASS_PARAM, "grad": _cap
             "activation": _capi.CLASS_ACTIVATION}
 
 
+_ACCESS = {"read": _capi.ACCESS_READ, "write": _capi.ACCESS_WRITE,
+           "read_write": _capi.ACCESS_READ_WRITE}
+
+
 def _choice(table, value, field):
     try:
         return table[str(value).lower()]
@@ -144,6 +148,36 @@ class Tensor:
         stream: a cudaStream_t as an int, or None. Returns once enqueued (see sync())."""
         n = self.nbytes - offset if nbytes is None else nbytes
         self._call("tm_tensor_copy_in", offset, _ptr(src_ptr), n, _ptr(stream))
+
+    def copy_in_async(self, src_ptr, nbytes=None, offset=0, stream=None):
+        """As copy_in, but the stream does not wait for the copy: src must stay unchanged until
+        copy_done() is True (or sync() returns)."""
+        n = self.nbytes - offset if nbytes is None else nbytes
+        self._call("tm_tensor_copy_in_async", offset, _ptr(src_ptr), n, _ptr(stream))
+
+    def copy_done(self):
+        """True when none of the tensor's copies to or from callers' memory is in flight
+        (never blocks)."""
+        done = ctypes.c_int32()
+        self._call("tm_tensor_copy_done", ctypes.byref(done))
+        return bool(done.value)
+
+    def acquire(self, tier, access="read", stream=None):
+        """Pins the tensor's copy in tier ("hbm" or "dram") and returns its address (an int; a
+        device pointer for HBM on CUDA). access: "read", "write" or "read_write". Each acquire
+        needs one release."""
+        out = ctypes.c_void_p()
+        self._call("tm_tensor_acquire", _tier(tier), _choice(_ACCESS, access, "access"),
+                   _ptr(stream), ctypes.byref(out))
+        return out.value
+
+    def release(self, tier, stream=None):
+        """Unpins one acquire in tier; with a stream, once the stream's work so far has passed
+        (tm_tensor_release_on_stream)."""
+        if stream is None:
+            self._call("tm_tensor_release", _tier(tier))
+        else:
+            self._call("tm_tensor_release_on_stream", _tier(tier), _ptr(stream))
 
     def copy_out(self, dst_ptr, nbytes=None, offset=0, stream=None):
         """Copies nbytes of the tensor at offset to address dst_ptr. Without a stream the bytes
@@ -193,7 +227,30 @@ class Tensor:
 _SETTINGS = ("device", "cuda_device", "hbm_bytes", "dram_bytes", "nvme_paths", "nvme_bytes",
              "io_engine", "io_block_size", "io_queue_depth", "io_threads", "numa_node",
              "log_level", "emu_link_gbps", "prefetch_depth", "prefetch_bytes", "placement",
-             "trace", "checksum", "local_rank", "local_world_size")
+             "trace", "checksum", "local_rank", "local_world_size", "device_alloc", "device_free")
+
+
+def _allocator_callbacks(alloc, free):
+    """The C callbacks over Python callables alloc(nbytes, device, stream) -> address (an int;
+    0 or None when it cannot) and free(address, nbytes, device, stream). An exception counts as
+    a failed allocation (free's is ignored): it must not cross into the library's threads."""
+    if not callable(alloc) or not callable(free):
+        raise TypeError("device_alloc and device_free: expected two callables, got %s and %s" %
+                        (type(alloc).__name__, type(free).__name__))
+
+    def c_alloc(user, nbytes, device, stream):
+        try:
+            return int(alloc(int(nbytes), int(device), stream or None) or 0) or None
+        except BaseException:  # noqa: B902 (nothing may unwind through the C caller)
+            return None
+
+    def c_free(user, ptr, nbytes, device, stream):
+        try:
+            free(int(ptr), int(nbytes), int(device), stream or None)
+        except BaseException:  # noqa: B902
+            pass
+
+    return _capi.DEVICE_ALLOC(c_alloc), _capi.DEVICE_FREE(c_free)
 
 
 class Runtime:
@@ -208,6 +265,12 @@ class Runtime:
                             (", ".join(unknown), ", ".join(_SETTINGS)))
         cfg = _capi.Config()
         self._keep = []  # C strings the config points at, alive until create returns
+        alloc, free = settings.pop("device_alloc", None), settings.pop("device_free", None)
+        # The callbacks live as long as the runtime (tiermem calls them until it is destroyed).
+        self._allocator = None
+        if alloc is not None or free is not None:
+            self._allocator = _allocator_callbacks(alloc, free)
+            cfg.device_alloc, cfg.device_free = self._allocator
         for key, value in settings.items():
             if value is None:
                 continue

@@ -1,0 +1,274 @@
+"""Parameter offload (ZeRO-Infinity), by unit as FSDP wraps: a unit is a module subtree (by
+default each block of the model's largest ModuleList, and the root for the rest), and every
+parameter of a unit is in before the unit's forward and backward, so that a module reading a
+child's parameter directly (nn.MultiheadAttention reads out_proj.weight) finds it in. The next
+units' parameters are prefetched into HBM while a unit runs, in forward and in backward order."""
+
+import torch
+
+from .optimizer_state import _StepDriver
+from .swapped import _Swapped
+from .transfers import _check_tier, _owns_storage
+
+
+class _PreBackward(torch.autograd.Function):
+    """Identity on a unit's outputs; in backward it brings the unit's parameters in before the
+    unit's own backward runs."""
+
+    @staticmethod
+    def forward(ctx, offload, unit, *outputs):
+        ctx.offload, ctx.unit = offload, unit
+        return tuple(o.detach() for o in outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.offload._before_backward(ctx.unit)
+        return (None, None) + grads
+
+
+class _Unit:
+    """A module subtree whose parameters come and go together."""
+
+    __slots__ = ("module", "records", "index")
+
+    def __init__(self, module, records):
+        self.module, self.records, self.index = module, records, None
+
+
+def _largest_module_list(module):
+    best, best_size = None, 0
+    for m in module.modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m) > 0:
+            size = sum(p.numel() for p in m.parameters())
+            if size > best_size:
+                best, best_size = m, size
+    return list(best) if best is not None else []
+
+
+def _outermost(module, chosen):
+    """The modules under module (not module itself) for which chosen(m), none inside another."""
+    out = []
+
+    def walk(m):
+        for child in m.children():
+            if chosen(child):
+                out.append(child)
+            else:
+                walk(child)
+
+    walk(module)
+    return out
+
+
+def _unit_modules(module, units):
+    """The blocks the policy `units` chooses: None (each block of the largest ModuleList), a
+    collection of module classes (their outermost instances), a callable(module) -> bool, or a
+    collection of modules."""
+    if units is None:
+        return _largest_module_list(module)
+    if callable(units) and not isinstance(units, type):
+        return _outermost(module, units)
+    units = list(units) if not isinstance(units, type) else [units]
+    if all(isinstance(u, type) for u in units):
+        classes = tuple(units)
+        return _outermost(module, lambda m: isinstance(m, classes))
+    if all(isinstance(u, torch.nn.Module) for u in units):
+        inside = {id(m) for m in module.modules()}
+        for u in units:
+            if id(u) not in inside or u is module:
+                raise ValueError("units: %s is not a submodule of the offloaded module" %
+                                 type(u).__name__)
+        return units
+    raise TypeError("units: expected None, module classes, modules or a callable(module)")
+
+
+class ParameterOffload:
+    """Handle of offload_parameters: .gathered() (every parameter in, written back after),
+    .remove() (parameters back in ordinary tensors, hooks gone), .records, .units."""
+
+    def __init__(self, module, runtime, tier, optimizer, bucket_bytes, units=None):
+        self.module = module
+        self.runtime = runtime
+        self.tier = tier
+        blocks = _unit_modules(module, units)  # first: a bad policy leaves nothing behind
+        self.records = {}  # id(param) -> _Swapped
+        for name, p in module.named_parameters():
+            if id(p) in self.records or not _owns_storage(p.data):
+                continue  # tied (held once) or a view into a shared buffer (left alone)
+            # The Parameter itself: its version counter tells whether a step changed it.
+            self.records[id(p)] = _Swapped(runtime, p, "param", "param." + name, tier)
+        self.units = []
+        in_block = set()
+        for b in blocks:
+            mine = [self.records[id(p)] for p in b.parameters() if id(p) in self.records]
+            in_block.update(id(s) for s in mine)
+            self.units.append(_Unit(b, mine))
+        rest = [s for s in self.records.values() if id(s) not in in_block]
+        self.units.insert(0, _Unit(module, rest))  # the root: what no block holds
+        self._order = []  # units in the order their forwards ran (learned in the first)
+        self._pending = {}  # unit -> ids of parameters whose gradient is still to come
+        self._kept = set()  # units held since their backward (or always: unwrappable output)
+        self._backward_hooked = False
+        self._hooks = []
+        for u in self.units:
+            self._hooks.append(u.module.register_forward_pre_hook(self._pre_forward_of(u)))
+            self._hooks.append(u.module.register_forward_hook(self._post_forward_of(u)))
+        self.optimizer_aware = optimizer is not None
+        self._grad_hooks = []
+        if self.optimizer_aware:
+            # Released after the unit's backward only when the step knows to bring them in.
+            self._units_of = {}
+            for u in self.units:
+                for s in u.records:
+                    self._units_of.setdefault(id(s.tensor), []).append(u)
+            for s in self.records.values():
+                if s.tensor.requires_grad:
+                    self._grad_hooks.append(s.tensor.register_hook(self._grad_hook(id(s.tensor))))
+            self.driver = _StepDriver.of(optimizer, bucket_bytes)
+            self.driver.params = self
+        else:
+            self.driver = None
+
+    # Reference counts: a tied parameter is held by each unit using it.
+    def hold(self, s):
+        s.refs += 1
+        s.bring_in()
+
+    def unhold(self, s, dirty=None):
+        s.refs = max(0, s.refs - 1)
+        if s.refs == 0:
+            s.let_go(dirty)
+
+    def _prefetch(self, unit, step):
+        """Starts the parameters of the unit `step` places from `unit` in forward order on
+        their way into HBM."""
+        if unit.index is None:
+            return
+        i = unit.index + step
+        if 0 <= i < len(self._order):
+            for s in self._order[i].records:
+                s.prefetch("hbm")
+
+    def _hold_unit(self, unit):
+        for s in unit.records:
+            s.prefetch()  # NVMe -> DRAM for all of them first, then one by one in
+        for s in unit.records:
+            self.hold(s)
+
+    def _pre_forward_of(self, unit):
+        def hook(module, inputs):
+            self._backward_hooked = False  # a backward that raised never ran its callback
+            if unit.index is None:
+                unit.index = len(self._order)
+                self._order.append(unit)
+            self._prefetch(unit, +1)
+            if unit in self._kept:
+                self._kept.discard(unit)  # held since its backward: that hold is this forward's
+                return
+            self._hold_unit(unit)
+        return hook
+
+    def _post_forward_of(self, unit):
+        def hook(module, inputs, output):
+            if not torch.is_grad_enabled():
+                for s in unit.records:
+                    self.unhold(s)
+                return output
+            tensors = [output] if torch.is_tensor(output) else (
+                list(output) if isinstance(output, (tuple, list)) else None)
+            if tensors is None or not all(torch.is_tensor(o) for o in tensors):
+                # Not wrappable, so its backward cannot say when it starts: the parameters stay.
+                self._kept.add(unit)
+                return output
+            for s in unit.records:
+                self.unhold(s)
+            if not any(o.requires_grad for o in tensors):
+                return output
+            wrapped = _PreBackward.apply(self, unit, *tensors)
+            if torch.is_tensor(output):
+                return wrapped[0]
+            return type(output)(wrapped) if isinstance(output, tuple) else list(wrapped)
+        return hook
+
+    def _before_backward(self, unit):
+        if not self._backward_hooked:
+            self._backward_hooked = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
+        self._prefetch(unit, -1)  # the backward runs the units in reverse
+        if unit in self._pending or unit in self._kept:
+            return  # a unit whose outputs get gradients twice is brought in once
+        self._hold_unit(unit)
+        if self.optimizer_aware:
+            self._pending[unit] = {id(s.tensor) for s in unit.records if s.tensor.requires_grad}
+            if not self._pending[unit]:
+                self._release_unit(unit)
+        else:
+            self._kept.add(unit)  # let go by its next forward, which writes back a change
+
+    def _release_unit(self, unit):
+        self._pending.pop(unit, None)
+        for s in unit.records:
+            self.unhold(s)
+
+    def _grad_hook(self, pid):
+        def hook(grad):
+            for unit in self._units_of.get(pid, ()):
+                pending = self._pending.get(unit)
+                if pending is not None and pid in pending:
+                    pending.discard(pid)
+                    if not pending:
+                        self._release_unit(unit)
+            return grad
+        return hook
+
+    def _after_backward(self):
+        self._backward_hooked = False
+        if self.optimizer_aware:
+            # Whatever a gradient hook did not let go (no gradient this time): let go now.
+            for unit in list(self._pending):
+                self._release_unit(unit)
+
+    def gathered(self):
+        """Context manager: every parameter in (to read or change them); written back and
+        freed after."""
+        offload = self
+
+        class _Gathered:
+            def __enter__(self):
+                for s in offload.records.values():
+                    offload.hold(s)
+                return offload.module
+
+            def __exit__(self, *exc):
+                for s in offload.records.values():
+                    offload.unhold(s)
+
+        return _Gathered()
+
+    def remove(self):
+        """Parameters back in ordinary tensors; hooks removed; tiermem's copies destroyed."""
+        for h in self._hooks + self._grad_hooks:
+            h.remove()
+        self._hooks, self._grad_hooks = [], []
+        for s in self.records.values():
+            s.restore()
+        self.records.clear()
+        if self.driver is not None:
+            self.driver.params = None
+            self.driver.detach_if_unused()
+
+
+def offload_parameters(module, runtime, tier="dram", optimizer=None, bucket_bytes=64 << 20,
+                       units=None):
+    """ZeRO-Infinity: the module's parameter data lives in tiermem, brought in by unit (units:
+    None for each block of the model's largest ModuleList, a collection of module classes, a
+    callable(module) -> bool, or a collection of submodules; the root holds the rest). A
+    unit's parameters are brought in before its forward and let go after, brought in again for
+    its backward, while the next unit's are prefetched into HBM. With optimizer (the one
+    stepping these parameters), they are let go after the unit's backward too, and
+    optimizer.step() brings them in bucket by bucket (with their state, when
+    offload_optimizer_state is used as well); without one, the backward leaves them in until the
+    next forward lets each go. Tied parameters are held once; parameters that are views into a
+    shared buffer are left alone. Returns a handle (gathered(), remove())."""
+    return ParameterOffload(module, runtime, _check_tier(tier), optimizer, int(bucket_bytes),
+                            units)

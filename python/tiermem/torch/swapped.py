@@ -1,0 +1,72 @@
+"""One torch tensor whose memory is freed between uses while tiermem holds its bytes (optimizer
+state, parameters)."""
+
+from .. import TiermemError
+from .transfers import _TIER_HOME, _destroy_quietly, _fetch, _resize_storage, _send
+
+
+class _Swapped:
+    """One torch tensor whose bytes live in tiermem between uses."""
+
+    __slots__ = ("tensor", "tm", "nbytes", "tier", "resident", "version", "refs")
+
+    def __init__(self, runtime, tensor, cls, name, tier):
+        self.tensor = tensor
+        self.nbytes = tensor.numel() * tensor.element_size()
+        self.tier = tier
+        self.tm = runtime.tensor(self.nbytes, cls, _TIER_HOME[tier], name)
+        self.refs = 0
+        try:
+            self.send()
+        except BaseException:
+            _destroy_quietly(self.tm)
+            raise
+
+    def send(self):
+        """Copies the tensor's bytes to tiermem and frees its memory."""
+        _send(self.tm, self.tensor, self.nbytes, self.tier)
+        _resize_storage(self.tensor, 0)
+        self.resident = False
+
+    def prefetch(self, tier=None):
+        """Starts bringing the bytes up ahead of bring_in: to tier, or (None) to DRAM when they
+        live on NVMe. A hint: tiermem drops it when there is no room."""
+        if self.resident:
+            return
+        if tier is None:
+            if self.tier == "nvme":
+                self.tm.prefetch("dram")
+            return
+        try:
+            self.tm.prefetch(tier)
+        except TiermemError:
+            pass  # busy (acquired, or moving down): bring_in copies from where the bytes are
+
+    def bring_in(self):
+        if self.resident:
+            return
+        _resize_storage(self.tensor, self.nbytes)
+        try:
+            _fetch(self.tm, self.tensor, self.nbytes)
+        except BaseException:
+            _resize_storage(self.tensor, 0)
+            raise
+        self.resident = True
+        self.version = self.tensor._version
+
+    def let_go(self, dirty=None):
+        """Frees the memory; writes the bytes back first when they changed since bring_in."""
+        if not self.resident:
+            return
+        if dirty is None:
+            dirty = self.tensor._version != self.version
+        if dirty:
+            self.send()
+        else:
+            _resize_storage(self.tensor, 0)
+            self.resident = False
+
+    def restore(self):
+        """Back to an ordinary tensor: resident, and tiermem's copy destroyed."""
+        self.bring_in()
+        _destroy_quietly(self.tm)

@@ -1,0 +1,136 @@
+"""offload_parameters by unit: models whose modules read a child's parameters without calling
+the child (nn.MultiheadAttention reads out_proj.weight; nn.TransformerEncoderLayer is built on
+it), tied embeddings, and a custom module doing the same, train bit-identically with their
+parameters offloaded, with every unit policy; the next units' parameters are prefetched into
+HBM."""
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tiermem.torch as tt
+
+HIDDEN, VOCAB, SEQ = 32, 64, 8
+
+
+class AttnBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(HIDDEN)
+        self.attn = torch.nn.MultiheadAttention(HIDDEN, 4, batch_first=True)
+
+    def forward(self, x):
+        h = self.ln(x)
+        return x + self.attn(h, h, h, need_weights=False)[0]
+
+
+class Direct(torch.nn.Module):
+    """Uses its child's weight directly, never calling the child."""
+
+    def __init__(self):
+        super().__init__()
+        self.child = torch.nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, x):
+        return x + torch.tanh(F.linear(x, self.child.weight * 0.5, self.child.bias))
+
+
+class Model(torch.nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, HIDDEN)
+        if kind == "encoder":
+            make = lambda: torch.nn.TransformerEncoderLayer(HIDDEN, 4, 2 * HIDDEN, dropout=0.0,
+                                                            batch_first=True)
+        elif kind == "mha":
+            make = AttnBlock
+        else:
+            make = Direct
+        self.blocks = torch.nn.ModuleList(make() for _ in range(3))
+        self.head = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
+        self.head.weight = self.emb.weight  # tied
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def train(kind, rt=None, steps=3, **offload):
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(0)
+    model = Model(kind)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    handle = None
+    if rt is not None:
+        with_opt = offload.pop("with_optimizer", True)
+        handle = tt.offload_parameters(model, rt, optimizer=opt if with_opt else None,
+                                       **offload)
+    losses = []
+    g = torch.Generator().manual_seed(5)
+    for _ in range(steps):
+        x, y = torch.randint(VOCAB, (4, SEQ), generator=g), torch.randint(VOCAB, (4, SEQ),
+                                                                         generator=g)
+        ctx = rt.step() if rt is not None else torch.autograd.graph.saved_tensors_hooks(
+            lambda t: t, lambda t: t)
+        with ctx:
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        losses.append(loss.item())
+    units = None if handle is None else [u.module for u in handle.units]
+    if handle is not None:
+        handle.remove()
+    assert model.head.weight is model.emb.weight
+    return losses, [p.detach().clone() for p in model.parameters()], units
+
+
+@pytest.mark.parametrize("kind", ["encoder", "mha", "direct"])
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+@pytest.mark.parametrize("with_optimizer", [True, False], ids=["optimizer", "no-optimizer"])
+def test_bit_identical_by_unit(make_runtime, kind, tier, with_optimizer):
+    ref_losses, ref_params, _ = train(kind)
+    rt = make_runtime(hbm_bytes="8MiB", dram_bytes="1MiB")
+    losses, params, units = train(kind, rt, tier=tier, with_optimizer=with_optimizer)
+    assert losses == ref_losses
+    assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
+    # Default policy: the root (embedding, tied head) and each block of the ModuleList.
+    assert len(units) == 4 and all(type(u).__name__ != "ModuleList" for u in units[1:])
+    s = rt.stats()
+    assert s["prefetches"] > 0
+    assert s["bytes_moved"]["dram"]["hbm"] > 0  # the next units' parameters went up ahead
+    gc.collect()
+    assert rt.stats()["tensors"] == 0
+
+
+@pytest.mark.parametrize("units", [
+    {torch.nn.TransformerEncoderLayer},
+    lambda m: isinstance(m, torch.nn.TransformerEncoderLayer),
+], ids=["classes", "callable"])
+def test_unit_policies(make_runtime, units):
+    ref_losses, ref_params, _ = train("encoder")
+    rt = make_runtime(hbm_bytes="8MiB", dram_bytes="1MiB")
+    losses, params, chosen = train("encoder", rt, tier="dram", units=units)
+    assert losses == ref_losses
+    assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
+    assert [type(u).__name__ for u in chosen[1:]] == ["TransformerEncoderLayer"] * 3
+
+
+def test_explicit_modules_and_bad_policies(make_runtime):
+    rt = make_runtime()
+    model = Model("direct")
+    handle = tt.offload_parameters(model, rt, units=[model.blocks[0], model.blocks[2]])
+    assert [u.module for u in handle.units] == [model, model.blocks[0], model.blocks[2]]
+    # The root holds what the chosen blocks do not: the embedding (tied head) and block 1.
+    assert len(handle.units[0].records) == 1 + 2
+    handle.remove()
+    with pytest.raises(ValueError, match="not a submodule"):
+        tt.offload_parameters(model, rt, units=[torch.nn.Linear(2, 2)])
+    with pytest.raises(TypeError, match="units"):
+        tt.offload_parameters(model, rt, units=[3])
+    gc.collect()
+    assert rt.stats()["tensors"] == 0

@@ -1,0 +1,291 @@
+"""offload_saved_tensors at the link's speed, on the emulated device (HBM is host memory): the
+backward's unpacks are served by HBM copies the schedule prefetched ahead, as tensors viewing
+them; each saved byte crosses each link once per step; a pack returns while its copy is still
+on the (slowed) link and its source stays alive until the copy has passed; views are released
+when PyTorch frees them."""
+
+import ctypes
+import gc
+import weakref
+
+import pytest
+import torch
+
+import tiermem
+import tiermem.torch as tt
+from tinygpt import TinyGPT, batches
+
+STEPS = 5
+
+
+def delta(after, before):
+    moved = {(a, b): after["bytes_moved"][a][b] - before["bytes_moved"][a][b]
+             for a in ("hbm", "dram", "nvme") for b in ("hbm", "dram", "nvme")}
+    return dict(acquires=after["acquires"] - before["acquires"],
+                hits=after["acquire_hits"] - before["acquire_hits"], moved=moved)
+
+
+def train(rt, tier):
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=128, seq=32, hidden=64, heads=4, blocks=2)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    steps = []
+    for x, y in batches(STEPS, 4, 32, 128):
+        before = rt.stats()
+        with rt.step():
+            with tt.offload_saved_tensors(rt, tier, min_bytes=1024) as hooks:
+                loss = model(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        del loss
+        gc.collect()
+        after = rt.stats()
+        steps.append((hooks, delta(after, before), after))
+    return steps
+
+
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_backward_unpacks_hit_prefetched_hbm_views(make_runtime, tier):
+    # To DRAM, a depth that covers the tiny model's whole backward (39 saved tensors, 1.8 MiB):
+    # test machines are shared, and a prefetch is only ahead if its mover thread gets a core.
+    # To NVMe a smaller one, so that the packs outside the last 2 x depth are written there.
+    depth = 32 if tier == "dram" else 8
+    rt = make_runtime(hbm_bytes="32MiB", dram_bytes="64MiB", prefetch_depth=depth)
+    steps = train(rt, tier)
+    # From step two on (the schedule was learned in step one), at least 90% of the unpacks hit
+    # an HBM copy prefetched ahead, to DRAM, counted over steps 2 to 5: in one step, 39
+    # unpacks leave room for only 3 late prefetches, and a loaded test machine can cause more.
+    # The last one or two packs miss by design: the schedule cannot prefetch a tensor during its
+    # own pack, and no other use comes between the forward and the backward. To NVMe, how many
+    # are in time depends on the disk and the load (30% to 100% measured here, with the
+    # forward's NVMe writes still running when the backward starts): checked to happen at all.
+    later = [d for _, d, _ in steps[1:]]
+    hits, acquires = sum(d["hits"] for d in later), sum(d["acquires"] for d in later)
+    assert hits >= (0.9 if tier == "dram" else 0.05) * acquires, "%d of %d unpacks hit" % (
+        hits, acquires)
+    if tier == "nvme":
+        assert sum(d["moved"]["dram", "nvme"] for _, d, _ in steps) > 0
+    for i, (hooks, d, after) in enumerate(steps):
+        assert hooks.packed > 20
+        # Every unpack views the acquired HBM copy; nothing is copied out.
+        assert hooks.unpacked_views == hooks.packed and hooks.unpacked_copies == 0
+        assert d["acquires"] == hooks.packed
+        # Views were released when PyTorch freed them: the saved tensors were all destroyed
+        # (a pinned one cannot be), and no HBM copy is left.
+        assert after["tensors"] == 0
+        assert after["tiers"]["hbm"]["used"] == 0
+
+
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_each_saved_byte_crosses_each_link_once(make_runtime, tier):
+    rt = make_runtime(hbm_bytes="32MiB", dram_bytes="64MiB")
+    written = rewritten = total = 0
+    for hooks, d, _ in train(rt, tier):
+        moved, packed = d["moved"], hooks.packed_bytes
+        total += packed
+        if tier == "dram":
+            assert moved["dram", "hbm"] == packed  # up the link once, for the backward
+            assert moved["hbm", "dram"] == 0  # the HBM copies are clean: dropped, not written
+            assert moved["dram", "nvme"] == moved["nvme", "dram"] == 0
+        else:
+            # What went down to NVMe came back once. The last packs (the backward's first
+            # unpacks) stay in DRAM, as does one the backward reaches before its write did.
+            assert moved["dram", "nvme"] == moved["nvme", "dram"] <= packed
+            assert moved["dram", "hbm"] >= packed
+            written += moved["dram", "nvme"]
+            # Under load an offload that runs after the schedule's prefetch into HBM drops the
+            # HBM copy, which then crosses again: rare (seen once in many runs), bounded here.
+            rewritten += moved["dram", "hbm"] - packed + moved["hbm", "dram"]
+    assert tier == "dram" or (written > 0 and rewritten <= total // 20)
+
+
+class Save(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, t, seen):
+        ctx.save_for_backward(t)
+        ctx.seen = seen
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        (t,) = ctx.saved_tensors
+        ctx.seen.append(t)
+        return g, None, None
+
+
+def device_tensor(rt, values):
+    """A float32 tensor in the emulated device's memory (an acquired HBM copy), as an activation
+    lives in GPU memory: its copy into DRAM crosses the (capped) link."""
+    n = values.numel() * 4
+    src = rt.tensor(n, "other", "hbm", "activation")
+    src.write(values.numpy().tobytes())
+    ptr = src.acquire("hbm", "read")
+    t = torch.frombuffer((ctypes.c_char * n).from_address(ptr), dtype=torch.float32)
+    return src, t
+
+
+def test_pack_returns_before_its_copy_lands_and_keeps_the_source(make_runtime):
+    # 4 MiB at 0.02 GB/s: about 200 ms on the link.
+    rt = make_runtime(hbm_bytes="32MiB", dram_bytes="32MiB", emu_link_gbps=0.02)
+    values = torch.randn(1 << 20)
+    src, t = device_tensor(rt, values)
+    source = weakref.ref(t)
+    x = torch.ones(3, requires_grad=True)
+    seen = []
+    hooks = tt.offload_saved_tensors(rt, "dram", min_bytes=0)
+    with hooks:
+        y = Save.apply(x, t, seen)
+    del t
+    assert hooks.packed == 1
+    stash = hooks.stash
+    assert len(stash) == 1, "the pack returned with its copy done: nothing was asynchronous"
+    (packed, _, _), = list(stash._entries)
+    assert not packed.tm.copy_done()
+    gc.collect()
+    assert source() is not None, "the source was let go while its copy still read it"
+    stash.flush()
+    assert packed.tm.copy_done() and len(stash) == 0
+    gc.collect()
+    assert source() is None, "the stash kept the source after its copy had passed"
+    y.sum().backward()
+    assert torch.equal(seen[0], values)
+    src.release("hbm")
+    del seen, y, packed
+    gc.collect()
+    src.destroy()
+    assert rt.stats()["tensors"] == 0
+
+
+def test_stash_is_bounded(make_runtime):
+    rt = make_runtime(hbm_bytes="32MiB", dram_bytes="32MiB", emu_link_gbps=0.05)
+    srcs = [device_tensor(rt, torch.full((1 << 18,), float(i))) for i in range(4)]  # 1 MiB each
+    x = torch.ones(3, requires_grad=True)
+    seen = []
+    hooks = tt.offload_saved_tensors(rt, "dram", min_bytes=0, stash_bytes=2 << 20)
+    with hooks:
+        ys = [Save.apply(x, t, seen) for _, t in srcs]
+    assert hooks.stash.bytes <= 2 << 20
+    assert hooks.stash.waits >= 1
+    sum(y.sum() for y in ys).backward()
+    assert sorted(float(s[0]) for s in seen) == [0.0, 1.0, 2.0, 3.0]
+    hooks.stash.flush()
+    del seen, ys
+    gc.collect()
+    for src, _ in srcs:
+        src.release("hbm")
+        src.destroy()
+    assert rt.stats()["tensors"] == 0
+
+
+def test_views_are_released_when_pytorch_frees_them(make_runtime):
+    rt = make_runtime(hbm_bytes="8MiB", dram_bytes="8MiB")
+    base = rt.stats()["tensors"]
+    t = torch.randn(64, 64)
+    x = torch.ones(3, requires_grad=True)
+    seen = []
+    with tt.offload_saved_tensors(rt, "dram", min_bytes=0) as hooks:
+        y = Save.apply(x, t, seen)
+    y.sum().backward()
+    assert hooks.unpacked_views == 1
+    view = seen.pop()
+    assert torch.equal(view, t)
+    # The graph is gone, but the view still holds the acquired HBM copy (and its tensor).
+    del y
+    gc.collect()
+    assert rt.stats()["tensors"] == base + 1
+    assert rt.stats()["tiers"]["hbm"]["used"] > 0
+    del view
+    gc.collect()
+    assert rt.stats()["tensors"] == base
+    assert rt.stats()["tiers"]["hbm"]["used"] == 0
+
+
+def test_no_room_in_hbm_copies_out(make_runtime):
+    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="8MiB")
+    t = torch.randn(1 << 19)  # 2 MiB: more than the whole HBM tier
+    x = torch.ones(3, requires_grad=True)
+    seen = []
+    with tt.offload_saved_tensors(rt, "dram", min_bytes=0) as hooks:
+        y = Save.apply(x, t, seen)
+    y.sum().backward()
+    assert hooks.unpacked_views == 0 and hooks.unpacked_copies == 1
+    assert torch.equal(seen[0], t)
+
+
+def test_views_off_copies_out(make_runtime):
+    rt = make_runtime()
+    t = torch.randn(64, 64)
+    x = torch.ones(3, requires_grad=True)
+    seen = []
+    with tt.offload_saved_tensors(rt, "dram", min_bytes=0, views=False) as hooks:
+        y = Save.apply(x, t, seen)
+    y.sum().backward()
+    assert hooks.unpacked_views == 0 and hooks.unpacked_copies == 1
+    assert torch.equal(seen[0], t)
+    assert rt.stats()["acquires"] == 0
+    assert isinstance(hooks, tt.SavedTensorOffload) and tiermem.version()
+
+
+def test_hbm_tier_from_a_framework_allocator(nvme_dir):
+    """device_alloc / device_free as Python callables (tiermem.torch.runtime passes PyTorch's
+    caching allocator this way on CUDA): every HBM copy a view serves came from the callback,
+    and went back to it."""
+    blocks = {}
+
+    def alloc(nbytes, device, stream):
+        buf = ctypes.create_string_buffer(nbytes)
+        blocks[ctypes.addressof(buf)] = buf
+        return ctypes.addressof(buf)
+
+    def free(ptr, nbytes, device, stream):
+        del blocks[ptr]
+
+    with tiermem.Runtime(device="emulated", hbm_bytes="8MiB", dram_bytes="8MiB",
+                         nvme_paths=str(nvme_dir), nvme_bytes="8MiB", log_level="error",
+                         device_alloc=alloc, device_free=free) as rt:
+        assert rt.info()["device_allocator"]
+        t = torch.randn(128, 64)
+        x = torch.ones(3, requires_grad=True)
+        seen = []
+        with tt.offload_saved_tensors(rt, "dram", min_bytes=0) as hooks:
+            y = Save.apply(x, t, seen)
+        y.sum().backward()
+        assert hooks.unpacked_views == 1 and len(blocks) == 1
+        (ptr,) = blocks
+        assert seen[0].data_ptr() == ptr and torch.equal(seen[0], t)
+        del seen, y
+        gc.collect()
+        assert not blocks and rt.stats()["tensors"] == 0
+    with pytest.raises(TypeError, match="two callables"):
+        tiermem.Runtime(device="emulated", device_alloc=alloc)
+
+
+def test_torch_runtime_helper(nvme_dir):
+    with tt.runtime(device="emulated", hbm_bytes="8MiB", dram_bytes="8MiB",
+                    nvme_paths=str(nvme_dir), nvme_bytes="8MiB", log_level="error") as rt:
+        assert not rt.info()["device_allocator"]  # the emulated device keeps its own memory
+    assert set(tt.caching_allocator()) == {"device_alloc", "device_free"}
+
+
+def test_last_packs_start_into_hbm_when_the_forward_ends(make_runtime):
+    """The backward's first unpacks are the forward's last packs, which the schedule cannot
+    prefetch: the context starts them into HBM when it exits, as many as the prefetch depth.
+    Checked in a first step (no schedule yet), after waiting for the moves."""
+    rt = make_runtime(hbm_bytes="8MiB", dram_bytes="8MiB", prefetch_depth=4)
+    ts = [torch.full((64, 64), float(i)) for i in range(6)]
+    x = torch.ones(3, requires_grad=True)
+    seen = []
+    with rt.step():
+        with tt.offload_saved_tensors(rt, "dram", min_bytes=0) as hooks:
+            y = x
+            for t in ts:
+                y = Save.apply(y, t, seen)
+        rt.sync()
+        before = rt.stats()
+        y.sum().backward()
+        after = rt.stats()
+    assert hooks.unpacked_views == 6
+    assert after["acquires"] - before["acquires"] == 6
+    assert after["acquire_hits"] - before["acquire_hits"] == 4  # the last 4 packs, not the rest
+    assert [float(s[0, 0]) for s in seen] == [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]
