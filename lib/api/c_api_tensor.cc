@@ -1,0 +1,143 @@
+// The extern "C" boundary, tensors: create, destroy, copies in and out, acquire and release,
+// moves and residency.
+#include <cstddef>
+#include <cstring>
+#include <string>
+
+#include "lib/api/c_boundary.h"
+
+using namespace tiermem;  // NOLINT: the C entry points below implement the tm_* ABI
+
+extern "C" {
+
+TM_API tm_status tm_tensor_create(tm_runtime runtime, const tm_tensor_desc* desc, tm_tensor* out) {
+  if (desc == nullptr) return NullArgument("tm_tensor_create", "desc");
+  if (out == nullptr) return NullArgument("tm_tensor_create", "out");
+  out->bits = 0;
+  if (desc->struct_size < offsetof(tm_tensor_desc, name) + sizeof(desc->name) ||
+      desc->struct_size > (1u << 16)) {
+    return Fail(
+        TM_ERR_INVALID_ARGUMENT,
+        absl::StrFormat("tm_tensor_desc.struct_size is %zu: fill it with TM_TENSOR_DESC_INIT",
+                        desc->struct_size));
+  }
+  return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
+    TensorDesc d;
+    d.bytes = desc->bytes;
+    d.cls = desc->cls;
+    d.home_tier = desc->home_tier;
+    // At most 256 bytes are kept, cut before a UTF-8 character rather than inside one (one
+    // byte more is read to see whether the cut falls inside a character).
+    if (desc->name != nullptr) {
+      const absl::string_view given(desc->name, strnlen(desc->name, 257));
+      d.name = std::string(Utf8Prefix(given, 256));
+    }
+    auto h = rt.CreateTensor(d);
+    if (!h.ok()) return h.status();
+    out->bits = *h;
+    return absl::OkStatus();
+  });
+}
+
+TM_API tm_status tm_tensor_destroy(tm_runtime runtime, tm_tensor tensor) {
+  return WithRuntime(runtime, [&](Runtime& rt) { return rt.DestroyTensor(tensor.bits); });
+}
+
+TM_API tm_status tm_tensor_bytes(tm_runtime runtime, tm_tensor tensor, uint64_t* bytes) {
+  if (bytes == nullptr) return NullArgument("tm_tensor_bytes", "bytes");
+  return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
+    auto b = rt.TensorBytes(tensor.bits);
+    if (!b.ok()) return b.status();
+    *bytes = *b;
+    return absl::OkStatus();
+  });
+}
+
+TM_API tm_status tm_tensor_write(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
+                                 const void* src, uint64_t bytes) {
+  if (src == nullptr && bytes > 0) return NullArgument("tm_tensor_write", "src");
+  return WithRuntime(runtime,
+                     [&](Runtime& rt) { return rt.Write(tensor.bits, offset, src, bytes); });
+}
+
+TM_API tm_status tm_tensor_read(tm_runtime runtime, tm_tensor tensor, uint64_t offset, void* dst,
+                                uint64_t bytes) {
+  if (dst == nullptr && bytes > 0) return NullArgument("tm_tensor_read", "dst");
+  return WithRuntime(runtime,
+                     [&](Runtime& rt) { return rt.Read(tensor.bits, offset, dst, bytes); });
+}
+
+TM_API tm_status tm_tensor_acquire(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
+                                   tm_access access, void* stream, void** ptr) {
+  if (ptr == nullptr) return NullArgument("tm_tensor_acquire", "ptr");
+  *ptr = nullptr;
+  return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
+    auto p = rt.Acquire(tensor.bits, tier, access, stream);
+    if (!p.ok()) return p.status();
+    *ptr = *p;
+    return absl::OkStatus();
+  });
+}
+
+TM_API tm_status tm_tensor_release(tm_runtime runtime, tm_tensor tensor, tm_tier tier) {
+  return WithRuntime(runtime, [&](Runtime& rt) { return rt.Release(tensor.bits, tier); });
+}
+
+TM_API tm_status tm_tensor_release_on_stream(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
+                                             void* stream) {
+  return WithRuntime(runtime,
+                     [&](Runtime& rt) { return rt.ReleaseOnStream(tensor.bits, tier, stream); });
+}
+
+TM_API tm_status tm_tensor_copy_in(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
+                                   const void* src, uint64_t bytes, void* stream) {
+  if (src == nullptr && bytes > 0) return NullArgument("tm_tensor_copy_in", "src");
+  return WithRuntime(
+      runtime, [&](Runtime& rt) { return rt.CopyIn(tensor.bits, offset, src, bytes, stream); });
+}
+
+TM_API tm_status tm_tensor_copy_in_async(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
+                                         const void* src, uint64_t bytes, void* stream) {
+  if (src == nullptr && bytes > 0) return NullArgument("tm_tensor_copy_in_async", "src");
+  return WithRuntime(runtime, [&](Runtime& rt) {
+    return rt.CopyIn(tensor.bits, offset, src, bytes, stream, /*stream_waits=*/false);
+  });
+}
+
+TM_API tm_status tm_tensor_copy_done(tm_runtime runtime, tm_tensor tensor, int32_t* done) {
+  if (done == nullptr) return NullArgument("tm_tensor_copy_done", "done");
+  *done = 0;
+  return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
+    auto d = rt.CopyDone(tensor.bits);
+    if (!d.ok()) return d.status();
+    *done = *d ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
+TM_API tm_status tm_tensor_copy_out(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
+                                    void* dst, uint64_t bytes, void* stream) {
+  if (dst == nullptr && bytes > 0) return NullArgument("tm_tensor_copy_out", "dst");
+  return WithRuntime(
+      runtime, [&](Runtime& rt) { return rt.CopyOut(tensor.bits, offset, dst, bytes, stream); });
+}
+
+TM_API tm_status tm_tensor_offload(tm_runtime runtime, tm_tensor tensor, tm_tier tier) {
+  return WithRuntime(runtime, [&](Runtime& rt) { return rt.Offload(tensor.bits, tier); });
+}
+
+TM_API tm_status tm_tensor_prefetch(tm_runtime runtime, tm_tensor tensor, tm_tier tier) {
+  return WithRuntime(runtime, [&](Runtime& rt) { return rt.Prefetch(tensor.bits, tier); });
+}
+
+TM_API tm_status tm_tensor_residency(tm_runtime runtime, tm_tensor tensor, uint32_t* mask) {
+  if (mask == nullptr) return NullArgument("tm_tensor_residency", "mask");
+  return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
+    auto m = rt.Residency(tensor.bits);
+    if (!m.ok()) return m.status();
+    *mask = *m;
+    return absl::OkStatus();
+  });
+}
+
+}  // extern "C"
