@@ -13,6 +13,7 @@
 #include "io/sync.h"
 #include "lib/config.h"
 #include "lib/handle.h"
+#include "lib/last_error.h"
 #include "lib/planner.h"
 #include "lib/runtime.h"
 #include "lib/status.h"
@@ -21,10 +22,8 @@
 namespace tiermem {
 namespace {
 
-thread_local std::string t_last_error;
-
 tm_status Fail(tm_status code, absl::string_view message) {
-  t_last_error.assign(message.data(), message.size());
+  LastErrorSlot().assign(message.data(), message.size());
   return code;
 }
 
@@ -268,7 +267,7 @@ using namespace tiermem;  // NOLINT: the C entry points below implement the tm_*
 
 extern "C" {
 
-TM_API const char* tm_last_error(void) { return t_last_error.c_str(); }
+TM_API const char* tm_last_error(void) { return LastErrorSlot().c_str(); }
 
 TM_API tm_status tm_runtime_create(const tm_config* config, tm_runtime* out) {
   if (out == nullptr) return NullArgument("tm_runtime_create", "out");

@@ -1,0 +1,10 @@
+#include "lib/last_error.h"
+
+namespace tiermem {
+
+std::string& LastErrorSlot() {
+  thread_local std::string message;
+  return message;
+}
+
+}  // namespace tiermem
