@@ -1,6 +1,7 @@
 // The CPU Adam against its roofline and against torch, side by side in one run.
 //
-// For each size: a STREAM-like triad (a = b + s*c over three arrays of N floats) with the same
+// Every figure is the best of its repetitions, taken alike for every row (the machine may be
+// shared). For each size: a STREAM-like triad (a = b + s*c over three arrays of N floats) with the same
 // threads gives the DRAM bandwidth, STREAM-counted (12 B per element); the roofline of a fused
 // AdamW step is 28 B per parameter over it. tiermem's step (tm_adam_step, fp32 gradients) is
 // timed at each thread count, and torch.optim.AdamW (foreach=True; fused=True where the torch has
@@ -32,11 +33,6 @@ double Now() {
       .count();
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 void Check(tm_status s, const char* what) {
   if (s != TM_OK) {
     std::fprintf(stderr, "%s: %s: %s\n", what, tm_status_string(s), tm_last_error());
@@ -44,53 +40,88 @@ void Check(tm_status s, const char* what) {
   }
 }
 
-// STREAM triad over n floats per array on `threads` threads; returns bytes/s (12 B/element).
-double TriadBandwidth(size_t n, int threads, int reps) {
-  std::unique_ptr<float[]> a(new float[n]), b(new float[n]), c(new float[n]);
-  auto run = [&](auto&& body) {
-    std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t) {
-      ts.emplace_back([&, t] {
-        const size_t lo = n * t / threads, hi = n * (t + 1) / threads;
-        body(lo, hi);
-      });
-    }
-    for (auto& t : ts) t.join();
-  };
-  run([&](size_t lo, size_t hi) {  // first touch by the thread that streams it
-    for (size_t i = lo; i < hi; ++i) a[i] = 0.0f, b[i] = 1.0f, c[i] = 2.0f;
-  });
-  std::vector<double> times;
-  for (int r = 0; r < reps + 1; ++r) {
+// The timed bodies: a STREAM triad (12 B/element, STREAM-counted) and tiermem's fused step
+// (28 B/param). They are timed in alternation and the best of each kept, so that both see the
+// same moments of a shared machine.
+class Triad {
+ public:
+  Triad(size_t n, int threads) : n_(n), threads_(threads), a_(new float[n]), b_(new float[n]),
+                                 c_(new float[n]) {
+    Run([&](size_t lo, size_t hi) {  // first touch by the thread that streams it
+      for (size_t i = lo; i < hi; ++i) a_[i] = 0.0f, b_[i] = 1.0f, c_[i] = 2.0f;
+    });
+  }
+  double Time() {
     const double t0 = Now();
-    run([&](size_t lo, size_t hi) {
-      float* __restrict pa = a.get();
-      const float* __restrict pb = b.get();
-      const float* __restrict pc = c.get();
+    Run([&](size_t lo, size_t hi) {
+      float* __restrict pa = a_.get();
+      const float* __restrict pb = b_.get();
+      const float* __restrict pc = c_.get();
       for (size_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.0f * pc[i];
     });
-    if (r > 0) times.push_back(Now() - t0);  // the first is a warm-up
+    return Now() - t0;
   }
-  return 12.0 * static_cast<double>(n) / Median(times);
+  double Bytes() const { return 12.0 * static_cast<double>(n_); }
+
+ private:
+  template <typename Body>
+  void Run(Body&& body) {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads_; ++t) {
+      ts.emplace_back([&, t] { body(n_ * t / threads_, n_ * (t + 1) / threads_); });
+    }
+    for (auto& t : ts) t.join();
+  }
+  size_t n_;
+  int threads_;
+  std::unique_ptr<float[]> a_, b_, c_;
+};
+
+class AdamRun {
+ public:
+  AdamRun(size_t n, int threads) : p_(n, 0.5f), m_(n, 0.0f), v_(n, 0.0f), g_(n, 0.01f) {
+    tm_adam_config c = TM_ADAM_CONFIG_INIT;
+    c.threads = threads;
+    c.numa_node = TM_NUMA_OFF;
+    Check(tm_adam_create({0}, &c, &adam_), "tm_adam_create");
+    span_ = {p_.data(), m_.data(), v_.data(), nullptr, g_.data(), TM_DTYPE_F32,
+             nullptr,   TM_DTYPE_F32, n};
+  }
+  ~AdamRun() { tm_adam_destroy(adam_); }
+  double Time() {
+    const double t0 = Now();
+    Check(tm_adam_step(adam_, ++step_, 1.0f, &span_, 1), "tm_adam_step");
+    return Now() - t0;
+  }
+
+ private:
+  std::vector<float> p_, m_, v_, g_;
+  tm_adam adam_{0};
+  tm_adam_span span_;
+  uint64_t step_ = 0;
+};
+
+// Best of `reps` alternated timings (after one warm-up each): {triad bytes/s, adam seconds}.
+std::pair<double, double> TriadAndAdam(size_t n, int threads, int reps) {
+  // The triad's arrays need only be far larger than the caches: at most 64M floats each.
+  Triad triad(std::min<size_t>(n, size_t{64} << 20), threads);
+  AdamRun adam(n, threads);
+  triad.Time();
+  adam.Time();
+  double best_triad = 1e30, best_adam = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    best_triad = std::min(best_triad, triad.Time());
+    best_adam = std::min(best_adam, adam.Time());
+  }
+  return {triad.Bytes() / best_triad, best_adam};
 }
 
 double TiermemStep(size_t n, int threads, int reps) {
-  std::vector<float> p(n, 0.5f), m(n, 0.0f), v(n, 0.0f), g(n, 0.01f);
-  tm_adam_config c = TM_ADAM_CONFIG_INIT;
-  c.threads = threads;
-  c.numa_node = TM_NUMA_OFF;
-  tm_adam adam{0};
-  Check(tm_adam_create({0}, &c, &adam), "tm_adam_create");
-  tm_adam_span span = {p.data(), m.data(), v.data(), nullptr, g.data(), TM_DTYPE_F32,
-                       nullptr,  TM_DTYPE_F32, n};
-  std::vector<double> times;
-  for (int r = 0; r < reps + 1; ++r) {
-    const double t0 = Now();
-    Check(tm_adam_step(adam, static_cast<uint64_t>(r + 1), 1.0f, &span, 1), "tm_adam_step");
-    if (r > 0) times.push_back(Now() - t0);
-  }
-  tm_adam_destroy(adam);
-  return Median(times);
+  AdamRun adam(n, threads);
+  adam.Time();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) best = std::min(best, adam.Time());
+  return best;
 }
 
 struct TorchTimes {
@@ -184,9 +215,8 @@ int main(int argc, char** argv) {
   for (size_t mega : a.sizes_m) {
     const size_t n = mega << 20;
     for (int t : a.threads) {
-      const double bw = TriadBandwidth(n, t, a.reps);
+      const auto [bw, ours] = TriadAndAdam(n, t, a.reps);
       const double roof = 28.0 * static_cast<double>(n) / bw;
-      const double ours = TiermemStep(n, t, a.reps);
       const TorchTimes tt = TorchStep(a.torch, n, t, std::max(2, a.reps / 2));
       char fused[32];
       if (tt.fused > 0) {
@@ -290,16 +320,15 @@ void NvmeRows(const Args& a) {
       bs[b] = {ts[b], cnt, grad.data() + b * bucket, TM_DTYPE_F32, nullptr, TM_DTYPE_F32};
     }
     Check(tm_runtime_sync(nv.rt), "sync");
-    std::vector<double> times;
+    double ours = 1e30;
     const int reps = std::max(2, a.reps / 2);
     for (int r = 0; r < reps; ++r) {
       const double t0 = Now();
       size_t done = 0;
       Check(tm_adam_step_buckets(adam, static_cast<uint64_t>(r + 1), 1.0f, bs.data(), nb, &done),
             "tm_adam_step_buckets");
-      times.push_back(Now() - t0);
+      ours = std::min(ours, Now() - t0);
     }
-    const double ours = Median(times);
     const double cpu = TiermemStep(n, threads, std::max(2, a.reps / 2));
     const double io = 12.0 * n / nv.read_bw + 12.0 * n / nv.write_bw;
     const double bound = std::max(cpu, io);

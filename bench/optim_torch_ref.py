@@ -2,17 +2,16 @@
 """The reference for bench/optim_bench: torch.optim.AdamW on CPU over one flat fp32 parameter.
 
 Usage: optim_torch_ref.py N THREADS REPS. Prints "foreach SECONDS" and "fused SECONDS" (the
-median step time after a warm-up step), or "fused unavailable: WHY" where this torch has no
+best step time of REPS after a warm-up step, as optim_bench takes its own), or "fused unavailable: WHY" where this torch has no
 fused CPU AdamW (torch < 2.4).
 """
-import statistics
 import sys
 import time
 
 import torch
 
 
-def median_step(n, reps, **kwargs):
+def best_step(n, reps, **kwargs):
     p = torch.nn.Parameter(torch.randn(n))
     p.grad = torch.randn(n)
     opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.01, **kwargs)
@@ -23,15 +22,15 @@ def median_step(n, reps, **kwargs):
         opt.step()
         times.append(time.perf_counter() - t0)
     del opt, p
-    return statistics.median(times)
+    return min(times)
 
 
 def main():
     n, threads, reps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(threads)
-    print("foreach %.6f" % median_step(n, reps, foreach=True), flush=True)
+    print("foreach %.6f" % best_step(n, reps, foreach=True), flush=True)
     try:
-        print("fused %.6f" % median_step(n, reps, fused=True), flush=True)
+        print("fused %.6f" % best_step(n, reps, fused=True), flush=True)
     except (TypeError, RuntimeError, ValueError) as e:
         print("fused unavailable: %s" % str(e).splitlines()[0], flush=True)
 
