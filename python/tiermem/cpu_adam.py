@@ -11,7 +11,6 @@ two. See docs/pytorch.md ("CPUAdam") for clipping, mixed precision and the overl
 """
 
 import ctypes
-import queue
 import threading
 from collections import defaultdict
 from itertools import chain
@@ -108,6 +107,7 @@ class CPUAdam(torch.optim.Optimizer):
         _check(_lib.tm_adam_create(runtime._handle(), ctypes.byref(cfg), ctypes.byref(self._adam)),
                "tm_adam_create")
         self._slots = {}
+        self._stepped, self._unfinished = set(), None
         self._lock = threading.Lock()  # one C step at a time (the worker and step())
         self._overlap = None
         cuda = any(p.is_cuda for p in self._params())
@@ -228,6 +228,7 @@ class CPUAdam(torch.optim.Optimizer):
         # Buckets stepped whole are counted and uploaded; the others are untouched, so the
         # step can be taken again for them once the cause is gone.
         for p, _ in pairs[:done.value]:
+            self._stepped.add(p)
             self.state[p]["step"] += 1
             slot = self._slots[p]
             if slot.out_host is not None:
@@ -245,7 +246,20 @@ class CPUAdam(torch.optim.Optimizer):
             return loss
         items = [(p, g, p.grad) for g in self.param_groups for p in g["params"]
                  if p.grad is not None]
-        self._step_params(items, self._grad_scale([grad for _, _, grad in items]))
+        if self._unfinished is not None:
+            # The step a failure interrupted: only its parameters left untouched, with the
+            # clipping coefficient of the whole step.
+            left, scale = self._unfinished
+            items = [it for it in items if it[0] in left]
+        else:
+            scale = self._grad_scale([grad for _, _, grad in items])
+        self._stepped = set()
+        try:
+            self._step_params(items, scale)
+        except tiermem.TiermemError:
+            self._unfinished = ({p for p, _, _ in items if p not in self._stepped}, scale)
+            raise
+        self._unfinished = None
         return loss
 
     # ---- checkpoints, in torch.optim.AdamW's layout ----
