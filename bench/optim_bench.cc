@@ -1,8 +1,8 @@
 // The CPU Adam against its roofline and against torch, side by side in one run.
 //
 // Every figure is the best of its repetitions, taken alike for every row (the machine may be
-// shared). For each size: a STREAM-like triad (a = b + s*c over three arrays of N floats) with the same
-// threads gives the DRAM bandwidth, STREAM-counted (12 B per element); the roofline of a fused
+// shared). For each size: a STREAM-like triad (a = b + s*c over three arrays of N floats) with the
+// same threads gives the DRAM bandwidth, STREAM-counted (12 B per element); the roofline of a fused
 // AdamW step is 28 B per parameter over it. tiermem's step (tm_adam_step, fp32 gradients) is
 // timed at each thread count, and torch.optim.AdamW (foreach=True; fused=True where the torch has
 // it) through bench/optim_torch_ref.py under /usr/bin/python3. With the state on NVMe
@@ -29,8 +29,7 @@
 namespace {
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 void Check(tm_status s, const char* what) {
@@ -45,8 +44,8 @@ void Check(tm_status s, const char* what) {
 // same moments of a shared machine.
 class Triad {
  public:
-  Triad(size_t n, int threads) : n_(n), threads_(threads), a_(new float[n]), b_(new float[n]),
-                                 c_(new float[n]) {
+  Triad(size_t n, int threads)
+      : n_(n), threads_(threads), a_(new float[n]), b_(new float[n]), c_(new float[n]) {
     Run([&](size_t lo, size_t hi) {  // first touch by the thread that streams it
       for (size_t i = lo; i < hi; ++i) a_[i] = 0.0f, b_[i] = 1.0f, c_[i] = 2.0f;
     });
@@ -84,8 +83,8 @@ class AdamRun {
     c.threads = threads;
     c.numa_node = TM_NUMA_OFF;
     Check(tm_adam_create({0}, &c, &adam_), "tm_adam_create");
-    span_ = {p_.data(), m_.data(), v_.data(), nullptr, g_.data(), TM_DTYPE_F32,
-             nullptr,   TM_DTYPE_F32, n};
+    span_ = {p_.data(),    m_.data(), v_.data(),    nullptr, g_.data(),
+             TM_DTYPE_F32, nullptr,   TM_DTYPE_F32, n};
   }
   ~AdamRun() { tm_adam_destroy(adam_); }
   double Time() {
@@ -207,7 +206,9 @@ int main(int argc, char** argv) {
   tm_optim_isa isa;
   tm_optim_isa_get(nullptr, &isa);
   std::printf("CPU Adam, kernel %s, %u hardware threads\n",
-              isa == TM_OPTIM_ISA_AVX512 ? "avx512" : isa == TM_OPTIM_ISA_AVX2 ? "avx2" : "baseline",
+              isa == TM_OPTIM_ISA_AVX512 ? "avx512"
+              : isa == TM_OPTIM_ISA_AVX2 ? "avx2"
+                                         : "baseline",
               std::thread::hardware_concurrency());
   std::printf("%8s %3s %9s %10s %10s %8s %11s %11s %9s %s\n", "params", "thr", "triad GB/s",
               "roofline", "tiermem", "x roof", "torch each", "torch fused", "x foreach",
@@ -227,7 +228,8 @@ int main(int argc, char** argv) {
       std::printf("%7zuM %3d %9.2f %10.1f %10.1f %8.2f %11.1f %s %9.2f\n", mega, t, bw / 1e9,
                   roof * 1e3, ours * 1e3, roof / ours, tt.foreach * 1e3, fused,
                   tt.foreach > 0 ? tt.foreach / ours : 0.0);
-      if (!tt.fused_note.empty()) std::printf("          torch fused=True %s\n", tt.fused_note.c_str());
+      if (!tt.fused_note.empty())
+        std::printf("          torch fused=True %s\n", tt.fused_note.c_str());
       std::fflush(stdout);
     }
   }
@@ -287,14 +289,15 @@ void NvmeRows(const Args& a) {
   tm_info info = TM_INFO_INIT;
   Check(tm_runtime_info(nv.rt, &info), "tm_runtime_info");
   MeasureNvme(nv, bucket_bytes, 4);
-  std::printf("\nState on NVMe (%s, %s, O_DIRECT %s; buckets of %zuM params, prefetch depth %d,"
-              " %d threads)\n",
-              a.nvme.c_str(), info.io_engine == TM_IO_ENGINE_URING ? "io_uring" : "posix",
-              info.nvme_alignment > 1 ? "on" : "off", a.bucket_m, depth, threads);
+  std::printf(
+      "\nState on NVMe (%s, %s, O_DIRECT %s; buckets of %zuM params, prefetch depth %d,"
+      " %d threads)\n",
+      a.nvme.c_str(), info.io_engine == TM_IO_ENGINE_URING ? "io_uring" : "posix",
+      info.nvme_alignment > 1 ? "on" : "off", a.bucket_m, depth, threads);
   std::printf("NVMe through tiermem: read %.2f GB/s, write %.2f GB/s\n", nv.read_bw / 1e9,
               nv.write_bw / 1e9);
-  std::printf("%8s %10s %10s %10s %10s %8s\n", "params", "CPU step", "NVMe I/O", "bound",
-              "tiermem", "x bound");
+  std::printf("%8s %10s %10s %10s %10s %8s\n", "params", "CPU step", "NVMe I/O", "bound", "tiermem",
+              "x bound");
   tm_adam_config ac = TM_ADAM_CONFIG_INIT;
   ac.threads = threads;
   tm_adam adam{0};
@@ -332,8 +335,8 @@ void NvmeRows(const Args& a) {
     const double cpu = TiermemStep(n, threads, std::max(2, a.reps / 2));
     const double io = 12.0 * n / nv.read_bw + 12.0 * n / nv.write_bw;
     const double bound = std::max(cpu, io);
-    std::printf("%7zuM %10.1f %10.1f %10.1f %10.1f %8.2f\n", mega, cpu * 1e3, io * 1e3,
-                bound * 1e3, ours * 1e3, ours / bound);
+    std::printf("%7zuM %10.1f %10.1f %10.1f %10.1f %8.2f\n", mega, cpu * 1e3, io * 1e3, bound * 1e3,
+                ours * 1e3, ours / bound);
     std::fflush(stdout);
     for (auto& t : ts) Check(tm_tensor_destroy(nv.rt, t), "destroy");
   }

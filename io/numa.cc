@@ -88,9 +88,8 @@ absl::Status Topology::BindArea(void* addr, size_t len, int node) const {
 absl::Status Topology::BindCallingThreadToNode(int node) const {
   hwloc_obj_t obj = hwloc_get_numanode_obj_by_os_index(handle_->topo, static_cast<unsigned>(node));
   if (obj == nullptr || obj->cpuset == nullptr || hwloc_bitmap_iszero(obj->cpuset)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("NUMA node %d: no such node with cores (this machine has %d nodes)", node,
-                        NodeCount()));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "NUMA node %d: no such node with cores (this machine has %d nodes)", node, NodeCount()));
   }
   if (hwloc_set_cpubind(handle_->topo, obj->cpuset, HWLOC_CPUBIND_THREAD) != 0) {
     int err = errno;

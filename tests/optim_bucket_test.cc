@@ -96,7 +96,11 @@ class Buckets : public ::testing::Test {
   std::vector<tm_adam_bucket> Specs() {
     std::vector<tm_adam_bucket> v;
     for (size_t b = 0; b < kBuckets; ++b) {
-      v.push_back({{tensors_[b]}, counts_[b], grads_[b].data(), TM_DTYPE_BF16, out_[b].data(),
+      v.push_back({{tensors_[b]},
+                   counts_[b],
+                   grads_[b].data(),
+                   TM_DTYPE_BF16,
+                   out_[b].data(),
                    TM_DTYPE_BF16});
     }
     return v;

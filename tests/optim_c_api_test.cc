@@ -52,8 +52,7 @@ TEST(OptimCApi, BadArgumentsAreNamed) {
   tm_adam_bucket bucket = {{1}, 1, &x, TM_DTYPE_F32, nullptr, TM_DTYPE_F32};
   EXPECT_EQ(tm_adam_step_buckets(adam, 1, 1.0f, &bucket, 1, nullptr), TM_ERR_INVALID_ARGUMENT);
   EXPECT_NE(LastError().find("without a runtime"), std::string::npos) << LastError();
-  EXPECT_EQ(tm_optim_set_isa_limit(static_cast<tm_optim_isa>(9), nullptr),
-            TM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(tm_optim_set_isa_limit(static_cast<tm_optim_isa>(9), nullptr), TM_ERR_INVALID_ARGUMENT);
   EXPECT_NE(LastError().find("limit"), std::string::npos) << LastError();
   ASSERT_EQ(tm_adam_destroy(adam), TM_OK);
   EXPECT_EQ(tm_adam_destroy(adam), TM_ERR_INVALID_HANDLE) << "destroyed twice";

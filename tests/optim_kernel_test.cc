@@ -135,8 +135,8 @@ void ExpectClose(const State& before, const State& got, const State& want, const
     const double vn = c.amsgrad ? std::max<double>(want.vmax[i], want.v[i]) : want.v[i];
     const double denom = std::sqrt(vn) / c.bc2_sqrt + c.eps;
     const double tol_m = 2 * 3 * kU * M, tol_v = 2 * 4 * kU * V;
-    const double tol_p = 2 * (2 * kU * std::abs(want.p[i]) +
-                              12 * kU * std::abs(c.neg_step_size) * M / denom);
+    const double tol_p =
+        2 * (2 * kU * std::abs(want.p[i]) + 12 * kU * std::abs(c.neg_step_size) * M / denom);
     auto check = [&](const char* what, float a, float b, double tol) {
       const bool ok = exact ? SameFloat(a, b)
                             : (std::isnan(a) ? std::isnan(b)
@@ -169,8 +169,8 @@ class Kernel : public ::testing::TestWithParam<Isa> {
  protected:
   void SetUp() override {
     if (static_cast<int>(GetParam()) > static_cast<int>(DetectedIsa())) {
-      GTEST_SKIP() << "this CPU does not run " << IsaName(GetParam()) << " (best: "
-                   << IsaName(DetectedIsa()) << ")";
+      GTEST_SKIP() << "this CPU does not run " << IsaName(GetParam())
+                   << " (best: " << IsaName(DetectedIsa()) << ")";
     }
     ASSERT_EQ(SetIsaLimit(GetParam()), GetParam());
   }
@@ -194,8 +194,8 @@ TEST_P(Kernel, EveryDtypePairAgainstTheReference) {
     bool with;
     Dtype type;
   };
-  const Out outs[] = {{false, Dtype::kF32}, {true, Dtype::kF32}, {true, Dtype::kBF16},
-                      {true, Dtype::kF16}};
+  const Out outs[] = {
+      {false, Dtype::kF32}, {true, Dtype::kF32}, {true, Dtype::kBF16}, {true, Dtype::kF16}};
   auto opt = AdamOptimizer::Create(Hyper(true, false), 3, -1);
   ASSERT_TRUE(opt.ok()) << opt.status();
   uint32_t seed = 1;
@@ -205,9 +205,9 @@ TEST_P(Kernel, EveryDtypePairAgainstTheReference) {
       for (size_t n : lengths) {
         for (Dtype gt : grads) {
           for (const Out& o : outs) {
-            SCOPED_TRACE(testing::Message() << "adamw=" << adamw << " amsgrad=" << amsgrad
-                                            << " n=" << n << " grad=" << int(gt)
-                                            << " out=" << (o.with ? int(o.type) : -1));
+            SCOPED_TRACE(testing::Message()
+                         << "adamw=" << adamw << " amsgrad=" << amsgrad << " n=" << n
+                         << " grad=" << int(gt) << " out=" << (o.with ? int(o.type) : -1));
             const State before = MakeState(n, gt, seed++, amsgrad);
             State got = before, want = before;
             const uint64_t step = 3;
@@ -256,8 +256,19 @@ TEST_P(Kernel, NanAndInfGradients) {
 
 // Parameters at the edges of bf16 and fp16: overflow to Inf, subnormals, ties, NaN, Inf.
 TEST_P(Kernel, RoundedOutputsAtTheEdges) {
-  const float edges[] = {65519.0f, 65520.0f, 65536.0f, 1e-7f, 5.96e-8f, 2.98e-8f, 3e-8f,
-                         -0.0f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 3.4e38f, -3.4e38f, 1e-40f,
+  const float edges[] = {65519.0f,
+                         65520.0f,
+                         65536.0f,
+                         1e-7f,
+                         5.96e-8f,
+                         2.98e-8f,
+                         3e-8f,
+                         -0.0f,
+                         1.0f + 1.0f / 256,
+                         1.0f + 3.0f / 256,
+                         3.4e38f,
+                         -3.4e38f,
+                         1e-40f,
                          std::numeric_limits<float>::infinity(),
                          -std::numeric_limits<float>::infinity(),
                          std::numeric_limits<float>::quiet_NaN()};
@@ -298,8 +309,7 @@ TEST_P(Kernel, MoreThreadsThanCores) {
   EXPECT_NE(std::memcmp(a.p.data(), before.p.data(), n * 4), 0) << "nothing stepped";
 }
 
-INSTANTIATE_TEST_SUITE_P(Isas, Kernel,
-                         ::testing::Values(Isa::kBaseline, Isa::kAvx2, Isa::kAvx512),
+INSTANTIATE_TEST_SUITE_P(Isas, Kernel, ::testing::Values(Isa::kBaseline, Isa::kAvx2, Isa::kAvx512),
                          [](const auto& info) { return std::string(IsaName(info.param)); });
 
 TEST(Conversions, Bf16RoundsToNearestEven) {

@@ -580,16 +580,16 @@ typedef enum tm_optim_isa {
 
 /** Hyperparameters and workers of a CPU Adam. Fill with TM_ADAM_CONFIG_INIT. */
 typedef struct tm_adam_config {
-  size_t struct_size; /**< sizeof(tm_adam_config), set by TM_ADAM_CONFIG_INIT */
-  double lr;          /**< learning rate, >= 0 (default 1e-3) */
-  double beta1;       /**< in [0, 1) (default 0.9) */
-  double beta2;       /**< in [0, 1) (default 0.999) */
-  double eps;         /**< >= 0 (default 1e-8) */
-  double weight_decay;  /**< >= 0 (default 0.01) */
-  int32_t adamw;        /**< 1: decoupled weight decay (AdamW); 0: Adam, L2 added to the gradient */
-  int32_t amsgrad;      /**< 1: keep and use the maximum of the second moments */
-  int32_t threads;      /**< workers; 0: the cores of the NUMA node (all cores when unbound) */
-  int32_t numa_node;    /**< TM_NUMA_DEFAULT: the runtime's DRAM node; TM_NUMA_OFF: unbound */
+  size_t struct_size;  /**< sizeof(tm_adam_config), set by TM_ADAM_CONFIG_INIT */
+  double lr;           /**< learning rate, >= 0 (default 1e-3) */
+  double beta1;        /**< in [0, 1) (default 0.9) */
+  double beta2;        /**< in [0, 1) (default 0.999) */
+  double eps;          /**< >= 0 (default 1e-8) */
+  double weight_decay; /**< >= 0 (default 0.01) */
+  int32_t adamw;       /**< 1: decoupled weight decay (AdamW); 0: Adam, L2 added to the gradient */
+  int32_t amsgrad;     /**< 1: keep and use the maximum of the second moments */
+  int32_t threads;     /**< workers; 0: the cores of the NUMA node (all cores when unbound) */
+  int32_t numa_node;   /**< TM_NUMA_DEFAULT: the runtime's DRAM node; TM_NUMA_OFF: unbound */
 } tm_adam_config;
 
 #define TM_ADAM_CONFIG_INIT \

@@ -19,8 +19,8 @@ inline constexpr size_t kTileElements = 16384;
 class AdamOptimizer {
  public:
   // `numa_node` < 0: workers unbound.
-  static absl::StatusOr<std::unique_ptr<AdamOptimizer>> Create(const AdamHyper& hyper,
-                                                               int threads, int numa_node);
+  static absl::StatusOr<std::unique_ptr<AdamOptimizer>> Create(const AdamHyper& hyper, int threads,
+                                                               int numa_node);
   absl::Status SetHyper(const AdamHyper& hyper);
   const AdamHyper& hyper() const { return hyper_; }
   int threads() const { return pool_->threads(); }

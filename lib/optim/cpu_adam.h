@@ -37,7 +37,7 @@ absl::Status ValidateHyper(const AdamHyper& h);
 
 // The per-step scalars of one step, derived in double as torch does, then rounded to float.
 struct StepScalars {
-  float grad_scale;     // multiplies each gradient first (clipping coefficient; 1: none)
+  float grad_scale;  // multiplies each gradient first (clipping coefficient; 1: none)
   float beta1, one_minus_beta1, beta2, one_minus_beta2;
   float decay;          // AdamW: 1 - lr * weight_decay
   float l2;             // Adam: weight_decay added times the parameter to the gradient

@@ -13,9 +13,10 @@ namespace tiermem::optim {
 namespace {
 
 inline __m256 LoadGrad8(const AdamSpan& span, size_t i) {
-  if (span.grad_type == Dtype::kF32) return _mm256_loadu_ps(static_cast<const float*>(span.grad) + i);
-  const __m128i h =
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(span.grad) + i));
+  if (span.grad_type == Dtype::kF32)
+    return _mm256_loadu_ps(static_cast<const float*>(span.grad) + i);
+  const __m128i h = _mm_loadu_si128(
+      reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(span.grad) + i));
   if (span.grad_type == Dtype::kF16) return _mm256_cvtph_ps(h);
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
@@ -24,7 +25,8 @@ inline __m256 LoadGrad8(const AdamSpan& span, size_t i) {
 inline __m128i ToBf16x8(__m256 p) {
   const __m256i u = _mm256_castps_si256(p);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  __m256i r =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
   const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
   const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(p, p, _CMP_UNORD_Q));
   r = _mm256_blendv_epi8(r, nan, is_nan);
@@ -56,8 +58,8 @@ void AdamKernelAvx2(const StepScalars& s, const AdamSpan& span, size_t begin, si
       g = _mm256_fmadd_ps(p, l2, g);
     }
     const __m256 m = _mm256_fmadd_ps(g, omb1, _mm256_mul_ps(_mm256_loadu_ps(span.m + i), b1));
-    const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(omb2, g), g,
-                                     _mm256_mul_ps(_mm256_loadu_ps(span.v + i), b2));
+    const __m256 v =
+        _mm256_fmadd_ps(_mm256_mul_ps(omb2, g), g, _mm256_mul_ps(_mm256_loadu_ps(span.v + i), b2));
     __m256 vn = v;
     if (s.amsgrad) {
       vn = NanMax8(_mm256_loadu_ps(span.max_v + i), v);

@@ -16,7 +16,8 @@ namespace tiermem::optim {
 namespace {
 
 inline __m512 LoadGrad16(const AdamSpan& span, size_t i) {
-  if (span.grad_type == Dtype::kF32) return _mm512_loadu_ps(static_cast<const float*>(span.grad) + i);
+  if (span.grad_type == Dtype::kF32)
+    return _mm512_loadu_ps(static_cast<const float*>(span.grad) + i);
   const __m256i h = _mm256_loadu_si256(
       reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(span.grad) + i));
   if (span.grad_type == Dtype::kF16) return _mm512_cvtph_ps(h);
@@ -57,8 +58,8 @@ void AdamKernelAvx512(const StepScalars& s, const AdamSpan& span, size_t begin, 
       g = _mm512_fmadd_ps(p, l2, g);
     }
     const __m512 m = _mm512_fmadd_ps(g, omb1, _mm512_mul_ps(_mm512_loadu_ps(span.m + i), b1));
-    const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(omb2, g), g,
-                                     _mm512_mul_ps(_mm512_loadu_ps(span.v + i), b2));
+    const __m512 v =
+        _mm512_fmadd_ps(_mm512_mul_ps(omb2, g), g, _mm512_mul_ps(_mm512_loadu_ps(span.v + i), b2));
     __m512 vn = v;
     if (s.amsgrad) {
       vn = NanMax16(_mm512_loadu_ps(span.max_v + i), v);
@@ -73,9 +74,10 @@ void AdamKernelAvx512(const StepScalars& s, const AdamSpan& span, size_t begin, 
       _mm512_storeu_ps(static_cast<float*>(span.out) + i, p);
     } else if (span.out != nullptr) {
       auto* out = reinterpret_cast<__m256i*>(static_cast<uint16_t*>(span.out) + i);
-      _mm256_storeu_si256(out, span.out_type == Dtype::kF16
-                                   ? _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-                                   : ToBf16x16(p));
+      _mm256_storeu_si256(out,
+                          span.out_type == Dtype::kF16
+                              ? _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                              : ToBf16x16(p));
     }
   }
   if (i < end) AdamKernelBaseline(s, span, i, end);

@@ -45,7 +45,8 @@ inline uint16_t FloatToHalf(float f) {
   const uint32_t sign = (u >> 16) & 0x8000u;
   u &= 0x7fffffffu;
   if (u >= 0x7f800000u) {  // Inf, or NaN made quiet with the top of its payload kept
-    return static_cast<uint16_t>(sign | 0x7c00u | (u > 0x7f800000u ? 0x200u | ((u >> 13) & 0x3ffu) : 0u));
+    return static_cast<uint16_t>(sign | 0x7c00u |
+                                 (u > 0x7f800000u ? 0x200u | ((u >> 13) & 0x3ffu) : 0u));
   }
   if (u < 0x38800000u) {
     // Below the smallest normal half: adding 0.5f lines the half's subnormal unit (2^-24) up

@@ -150,9 +150,9 @@ absl::Status ResolveWorkers(const tm_adam_config& c, tm_runtime runtime, int* no
                                  c.numa_node));
   }
   if (c.threads < 0 || c.threads > 1024) {
-    return Error(TM_ERR_INVALID_ARGUMENT,
-                 absl::StrFormat("tm_adam_create: config->threads = %d, want 0 to 1024",
-                                 c.threads));
+    return Error(
+        TM_ERR_INVALID_ARGUMENT,
+        absl::StrFormat("tm_adam_create: config->threads = %d, want 0 to 1024", c.threads));
   }
   *threads = c.threads;
   if (*threads == 0) {
@@ -268,9 +268,15 @@ TM_API tm_status tm_adam_step(tm_adam adam, uint64_t step, float grad_scale,
     std::vector<AdamSpan> inner(count);
     for (size_t i = 0; i < count; ++i) {
       const tm_adam_span& s = spans[i];
-      inner[i] = {s.param, s.exp_avg, s.exp_avg_sq, s.max_exp_avg_sq, s.grad,
-                  static_cast<Dtype>(s.grad_dtype), s.param_out,
-                  static_cast<Dtype>(s.param_out_dtype), static_cast<size_t>(s.count)};
+      inner[i] = {s.param,
+                  s.exp_avg,
+                  s.exp_avg_sq,
+                  s.max_exp_avg_sq,
+                  s.grad,
+                  static_cast<Dtype>(s.grad_dtype),
+                  s.param_out,
+                  static_cast<Dtype>(s.param_out_dtype),
+                  static_cast<size_t>(s.count)};
     }
     MutexLock lock(&h.mu);
     return Report(WithContext(h.opt->Step(step, grad_scale, inner.data(), count), "tm_adam_step"));

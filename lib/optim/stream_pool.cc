@@ -9,8 +9,7 @@ namespace tiermem::optim {
 
 absl::StatusOr<std::unique_ptr<StreamPool>> StreamPool::Create(int threads, int numa_node) {
   if (threads < 1 || threads > 1024) {
-    return Error(TM_ERR_INVALID_ARGUMENT,
-                 absl::StrFormat("threads = %d, want 1 to 1024", threads));
+    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("threads = %d, want 1 to 1024", threads));
   }
   std::unique_ptr<StreamPool> pool(new StreamPool());
   pool->numa_node_ = numa_node;
