@@ -2,10 +2,16 @@
 and on NVMe, with and without clipping), checkpoints move between the two optimizers, bf16
 parameters are the fp32 master rounded to nearest even, and each kernel gives the same curve."""
 
+import ctypes
+import json
+import os
+import subprocess
+
 import pytest
 import torch
 
 import tiermem
+from tiermem import _optim_capi
 from tiermem.cpu_adam import CPUAdam, isa, set_isa_limit
 from tinygpt import TinyGPT, batches
 
@@ -135,6 +141,21 @@ def test_every_kernel_follows_adamw(kernel, ref_curves):
         opt.close()
     finally:
         set_isa_limit("avx512")
+
+
+def test_struct_layouts_match_the_header():
+    exe = os.environ.get("TIERMEM_ABI_LAYOUT")
+    if not exe:
+        pytest.skip("TIERMEM_ABI_LAYOUT is not set (ctest sets it to the python_abi_layout program)")
+    c = json.loads(subprocess.check_output([exe]))
+    mirror = {"tm_adam_config": _optim_capi.AdamConfig, "tm_adam_span": _optim_capi.AdamSpan,
+              "tm_adam_bucket": _optim_capi.AdamBucket}
+    for cname, cls in mirror.items():
+        fields = dict(c[cname])
+        assert ctypes.sizeof(cls) == fields.pop("__size__"), cname
+        assert [n for n, _ in cls._fields_] == list(fields), cname + ": field names or order"
+        for name, offset in fields.items():
+            assert getattr(cls, name).offset == offset, "%s.%s" % (cname, name)
 
 
 def test_bad_arguments():
