@@ -1,6 +1,8 @@
 // Instruction-set dispatch and the per-step scalars.
 #include "lib/optim/cpu_adam.h"
 
+#include <cpuid.h>
+
 #include <atomic>
 #include <cmath>
 
@@ -11,15 +13,21 @@ namespace tiermem::optim {
 
 namespace {
 
+// F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know the name). The OS's
+// saving of the YMM state is checked by the AVX2 test beside it.
+bool HasF16c() {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+
 Isa Detect() {
   __builtin_cpu_init();
   // GCC's checks include the OS saving the wider registers (XGETBV).
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma")) {
+      __builtin_cpu_supports("fma") && HasF16c()) {
     return Isa::kAvx512;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c")) {
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c()) {
     return Isa::kAvx2;
   }
   return Isa::kBaseline;

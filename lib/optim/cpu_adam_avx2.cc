@@ -1,18 +1,19 @@
-// The AVX2 + FMA + F16C kernel: 8 floats a step. Compiled for those instruction sets by the
-// pragma below, which covers only this kernel (headers come first: an inline function of a
-// header compiled for AVX2 could otherwise be the copy the linker keeps for every caller).
+// The AVX2 + FMA + F16C kernel: 8 floats a step. Only the functions marked TIERMEM_AVX2 are
+// compiled for those instruction sets (a target attribute, not a file-wide flag: an inline
+// function of a header compiled for AVX2 could otherwise be the copy the linker keeps for every
+// caller, and the library must run on any x86-64).
 #include <immintrin.h>
 
 #include "lib/optim/cpu_adam.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
+// Only the functions marked with this are compiled for the instruction set (GCC and clang).
+#define TIERMEM_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace tiermem::optim {
 
 namespace {
 
-inline __m256 LoadGrad8(const AdamSpan& span, size_t i) {
+TIERMEM_AVX2 inline __m256 LoadGrad8(const AdamSpan& span, size_t i) {
   if (span.grad_type == Dtype::kF32)
     return _mm256_loadu_ps(static_cast<const float*>(span.grad) + i);
   const __m128i h = _mm_loadu_si128(
@@ -22,7 +23,7 @@ inline __m256 LoadGrad8(const AdamSpan& span, size_t i) {
 }
 
 // Round to nearest even on the low 16 bits; a NaN stays a NaN (made quiet).
-inline __m128i ToBf16x8(__m256 p) {
+TIERMEM_AVX2 inline __m128i ToBf16x8(__m256 p) {
   const __m256i u = _mm256_castps_si256(p);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   __m256i r =
@@ -35,14 +36,15 @@ inline __m128i ToBf16x8(__m256 p) {
   return _mm256_castsi256_si128(packed);
 }
 
-inline __m256 NanMax8(__m256 a, __m256 b) {
+TIERMEM_AVX2 inline __m256 NanMax8(__m256 a, __m256 b) {
   const __m256 mx = _mm256_max_ps(a, b);
   return _mm256_blendv_ps(mx, _mm256_add_ps(a, b), _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
 }
 
 }  // namespace
 
-void AdamKernelAvx2(const StepScalars& s, const AdamSpan& span, size_t begin, size_t end) {
+TIERMEM_AVX2 void AdamKernelAvx2(const StepScalars& s, const AdamSpan& span, size_t begin,
+                                 size_t end) {
   const __m256 scale = _mm256_set1_ps(s.grad_scale), b1 = _mm256_set1_ps(s.beta1),
                omb1 = _mm256_set1_ps(s.one_minus_beta1), b2 = _mm256_set1_ps(s.beta2),
                omb2 = _mm256_set1_ps(s.one_minus_beta2), decay = _mm256_set1_ps(s.decay),
@@ -83,5 +85,3 @@ void AdamKernelAvx2(const StepScalars& s, const AdamSpan& span, size_t begin, si
 }
 
 }  // namespace tiermem::optim
-
-#pragma GCC pop_options

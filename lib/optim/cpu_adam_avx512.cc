@@ -1,21 +1,23 @@
-// The AVX-512 (F) kernel: 16 floats a step. Compiled for AVX-512F by the pragma below, which
-// covers only this kernel (headers come first, as in cpu_adam_avx2.cc).
+// The AVX-512 (F) kernel: 16 floats a step. Only the functions marked TIERMEM_AVX512 are
+// compiled for AVX-512F (a target attribute, as in cpu_adam_avx2.cc).
 // GCC 12 warns that the _mm512_undefined_*() pass-through operand of its own intrinsics "may be
 // used uninitialized" (it is undefined on purpose); nothing of this file's is concerned.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include <immintrin.h>
 
 #include "lib/optim/cpu_adam.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx2,fma,f16c")
+// Only the functions marked with this are compiled for the instruction set (GCC and clang).
+#define TIERMEM_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
 namespace tiermem::optim {
 
 namespace {
 
-inline __m512 LoadGrad16(const AdamSpan& span, size_t i) {
+TIERMEM_AVX512 inline __m512 LoadGrad16(const AdamSpan& span, size_t i) {
   if (span.grad_type == Dtype::kF32)
     return _mm512_loadu_ps(static_cast<const float*>(span.grad) + i);
   const __m256i h = _mm256_loadu_si256(
@@ -25,7 +27,7 @@ inline __m512 LoadGrad16(const AdamSpan& span, size_t i) {
 }
 
 // Round to nearest even on the low 16 bits; a NaN stays a NaN (made quiet).
-inline __m256i ToBf16x16(__m512 p) {
+TIERMEM_AVX512 inline __m256i ToBf16x16(__m512 p) {
   const __m512i u = _mm512_castps_si512(p);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   const __m512i r =
@@ -35,14 +37,15 @@ inline __m256i ToBf16x16(__m512 p) {
   return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, r, nan));
 }
 
-inline __m512 NanMax16(__m512 a, __m512 b) {
+TIERMEM_AVX512 inline __m512 NanMax16(__m512 a, __m512 b) {
   const __mmask16 unordered = _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
   return _mm512_mask_blend_ps(unordered, _mm512_max_ps(a, b), _mm512_add_ps(a, b));
 }
 
 }  // namespace
 
-void AdamKernelAvx512(const StepScalars& s, const AdamSpan& span, size_t begin, size_t end) {
+TIERMEM_AVX512 void AdamKernelAvx512(const StepScalars& s, const AdamSpan& span, size_t begin,
+                                     size_t end) {
   const __m512 scale = _mm512_set1_ps(s.grad_scale), b1 = _mm512_set1_ps(s.beta1),
                omb1 = _mm512_set1_ps(s.one_minus_beta1), b2 = _mm512_set1_ps(s.beta2),
                omb2 = _mm512_set1_ps(s.one_minus_beta2), decay = _mm512_set1_ps(s.decay),
@@ -84,5 +87,3 @@ void AdamKernelAvx512(const StepScalars& s, const AdamSpan& span, size_t begin, 
 }
 
 }  // namespace tiermem::optim
-
-#pragma GCC pop_options
