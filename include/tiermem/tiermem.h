@@ -651,11 +651,11 @@ TM_API tm_status tm_adam_step(tm_adam adam, uint64_t step, float grad_scale,
 
 /**
  * The same step over state held in tiermem tensors. Each bucket's state is acquired in DRAM
- * (read from NVMe when that is where it is), stepped, released, and a state that was not in DRAM
- * before is offloaded back to NVMe: bucket k+1..k+prefetch_depth are read while bucket k steps
- * and bucket k-1 is written. Buckets are stepped in order, each whole or not at all: when a
- * bucket's state cannot be brought in (TM_ERR_IO, TM_ERR_CORRUPT, ...), the call returns that
- * failure with *buckets_done = the buckets stepped before it, and that bucket and those after
+ * (read from NVMe when that is where it is), stepped, released, and a state that was on NVMe
+ * and not in DRAM before is offloaded back to NVMe: bucket k+1..k+prefetch_depth are read while
+ * bucket k steps and bucket k-1 is written. Buckets are stepped in order, each whole or not at all:
+ * when a bucket's state cannot be brought in (TM_ERR_IO, TM_ERR_CORRUPT, ...), the call returns
+ * that failure with *buckets_done = the buckets stepped before it, and that bucket and those after
  * it are untouched: calling again with the rest completes the step. A failed write-back is
  * reported after every bucket has stepped (*buckets_done = count); the state stays valid in DRAM.
  * buckets_done may be NULL.
