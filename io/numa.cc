@@ -85,4 +85,28 @@ absl::Status Topology::BindArea(void* addr, size_t len, int node) const {
   return absl::OkStatus();
 }
 
+absl::Status Topology::BindCallingThreadToNode(int node) const {
+  hwloc_obj_t obj = hwloc_get_numanode_obj_by_os_index(handle_->topo, static_cast<unsigned>(node));
+  if (obj == nullptr || obj->cpuset == nullptr || hwloc_bitmap_iszero(obj->cpuset)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "NUMA node %d: no such node with cores (this machine has %d nodes)", node, NodeCount()));
+  }
+  if (hwloc_set_cpubind(handle_->topo, obj->cpuset, HWLOC_CPUBIND_THREAD) != 0) {
+    int err = errno;
+    return ErrnoStatus(err, absl::StrFormat("binding a thread to NUMA node %d's cores", node));
+  }
+  return absl::OkStatus();
+}
+
+int Topology::CoresOfNode(int node) const {
+  hwloc_const_cpuset_t cpus = hwloc_topology_get_topology_cpuset(handle_->topo);
+  if (node >= 0) {
+    hwloc_obj_t obj =
+        hwloc_get_numanode_obj_by_os_index(handle_->topo, static_cast<unsigned>(node));
+    if (obj != nullptr && obj->cpuset != nullptr) cpus = obj->cpuset;
+  }
+  const int cores = hwloc_get_nbobjs_inside_cpuset_by_type(handle_->topo, cpus, HWLOC_OBJ_CORE);
+  return cores > 0 ? cores : 1;
+}
+
 }  // namespace tiermem::io

@@ -24,6 +24,11 @@ class Topology {
   int NodeOfCallingThread() const;
   // Binds [addr, addr+len) to `node` before first touch. Fails when the node does not exist.
   absl::Status BindArea(void* addr, size_t len, int node) const;
+  // Binds the calling thread to the cores of `node` (for workers that stream memory bound
+  // there). Fails when the node does not exist or has no cores.
+  absl::Status BindCallingThreadToNode(int node) const;
+  // Physical cores of `node` (every node's when node < 0); at least 1.
+  int CoresOfNode(int node) const;
 
  private:
   Topology() = default;

@@ -593,6 +593,120 @@ TM_API tm_status tm_plan(const tm_plan_input* input, tm_plan_result* out);
 /** Name of a rung ("selective recompute", ...); "unknown" when out of range. */
 TM_API const char* tm_plan_rung_name(tm_plan_rung rung);
 
+/* ---- The CPU Adam (ZeRO-Offload's optimizer), appended in 0.4 ---- */
+
+/** Element types of gradients and of the updated parameter's copy. */
+typedef enum tm_dtype {
+  TM_DTYPE_F32 = 0,
+  TM_DTYPE_BF16 = 1, /**< bfloat16 */
+  TM_DTYPE_F16 = 2,  /**< IEEE half */
+  TM_DTYPE_COUNT,
+  TM_DTYPE_MIN_ENUM = -0x7fffffff - 1,
+  TM_DTYPE_MAX_ENUM = 0x7fffffff
+} tm_dtype;
+
+/** Instruction sets the Adam kernel comes in, lowest first. */
+typedef enum tm_optim_isa {
+  TM_OPTIM_ISA_BASELINE = 0, /**< portable x86-64 (SSE2), one element at a time */
+  TM_OPTIM_ISA_AVX2 = 1,     /**< AVX2 + FMA + F16C, 8 floats a step */
+  TM_OPTIM_ISA_AVX512 = 2,   /**< AVX-512F, 16 floats a step */
+  TM_OPTIM_ISA_COUNT,
+  TM_OPTIM_ISA_MIN_ENUM = -0x7fffffff - 1,
+  TM_OPTIM_ISA_MAX_ENUM = 0x7fffffff
+} tm_optim_isa;
+
+/** Hyperparameters and workers of a CPU Adam. Fill with TM_ADAM_CONFIG_INIT. */
+typedef struct tm_adam_config {
+  size_t struct_size;  /**< sizeof(tm_adam_config), set by TM_ADAM_CONFIG_INIT */
+  double lr;           /**< learning rate, >= 0 (default 1e-3) */
+  double beta1;        /**< in [0, 1) (default 0.9) */
+  double beta2;        /**< in [0, 1) (default 0.999) */
+  double eps;          /**< >= 0 (default 1e-8) */
+  double weight_decay; /**< >= 0 (default 0.01) */
+  int32_t adamw;       /**< 1: decoupled weight decay (AdamW); 0: Adam, L2 added to the gradient */
+  int32_t amsgrad;     /**< 1: keep and use the maximum of the second moments */
+  int32_t threads;     /**< workers; 0: the cores of the NUMA node (all cores when unbound) */
+  int32_t numa_node;   /**< TM_NUMA_DEFAULT: the runtime's DRAM node; TM_NUMA_OFF: unbound */
+} tm_adam_config;
+
+#define TM_ADAM_CONFIG_INIT \
+  { sizeof(tm_adam_config), 1e-3, 0.9, 0.999, 1e-8, 1e-2, 1, 0, 0, TM_NUMA_DEFAULT }
+
+/** A CPU Adam: hyperparameters and a pool of workers. Zero is never a valid handle. */
+typedef struct tm_adam {
+  uint64_t bits;
+} tm_adam;
+
+/** Parameters and their state in the caller's host memory, count fp32 elements each. */
+typedef struct tm_adam_span {
+  float* param;          /**< fp32 master weights, updated in place */
+  float* exp_avg;        /**< first moment, updated in place */
+  float* exp_avg_sq;     /**< second moment, updated in place */
+  float* max_exp_avg_sq; /**< with amsgrad: the running maximum of exp_avg_sq; else NULL */
+  const void* grad;      /**< gradients, count elements of grad_dtype */
+  tm_dtype grad_dtype;
+  void* param_out;          /**< optional: the updated parameter as param_out_dtype; or NULL */
+  tm_dtype param_out_dtype; /**< bf16 and fp16 round to nearest even; NaN and Inf kept */
+  uint64_t count;
+} tm_adam_span;
+
+/** A bucket whose state lives in a tiermem tensor, in any tier. */
+typedef struct tm_adam_bucket {
+  /** count fp32 master weights, then count exp_avg, count exp_avg_sq, and with amsgrad count
+      max_exp_avg_sq, back to back: at least 12 (16) * count bytes. */
+  tm_tensor state;
+  uint64_t count;
+  const void* grad; /**< host memory, count elements of grad_dtype */
+  tm_dtype grad_dtype;
+  void* param_out; /**< optional host buffer for the updated parameter; or NULL */
+  tm_dtype param_out_dtype;
+} tm_adam_bucket;
+
+/**
+ * Creates a CPU Adam. runtime may be the zero handle for tm_adam_step alone; tm_adam_step_buckets
+ * needs the runtime whose tensors it steps, and takes its NUMA node and prefetch depth from it.
+ * The workers are bound to the cores of config->numa_node. TM_ERR_INVALID_ARGUMENT naming the
+ * field for a bad value.
+ */
+TM_API tm_status tm_adam_create(tm_runtime runtime, const tm_adam_config* config, tm_adam* out);
+TM_API tm_status tm_adam_destroy(tm_adam adam);
+/** Changes the hyperparameters (lr ... amsgrad; threads and numa_node are ignored) for the
+    following steps, as a learning-rate schedule does. */
+TM_API tm_status tm_adam_set_hyper(tm_adam adam, const tm_adam_config* config);
+/** The number of workers in use. */
+TM_API tm_status tm_adam_threads(tm_adam adam, int32_t* threads);
+
+/**
+ * Takes Adam step number step (from 1) over the spans in one fused pass, on the workers. Each
+ * gradient is first multiplied by grad_scale (1: none; a clipping coefficient). Every span is
+ * checked first (TM_ERR_INVALID_ARGUMENT naming the span and its field), so a bad one steps
+ * nothing. In fp32 the result matches torch.optim.AdamW(foreach=False) (or Adam with adamw = 0)
+ * elementwise within the tolerance of docs/c-api.md (the vector kernels fuse multiply-adds).
+ */
+TM_API tm_status tm_adam_step(tm_adam adam, uint64_t step, float grad_scale,
+                              const tm_adam_span* spans, size_t count);
+
+/**
+ * The same step over state held in tiermem tensors. Each bucket's state is acquired in DRAM
+ * (read from NVMe when that is where it is), stepped, released, and a state that was on NVMe
+ * and not in DRAM before is offloaded back to NVMe: bucket k+1..k+prefetch_depth are read while
+ * bucket k steps and bucket k-1 is written. Buckets are stepped in order, each whole or not at all:
+ * when a bucket's state cannot be brought in (TM_ERR_IO, TM_ERR_CORRUPT, ...), the call returns
+ * that failure with *buckets_done = the buckets stepped before it, and that bucket and those after
+ * it are untouched: calling again with the rest completes the step. A failed write-back is
+ * reported after every bucket has stepped (*buckets_done = count); the state stays valid in DRAM.
+ * buckets_done may be NULL.
+ */
+TM_API tm_status tm_adam_step_buckets(tm_adam adam, uint64_t step, float grad_scale,
+                                      const tm_adam_bucket* buckets, size_t count,
+                                      size_t* buckets_done);
+
+/** The best instruction set this CPU runs, and the one the kernels use now (either may be NULL). */
+TM_API tm_status tm_optim_isa_get(tm_optim_isa* detected, tm_optim_isa* active);
+/** Caps the instruction set the kernels use, process-wide (a cap above the CPU's is lowered to
+    it), for tests of each kernel and for comparisons. *active (may be NULL): the one now in use. */
+TM_API tm_status tm_optim_set_isa_limit(tm_optim_isa limit, tm_optim_isa* active);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

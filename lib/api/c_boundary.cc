@@ -1,15 +1,11 @@
 // The C boundary's shared parts (see c_boundary.h), and tm_last_error.
 #include "lib/api/c_boundary.h"
 
+#include "lib/base/last_error.h"
+
 namespace tiermem {
-namespace {
-
-thread_local std::string t_last_error;
-
-}  // namespace
-
 tm_status Fail(tm_status code, absl::string_view message) {
-  t_last_error.assign(message.data(), message.size());
+  LastErrorSlot().assign(message.data(), message.size());
   return code;
 }
 
@@ -22,7 +18,7 @@ tm_status NullArgument(const char* function, const char* argument) {
   return Fail(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("%s: %s is NULL", function, argument));
 }
 
-const char* LastError() { return t_last_error.c_str(); }
+const char* LastError() { return LastErrorSlot().c_str(); }
 
 RuntimeRegistry& Registry() {
   static RuntimeRegistry* r = new RuntimeRegistry();  // never destroyed: safe at exit

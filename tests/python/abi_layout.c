@@ -93,6 +93,38 @@ int main(void) {
   FIELD(tm_info, local_world_size);
   FIELD(tm_info, device_allocator);
   END();
+  /* The CPU Adam's (python/tiermem/_optim_capi.py). */
+  BEGIN(tm_adam_config);
+  FIELD(tm_adam_config, struct_size);
+  FIELD(tm_adam_config, lr);
+  FIELD(tm_adam_config, beta1);
+  FIELD(tm_adam_config, beta2);
+  FIELD(tm_adam_config, eps);
+  FIELD(tm_adam_config, weight_decay);
+  FIELD(tm_adam_config, adamw);
+  FIELD(tm_adam_config, amsgrad);
+  FIELD(tm_adam_config, threads);
+  FIELD(tm_adam_config, numa_node);
+  END();
+  BEGIN(tm_adam_span);
+  FIELD(tm_adam_span, param);
+  FIELD(tm_adam_span, exp_avg);
+  FIELD(tm_adam_span, exp_avg_sq);
+  FIELD(tm_adam_span, max_exp_avg_sq);
+  FIELD(tm_adam_span, grad);
+  FIELD(tm_adam_span, grad_dtype);
+  FIELD(tm_adam_span, param_out);
+  FIELD(tm_adam_span, param_out_dtype);
+  FIELD(tm_adam_span, count);
+  END();
+  BEGIN(tm_adam_bucket);
+  FIELD(tm_adam_bucket, state);
+  FIELD(tm_adam_bucket, count);
+  FIELD(tm_adam_bucket, grad);
+  FIELD(tm_adam_bucket, grad_dtype);
+  FIELD(tm_adam_bucket, param_out);
+  FIELD(tm_adam_bucket, param_out_dtype);
+  END();
   printf("}\n");
   return 0;
 }

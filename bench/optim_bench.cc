@@ -1,0 +1,342 @@
+// The CPU Adam against its roofline and against torch, side by side in one run.
+//
+// Every figure is the best of its repetitions, taken alike for every row (the machine may be
+// shared). For each size: a STREAM-like triad (a = b + s*c over three arrays of N floats) with the
+// same threads gives the DRAM bandwidth, STREAM-counted (12 B per element); the roofline of a fused
+// AdamW step is 28 B per parameter over it. tiermem's step (tm_adam_step, fp32 gradients) is
+// timed at each thread count, and torch.optim.AdamW (foreach=True; fused=True where the torch has
+// it) through bench/optim_torch_ref.py under /usr/bin/python3. With the state on NVMe
+// (tm_adam_step_buckets over tensors homed there), the step is set beside max(CPU step,
+// state bytes read / read bandwidth + written / write bandwidth), the NVMe bandwidths measured
+// of that same state measured in the same run through the same runtime.
+//
+// Usage: optim_bench [--sizes=16,64,256] [--threads=1,2] [--reps=5] [--nvme=DIR]
+//                    [--nvme_sizes=16,64] [--bucket_m=4] [--depth=2]
+//                    [--torch=PATH_TO_optim_torch_ref.py]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "tiermem/tiermem.h"
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void Check(tm_status s, const char* what) {
+  if (s != TM_OK) {
+    std::fprintf(stderr, "%s: %s: %s\n", what, tm_status_string(s), tm_last_error());
+    std::exit(1);
+  }
+}
+
+// The timed bodies: a STREAM triad (12 B/element, STREAM-counted) and tiermem's fused step
+// (28 B/param). They are timed in alternation and the best of each kept, so that both see the
+// same moments of a shared machine.
+class Triad {
+ public:
+  Triad(size_t n, int threads)
+      : n_(n), threads_(threads), a_(new float[n]), b_(new float[n]), c_(new float[n]) {
+    Run([&](size_t lo, size_t hi) {  // first touch by the thread that streams it
+      for (size_t i = lo; i < hi; ++i) a_[i] = 0.0f, b_[i] = 1.0f, c_[i] = 2.0f;
+    });
+  }
+  double Time() {
+    const double t0 = Now();
+    Run([&](size_t lo, size_t hi) {
+      float* __restrict pa = a_.get();
+      const float* __restrict pb = b_.get();
+      const float* __restrict pc = c_.get();
+      for (size_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+    });
+    return Now() - t0;
+  }
+  double Bytes() const { return 12.0 * static_cast<double>(n_); }
+
+ private:
+  template <typename Body>
+  void Run(Body&& body) {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads_; ++t) {
+      ts.emplace_back([&, t] { body(n_ * t / threads_, n_ * (t + 1) / threads_); });
+    }
+    for (auto& t : ts) t.join();
+  }
+  size_t n_;
+  int threads_;
+  std::unique_ptr<float[]> a_, b_, c_;
+};
+
+class AdamRun {
+ public:
+  AdamRun(size_t n, int threads) : p_(n, 0.5f), m_(n, 0.0f), v_(n, 0.0f), g_(n, 0.01f) {
+    tm_adam_config c = TM_ADAM_CONFIG_INIT;
+    c.threads = threads;
+    c.numa_node = TM_NUMA_OFF;
+    Check(tm_adam_create({0}, &c, &adam_), "tm_adam_create");
+    span_ = {p_.data(),    m_.data(), v_.data(),    nullptr, g_.data(),
+             TM_DTYPE_F32, nullptr,   TM_DTYPE_F32, n};
+  }
+  ~AdamRun() { tm_adam_destroy(adam_); }
+  double Time() {
+    const double t0 = Now();
+    Check(tm_adam_step(adam_, ++step_, 1.0f, &span_, 1), "tm_adam_step");
+    return Now() - t0;
+  }
+
+ private:
+  std::vector<float> p_, m_, v_, g_;
+  tm_adam adam_{0};
+  tm_adam_span span_;
+  uint64_t step_ = 0;
+};
+
+// Best of `reps` alternated timings (after one warm-up each): {triad bytes/s, adam seconds}.
+std::pair<double, double> TriadAndAdam(size_t n, int threads, int reps) {
+  // The triad's arrays need only be far larger than the caches: at most 64M floats each.
+  Triad triad(std::min<size_t>(n, size_t{64} << 20), threads);
+  AdamRun adam(n, threads);
+  triad.Time();
+  adam.Time();
+  double best_triad = 1e30, best_adam = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    best_triad = std::min(best_triad, triad.Time());
+    best_adam = std::min(best_adam, adam.Time());
+  }
+  return {triad.Bytes() / best_triad, best_adam};
+}
+
+double TiermemStep(size_t n, int threads, int reps) {
+  AdamRun adam(n, threads);
+  adam.Time();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) best = std::min(best, adam.Time());
+  return best;
+}
+
+struct TorchTimes {
+  double foreach = 0, fused = 0;
+  std::string fused_note;
+};
+
+TorchTimes TorchStep(const std::string& script, size_t n, int threads, int reps) {
+  TorchTimes t;
+  const std::string cmd = "/usr/bin/python3 " + script + " " + std::to_string(n) + " " +
+                          std::to_string(threads) + " " + std::to_string(reps) + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) return t;
+  char line[512];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "foreach %lf", &t.foreach) == 1) continue;
+    if (std::sscanf(line, "fused %lf", &t.fused) == 1) continue;
+    if (std::strncmp(line, "fused unavailable", 17) == 0) {
+      t.fused_note = std::string(line + 6);
+      while (!t.fused_note.empty() && t.fused_note.back() == '\n') t.fused_note.pop_back();
+    }
+  }
+  pclose(f);
+  return t;
+}
+
+struct Args {
+  std::vector<size_t> sizes_m = {16, 64, 256};
+  std::vector<int> threads = {1, 2};
+  int reps = 5;
+  std::string nvme;
+  std::vector<size_t> nvme_sizes_m = {16, 64};
+  size_t bucket_m = 4;
+  int depth = 2;
+  std::string torch = "bench/optim_torch_ref.py";
+};
+
+template <typename T>
+std::vector<T> ParseList(const char* s) {
+  std::vector<T> out;
+  for (absl::string_view part : absl::StrSplit(s, ',')) {
+    int64_t x = 0;
+    if (!absl::SimpleAtoi(part, &x) || x <= 0) {
+      std::fprintf(stderr, "bad list entry '%.*s'\n", static_cast<int>(part.size()), part.data());
+      std::exit(2);
+    }
+    out.push_back(static_cast<T>(x));
+  }
+  return out;
+}
+
+Args Parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const char* s = argv[i];
+    if (std::strncmp(s, "--sizes=", 8) == 0) {
+      a.sizes_m = ParseList<size_t>(s + 8);
+    } else if (std::strncmp(s, "--threads=", 10) == 0) {
+      a.threads = ParseList<int>(s + 10);
+    } else if (std::strncmp(s, "--reps=", 7) == 0) {
+      a.reps = std::max(1, std::atoi(s + 7));
+    } else if (std::strncmp(s, "--nvme=", 7) == 0) {
+      a.nvme = s + 7;
+    } else if (std::strncmp(s, "--nvme_sizes=", 13) == 0) {
+      a.nvme_sizes_m = ParseList<size_t>(s + 13);
+    } else if (std::strncmp(s, "--bucket_m=", 11) == 0) {
+      a.bucket_m = static_cast<size_t>(std::max(1, std::atoi(s + 11)));
+    } else if (std::strncmp(s, "--depth=", 8) == 0) {
+      a.depth = std::max(0, std::atoi(s + 8));
+    } else if (std::strncmp(s, "--torch=", 8) == 0) {
+      a.torch = s + 8;
+    } else {
+      std::fprintf(stderr, "unknown flag %s (see the comment at the top of optim_bench.cc)\n", s);
+      std::exit(2);
+    }
+  }
+  return a;
+}
+
+void NvmeRows(const Args& a);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = Parse(argc, argv);
+  tm_optim_isa isa;
+  tm_optim_isa_get(nullptr, &isa);
+  std::printf("CPU Adam, kernel %s, %u hardware threads\n",
+              isa == TM_OPTIM_ISA_AVX512 ? "avx512"
+              : isa == TM_OPTIM_ISA_AVX2 ? "avx2"
+                                         : "baseline",
+              std::thread::hardware_concurrency());
+  std::printf("%8s %3s %9s %10s %10s %8s %11s %11s %9s %s\n", "params", "thr", "triad GB/s",
+              "roofline", "tiermem", "x roof", "torch each", "torch fused", "x foreach",
+              "(times: ms per step)");
+  for (size_t mega : a.sizes_m) {
+    const size_t n = mega << 20;
+    for (int t : a.threads) {
+      const auto [bw, ours] = TriadAndAdam(n, t, a.reps);
+      const double roof = 28.0 * static_cast<double>(n) / bw;
+      const TorchTimes tt = TorchStep(a.torch, n, t, std::max(2, a.reps / 2));
+      char fused[32];
+      if (tt.fused > 0) {
+        std::snprintf(fused, sizeof fused, "%11.1f", tt.fused * 1e3);
+      } else {
+        std::snprintf(fused, sizeof fused, "%11s", "n/a");
+      }
+      std::printf("%7zuM %3d %9.2f %10.1f %10.1f %8.2f %11.1f %s %9.2f\n", mega, t, bw / 1e9,
+                  roof * 1e3, ours * 1e3, roof / ours, tt.foreach * 1e3, fused,
+                  tt.foreach > 0 ? tt.foreach / ours : 0.0);
+      if (!tt.fused_note.empty())
+        std::printf("          torch fused=True %s\n", tt.fused_note.c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (!a.nvme.empty()) NvmeRows(a);
+  return 0;
+}
+
+namespace {
+
+// The NVMe bandwidths over the very state the step moves: writing every bucket's state (the
+// offloads that place it on NVMe) and reading it back into DRAM `group` buckets at a time (as many
+// as the pipeline holds), timed to the last sync. Returns {read, write} in bytes/s.
+std::pair<double, double> MeasureNvme(tm_runtime rt, const std::vector<tm_tensor>& ts,
+                                      uint64_t bytes, size_t group) {
+  double t0 = Now();
+  for (const tm_tensor& t : ts) Check(tm_tensor_offload(rt, t, TM_TIER_NVME), "offload");
+  Check(tm_runtime_sync(rt), "sync");
+  const double write_bw = static_cast<double>(bytes) / (Now() - t0);
+  double reading = 0;
+  for (size_t b = 0; b < ts.size(); b += group) {
+    const size_t e = std::min(ts.size(), b + group);
+    t0 = Now();
+    for (size_t i = b; i < e; ++i) Check(tm_tensor_prefetch(rt, ts[i], TM_TIER_DRAM), "prefetch");
+    for (size_t i = b; i < e; ++i) Check(tm_tensor_sync(rt, ts[i]), "sync");
+    reading += Now() - t0;
+    // NVMe still holds the state: the offload only drops the DRAM copies.
+    for (size_t i = b; i < e; ++i) Check(tm_tensor_offload(rt, ts[i], TM_TIER_NVME), "offload");
+    Check(tm_runtime_sync(rt), "sync");
+  }
+  return {static_cast<double>(bytes) / reading, write_bw};
+}
+
+void NvmeRows(const Args& a) {
+  const size_t bucket = a.bucket_m << 20;
+  const uint64_t bucket_bytes = 12ull * bucket;
+  const int depth = a.depth;
+  const int threads = *std::max_element(a.threads.begin(), a.threads.end());
+  size_t most = 0;
+  for (size_t m : a.nvme_sizes_m) most = std::max(most, m << 20);
+  struct {
+    tm_runtime rt{0};
+  } nv;
+  tm_config c = TM_CONFIG_INIT;
+  c.device = TM_DEVICE_EMULATED;
+  c.hbm_bytes = 64ull << 20;
+  c.dram_bytes = bucket_bytes * (depth + 6);
+  c.nvme_paths = a.nvme.c_str();
+  c.nvme_bytes = 12ull * most + bucket_bytes * 8 + (256ull << 20);
+  c.prefetch_depth = depth;
+  Check(tm_runtime_create(&c, &nv.rt), "tm_runtime_create");
+  tm_info info = TM_INFO_INIT;
+  Check(tm_runtime_info(nv.rt, &info), "tm_runtime_info");
+  std::printf(
+      "\nState on NVMe (%s, %s, O_DIRECT %s; buckets of %zuM params, prefetch depth %d,"
+      " %d threads)\n",
+      a.nvme.c_str(), info.io_engine == TM_IO_ENGINE_URING ? "io_uring" : "posix",
+      info.nvme_alignment > 1 ? "on" : "off", a.bucket_m, depth, threads);
+  std::printf("%8s %10s %10s %10s %10s %10s %10s %8s\n", "params", "read GB/s", "write GB/s",
+              "CPU step", "NVMe I/O", "bound", "tiermem", "x bound");
+  tm_adam_config ac = TM_ADAM_CONFIG_INIT;
+  ac.threads = threads;
+  tm_adam adam{0};
+  Check(tm_adam_create(nv.rt, &ac, &adam), "tm_adam_create");
+  for (size_t mega : a.nvme_sizes_m) {
+    const size_t n = mega << 20;
+    const size_t nb = (n + bucket - 1) / bucket;
+    std::vector<float> grad(n, 0.01f);
+    std::vector<tm_tensor> ts(nb);
+    std::vector<tm_adam_bucket> bs(nb);
+    for (size_t b = 0; b < nb; ++b) {
+      const size_t cnt = std::min(bucket, n - b * bucket);
+      tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+      d.bytes = 12ull * cnt;
+      d.cls = TM_CLASS_OPTIMIZER_STATE;
+      d.home_tier = TM_TIER_NVME;
+      Check(tm_tensor_create(nv.rt, &d, &ts[b]), "tm_tensor_create");
+      void* p = nullptr;
+      Check(tm_tensor_acquire(nv.rt, ts[b], TM_TIER_DRAM, TM_ACCESS_WRITE, nullptr, &p), "acq");
+      std::memset(p, 0, d.bytes);
+      Check(tm_tensor_release(nv.rt, ts[b], TM_TIER_DRAM), "release");
+      bs[b] = {ts[b], cnt, grad.data() + b * bucket, TM_DTYPE_F32, nullptr, TM_DTYPE_F32};
+    }
+    const auto [read_bw, write_bw] =
+        MeasureNvme(nv.rt, ts, 12ull * n, static_cast<size_t>(depth) + 1);
+    double ours = 1e30;
+    const int reps = std::max(2, a.reps / 2);
+    for (int r = 0; r < reps; ++r) {
+      const double t0 = Now();
+      size_t done = 0;
+      Check(tm_adam_step_buckets(adam, static_cast<uint64_t>(r + 1), 1.0f, bs.data(), nb, &done),
+            "tm_adam_step_buckets");
+      ours = std::min(ours, Now() - t0);
+    }
+    const double cpu = TiermemStep(n, threads, std::max(2, a.reps / 2));
+    const double io = 12.0 * n / read_bw + 12.0 * n / write_bw;
+    const double bound = std::max(cpu, io);
+    std::printf("%7zuM %10.2f %10.2f %10.1f %10.1f %10.1f %10.1f %8.2f\n", mega, read_bw / 1e9,
+                write_bw / 1e9, cpu * 1e3, io * 1e3, bound * 1e3, ours * 1e3, ours / bound);
+    std::fflush(stdout);
+    for (auto& t : ts) Check(tm_tensor_destroy(nv.rt, t), "destroy");
+  }
+  tm_adam_destroy(adam);
+  tm_runtime_destroy(nv.rt);
+}
+
+}  // namespace

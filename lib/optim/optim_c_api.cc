@@ -1,0 +1,328 @@
+// The C boundary of the CPU Adam: handles checked, arguments named in errors, statuses converted.
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <new>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "io/numa.h"
+#include "io/sync.h"
+#include "lib/base/last_error.h"
+#include "lib/optim/adam_optimizer.h"
+#include "lib/optim/bucket_step.h"
+#include "lib/base/status.h"
+#include "tiermem/tiermem.h"
+
+namespace tiermem::optim {
+namespace {
+
+tm_status Fail(tm_status code, const std::string& message) {
+  LastErrorSlot() = message;
+  return code;
+}
+
+tm_status Report(const absl::Status& s) {
+  if (s.ok()) return TM_OK;
+  return Fail(ToTmStatus(s), std::string(s.message()));
+}
+
+struct AdamHandle {
+  tm_runtime runtime{0};
+  int prefetch_depth = 0;
+  Mutex mu;  // one step at a time per optimizer
+  std::unique_ptr<AdamOptimizer> opt;
+};
+
+// Handles are never reused: a 48-bit counter under a tag no runtime or tensor handle has.
+constexpr uint64_t kAdamTag = uint64_t{0xADA} << 52;
+constexpr uint64_t kAdamTagMask = uint64_t{0xFFF} << 52;
+
+class AdamRegistry {
+ public:
+  uint64_t Add(std::shared_ptr<AdamHandle> h) {
+    MutexLock lock(&mu_);
+    const uint64_t bits = kAdamTag | ++next_;
+    map_[bits] = std::move(h);
+    return bits;
+  }
+  std::shared_ptr<AdamHandle> Get(uint64_t bits) {
+    MutexLock lock(&mu_);
+    auto it = map_.find(bits);
+    return it == map_.end() ? nullptr : it->second;
+  }
+  std::shared_ptr<AdamHandle> Remove(uint64_t bits) {
+    MutexLock lock(&mu_);
+    auto it = map_.find(bits);
+    if (it == map_.end()) return nullptr;
+    std::shared_ptr<AdamHandle> h = std::move(it->second);
+    map_.erase(it);
+    return h;
+  }
+
+ private:
+  Mutex mu_;
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<AdamHandle>> map_ ABSL_GUARDED_BY(mu_);
+};
+
+AdamRegistry& Registry() {
+  static AdamRegistry* r = new AdamRegistry();  // never destroyed: safe at exit
+  return *r;
+}
+
+template <typename Body>
+tm_status Guarded(Body&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Fail(TM_ERR_OUT_OF_MEMORY, "host memory exhausted (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    return Fail(TM_ERR_INTERNAL, absl::StrFormat("unexpected exception: %s", e.what()));
+  } catch (...) {
+    return Fail(TM_ERR_INTERNAL, "unexpected exception");
+  }
+}
+
+template <typename Body>
+tm_status WithAdam(tm_adam adam, Body&& body) {
+  std::shared_ptr<AdamHandle> h = Registry().Get(adam.bits);
+  if (h == nullptr) {
+    return Fail(TM_ERR_INVALID_HANDLE,
+                absl::StrFormat("adam handle 0x%016x is zero, destroyed or invalid", adam.bits));
+  }
+  return Guarded([&] { return body(*h); });
+}
+
+absl::StatusOr<AdamHyper> HyperFrom(const char* function, const tm_adam_config* c) {
+  if (c == nullptr) {
+    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("%s: config is NULL", function));
+  }
+  if (c->struct_size < sizeof(tm_adam_config) || c->struct_size > (1u << 16)) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("%s: config->struct_size is %zu: initialize it with "
+                                 "TM_ADAM_CONFIG_INIT",
+                                 function, c->struct_size));
+  }
+  AdamHyper h;
+  h.lr = c->lr;
+  h.beta1 = c->beta1;
+  h.beta2 = c->beta2;
+  h.eps = c->eps;
+  h.weight_decay = c->weight_decay;
+  if (c->adamw != 0 && c->adamw != 1) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("%s: config->adamw = %d, want 0 or 1", function, c->adamw));
+  }
+  if (c->amsgrad != 0 && c->amsgrad != 1) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("%s: config->amsgrad = %d, want 0 or 1", function, c->amsgrad));
+  }
+  h.decoupled = c->adamw == 1;
+  h.amsgrad = c->amsgrad == 1;
+  if (absl::Status s = ValidateHyper(h); !s.ok()) {
+    return WithContext(s, absl::StrFormat("%s: config", function));
+  }
+  return h;
+}
+
+// The node the workers go on, and how many there are by default.
+absl::Status ResolveWorkers(const tm_adam_config& c, tm_runtime runtime, int* node, int* threads,
+                            int* prefetch_depth) {
+  *node = -1;
+  *prefetch_depth = 0;
+  if (runtime.bits != 0) {
+    tm_info info = TM_INFO_INIT;
+    if (tm_status s = tm_runtime_info(runtime, &info); s != TM_OK) {
+      return Error(s, absl::StrFormat("tm_adam_create: runtime: %s", LastErrorSlot()));
+    }
+    *prefetch_depth = std::max(0, info.prefetch_depth);
+    if (c.numa_node == TM_NUMA_DEFAULT) *node = info.numa_node;
+  }
+  if (c.numa_node >= 0) {
+    *node = c.numa_node;
+  } else if (c.numa_node != TM_NUMA_DEFAULT && c.numa_node != TM_NUMA_OFF) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("tm_adam_create: config->numa_node = %d, want a node, "
+                                 "TM_NUMA_DEFAULT or TM_NUMA_OFF",
+                                 c.numa_node));
+  }
+  if (c.threads < 0 || c.threads > 1024) {
+    return Error(
+        TM_ERR_INVALID_ARGUMENT,
+        absl::StrFormat("tm_adam_create: config->threads = %d, want 0 to 1024", c.threads));
+  }
+  *threads = c.threads;
+  if (*threads == 0) {
+    auto topo = io::Topology::Load(/*with_pci=*/false);
+    *threads = topo.ok() ? (*topo)->CoresOfNode(*node)
+                         : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FromC(tm_status code) {
+  return code == TM_OK ? absl::OkStatus() : Error(code, LastErrorSlot());
+}
+
+// The pipeline's tensor operations through the C API's handles.
+class HandleStateTensors : public StateTensors {
+ public:
+  explicit HandleStateTensors(tm_runtime rt) : rt_(rt) {}
+  absl::StatusOr<uint64_t> Bytes(uint64_t t) override {
+    uint64_t b = 0;
+    if (tm_status s = tm_tensor_bytes(rt_, {t}, &b); s != TM_OK) return FromC(s);
+    return b;
+  }
+  absl::StatusOr<uint32_t> Residency(uint64_t t) override {
+    uint32_t m = 0;
+    if (tm_status s = tm_tensor_residency(rt_, {t}, &m); s != TM_OK) return FromC(s);
+    return m;
+  }
+  absl::Status Prefetch(uint64_t t, tm_tier tier) override {
+    return FromC(tm_tensor_prefetch(rt_, {t}, tier));
+  }
+  absl::StatusOr<void*> Acquire(uint64_t t, tm_tier tier, tm_access access) override {
+    void* p = nullptr;
+    if (tm_status s = tm_tensor_acquire(rt_, {t}, tier, access, nullptr, &p); s != TM_OK) {
+      return FromC(s);
+    }
+    return p;
+  }
+  absl::Status Release(uint64_t t, tm_tier tier) override {
+    return FromC(tm_tensor_release(rt_, {t}, tier));
+  }
+  absl::Status Offload(uint64_t t, tm_tier tier) override {
+    return FromC(tm_tensor_offload(rt_, {t}, tier));
+  }
+  absl::Status Sync(uint64_t t) override { return FromC(tm_tensor_sync(rt_, {t})); }
+
+ private:
+  tm_runtime rt_;
+};
+
+bool ValidIsa(tm_optim_isa isa) { return isa >= TM_OPTIM_ISA_BASELINE && isa < TM_OPTIM_ISA_COUNT; }
+
+}  // namespace
+}  // namespace tiermem::optim
+
+using namespace tiermem;         // NOLINT: the C entry points below implement the tm_* API
+using namespace tiermem::optim;  // NOLINT
+
+extern "C" {
+
+TM_API tm_status tm_adam_create(tm_runtime runtime, const tm_adam_config* config, tm_adam* out) {
+  if (out == nullptr) return Fail(TM_ERR_INVALID_ARGUMENT, "tm_adam_create: out is NULL");
+  out->bits = 0;
+  return Guarded([&] {
+    auto hyper = HyperFrom("tm_adam_create", config);
+    if (!hyper.ok()) return Report(hyper.status());
+    int node = -1, threads = 1, depth = 0;
+    if (absl::Status s = ResolveWorkers(*config, runtime, &node, &threads, &depth); !s.ok()) {
+      return Report(s);
+    }
+    auto opt = AdamOptimizer::Create(*hyper, threads, node);
+    if (!opt.ok()) return Report(WithContext(opt.status(), "tm_adam_create"));
+    auto h = std::make_shared<AdamHandle>();
+    h->runtime = runtime;
+    h->prefetch_depth = depth;
+    h->opt = std::move(*opt);
+    out->bits = Registry().Add(std::move(h));
+    return TM_OK;
+  });
+}
+
+TM_API tm_status tm_adam_destroy(tm_adam adam) {
+  if ((adam.bits & kAdamTagMask) != kAdamTag || Registry().Remove(adam.bits) == nullptr) {
+    return Fail(TM_ERR_INVALID_HANDLE,
+                absl::StrFormat("adam handle 0x%016x is zero, destroyed or invalid", adam.bits));
+  }
+  return TM_OK;
+}
+
+TM_API tm_status tm_adam_set_hyper(tm_adam adam, const tm_adam_config* config) {
+  return WithAdam(adam, [&](AdamHandle& h) {
+    auto hyper = HyperFrom("tm_adam_set_hyper", config);
+    if (!hyper.ok()) return Report(hyper.status());
+    MutexLock lock(&h.mu);
+    return Report(h.opt->SetHyper(*hyper));
+  });
+}
+
+TM_API tm_status tm_adam_threads(tm_adam adam, int32_t* threads) {
+  if (threads == nullptr) return Fail(TM_ERR_INVALID_ARGUMENT, "tm_adam_threads: threads is NULL");
+  return WithAdam(adam, [&](AdamHandle& h) {
+    *threads = h.opt->threads();
+    return TM_OK;
+  });
+}
+
+TM_API tm_status tm_adam_step(tm_adam adam, uint64_t step, float grad_scale,
+                              const tm_adam_span* spans, size_t count) {
+  if (spans == nullptr && count > 0) {
+    return Fail(TM_ERR_INVALID_ARGUMENT, "tm_adam_step: spans is NULL");
+  }
+  return WithAdam(adam, [&](AdamHandle& h) {
+    std::vector<AdamSpan> inner(count);
+    for (size_t i = 0; i < count; ++i) {
+      const tm_adam_span& s = spans[i];
+      inner[i] = {s.param,
+                  s.exp_avg,
+                  s.exp_avg_sq,
+                  s.max_exp_avg_sq,
+                  s.grad,
+                  static_cast<Dtype>(s.grad_dtype),
+                  s.param_out,
+                  static_cast<Dtype>(s.param_out_dtype),
+                  static_cast<size_t>(s.count)};
+    }
+    MutexLock lock(&h.mu);
+    return Report(WithContext(h.opt->Step(step, grad_scale, inner.data(), count), "tm_adam_step"));
+  });
+}
+
+TM_API tm_status tm_adam_step_buckets(tm_adam adam, uint64_t step, float grad_scale,
+                                      const tm_adam_bucket* buckets, size_t count,
+                                      size_t* buckets_done) {
+  if (buckets_done != nullptr) *buckets_done = 0;
+  if (buckets == nullptr && count > 0) {
+    return Fail(TM_ERR_INVALID_ARGUMENT, "tm_adam_step_buckets: buckets is NULL");
+  }
+  return WithAdam(adam, [&](AdamHandle& h) {
+    if (h.runtime.bits == 0) {
+      return Fail(TM_ERR_INVALID_ARGUMENT,
+                  "tm_adam_step_buckets: the optimizer was created without a runtime");
+    }
+    if (step == 0) {
+      return Fail(TM_ERR_INVALID_ARGUMENT,
+                  "tm_adam_step_buckets: step = 0, want the step number from 1");
+    }
+    MutexLock lock(&h.mu);
+    HandleStateTensors tensors(h.runtime);
+    BucketStepResult r =
+        StepBuckets(*h.opt, tensors, h.prefetch_depth, step, grad_scale, buckets, count);
+    if (buckets_done != nullptr) *buckets_done = r.buckets_done;
+    return Report(WithContext(r.status, "tm_adam_step_buckets"));
+  });
+}
+
+TM_API tm_status tm_optim_isa_get(tm_optim_isa* detected, tm_optim_isa* active) {
+  if (detected != nullptr) *detected = static_cast<tm_optim_isa>(DetectedIsa());
+  if (active != nullptr) *active = static_cast<tm_optim_isa>(ActiveIsa());
+  return TM_OK;
+}
+
+TM_API tm_status tm_optim_set_isa_limit(tm_optim_isa limit, tm_optim_isa* active) {
+  if (!ValidIsa(limit)) {
+    return Fail(TM_ERR_INVALID_ARGUMENT,
+                absl::StrFormat("tm_optim_set_isa_limit: limit = %d is not a tm_optim_isa",
+                                static_cast<int>(limit)));
+  }
+  const Isa now = SetIsaLimit(static_cast<Isa>(limit));
+  if (active != nullptr) *active = static_cast<tm_optim_isa>(now);
+  return TM_OK;
+}
+
+}  // extern "C"

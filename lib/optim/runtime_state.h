@@ -1,0 +1,26 @@
+// StateTensors straight over a Runtime (tests drive the pipeline with it under fault injection).
+#pragma once
+
+#include "lib/optim/bucket_step.h"
+#include "lib/runtime/runtime.h"
+
+namespace tiermem::optim {
+
+class RuntimeStateTensors : public StateTensors {
+ public:
+  explicit RuntimeStateTensors(Runtime& rt) : rt_(rt) {}
+  absl::StatusOr<uint64_t> Bytes(uint64_t t) override { return rt_.TensorBytes(t); }
+  absl::StatusOr<uint32_t> Residency(uint64_t t) override { return rt_.Residency(t); }
+  absl::Status Prefetch(uint64_t t, tm_tier tier) override { return rt_.Prefetch(t, tier); }
+  absl::StatusOr<void*> Acquire(uint64_t t, tm_tier tier, tm_access access) override {
+    return rt_.Acquire(t, tier, access, nullptr);
+  }
+  absl::Status Release(uint64_t t, tm_tier tier) override { return rt_.Release(t, tier); }
+  absl::Status Offload(uint64_t t, tm_tier tier) override { return rt_.Offload(t, tier); }
+  absl::Status Sync(uint64_t t) override { return rt_.Sync(t); }
+
+ private:
+  Runtime& rt_;
+};
+
+}  // namespace tiermem::optim

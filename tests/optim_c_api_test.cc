@@ -1,0 +1,141 @@
+// The CPU Adam's C API: arguments named in errors, handles checked, host spans and tiermem
+// tensors (DRAM and NVMe) stepped alike.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+#include "tiermem/tiermem.h"
+
+namespace {
+
+using tiermem::testing::SmallConfig;
+using tiermem::testing::TempDir;
+
+std::string LastError() { return tm_last_error(); }
+
+TEST(OptimCApi, BadArgumentsAreNamed) {
+  tm_adam adam{0};
+  EXPECT_EQ(tm_adam_create({0}, nullptr, &adam), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("config"), std::string::npos) << LastError();
+  tm_adam_config c = TM_ADAM_CONFIG_INIT;
+  EXPECT_EQ(tm_adam_create({0}, &c, nullptr), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("out"), std::string::npos) << LastError();
+  c.beta1 = 1.5;
+  EXPECT_EQ(tm_adam_create({0}, &c, &adam), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("beta1"), std::string::npos) << LastError();
+  c = TM_ADAM_CONFIG_INIT;
+  c.threads = -2;
+  EXPECT_EQ(tm_adam_create({0}, &c, &adam), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("threads"), std::string::npos) << LastError();
+  c = TM_ADAM_CONFIG_INIT;
+  c.struct_size = 8;
+  EXPECT_EQ(tm_adam_create({0}, &c, &adam), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("struct_size"), std::string::npos) << LastError();
+  c = TM_ADAM_CONFIG_INIT;
+  c.threads = 2;
+  ASSERT_EQ(tm_adam_create({0}, &c, &adam), TM_OK) << LastError();
+  int32_t threads = 0;
+  ASSERT_EQ(tm_adam_threads(adam, &threads), TM_OK);
+  EXPECT_EQ(threads, 2);
+  float x = 0;
+  tm_adam_span span = {&x, &x, &x, nullptr, nullptr, TM_DTYPE_F32, nullptr, TM_DTYPE_F32, 1};
+  EXPECT_EQ(tm_adam_step(adam, 1, 1.0f, &span, 1), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("span 0: grad is NULL"), std::string::npos) << LastError();
+  EXPECT_EQ(tm_adam_step(adam, 1, 1.0f, nullptr, 1), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("spans"), std::string::npos) << LastError();
+  EXPECT_EQ(tm_adam_step(adam, 1, -1.0f, &span, 0), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("grad_scale"), std::string::npos) << LastError();
+  tm_adam_bucket bucket = {{1}, 1, &x, TM_DTYPE_F32, nullptr, TM_DTYPE_F32};
+  EXPECT_EQ(tm_adam_step_buckets(adam, 1, 1.0f, &bucket, 1, nullptr), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("without a runtime"), std::string::npos) << LastError();
+  EXPECT_EQ(tm_optim_set_isa_limit(static_cast<tm_optim_isa>(9), nullptr), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("limit"), std::string::npos) << LastError();
+  ASSERT_EQ(tm_adam_destroy(adam), TM_OK);
+  EXPECT_EQ(tm_adam_destroy(adam), TM_ERR_INVALID_HANDLE) << "destroyed twice";
+  EXPECT_EQ(tm_adam_step(adam, 1, 1.0f, &span, 1), TM_ERR_INVALID_HANDLE);
+  EXPECT_EQ(tm_adam_destroy({0}), TM_ERR_INVALID_HANDLE);
+}
+
+TEST(OptimCApi, IsaCanBeForcedDown) {
+  tm_optim_isa detected, active;
+  ASSERT_EQ(tm_optim_isa_get(&detected, &active), TM_OK);
+  EXPECT_EQ(active, detected);
+  ASSERT_EQ(tm_optim_set_isa_limit(TM_OPTIM_ISA_BASELINE, &active), TM_OK);
+  EXPECT_EQ(active, TM_OPTIM_ISA_BASELINE);
+  ASSERT_EQ(tm_optim_set_isa_limit(TM_OPTIM_ISA_AVX512, &active), TM_OK);
+  EXPECT_EQ(active, detected);
+}
+
+// Buckets in tensors (one in DRAM, others homed on NVMe) step as the same spans in host memory.
+TEST(OptimCApi, TensorBucketsMatchHostSpans) {
+  TempDir dir;
+  tm_config cfg = SmallConfig(dir.path());
+  tm_runtime rt{0};
+  ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_OK) << LastError();
+  tm_adam_config c = TM_ADAM_CONFIG_INIT;
+  c.lr = 3e-3;
+  c.amsgrad = 1;
+  c.threads = 2;
+  tm_adam on_rt{0}, host{0};
+  ASSERT_EQ(tm_adam_create(rt, &c, &on_rt), TM_OK) << LastError();
+  ASSERT_EQ(tm_adam_create({0}, &c, &host), TM_OK) << LastError();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  const size_t sizes[] = {1, 1023, 100003};
+  std::vector<std::vector<float>> state, grads;
+  std::vector<tm_tensor> tensors;
+  for (size_t b = 0; b < 3; ++b) {
+    const size_t n = sizes[b];
+    std::vector<float> s(4 * n);
+    for (size_t i = 0; i < n; ++i) {
+      s[i] = normal(rng);
+      s[n + i] = 0.1f * normal(rng);
+      s[2 * n + i] = s[3 * n + i] = 0.01f * std::abs(normal(rng));
+    }
+    std::vector<float> g(n);
+    for (float& x : g) x = normal(rng);
+    tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+    d.bytes = 16 * n;
+    d.cls = TM_CLASS_OPTIMIZER_STATE;
+    d.home_tier = b == 0 ? TM_TIER_DRAM : TM_TIER_NVME;
+    tm_tensor t{0};
+    ASSERT_EQ(tm_tensor_create(rt, &d, &t), TM_OK) << LastError();
+    ASSERT_EQ(tm_tensor_write(rt, t, 0, s.data(), d.bytes), TM_OK) << LastError();
+    tensors.push_back(t);
+    state.push_back(std::move(s));
+    grads.push_back(std::move(g));
+  }
+  for (uint64_t step = 1; step <= 2; ++step) {
+    std::vector<tm_adam_bucket> buckets;
+    std::vector<tm_adam_span> spans;
+    for (size_t b = 0; b < 3; ++b) {
+      const size_t n = sizes[b];
+      float* s = state[b].data();
+      buckets.push_back({tensors[b], n, grads[b].data(), TM_DTYPE_F32, nullptr, TM_DTYPE_F32});
+      spans.push_back({s, s + n, s + 2 * n, s + 3 * n, grads[b].data(), TM_DTYPE_F32, nullptr,
+                       TM_DTYPE_F32, n});
+    }
+    size_t done = 99;
+    ASSERT_EQ(tm_adam_step_buckets(on_rt, step, 0.5f, buckets.data(), 3, &done), TM_OK)
+        << LastError();
+    EXPECT_EQ(done, 3u);
+    ASSERT_EQ(tm_adam_step(host, step, 0.5f, spans.data(), 3), TM_OK) << LastError();
+    for (size_t b = 0; b < 3; ++b) {
+      std::vector<float> back(4 * sizes[b]);
+      ASSERT_EQ(tm_tensor_read(rt, tensors[b], 0, back.data(), back.size() * 4), TM_OK);
+      EXPECT_EQ(std::memcmp(back.data(), state[b].data(), back.size() * 4), 0) << b;
+    }
+  }
+  uint32_t mask = 0;
+  ASSERT_EQ(tm_tensor_residency(rt, tensors[2], &mask), TM_OK);
+  EXPECT_EQ(mask, TM_TIER_BIT(TM_TIER_NVME)) << "state homed on NVMe went back there";
+  EXPECT_EQ(tm_adam_destroy(on_rt), TM_OK);
+  EXPECT_EQ(tm_adam_destroy(host), TM_OK);
+  EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+}
+
+}  // namespace
