@@ -6,10 +6,10 @@
 #include <random>
 #include <vector>
 
-#include "lib/tiers/checksum.h"
 #include "lib/config/config.h"
-#include "lib/tiers/offset_allocator.h"
 #include "lib/runtime/runtime.h"
+#include "lib/tiers/checksum.h"
+#include "lib/tiers/offset_allocator.h"
 
 namespace tiermem {
 namespace {

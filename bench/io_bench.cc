@@ -7,9 +7,9 @@
 #include <cstring>
 #include <string>
 
+#include "lib/base/status.h"
 #include "lib/config/config.h"
 #include "lib/runtime/runtime.h"
-#include "lib/base/status.h"
 
 namespace tiermem {
 namespace {

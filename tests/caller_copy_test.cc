@@ -1,6 +1,6 @@
-// Callers' copies against the runtime's own work: syncs that wait for copies in flight, deferred frees
-// after destroy, buffers that overlap the tensor's own copy (every caller-copy entry point), and an HBM
-// budget below its granule. First found by an outside client driving the C API.
+// Callers' copies against the runtime's own work: syncs that wait for copies in flight, deferred
+// frees after destroy, buffers that overlap the tensor's own copy (every caller-copy entry point),
+// and an HBM budget below its granule. First found by an outside client driving the C API.
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "io/io_engine.h"
-#include "lib/tiers/nvme_tier.h"
 #include "lib/base/status.h"
+#include "lib/tiers/nvme_tier.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 

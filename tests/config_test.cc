@@ -333,8 +333,8 @@ TEST_F(EnvFileTest, ValuesSitBetweenEnvironmentAndDefaults) {
 TEST_F(EnvFileTest, DevNullIsAnEmptyFile) {
   // As GIT_CONFIG=/dev/null: the way users say "no file", read as empty; any other device is
   // still refused.
-  auto c = LoadConfig({}, FakeEnv({{"TIERMEM_ENV_FILE", "/dev/null"}, {"TIERMEM_IO_QUEUE_DEPTH", "8"}}),
-                      {});
+  auto c = LoadConfig(
+      {}, FakeEnv({{"TIERMEM_ENV_FILE", "/dev/null"}, {"TIERMEM_IO_QUEUE_DEPTH", "8"}}), {});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->io_queue_depth, 8u);
   EXPECT_EQ(c->Value("TIERMEM_ENV_FILE"), "/dev/null");

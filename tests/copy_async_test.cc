@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "io/device.h"
+#include "lib/base/status.h"
 #include "lib/config/config.h"
 #include "lib/runtime/runtime.h"
-#include "lib/base/status.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 

@@ -9,9 +9,9 @@
 #include <string>
 
 #include "io/fault_injection.h"
+#include "lib/base/status.h"
 #include "lib/config/config.h"
 #include "lib/runtime/runtime.h"
-#include "lib/base/status.h"
 #include "test_util.h"
 
 namespace tiermem {

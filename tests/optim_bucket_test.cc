@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "io/fault_injection.h"
+#include "lib/base/status.h"
 #include "lib/config/config.h"
 #include "lib/optim/adam_optimizer.h"
 #include "lib/optim/bucket_step.h"
 #include "lib/optim/runtime_state.h"
 #include "lib/runtime/runtime.h"
-#include "lib/base/status.h"
 #include "test_util.h"
 
 namespace tiermem::optim {

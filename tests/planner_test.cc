@@ -1,7 +1,7 @@
 // The planner against hand-computed cases (Korthikanti et al. 2022 formulas, units carried
 // through), with tensor and sequence parallelism, and budgets that force each combination of
-// rungs. The cumulative ladder and the combinations (lib/plan/plan_ladder.h) are checked part by part
-// and against a brute force of this file's own over every set of rungs (plan_ladder_test.cc).
+// rungs. The cumulative ladder and the combinations (lib/plan/plan_ladder.h) are checked part by
+// part and against a brute force of this file's own over every set of rungs (plan_ladder_test.cc).
 #include "lib/plan/planner.h"
 
 #include <gtest/gtest.h>

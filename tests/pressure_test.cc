@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include "lib/base/status.h"
 #include "lib/config/config.h"
 #include "lib/runtime/runtime.h"
-#include "lib/base/status.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 

@@ -44,8 +44,9 @@ using TensorStateDeathTest = TensorState;
 
 TEST_F(TensorStateDeathTest, AWrongStartingStateAbortsNamingIt) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(t_.EndFill(TM_TIER_DRAM), "bad copy-state transition EndFill of tensor \"t\" in "
-                                         "dram: the copy is absent");
+  EXPECT_DEATH(t_.EndFill(TM_TIER_DRAM),
+               "bad copy-state transition EndFill of tensor \"t\" in "
+               "dram: the copy is absent");
   EXPECT_DEATH(t_.Landed(TM_TIER_HBM), "Landed .* the copy is absent");
   t_.BeginFill(TM_TIER_DRAM, Extent{0, 4096});
   EXPECT_DEATH(t_.BeginFill(TM_TIER_DRAM, Extent{0, 4096}), "BeginFill .* the copy is filling");

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <string>
 
-#include "lib/api/config_overrides.h"
 #include "lib/api/c_boundary.h"
+#include "lib/api/config_overrides.h"
 
 using namespace tiermem;  // NOLINT: the C entry points below implement the tm_* ABI
 

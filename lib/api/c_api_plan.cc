@@ -2,8 +2,8 @@
 #include <cstddef>
 #include <cstring>
 
-#include "lib/plan/planner.h"
 #include "lib/api/c_boundary.h"
+#include "lib/plan/planner.h"
 
 using namespace tiermem;  // NOLINT: the C entry points below implement the tm_* ABI
 

@@ -152,8 +152,6 @@ std::vector<std::string> ProcessTiermemVariables() {
   return names;
 }
 
-
-
 absl::StatusOr<Config> LoadConfig(const ConfigOverrides& o, const EnvLookup& env,
                                   const std::vector<std::string>& env_names) {
   Config c;
@@ -216,6 +214,5 @@ absl::StatusOr<Config> LoadConfig(const ConfigOverrides& o, const EnvLookup& env
   }
   return c;
 }
-
 
 }  // namespace tiermem

@@ -63,8 +63,9 @@ struct ConfigOverrides {
 
 struct Config {
   DeviceKind device = DeviceKind::kAuto;
-  int cuda_device = -1;   // -1 ("auto"): the local rank mod the devices visible (lib/config/local_ranks.h)
-  SizeSetting hbm_bytes;  // zero means the backend's default
+  int cuda_device =
+      -1;  // -1 ("auto"): the local rank mod the devices visible (lib/config/local_ranks.h)
+  SizeSetting hbm_bytes;   // zero means the backend's default
   SizeSetting dram_bytes;  // default 2 GiB
   SizeSetting nvme_bytes;  // default 4 GiB
   std::vector<std::string> nvme_paths;

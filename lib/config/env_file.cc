@@ -1,6 +1,4 @@
 // TIERMEM_ENV_FILE: reading a file of settings (regular files only; /dev/null is empty).
-#include "lib/config/config.h"
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -20,8 +18,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "lib/config/config.h"
 #include "lib/config/config_internal.h"
-
 
 namespace tiermem {
 
@@ -118,6 +116,5 @@ absl::StatusOr<EnvFile> ParseEnvFile(const std::string& path) {
   }
   return out;
 }
-
 
 }  // namespace tiermem

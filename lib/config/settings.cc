@@ -1,7 +1,5 @@
 // The settings table: one row per TIERMEM_* variable (name, values, default, parser, docs),
 // checked against docs/environment.md by a test.
-#include "lib/config/config.h"
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -21,9 +19,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "lib/config/config.h"
 #include "lib/config/config_internal.h"
 #include "lib/config/local_ranks.h"
-
 
 namespace tiermem {
 namespace {

@@ -66,8 +66,7 @@ absl::Status Mover::ExecuteUncounted(const MovePlan& p, std::optional<CopyTicket
   }
   const tm_tier src = static_cast<tm_tier>(p.src);
   if (src == TM_TIER_NVME && p.dst == TM_TIER_HBM) {
-    return StagedRead(p.src_extent, p.bytes, 0, CallerBuffer{p.dst_addr, true, {}}, p.bytes,
-                      false);
+    return StagedRead(p.src_extent, p.bytes, 0, CallerBuffer{p.dst_addr, true, {}}, p.bytes, false);
   }
   if (src == TM_TIER_HBM && p.dst == TM_TIER_NVME) {
     return StagedWrite(Extent{}, p.dst_extent, p.bytes, 0, CallerBuffer{p.src_addr, true, {}},

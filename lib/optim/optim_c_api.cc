@@ -11,9 +11,9 @@
 #include "io/numa.h"
 #include "io/sync.h"
 #include "lib/base/last_error.h"
+#include "lib/base/status.h"
 #include "lib/optim/adam_optimizer.h"
 #include "lib/optim/bucket_step.h"
-#include "lib/base/status.h"
 #include "tiermem/tiermem.h"
 
 namespace tiermem::optim {

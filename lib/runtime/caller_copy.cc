@@ -50,11 +50,10 @@ absl::Status CheckCallerCopy(const Tensor& t, uint64_t offset, uint64_t bytes, c
                              bool into, bool wait) {
   if (auto s = CheckCallerRange(t, offset, bytes, fn); !s.ok()) return s;
   if (int w = t.writing_tier(); w >= 0 && bytes > 0 && !wait) {
-    return Error(TM_ERR_BUSY,
-                 absl::StrFormat("%s: tensor \"%s\" is acquired for writing in %s: %s", fn, t.name,
-                                 tm_tier_name(static_cast<tm_tier>(w)),
-                                 into ? "write through the acquired pointer instead"
-                                      : "its bytes are in flux until released"));
+    return Error(TM_ERR_BUSY, absl::StrFormat("%s: tensor \"%s\" is acquired for writing in %s: %s",
+                                              fn, t.name, tm_tier_name(static_cast<tm_tier>(w)),
+                                              into ? "write through the acquired pointer instead"
+                                                   : "its bytes are in flux until released"));
   }
   return absl::OkStatus();
 }
@@ -65,11 +64,11 @@ absl::Status CheckCallerCopy(const Tensor& t, uint64_t offset, uint64_t bytes, c
 struct Runtime::CallerCopyRequest {
   const char* fn = "";  // the C function, for messages
   uint64_t handle = 0, offset = 0, bytes = 0;
-  char* buffer = nullptr;  // the caller's memory
-  bool device = false;     // ... is device memory (crosses the link)
-  io::FencePtr fence;      // the caller's stream's work so far; none without a stream
-  void* stream = nullptr;  // waits for the copy; none: the caller syncs (or `wait`)
-  bool wait = false;       // the host waits for the copy (tm_tensor_write / read)
+  char* buffer = nullptr;    // the caller's memory
+  bool device = false;       // ... is device memory (crosses the link)
+  io::FencePtr fence;        // the caller's stream's work so far; none without a stream
+  void* stream = nullptr;    // waits for the copy; none: the caller syncs (or `wait`)
+  bool wait = false;         // the host waits for the copy (tm_tensor_write / read)
   bool stream_waits = true;  // false: tm_tensor_copy_in_async (the stream's later work does not)
 };
 
@@ -233,7 +232,8 @@ absl::Status Runtime::CopyFrom(const CallerCopyRequest& r) {
   auto claimed = Claim(r.handle, /*land=*/r.wait);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
-  if (auto s = CheckCallerCopy(t, r.offset, r.bytes, r.fn, false, r.wait); !s.ok() || r.bytes == 0) {
+  if (auto s = CheckCallerCopy(t, r.offset, r.bytes, r.fn, false, r.wait);
+      !s.ok() || r.bytes == 0) {
     return s;
   }
   CallerBuffer buffer{r.buffer, r.device, {}};
@@ -290,15 +290,17 @@ absl::Status Runtime::ReadZeros(Tensor& t, const CallerCopyRequest& r, CallerBuf
   return s;
 }
 
-absl::StatusOr<std::optional<io::CopyTicket>> Runtime::CopyTierAndCaller(
-    Tensor& t, tm_tier tier, char* addr, const CallerCopyRequest& r, CallerBuffer& buffer,
-    bool into_tier) {
+absl::StatusOr<std::optional<io::CopyTicket>> Runtime::CopyTierAndCaller(Tensor& t, tm_tier tier,
+                                                                         char* addr,
+                                                                         const CallerCopyRequest& r,
+                                                                         CallerBuffer& buffer,
+                                                                         bool into_tier) {
   if (Overlap(addr, r.buffer, r.bytes)) {
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("%s: %s overlaps the bytes it is copied %s (tensor \"%s\"'s own "
                                  "copy in %s)",
-                                 r.fn, into_tier ? "src" : "dst", into_tier ? "to" : "from",
-                                 t.name, tm_tier_name(tier)));
+                                 r.fn, into_tier ? "src" : "dst", into_tier ? "to" : "from", t.name,
+                                 tm_tier_name(tier)));
   }
   const io::CopyDirection dir = Mover::Direction(tier, r.device, into_tier);
   char* dst = into_tier ? addr : r.buffer;

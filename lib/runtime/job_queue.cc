@@ -2,8 +2,8 @@
 #include <optional>
 #include <string>
 
-#include "io/log.h"
 #include "absl/strings/str_format.h"
+#include "io/log.h"
 #include "lib/base/status.h"
 #include "lib/runtime/runtime.h"
 #include "lib/runtime/runtime_internal.h"

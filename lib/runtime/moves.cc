@@ -150,7 +150,6 @@ MovePlan Runtime::PrepareMove(Tensor& t, tm_tier dst, const Extent& extent,
   plan.dst_extent = extent;
   if (dst != TM_TIER_NVME) plan.dst_addr = tiers_->Address(dst, extent);
   return plan;
-
 }
 
 absl::Status Runtime::CheckOthersUnpinned(const Tensor& t, int keep) const {

@@ -126,8 +126,7 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   // copies next, so its data must have landed first.
   absl::Status s = access == TM_ACCESS_WRITE
                        ? Reserve(t, tier)
-                       : MakeValid(t, tier, writes ? CallerStream{} : caller,
-                                   Demand());
+                       : MakeValid(t, tier, writes ? CallerStream{} : caller, Demand());
   if (!s.ok()) return s;
   // Work of callers' streams released on this copy and not yet passed: the caller's stream
   // waits for it (no host wait); without a stream the host does, since the pointer is then

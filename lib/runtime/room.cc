@@ -28,7 +28,6 @@ struct Runtime::EvictionPlan {
   std::vector<std::pair<std::string, uint64_t>> pinned;
 };
 
-
 Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want want,
                                             uint64_t need) {
   EvictionPlan plan;
@@ -135,10 +134,10 @@ absl::Status Runtime::AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t
   if (before == 0) return absl::OkStatus();
   const EvictionPlan plan = PlanEviction(t, tier, want, need);
   if (plan.reclaimable < before || plan.reclaimable - before < need) {
-    return Dropped(t, tier, DropReason::kNoRoom,
-                   absl::StrFormat("the %s that earlier uses need leave no room for it",
-                                   HumanBytes(before)),
-                   why);
+    return Dropped(
+        t, tier, DropReason::kNoRoom,
+        absl::StrFormat("the %s that earlier uses need leave no room for it", HumanBytes(before)),
+        why);
   }
   return absl::OkStatus();
 }
@@ -162,8 +161,7 @@ absl::Status Runtime::EvictWindow(const EvictionPlan& plan, tm_tier tier, Want w
   return absl::OkStatus();
 }
 
-absl::Status Runtime::OutOfRoom(const absl::Status& failed, EvictionPlan& plan,
-                                uint64_t capacity) {
+absl::Status Runtime::OutOfRoom(const absl::Status& failed, EvictionPlan& plan, uint64_t capacity) {
   uint64_t pinned = 0;
   std::string by;
   std::sort(plan.pinned.begin(), plan.pinned.end(),
@@ -230,7 +228,8 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
         (e.ok() || tier == TM_TIER_NVME || !absl::IsResourceExhausted(e.status()))) {
       return e;
     }
-    if (need == 0) return WithContext(e.status(), "it is larger than the whole tier and can never fit");
+    if (need == 0)
+      return WithContext(e.status(), "it is larger than the whole tier and can never fit");
     if (want.kind == Want::kDemand && !st.wanting) {
       st.wanting = true;
       ++room_.wanted(tier);

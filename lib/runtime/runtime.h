@@ -17,9 +17,9 @@
 #include "io/sync.h"
 #include "lib/config/config.h"
 #include "lib/move/mover.h"
-#include "lib/policy/schedule.h"
 #include "lib/move/staging_ring.h"
 #include "lib/policy/eviction.h"
+#include "lib/policy/schedule.h"
 #include "lib/runtime/counters.h"
 #include "lib/runtime/deferred_frees.h"
 #include "lib/runtime/failure_log.h"
@@ -229,12 +229,9 @@ class Runtime {
   // Enqueues (or, host to host with nothing to wait for, does) the copy between `addr` in
   // `tier` and the caller's buffer; with r.wait, returns once it is done.
   // With neither, a ticket of the copy in flight; refuses a buffer overlapping the copy.
-  absl::StatusOr<std::optional<io::CopyTicket>> CopyTierAndCaller(Tensor& t, tm_tier tier,
-                                                                  char* addr,
-                                                                  const CallerCopyRequest& r,
-                                                                  CallerBuffer& buffer,
-                                                                  bool into_tier)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::optional<io::CopyTicket>> CopyTierAndCaller(
+      Tensor& t, tm_tier tier, char* addr, const CallerCopyRequest& r, CallerBuffer& buffer,
+      bool into_tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the failures of the callers' copies that are done (all of them when `wait`, only
   // those of `handle` unless it is 0). May release the lock to wait.
   void ReapCallerCopies(uint64_t handle, bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -252,15 +249,14 @@ class Runtime {
                                   DropReason* why, AllocateState& st)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Do no harm: whether a scheduled prefetch may take `need` bytes in `tier` at all.
-  absl::Status AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t need,
-                             DropReason* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t need, DropReason* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts the victims of a window; an error ends the allocation.
   struct EvictionPlan;
   absl::Status EvictWindow(const EvictionPlan& plan, tm_tier tier, Want want, bool fragmented,
                            DropReason* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The error of a demand that cannot fit even with every unpinned copy evicted.
-  static absl::Status OutOfRoom(const absl::Status& failed, EvictionPlan& plan,
-                                uint64_t capacity);
+  static absl::Status OutOfRoom(const absl::Status& failed, EvictionPlan& plan, uint64_t capacity);
   // What eviction could do for a request of `need` bytes in `tier` (see Allocate).
   EvictionPlan PlanEviction(const Tensor& t, tm_tier tier, Want want, uint64_t need)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -14,9 +14,9 @@
 #include "absl/strings/string_view.h"
 #include "io/cuda_count.h"
 #include "io/log.h"
+#include "lib/base/status.h"
 #include "lib/config/local_ranks.h"
 #include "lib/runtime/runtime.h"
-#include "lib/base/status.h"
 
 namespace tiermem {
 namespace {
@@ -71,7 +71,7 @@ Runtime::~Runtime() {
     MutexLock lock(&mu_);
     stopping_ = true;
     jobs_.RemoveIf([](const Job&) { return true; });  // queued moves are abandoned; running
-                                                       // ones finish
+                                                      // ones finish
     work_.SignalAll();
   }
   for (auto& t : movers_) t.join();
@@ -123,7 +123,7 @@ absl::Status Runtime::Init() {
 absl::Status Runtime::InitDevice(Setup& st) {
   // The CUDA device: the one asked for, else the local rank's (rank mod the devices visible).
   // The count is asked only to choose: without a device the backend below says why.
-  
+
   if (config_.device != DeviceKind::kEmulated) {
     if (auto n = io::CudaDeviceCount(); n.ok()) st.devices_visible = *n;
   }
@@ -201,7 +201,8 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> Runtime::InitHbm(Setup& st) {
   // the device) is a percentage too; absolute sizes are each rank's own.
   const int world = config_.local_world_size;
   const bool cuda = device_->kind() == "cuda";
-  const int hbm_sharers = cuda ? RanksOnDevice(config_.cuda_device, world, st.devices_visible) : world;
+  const int hbm_sharers =
+      cuda ? RanksOnDevice(config_.cuda_device, world, st.devices_visible) : world;
   uint64_t& hbm_bytes = st.hbm_bytes;
   if (config_.hbm_bytes.bytes == 0 && config_.hbm_bytes.percent == 0) {
     hbm_bytes = device_->default_budget() / static_cast<uint64_t>(cuda ? hbm_sharers : 1);
@@ -252,7 +253,8 @@ absl::Status Runtime::InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm)
   if (!nvme.ok()) return nvme.status();
 
   const uint64_t granule = std::max<uint64_t>(4096, (*nvme)->alignment());
-  const uint64_t dram_bytes = st.dram_bytes = RankShare(config_.dram_bytes, PhysicalRam(), world, granule);
+  const uint64_t dram_bytes = st.dram_bytes =
+      RankShare(config_.dram_bytes, PhysicalRam(), world, granule);
   if (dram_bytes == 0) {
     return Error(TM_ERR_CONFIG,
                  absl::StrFormat("TIERMEM_DRAM_BYTES=%s resolves to 0 bytes (shared by %d rank(s))",
@@ -261,15 +263,15 @@ absl::Status Runtime::InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm)
   // HBM <-> NVMe moves are staged in pinned slots at the end of the DRAM pool.
   const StagingRing::Shape shape = st.shape = StagingRing::ShapeFor(
       dram_bytes, std::max<uint64_t>(4ull << 20, config_.io_block_size), granule);
-  auto dram =
-      MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, st.node, granule, shape.bytes());
+  auto dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, st.node, granule,
+                                     shape.bytes());
   if (!dram.ok() && ToTmStatus(dram.status()) != TM_ERR_CONFIG && config_.numa == NumaMode::kAuto &&
       st.node >= 0) {
     Log(LogSeverity::kWarn, "%s; the DRAM tier is left unbound",
         std::string(dram.status().message()).c_str());
     st.node = -1;
-    dram =
-        MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, st.node, granule, shape.bytes());
+    dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, st.node, granule,
+                                  shape.bytes());
   }
   if (!dram.ok()) return dram.status();
   tiers_ = std::make_unique<Tiers>(std::move(hbm), std::move(*dram), std::move(*nvme));
@@ -334,9 +336,9 @@ void Runtime::StartMovers(const Setup& st) {
   for (int i = 0; i < kMoverThreads; ++i) movers_.emplace_back([this] { MoverLoop(); });
   Log(LogSeverity::kInfo,
       "runtime ready: %s, HBM %s, DRAM %s (NUMA node %d), NVMe %s on %zu path(s), %s I/O",
-      info_.device.c_str(), HumanBytes(st.hbm_bytes).c_str(), HumanBytes(st.dram_bytes).c_str(), st.node,
-      HumanBytes(st.nvme_bytes).c_str(), config_.nvme_paths.size(), info_.io_engine.c_str());
-
+      info_.device.c_str(), HumanBytes(st.hbm_bytes).c_str(), HumanBytes(st.dram_bytes).c_str(),
+      st.node, HumanBytes(st.nvme_bytes).c_str(), config_.nvme_paths.size(),
+      info_.io_engine.c_str());
 }
 
 }  // namespace tiermem
