@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "io/sync.h"
 #include "lib/base/handle.h"
+#include "lib/base/slot_table.h"
 #include "lib/base/status.h"
 #include "lib/runtime/runtime.h"
 #include "tiermem/tiermem.h"
@@ -27,60 +28,47 @@ tm_status NullArgument(const char* function, const char* argument);
 // The thread's last error, for tm_last_error.
 const char* LastError();
 
-// Runtimes live in a process-wide table of generation-checked slots, their handles tagged with
-// the runtime kind (lib/base/handle.h). Calls hold a shared_ptr, so a destroy racing with a call
-// frees the runtime only after that call returns.
-class RuntimeRegistry {
+// Objects behind C handles of one kind, in a process-wide table of generation-checked slots
+// (lib/base/slot_table.h). Calls hold a shared_ptr, so a destroy racing with a call frees the
+// object only after that call returns.
+template <typename T, HandleKind kKind>
+class HandleRegistry {
  public:
-  uint64_t Add(std::shared_ptr<Runtime> rt) {
+  uint64_t Add(std::shared_ptr<T> v) {
     MutexLock lock(&mu_);
-    uint32_t index;
-    if (!free_.empty()) {
-      index = free_.back();
-      free_.pop_back();
-    } else {
-      index = static_cast<uint32_t>(slots_.size());
-      slots_.emplace_back();
-    }
-    next_generation_ = NextHandleGeneration(next_generation_);
-    slots_[index] = {next_generation_, std::move(rt)};
-    return MakeHandle(HandleKind::kRuntime, next_generation_, index);
+    return slots_.Insert(std::move(v));
   }
-  std::shared_ptr<Runtime> Get(uint64_t bits) {
+  std::shared_ptr<T> Get(uint64_t bits) {
     MutexLock lock(&mu_);
-    Slot* s = Find(bits);
-    return s != nullptr ? s->runtime : nullptr;
+    std::shared_ptr<T>* v = slots_.Find(bits);
+    return v != nullptr ? *v : nullptr;
   }
-  std::shared_ptr<Runtime> Remove(uint64_t bits) {
+  std::shared_ptr<T> Remove(uint64_t bits) {
     MutexLock lock(&mu_);
-    Slot* s = Find(bits);
-    if (s == nullptr) return nullptr;
-    std::shared_ptr<Runtime> rt = std::move(s->runtime);
-    s->generation = 0;
-    free_.push_back(static_cast<uint32_t>(bits));
-    return rt;
+    return slots_.Remove(bits);
   }
 
  private:
-  struct Slot {
-    uint32_t generation = 0;
-    std::shared_ptr<Runtime> runtime;
-  };
-  Slot* Find(uint64_t bits) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    // A tensor handle never names a runtime, whatever its generation and index bits.
-    if (!HandleIsKind(bits, HandleKind::kRuntime)) return nullptr;
-    const uint32_t index = HandleIndex(bits);
-    const uint32_t gen = HandleGeneration(bits);
-    if (gen == 0 || index >= slots_.size() || slots_[index].generation != gen) return nullptr;
-    return &slots_[index];
-  }
   Mutex mu_;
-  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
-  uint32_t next_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  SlotTable<std::shared_ptr<T>, kKind> slots_ ABSL_GUARDED_BY(mu_);
 };
 
+using RuntimeRegistry = HandleRegistry<Runtime, HandleKind::kRuntime>;
 RuntimeRegistry& Registry();
+
+// Runs `body` (returning tm_status), turning an exception into a status.
+template <typename Body>
+tm_status Guarded(Body&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Fail(TM_ERR_OUT_OF_MEMORY, "host memory exhausted (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    return Fail(TM_ERR_INTERNAL, absl::StrFormat("unexpected exception: %s", e.what()));
+  } catch (...) {
+    return Fail(TM_ERR_INTERNAL, "unexpected exception");
+  }
+}
 
 // Runs `body` with the runtime of `rt`, turning a bad handle or an exception into a status.
 template <typename Body>
@@ -90,15 +78,7 @@ tm_status WithRuntime(tm_runtime rt, Body&& body) {
     return Fail(TM_ERR_INVALID_HANDLE,
                 absl::StrFormat("runtime handle 0x%016x is zero, destroyed or invalid", rt.bits));
   }
-  try {
-    return Report(body(*r));
-  } catch (const std::bad_alloc&) {
-    return Fail(TM_ERR_OUT_OF_MEMORY, "host memory exhausted (std::bad_alloc)");
-  } catch (const std::exception& e) {
-    return Fail(TM_ERR_INTERNAL, absl::StrFormat("unexpected exception: %s", e.what()));
-  } catch (...) {
-    return Fail(TM_ERR_INTERNAL, "unexpected exception");
-  }
+  return Guarded([&] { return Report(body(*r)); });
 }
 
 }  // namespace tiermem

@@ -8,7 +8,7 @@ namespace tiermem {
 
 // bits 63..60: kind, 59..32: generation (never 0), 31..0: slot index. The kinds are distinct
 // non-zero patterns, so neither zero nor a handle of the other kind ever matches.
-enum class HandleKind : uint64_t { kRuntime = 0x5, kTensor = 0xA };
+enum class HandleKind : uint64_t { kRuntime = 0x5, kTensor = 0xA, kAdam = 0xC };
 
 inline constexpr int kHandleKindShift = 60;
 inline constexpr uint32_t kHandleGenerationMask = (uint32_t{1} << 28) - 1;

@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "io/numa.h"
 #include "io/sync.h"
-#include "lib/base/last_error.h"
+#include "lib/api/c_boundary.h"
 #include "lib/base/status.h"
 #include "lib/optim/adam_optimizer.h"
 #include "lib/optim/bucket_step.h"
@@ -19,16 +19,6 @@
 namespace tiermem::optim {
 namespace {
 
-tm_status Fail(tm_status code, const std::string& message) {
-  LastErrorSlot() = message;
-  return code;
-}
-
-tm_status Report(const absl::Status& s) {
-  if (s.ok()) return TM_OK;
-  return Fail(ToTmStatus(s), std::string(s.message()));
-}
-
 struct AdamHandle {
   tm_runtime runtime{0};
   int prefetch_depth = 0;
@@ -36,59 +26,16 @@ struct AdamHandle {
   std::unique_ptr<AdamOptimizer> opt;
 };
 
-// Handles are never reused: a 48-bit counter under a tag no runtime or tensor handle has.
-constexpr uint64_t kAdamTag = uint64_t{0xADA} << 52;
-constexpr uint64_t kAdamTagMask = uint64_t{0xFFF} << 52;
+using AdamRegistry = HandleRegistry<AdamHandle, HandleKind::kAdam>;
 
-class AdamRegistry {
- public:
-  uint64_t Add(std::shared_ptr<AdamHandle> h) {
-    MutexLock lock(&mu_);
-    const uint64_t bits = kAdamTag | ++next_;
-    map_[bits] = std::move(h);
-    return bits;
-  }
-  std::shared_ptr<AdamHandle> Get(uint64_t bits) {
-    MutexLock lock(&mu_);
-    auto it = map_.find(bits);
-    return it == map_.end() ? nullptr : it->second;
-  }
-  std::shared_ptr<AdamHandle> Remove(uint64_t bits) {
-    MutexLock lock(&mu_);
-    auto it = map_.find(bits);
-    if (it == map_.end()) return nullptr;
-    std::shared_ptr<AdamHandle> h = std::move(it->second);
-    map_.erase(it);
-    return h;
-  }
-
- private:
-  Mutex mu_;
-  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<AdamHandle>> map_ ABSL_GUARDED_BY(mu_);
-};
-
-AdamRegistry& Registry() {
+AdamRegistry& Adams() {
   static AdamRegistry* r = new AdamRegistry();  // never destroyed: safe at exit
   return *r;
 }
 
 template <typename Body>
-tm_status Guarded(Body&& body) {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return Fail(TM_ERR_OUT_OF_MEMORY, "host memory exhausted (std::bad_alloc)");
-  } catch (const std::exception& e) {
-    return Fail(TM_ERR_INTERNAL, absl::StrFormat("unexpected exception: %s", e.what()));
-  } catch (...) {
-    return Fail(TM_ERR_INTERNAL, "unexpected exception");
-  }
-}
-
-template <typename Body>
 tm_status WithAdam(tm_adam adam, Body&& body) {
-  std::shared_ptr<AdamHandle> h = Registry().Get(adam.bits);
+  std::shared_ptr<AdamHandle> h = Adams().Get(adam.bits);
   if (h == nullptr) {
     return Fail(TM_ERR_INVALID_HANDLE,
                 absl::StrFormat("adam handle 0x%016x is zero, destroyed or invalid", adam.bits));
@@ -136,7 +83,7 @@ absl::Status ResolveWorkers(const tm_adam_config& c, tm_runtime runtime, int* no
   if (runtime.bits != 0) {
     tm_info info = TM_INFO_INIT;
     if (tm_status s = tm_runtime_info(runtime, &info); s != TM_OK) {
-      return Error(s, absl::StrFormat("tm_adam_create: runtime: %s", LastErrorSlot()));
+      return Error(s, absl::StrFormat("tm_adam_create: runtime: %s", LastError()));
     }
     *prefetch_depth = std::max(0, info.prefetch_depth);
     if (c.numa_node == TM_NUMA_DEFAULT) *node = info.numa_node;
@@ -164,7 +111,7 @@ absl::Status ResolveWorkers(const tm_adam_config& c, tm_runtime runtime, int* no
 }
 
 absl::Status FromC(tm_status code) {
-  return code == TM_OK ? absl::OkStatus() : Error(code, LastErrorSlot());
+  return code == TM_OK ? absl::OkStatus() : Error(code, LastError());
 }
 
 // The pipeline's tensor operations through the C API's handles.
@@ -229,13 +176,13 @@ TM_API tm_status tm_adam_create(tm_runtime runtime, const tm_adam_config* config
     h->runtime = runtime;
     h->prefetch_depth = depth;
     h->opt = std::move(*opt);
-    out->bits = Registry().Add(std::move(h));
+    out->bits = Adams().Add(std::move(h));
     return TM_OK;
   });
 }
 
 TM_API tm_status tm_adam_destroy(tm_adam adam) {
-  if ((adam.bits & kAdamTagMask) != kAdamTag || Registry().Remove(adam.bits) == nullptr) {
+  if (Adams().Remove(adam.bits) == nullptr) {
     return Fail(TM_ERR_INVALID_HANDLE,
                 absl::StrFormat("adam handle 0x%016x is zero, destroyed or invalid", adam.bits));
   }

@@ -163,32 +163,16 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
 }
 
 absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {
+  return ReleaseOnStream(handle, tier, nullptr);
+}
+
+absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* stream) {
   if (!ValidTier(tier)) {
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("tier %d is out of range", static_cast<int>(tier)));
   }
-  MutexLock lock(&mu_);
-  auto found = Find(handle);
-  if (!found.ok()) return found.status();
-  Tensor& t = **found;
-  TensorCopy& c = t.copy(tier);
-  if (c.pins == 0) {
-    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("tensor \"%s\" is not acquired in %s",
-                                                          t.name, tm_tier_name(tier)));
-  }
-  if (--c.pins == 0) {
-    if (c.state == CopyState::kWriting) t.UnpinWrite(tier);
-    changed_.SignalAll();  // a demand waiting for room may now evict it
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* stream) {
-  if (stream == nullptr) return Release(handle, tier);
-  if (tier < 0 || tier >= TM_TIER_COUNT) {
-    return Error(TM_ERR_INVALID_ARGUMENT,
-                 absl::StrFormat("tier %d is out of range", static_cast<int>(tier)));
-  }
+  // With a stream: whatever it still does with the memory, tiermem waits for before touching
+  // it (a fence recorded now, before the lock; the host does not wait).
   auto fence = StreamFence(stream, "tm_tensor_release_on_stream");
   if (!fence.ok()) return fence.status();
   MutexLock lock(&mu_);
@@ -200,11 +184,10 @@ absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* strea
     return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("tensor \"%s\" is not acquired in %s",
                                                           t.name, tm_tier_name(tier)));
   }
-  // Whatever the stream still does with the memory, tiermem waits for before touching it.
-  c.uses.push_back(*std::move(fence));
+  if (*fence != nullptr) c.uses.push_back(*std::move(fence));
   if (--c.pins == 0) {
     if (c.state == CopyState::kWriting) t.UnpinWrite(tier);
-    changed_.SignalAll();
+    changed_.SignalAll();  // a demand waiting for room may now evict it
   }
   return absl::OkStatus();
 }

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "io/copy_engine.h"
+#include "lib/base/slot_table.h"
 #include "lib/tiers/tier_space.h"
 #include "tiermem/tiermem.h"
 
@@ -181,32 +182,24 @@ struct Tensor {
   }
 };
 
-// Slots indexed by the low 32 bits of a handle; above them the slot's generation, drawn from a
-// process-wide counter so that a handle from one runtime never names a tensor of another and a
-// destroyed handle never names its slot's next tenant, and the tensor kind tag, so that no
-// runtime handle is ever taken for a tensor (layout in lib/base/handle.h). Not thread-safe.
+// The runtime's tensors, named by generation-checked handles of the tensor kind (see SlotTable).
 class TensorTable {
  public:
-  uint64_t Insert(std::unique_ptr<Tensor> t);
+  uint64_t Insert(std::unique_ptr<Tensor> t) { return slots_.Insert(std::move(t)); }
   // nullptr for zero, destroyed, stale or foreign handles.
-  Tensor* Find(uint64_t handle) const;
-  std::unique_ptr<Tensor> Remove(uint64_t handle);
-  size_t size() const { return live_; }
+  Tensor* Find(uint64_t handle) const {
+    const std::unique_ptr<Tensor>* t = slots_.Find(handle);
+    return t != nullptr ? t->get() : nullptr;
+  }
+  std::unique_ptr<Tensor> Remove(uint64_t handle) { return slots_.Remove(handle); }
+  size_t size() const { return slots_.size(); }
   template <typename F>
   void ForEach(F&& f) {
-    for (auto& s : slots_) {
-      if (s.tensor) f(*s.tensor);
-    }
+    slots_.ForEach([&](std::unique_ptr<Tensor>& t) { f(*t); });
   }
 
  private:
-  struct Slot {
-    uint32_t generation = 0;
-    std::unique_ptr<Tensor> tensor;
-  };
-  std::vector<Slot> slots_;
-  std::vector<uint32_t> free_;
-  size_t live_ = 0;
+  SlotTable<std::unique_ptr<Tensor>, HandleKind::kTensor> slots_;
 };
 
 }  // namespace tiermem

@@ -230,8 +230,22 @@ def _installed_path():
     return getattr(_paths, "LIBRARY", None)
 
 
+def _source_tree_path():
+    """A source checkout's own build: <root>/build/lib/libtiermem.so (tools/build.sh's default
+    build folder, $BUILD_DIR when set), when this package is <root>/python/tiermem."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    if os.path.basename(os.path.dirname(here)) != "python" or \
+            not os.path.exists(os.path.join(root, "lib", "api", "tiermem.map")):
+        return None
+    build = os.environ.get("BUILD_DIR") or os.path.join(root, "build")
+    path = os.path.join(build, "lib", "libtiermem.so")
+    return path if os.path.exists(path) else None
+
+
 def load():
-    """The library: $TIERMEM_LIBRARY, else the one cmake --install recorded, else the soname.
+    """The library: $TIERMEM_LIBRARY, else the one cmake --install recorded, else a source
+    checkout's own build tree (build/lib/libtiermem.so), else the soname.
 
     Returns (library, where it came from). Raises OSError naming every place tried.
     """
@@ -241,15 +255,16 @@ def load():
         # Named explicitly: a failure here is an error, not a reason to fall back silently.
         return ctypes.CDLL(env), env
     installed = _installed_path()
-    candidates = ([installed] if installed else []) + [SONAME]
+    source = _source_tree_path()
+    candidates = [p for p in (installed, source) if p] + [SONAME]
     for path in candidates:
         try:
             return ctypes.CDLL(path), path
         except OSError as e:
             tried.append("%s (%s)" % (path, e))
     raise OSError("tiermem: cannot load the library; tried " + "; ".join(tried) +
-                  ". Set TIERMEM_LIBRARY to the path of libtiermem.so, or install tiermem "
-                  "with cmake --install")
+                  ". Set TIERMEM_LIBRARY to the path of libtiermem.so, build it in this checkout "
+                  "(bash tools/build.sh demo), or install tiermem with cmake --install")
 
 
 def check_layout():

@@ -101,3 +101,21 @@ def test_installed_package_finds_its_library(tmp_path):
                          env=env, check=True, capture_output=True, text=True,
                          cwd=str(tmp_path)).stdout.strip()
     assert out.startswith(str(prefix)), out
+
+
+def test_source_checkout_finds_its_own_build(tmp_path):
+    # The README's order: build with tools/build.sh, then run an example from the checkout, with
+    # nothing installed and no TIERMEM_LIBRARY: the package finds <checkout>/build/lib (here the
+    # build folder ctest runs from, named by BUILD_DIR).
+    built = os.environ["TIERMEM_LIBRARY"]
+    build_dir = os.path.dirname(os.path.dirname(os.path.realpath(built)))
+    if not os.path.exists(os.path.join(build_dir, "lib", "libtiermem.so")):
+        pytest.fail("the build tree has no lib/libtiermem.so: " + build_dir)
+    env = {k: v for k, v in os.environ.items() if k != "TIERMEM_LIBRARY"}
+    env["BUILD_DIR"] = build_dir
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(tiermem.__file__)))
+    code = "import tiermem; print(tiermem.library_path())"
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, %r); %s" % (package_root, code)],
+        cwd=str(tmp_path), env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == os.path.join(build_dir, "lib", "libtiermem.so"), out
