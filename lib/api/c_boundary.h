@@ -28,6 +28,20 @@ tm_status NullArgument(const char* function, const char* argument);
 // The thread's last error, for tm_last_error.
 const char* LastError();
 
+// Runs `body` (returning tm_status), turning an exception into a status.
+template <typename Body>
+tm_status Guarded(Body&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Fail(TM_ERR_OUT_OF_MEMORY, "host memory exhausted (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    return Fail(TM_ERR_INTERNAL, absl::StrFormat("unexpected exception: %s", e.what()));
+  } catch (...) {
+    return Fail(TM_ERR_INTERNAL, "unexpected exception");
+  }
+}
+
 // Objects behind C handles of one kind, in a process-wide table of generation-checked slots
 // (lib/base/slot_table.h). Calls hold a shared_ptr, so a destroy racing with a call frees the
 // object only after that call returns.
@@ -47,6 +61,17 @@ class HandleRegistry {
     MutexLock lock(&mu_);
     return slots_.Remove(bits);
   }
+  // Runs `body(T&)`, which returns a tm_status, with the object of `bits`: a bad handle is
+  // TM_ERR_INVALID_HANDLE naming `what`, an exception a status.
+  template <typename Body>
+  tm_status With(uint64_t bits, const char* what, Body&& body) {
+    std::shared_ptr<T> v = Get(bits);
+    if (v == nullptr) {
+      return Fail(TM_ERR_INVALID_HANDLE,
+                  absl::StrFormat("%s handle 0x%016x is zero, destroyed or invalid", what, bits));
+    }
+    return Guarded([&] { return body(*v); });
+  }
 
  private:
   Mutex mu_;
@@ -56,29 +81,10 @@ class HandleRegistry {
 using RuntimeRegistry = HandleRegistry<Runtime, HandleKind::kRuntime>;
 RuntimeRegistry& Registry();
 
-// Runs `body` (returning tm_status), turning an exception into a status.
-template <typename Body>
-tm_status Guarded(Body&& body) {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return Fail(TM_ERR_OUT_OF_MEMORY, "host memory exhausted (std::bad_alloc)");
-  } catch (const std::exception& e) {
-    return Fail(TM_ERR_INTERNAL, absl::StrFormat("unexpected exception: %s", e.what()));
-  } catch (...) {
-    return Fail(TM_ERR_INTERNAL, "unexpected exception");
-  }
-}
-
 // Runs `body` with the runtime of `rt`, turning a bad handle or an exception into a status.
 template <typename Body>
 tm_status WithRuntime(tm_runtime rt, Body&& body) {
-  std::shared_ptr<Runtime> r = Registry().Get(rt.bits);
-  if (r == nullptr) {
-    return Fail(TM_ERR_INVALID_HANDLE,
-                absl::StrFormat("runtime handle 0x%016x is zero, destroyed or invalid", rt.bits));
-  }
-  return Guarded([&] { return Report(body(*r)); });
+  return Registry().With(rt.bits, "runtime", [&](Runtime& r) { return Report(body(r)); });
 }
 
 }  // namespace tiermem

@@ -5,6 +5,7 @@
 #include <memory>
 #include <new>
 #include <thread>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
@@ -35,12 +36,7 @@ AdamRegistry& Adams() {
 
 template <typename Body>
 tm_status WithAdam(tm_adam adam, Body&& body) {
-  std::shared_ptr<AdamHandle> h = Adams().Get(adam.bits);
-  if (h == nullptr) {
-    return Fail(TM_ERR_INVALID_HANDLE,
-                absl::StrFormat("adam handle 0x%016x is zero, destroyed or invalid", adam.bits));
-  }
-  return Guarded([&] { return body(*h); });
+  return Adams().With(adam.bits, "adam", std::forward<Body>(body));
 }
 
 absl::StatusOr<AdamHyper> HyperFrom(const char* function, const tm_adam_config* c) {
