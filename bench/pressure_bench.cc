@@ -11,8 +11,13 @@
 // with the NVMe bandwidths measured through the runtime in the same run:
 //   minimum: the least bytes any correct schedule must move at this HBM size (MinimumBytes);
 //   own: the bytes this run moved (steps after the first); redundant moves raise only this one.
+// Inclusive DRAM (TIERMEM_DRAM_INCLUSIVE) on and off side by side, each row the median step of
+// --repeats runs, interleaved (every combination once per round) so that a drifting disk or a
+// loaded machine weighs on both alike. --sizes large: a second workload, parameters and
+// activations of 12-40 MiB, all different.
 //   pressure_bench [--layers N] [--compute-ms T] [--link-gbps G] [--steps S]
-//                  [--hbm-layers 2,3,4] [--depths 0,1,2,4,8]
+//                  [--hbm-layers 2,3,4] [--depths 0,1,2,4,8] [--inclusive on,off]
+//                  [--repeats R] [--sizes mixed|large]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -40,17 +45,20 @@ struct Options {
   int steps = 6;
   std::vector<int> hbm_layers = {2, 3, 4};
   std::vector<int> depths = {0, 1, 2, 4, 8};
+  std::vector<bool> inclusive = {true, false};
+  int repeats = 1;
 };
 
-// Sizes that differ per layer and are not powers of two: fragmentation is real.
-uint64_t ParamBytes(int l) {
-  static constexpr uint64_t kMib[] = {12, 7, 9, 14, 8, 11, 6, 10};
-  return kMib[l % 8] * kMiB + 4097 * static_cast<uint64_t>(l + 1);
-}
-uint64_t ActBytes(int l) {
-  static constexpr uint64_t kMib[] = {5, 9, 6, 4, 8, 7, 10, 5};
-  return kMib[l % 8] * kMiB + 513 * static_cast<uint64_t>(l + 1);
-}
+// Sizes that differ per layer and are not powers of two: fragmentation is real. Two workloads:
+// "mixed" (the default) and "large" (--sizes large), chosen once in Main.
+constexpr uint64_t kMixedParamMib[] = {12, 7, 9, 14, 8, 11, 6, 10};
+constexpr uint64_t kMixedActMib[] = {5, 9, 6, 4, 8, 7, 10, 5};
+constexpr uint64_t kLargeParamMib[] = {24, 13, 37, 18, 29, 15, 40, 21};
+constexpr uint64_t kLargeActMib[] = {32, 17, 12, 38, 26, 19, 35, 23};
+const uint64_t* g_param_mib = kMixedParamMib;
+const uint64_t* g_act_mib = kMixedActMib;
+uint64_t ParamBytes(int l) { return g_param_mib[l % 8] * kMiB + 4097 * static_cast<uint64_t>(l + 1); }
+uint64_t ActBytes(int l) { return g_act_mib[l % 8] * kMiB + 513 * static_cast<uint64_t>(l + 1); }
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -60,7 +68,8 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
     if (!s_.ok()) return s_;        \
   } while (0)
 
-absl::StatusOr<std::unique_ptr<Runtime>> Make(const Options& o, uint64_t hbm, int depth) {
+absl::StatusOr<std::unique_ptr<Runtime>> Make(const Options& o, uint64_t hbm, int depth,
+                                              bool inclusive) {
   ConfigOverrides c;
   c.device = DeviceKind::kEmulated;
   c.emu_link_gbps = o.link_gbps;
@@ -73,6 +82,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Make(const Options& o, uint64_t hbm, in
   c.placement = Placement::kZeroInfinity;
   auto cfg = LoadConfig(c, ProcessEnvironment(), ProcessTiermemVariables());
   if (!cfg.ok()) return cfg.status();
+  cfg->dram_inclusive = inclusive;  // the side being measured, whatever the environment says
   return Runtime::Create(*cfg);
 }
 
@@ -229,7 +239,9 @@ absl::StatusOr<Result> Run(Runtime& rt, const Options& o) {
 struct Bytes {
   double h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;
 };
-Bytes MinimumBytes(const Options& o, uint64_t hbm) {
+// With inclusive DRAM, DRAM (sized here to hold every tensor) may keep each activation it wrote
+// to NVMe, so reading it back from NVMe is no longer compulsory.
+Bytes MinimumBytes(const Options& o, uint64_t hbm, bool inclusive) {
   double params = 0, offloaded = 0;
   for (int l = 0; l < o.layers; ++l) params += static_cast<double>(ParamBytes(l));
   for (int l = 0; l + 1 < o.layers; ++l) offloaded += static_cast<double>(ActBytes(l));
@@ -238,6 +250,7 @@ Bytes MinimumBytes(const Options& o, uint64_t hbm) {
   Bytes b;
   b.h2d = offloaded + std::max(0.0, params - h) + std::max(0.0, params - at_turn);
   b.d2h = b.nvme_read = b.nvme_write = offloaded;
+  if (inclusive) b.nvme_read = 0;
   return b;
 }
 
@@ -253,8 +266,8 @@ double Bound(double compute, const Bytes& b, double link, double nvme_r, double 
 }
 
 // One row of the table: the run against both bounds (and its bytes, with PRESSURE_BENCH_TERMS).
-void PrintRow(const Options& o, int k, uint64_t hbm, int depth, const Result& r, const Bytes& least,
-              double compute, double nvme_r, double nvme_w, double base) {
+void PrintRow(const Options& o, int k, uint64_t hbm, int depth, bool inclusive, const Result& r,
+              const Bytes& least, double compute, double nvme_r, double nvme_w, double base) {
   const double link = o.link_gbps * 1e9;
   const Bytes moved{r.h2d, r.d2h, r.nvme_read, r.nvme_write};
   const char* min_by = nullptr;
@@ -270,14 +283,15 @@ void PrintRow(const Options& o, int k, uint64_t hbm, int depth, const Result& r,
         r.nvme_read / kMiB, least.nvme_write / kMiB, r.nvme_write / kMiB, min_by);
   }
   std::printf(
-      "%2d (%3.0f MiB) %3d %8.1f %7.1f %8.1f %6.2f %8.1f %6.2f %8s %9.2fx %7llu %8llu %8llu "
-      "%6llu\n",
-      k, static_cast<double>(hbm) / kMiB, depth, r.step * 1e3, r.checking * 1e3, min_bound * 1e3,
+      "%2d (%3.0f MiB) %3d %4s %8.1f %7.1f %8.1f %6.2f %8.1f %6.2f %8s %9.2fx %7llu %8llu %8llu "
+      "%6llu %8.0f %8.0f\n",
+      k, static_cast<double>(hbm) / kMiB, depth, inclusive ? "on" : "off", r.step * 1e3, r.checking * 1e3, min_bound * 1e3,
       r.step / min_bound, own_bound * 1e3, r.step / own_bound, own_by,
       base > 0 ? base / r.step : 0.0, static_cast<unsigned long long>(r.stats.acquire_misses),
       static_cast<unsigned long long>(r.stats.evictions),
       static_cast<unsigned long long>(r.stats.prefetches_dropped),
-      static_cast<unsigned long long>(r.stats.demand_waits));
+      static_cast<unsigned long long>(r.stats.demand_waits), r.nvme_read / kMiB,
+      static_cast<double>(r.stats.clean_read_bytes) / kMiB / o.steps);
 }
 
 std::vector<int> IntList(const std::string& v) {
@@ -296,6 +310,22 @@ int Main(int argc, char** argv) {
       o.depths = IntList(v);
     } else if (k == "--hbm-layers") {
       o.hbm_layers = IntList(v);
+    } else if (k == "--inclusive") {
+      o.inclusive.clear();
+      for (absl::string_view p : absl::StrSplit(v, ',')) {
+        if (p != "on" && p != "off") {
+          std::fprintf(stderr, "pressure_bench: --inclusive takes on, off or on,off\n");
+          return 2;
+        }
+        o.inclusive.push_back(p == "on");
+      }
+    } else if (k == "--sizes") {
+      if (v != "mixed" && v != "large") {
+        std::fprintf(stderr, "pressure_bench: --sizes takes mixed or large\n");
+        return 2;
+      }
+      g_param_mib = v == "large" ? kLargeParamMib : kMixedParamMib;
+      g_act_mib = v == "large" ? kLargeActMib : kMixedActMib;
     } else if (!absl::SimpleAtod(v, &d)) {
       std::fprintf(stderr, "pressure_bench: bad value %s for %s\n", v.c_str(), k.c_str());
       return 2;
@@ -307,6 +337,8 @@ int Main(int argc, char** argv) {
       o.link_gbps = d;
     } else if (k == "--steps") {
       o.steps = std::max(2, static_cast<int>(d));
+    } else if (k == "--repeats") {
+      o.repeats = std::max(1, static_cast<int>(d));
     } else {
       std::fprintf(stderr, "pressure_bench: unknown flag %s\n", k.c_str());
       return 2;
@@ -314,7 +346,7 @@ int Main(int argc, char** argv) {
   }
   uint64_t widest = 0;
   for (int l = 0; l < o.layers; ++l) widest = std::max(widest, ParamBytes(l) + ActBytes(l));
-  auto probe = Make(o, widest, 0);
+  auto probe = Make(o, widest, 0, /*inclusive=*/false);  // reads must come from NVMe
   if (!probe.ok()) {
     std::fprintf(stderr, "pressure_bench: %s\n", std::string(probe.status().message()).c_str());
     return 1;
@@ -326,38 +358,66 @@ int Main(int argc, char** argv) {
   }
   probe->reset();
   const double compute = o.layers * o.compute_ms * 3 / 1e3;
+  const double compute = o.layers * o.compute_ms * 3 / 1e3;
+  const bool large = g_param_mib == kLargeParamMib;
   std::printf(
-      "pressure_bench: %d layers, parameters 6-14 MiB on NVMe, activations 4-10 MiB "
-      "offloaded to NVMe (all sizes odd)\n",
-      o.layers);
+      "pressure_bench: %d layers, parameters %s MiB on NVMe, activations %s MiB offloaded to "
+      "NVMe (all sizes odd); median step of %d interleaved run(s)\n",
+      o.layers, large ? "12-40" : "6-14", large ? "12-38" : "4-10", o.repeats);
   std::printf(
       "  compute %.1f ms/step; link %.1f GB/s each way; NVMe (measured, runtime path) "
       "write %.2f, read %.2f GB/s\n\n",
       compute * 1e3, o.link_gbps, nvme_w, nvme_r);
-  std::printf("%-12s %3s %8s %7s %8s %6s %8s %6s %8s %10s %7s %8s %8s %6s\n", "hbm", "depth",
-              "step ms", "check", "min ms", "/ min", "own ms", "/ own", "own by", "vs depth 0",
-              "misses", "evicted", "dropped", "waits");
-  bool ok = true;
+  std::printf("%-12s %3s %4s %8s %7s %8s %6s %8s %6s %8s %10s %7s %8s %8s %6s %8s %8s\n", "hbm",
+              "depth", "incl", "step ms", "check", "min ms", "/ min", "own ms", "/ own", "own by",
+              "vs depth 0", "misses", "evicted", "dropped", "waits", "nvme rd", "clean rd");
+  // Every combination once per round, the rounds one after another: the runs interleave.
+  struct Key {
+    int k, depth;
+    bool inclusive;
+  };
+  std::vector<Key> keys;
   for (int k : o.hbm_layers) {
-    const uint64_t hbm = static_cast<uint64_t>(k) * widest;
-    const Bytes least = MinimumBytes(o, hbm);
-    double base = 0;
     for (int depth : o.depths) {
-      auto rt = Make(o, hbm, depth);
+      for (bool inclusive : o.inclusive) keys.push_back({k, depth, inclusive});
+    }
+  }
+  std::vector<std::vector<Result>> results(keys.size());
+  bool ok = true;
+  for (int round = 0; round < o.repeats; ++round) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const uint64_t hbm = static_cast<uint64_t>(keys[i].k) * widest;
+      auto rt = Make(o, hbm, keys[i].depth, keys[i].inclusive);
       if (!rt.ok()) {
         std::fprintf(stderr, "pressure_bench: %s\n", std::string(rt.status().message()).c_str());
         return 1;
       }
       auto r = Run(**rt, o);
       if (!r.ok()) {
-        std::printf("%4d layers %6d   FAILED: %s\n", k, depth,
-                    std::string(r.status().message()).c_str());
+        std::printf("%4d layers %6d %4s   FAILED: %s\n", keys[i].k, keys[i].depth,
+                    keys[i].inclusive ? "on" : "off", std::string(r.status().message()).c_str());
         ok = false;
         continue;
       }
-      if (depth == 0) base = r->step;
-      PrintRow(o, k, hbm, depth, *r, least, compute, nvme_r, nvme_w, base);
+      results[i].push_back(*r);
     }
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::vector<Result>& runs = results[i];
+    if (runs.empty()) continue;
+    std::sort(runs.begin(), runs.end(),
+              [](const Result& a, const Result& b) { return a.step < b.step; });
+    const Result& median = runs[runs.size() / 2];
+    double depth0 = 0;
+    for (size_t j = 0; j < keys.size(); ++j) {
+      if (keys[j].k == keys[i].k && keys[j].inclusive == keys[i].inclusive &&
+          keys[j].depth == 0 && !results[j].empty()) {
+        depth0 = results[j][results[j].size() / 2].step;
+      }
+    }
+    const uint64_t hbm = static_cast<uint64_t>(keys[i].k) * widest;
+    PrintRow(o, keys[i].k, hbm, keys[i].depth, keys[i].inclusive, median,
+             MinimumBytes(o, hbm, keys[i].inclusive), compute, nvme_r, nvme_w, depth0);
   }
   return ok ? 0 : 1;
 }

@@ -271,10 +271,20 @@ typedef struct tm_stats {
   uint64_t demand_wait_ns;          /**< time those calls waited */
   uint64_t fragmentation_evictions; /**< evictions made because no hole fit, though the
                                          free bytes sufficed */
+  /* Appended in 0.4: inclusive DRAM (TIERMEM_DRAM_INCLUSIVE). */
+  uint64_t write_throughs;      /**< offloads to NVMe that kept a clean DRAM copy */
+  uint64_t write_through_bytes; /**< bytes of those offloads */
+  uint64_t clean_reads;         /**< moves to HBM and copies out to callers that read a clean
+                                     DRAM copy instead of NVMe */
+  uint64_t clean_read_bytes;    /**< bytes of those reads: NVMe reads saved */
+  uint64_t clean_drops;         /**< evictions that freed a clean copy without writing it
+                                     (another tier held the bytes); counted in evictions too */
+  uint64_t clean_drop_bytes;    /**< bytes of those copies */
 } tm_stats;
 
 #define TM_STATS_INIT \
-  { sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  { sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
+    0, 0, 0, 0, 0, 0 }
 
 /** What a runtime resolved when it was created. Fill with TM_INFO_INIT. */
 typedef struct tm_info {

@@ -89,6 +89,8 @@ struct Config {
   int local_world_size = 1;
   DeviceAllocatorHooks device_allocator;       // from tm_config only: not a setting
   ChecksumKind checksum = ChecksumKind::kOff;  // sums of what is written to NVMe, checked on read
+  // An offload to NVMe keeps a clean DRAM copy while DRAM has room (TIERMEM_DRAM_INCLUSIVE).
+  bool dram_inclusive = true;
 
   // One row per setting: variable name, effective value as text, and where it came from
   // ("config", "environment" or "default").

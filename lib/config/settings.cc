@@ -346,6 +346,21 @@ void PolicyRows(std::vector<Setting>& rows) {
                          &Config::trace, &ConfigOverrides::trace, CheckTracePath));
   rows.push_back(ChoiceRow("TIERMEM_CHECKSUM", "off", "Integrity of the NVMe tier.",
                            &Config::checksum, &ConfigOverrides::checksum, kChecksumChoices));
+  // Environment only (no tm_config field): a switch for measuring and for falling back.
+  static constexpr Choice<bool> kOnOff[] = {{"on", true}, {"off", false}};
+  Setting s;
+  s.name = "TIERMEM_DRAM_INCLUSIVE";
+  s.values = ChoiceValues(kOnOff);
+  s.default_doc = "`on`";
+  s.summary = "Whether an offload to NVMe keeps a clean DRAM copy while DRAM has room.";
+  s.default_value = [](const EnvLookup&) { return Fixed("on"); };
+  s.parse = [](absl::string_view t, Config& c) -> absl::Status {
+    auto v = ParseChoice("TIERMEM_DRAM_INCLUSIVE", t, kOnOff);
+    if (v.ok()) c.dram_inclusive = *v;
+    return v.status();
+  };
+  s.format = [](const Config& c) { return std::string(ChoiceName(kOnOff, c.dram_inclusive)); };
+  rows.push_back(std::move(s));
 }
 
 // Ranks on a node.

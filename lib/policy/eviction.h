@@ -28,6 +28,7 @@ struct EvictionSlot {
   uint64_t size = 0;  // bytes
   Kind kind = Kind::kFree;
   double cost = 0;  // kEvictable only; >= 0
+  bool dirty = false;  // kEvictable only: the only copy, written down before it is freed
 };
 
 struct EvictionWindow {
@@ -36,20 +37,26 @@ struct EvictionWindow {
   uint64_t bytes = 0;          // the hole it leaves: sum of all slots' sizes
   uint64_t evicted_bytes = 0;  // sizes of its evictable slots
   size_t victims = 0;          // its evictable slots
+  uint64_t dirty_bytes = 0;    // sizes of its dirty evictable slots
 };
 
 // The window of consecutive slots with no wall whose sizes add up to at least `need`, of least
 // cost; among equal costs, the one evicting the fewest bytes, then the lowest address. nullopt
 // when every run between walls is smaller than `need` (or `need` is 0).
-std::optional<EvictionWindow> CheapestWindow(const std::vector<EvictionSlot>& slots, uint64_t need);
+// clean_first (a demand's room): windows are ranked by the bytes they must write down first
+// (dirty_bytes), then by cost, so that a demand never waits for a write when dropping clean
+// copies would have made the room. (Both are sums of non-negative terms over the window, so the
+// shortest sufficient window ending at each slot is still the best one ending there.)
+std::optional<EvictionWindow> CheapestWindow(const std::vector<EvictionSlot>& slots, uint64_t need,
+                                             bool clean_first = false);
 
 // An order of `slots` for a counted tier (lib/tiers/tier_space.h: memory per copy from an outside
 // allocator, so there are no addresses to keep adjacent and any set of copies whose bytes
 // suffice makes room): holes first, then the evictable copies cheapest per byte first (the
 // larger first on a tie: fewer victims), walls last. CheapestWindow over slots taken in this
 // order then finds a cheap set of victims as a window, and never fails for want of adjacency.
-// Returns indices into `slots`.
-std::vector<size_t> CountedOrder(const std::vector<EvictionSlot>& slots);
+// Returns indices into `slots`. clean_first: clean evictable copies before dirty ones.
+std::vector<size_t> CountedOrder(const std::vector<EvictionSlot>& slots, bool clean_first = false);
 
 // The price of evicting one copy of `bytes`, used to rank windows:
 //   bytes x (dirty ? 2 : 1) x urgency,  urgency = 1 + horizon / (distance + 1)

@@ -262,6 +262,7 @@ absl::Status Runtime::CopyFrom(const CallerCopyRequest& r) {
   char* addr = tiers_->Address(source, t.copy(source).extent) + r.offset;
   auto copy = CopyTierAndCaller(t, source, addr, r, buffer, /*into_tier=*/false);
   if (!copy.ok()) return copy.status();
+  NoteCleanRead(t, source, r.bytes, Trace::Clock::now());  // enqueued: when, not how long
   if (copy->has_value()) {
     // The source is not evicted, refilled or freed before the copy has read it.
     t.copy(source).uses.push_back((*copy)->fence);

@@ -15,6 +15,9 @@ struct Counters {
            eviction_bytes = 0, dropped_no_room = 0, dropped_demand = 0, dropped_superseded = 0,
            cancelled = 0, moves_failed = 0, demand_waits = 0, demand_wait_ns = 0,
            fragmentation_evictions = 0;
+  // Inclusive DRAM (lib/runtime/write_through.cc).
+  uint64_t write_throughs = 0, write_through_bytes = 0, clean_reads = 0, clean_read_bytes = 0,
+           clean_drops = 0, clean_drop_bytes = 0;
 
   void CountDrop(DropReason why) {
     switch (why) {
@@ -47,6 +50,12 @@ struct Counters {
     s.demand_waits = demand_waits;
     s.demand_wait_ns = demand_wait_ns;
     s.fragmentation_evictions = fragmentation_evictions;
+    s.write_throughs = write_throughs;
+    s.write_through_bytes = write_through_bytes;
+    s.clean_reads = clean_reads;
+    s.clean_read_bytes = clean_read_bytes;
+    s.clean_drops = clean_drops;
+    s.clean_drop_bytes = clean_drop_bytes;
   }
 };
 

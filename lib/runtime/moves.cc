@@ -121,6 +121,7 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, const CallerStream& call
   }
   t.EndFill(dst);
   if (pending.has_value()) t.Land(dst, *pending);
+  if (dst == TM_TIER_HBM) NoteCleanRead(t, plan.src, t.bytes, start);
   return absl::OkStatus();
 }
 
@@ -193,10 +194,21 @@ absl::Status Runtime::Reserve(Tensor& t, tm_tier tier) {
 absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
   if (!t.materialized()) return absl::OkStatus();  // zeros need no space anywhere
   if (auto s = CheckAboveUnpinned(t, tier); !s.ok()) return s;
+  // Inclusive DRAM: with a DRAM copy valid, the move below writes NVMe from it (the nearest).
+  bool made = false;
+  const bool keep_dram = tier == TM_TIER_NVME && KeepCleanDramCopy(t, &made);
   if (auto s = MakeValid(t, tier, {}, Demand()); !s.ok()) {
+    if (made && t.copy(TM_TIER_DRAM).state == CopyState::kValid) FreeCopy(t, TM_TIER_DRAM);
     return s;
   }
-  for (int above = 0; above < tier; ++above) FreeCopy(t, static_cast<tm_tier>(above));
+  for (int above = 0; above < tier; ++above) {
+    if (keep_dram && above == TM_TIER_DRAM) continue;  // clean now: NVMe holds its bytes
+    FreeCopy(t, static_cast<tm_tier>(above));
+  }
+  if (keep_dram && t.copy(TM_TIER_DRAM).valid()) {
+    ++counters_.write_throughs;
+    counters_.write_through_bytes += t.bytes;
+  }
   return absl::OkStatus();
 }
 

@@ -37,6 +37,8 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
   const uint64_t now = schedule_.now();
   const std::vector<TierSpace::Block> layout = tiers_->space(tier).Layout();
   const uint64_t horizon = belady ? schedule_.size() : layout.size();
+  // A demand waits for what eviction writes: clean drops first (see CheapestWindow).
+  const bool clean_first = want.kind == Want::kDemand;
   for (const TierSpace::Block& b : layout) {
     EvictionSlot slot;
     slot.size = b.size;
@@ -75,7 +77,8 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
         const uint64_t distance =
             belady ? (next == Schedule::kNever ? kNoNextUse : next - now) : tick_ - v->last_use;
         slot.kind = EvictionSlot::Kind::kEvictable;
-        slot.cost = EvictionCost(b.size, v->only_copy(tier), distance, horizon);
+        slot.dirty = v->only_copy(tier);
+        slot.cost = EvictionCost(b.size, slot.dirty, distance, horizon);
         plan.reclaimable += b.size;
       }
     }
@@ -86,14 +89,14 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
     // make room. Taken in CountedOrder, the cheapest of them form a window.
     std::vector<EvictionSlot> slots;
     std::vector<uint64_t> owners;
-    for (size_t i : CountedOrder(plan.slots)) {
+    for (size_t i : CountedOrder(plan.slots, clean_first)) {
       slots.push_back(plan.slots[i]);
       owners.push_back(plan.owners[i]);
     }
     plan.slots = std::move(slots);
     plan.owners = std::move(owners);
   }
-  plan.window = CheapestWindow(plan.slots, need);
+  plan.window = CheapestWindow(plan.slots, need, clean_first);
   return plan;
 }
 
@@ -230,6 +233,7 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
     }
     if (need == 0)
       return WithContext(e.status(), "it is larger than the whole tier and can never fit");
+    if (!want.evicts) return Dropped(t, tier, DropReason::kNoRoom, "it takes only free room", why);
     if (want.kind == Want::kDemand && !st.wanting) {
       st.wanting = true;
       ++room_.wanted(tier);
@@ -284,7 +288,8 @@ absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want) {
     WaitLanded(v);  // its stream-ordered copy must be done before its memory is reused
     if (!v.copy(tier).valid()) return absl::OkStatus();
   }
-  if (v.only_copy(tier)) {
+  const bool clean = !v.only_copy(tier);  // another tier holds the bytes: dropped, not written
+  if (!clean) {
     // The only copy: write it one tier down first (which may evict there in turn). From HBM,
     // when DRAM cannot take it, straight to NVMe through the staging slots.
     const tm_tier lower = static_cast<tm_tier>(tier + 1);
@@ -301,7 +306,12 @@ absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want) {
   FreeCopy(v, tier);
   ++counters_.evictions;
   counters_.eviction_bytes += bytes;
-  trace_->Add(Trace::kEviction, v.name, start, Trace::Clock::now(), bytes);
+  if (clean) {
+    ++counters_.clean_drops;
+    counters_.clean_drop_bytes += bytes;
+  }
+  trace_->Add(clean ? Trace::kCleanDrop : Trace::kEviction, v.name, start, Trace::Clock::now(),
+              bytes);
   return absl::OkStatus();
 }
 

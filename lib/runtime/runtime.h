@@ -136,6 +136,9 @@ class Runtime {
     // back once the room is made, before the bytes move, so that other demands need not wait
     // for this move (evictions' write-downs keep it: they are part of making room).
     bool release_room = false;
+    // false: take only free room, evict nothing (a write-through's clean DRAM copy, which is
+    // worth keeping only when it costs no other copy its place).
+    bool evicts = true;
   };
   static Want Demand() { return Want{Want::kDemand, Schedule::kNever, true}; }
 
@@ -200,8 +203,19 @@ class Runtime {
   absl::Status Reserve(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees t's copy in `tier` and its space (deferred while callers' work may use it).
   void FreeCopy(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves a claimed tensor down to `tier` and frees the copies above.
+  // Moves a claimed tensor down to `tier` and frees the copies above (but a clean DRAM copy, see
+  // KeepCleanDramCopy).
   absl::Status OffloadClaimed(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Inclusive DRAM (write_through.cc): before an offload of t to NVMe, makes sure t has a DRAM
+  // copy to keep once NVMe holds the bytes, when TIERMEM_DRAM_INCLUSIVE is on and DRAM has free
+  // room that no earlier scheduled use needs. Copies it down from HBM when needed (evicting
+  // nothing). Returns whether t's DRAM copy is to be kept; `made`: it was made here (freed again
+  // when the offload fails).
+  bool KeepCleanDramCopy(Tensor& t, bool* made) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a read of t's bytes upward (a move to HBM, a copy out to a caller) from `src`, when
+  // that was a clean DRAM copy read instead of NVMe (write_through.cc).
+  void NoteCleanRead(const Tensor& t, int src, uint64_t bytes, Trace::Clock::time_point start)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // TM_ERR_BUSY when a copy other than `keep` is pinned (it would have to be freed).
   absl::Status CheckOthersUnpinned(const Tensor& t, int keep) const;
   // TM_ERR_BUSY when a copy above `tier` is pinned.

@@ -20,7 +20,8 @@ namespace {
 const char* TrackName(int t) {
   static constexpr const char* kNames[] = {
       "",           "acquire stalls",     "copy dram->hbm",     "copy hbm->dram", "nvme read",
-      "nvme write", "nvme->hbm (staged)", "hbm->nvme (staged)", "evictions"};
+      "nvme write", "nvme->hbm (staged)", "hbm->nvme (staged)", "evictions",
+      "clean drops",  "clean dram reads"};
   return kNames[t];
 }
 
@@ -222,6 +223,8 @@ absl::Status Trace::Write() {
           static_cast<int>(e.track), JsonEscape(e.name),
           e.track == kAcquire    ? "stall"
           : e.track == kEviction ? "eviction"
+          : e.track == kCleanDrop ? "clean drop"
+          : e.track == kCleanRead ? "clean read"
                                  : "transfer",
           static_cast<double>(e.start_ns) / 1e3, static_cast<double>(e.dur_ns) / 1e3,
           static_cast<unsigned long long>(e.bytes));

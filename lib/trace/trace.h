@@ -37,7 +37,10 @@ class Trace {
     kNvmeWrite,     // DRAM -> NVMe
     kNvmeToHbm,     // NVMe -> HBM through staging
     kHbmToNvme,     // HBM -> NVMe through staging
-    kEviction,
+    kEviction,      // a copy written down (if it was the only one) and freed
+    kCleanDrop,     // a clean copy freed without a write: another tier held its bytes
+    kCleanRead,     // DRAM -> HBM from a clean DRAM copy (NVMe holds the bytes too): a read of
+                    // NVMe saved by inclusive DRAM; the same copy is on "copy dram->hbm"
     kTrackCount
   };
   using Clock = std::chrono::steady_clock;

@@ -104,6 +104,7 @@ class Mode:
         self.runtime, self.label = runtime, label
         self.fwd, self.bwd, self.step = [], [], []
         self.bytes = [0, 0, 0, 0]
+        self.clean = 0  # bytes read from clean DRAM copies instead of NVMe (inclusive DRAM)
         self.steps_counted = 0
         self.plain = None  # the plain mode of the same model: its compute times make the bound
         self.check = None  # like-for-like bytes, compared with tiermem's
@@ -113,6 +114,7 @@ class Mode:
         x, y = self.data
         rt = self.runtime
         before = self._counters(copies)
+        clean_before = rt.stats()["clean_read_bytes"] if rt is not None else 0
         clock = Clock()
         sync()
         if CUDA:
@@ -150,6 +152,8 @@ class Mode:
             before = [0, 0, 0, 0]
         for i in range(4):
             self.bytes[i] += after[i] - before[i]
+        if rt is not None:
+            self.clean += rt.stats()["clean_read_bytes"] - clean_before
         self.steps_counted += 1
         if isinstance(hooks, tt.SavedTensorOffload):
             self.check = hooks.packed_bytes
@@ -190,6 +194,9 @@ def nvme_gbps(swap, nbytes):
     (read), median of 3, in GB/s."""
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
     w, r = [], []
+    # Exclusive DRAM for the probe: its prefetch must read NVMe, not a clean DRAM copy.
+    saved = os.environ.get("TIERMEM_DRAM_INCLUSIVE")
+    os.environ["TIERMEM_DRAM_INCLUSIVE"] = "off"
     with tiermem.Runtime(dram_bytes=2 * nbytes + 64 * MIB, nvme_paths=swap,
                          nvme_bytes=2 * nbytes + 64 * MIB, hbm_bytes="64MiB",
                          device="emulated", prefetch_depth=0) as rt:
@@ -207,6 +214,10 @@ def nvme_gbps(swap, nbytes):
             w.append(nbytes / (t1 - t0) / 1e9)
             r.append(nbytes / (t2 - t1) / 1e9)
         t.destroy()
+    if saved is None:
+        del os.environ["TIERMEM_DRAM_INCLUSIVE"]
+    else:
+        os.environ["TIERMEM_DRAM_INCLUSIVE"] = saved
     return statistics.median(w), statistics.median(r)
 
 
@@ -315,6 +326,12 @@ def report(args, modes, link, nvme, pbytes):
     for m in modes:
         if m.label:
             print("  %s: %s" % (m.name, m.label))
+    for m in modes:
+        if m.runtime is not None and m.name.endswith("nvme"):
+            print("  %s: %.1f MiB a step read back from clean DRAM copies instead of NVMe "
+                  "(inclusive DRAM, TIERMEM_DRAM_INCLUSIVE=%s)" %
+                  (m.name, m.clean / max(1, m.steps_counted) / MIB,
+                   m.runtime.config_value("TIERMEM_DRAM_INCLUSIVE")))
     same = next(m for m in modes if m.name == "save_on_cpu same").per_step()[0]
     for m in modes:
         if m.check is not None and m.check != same:

@@ -128,6 +128,12 @@ class Stats(ctypes.Structure):
         ("demand_waits", ctypes.c_uint64),
         ("demand_wait_ns", ctypes.c_uint64),
         ("fragmentation_evictions", ctypes.c_uint64),
+        ("write_throughs", ctypes.c_uint64),
+        ("write_through_bytes", ctypes.c_uint64),
+        ("clean_reads", ctypes.c_uint64),
+        ("clean_read_bytes", ctypes.c_uint64),
+        ("clean_drops", ctypes.c_uint64),
+        ("clean_drop_bytes", ctypes.c_uint64),
     ]
 
     def __init__(self):

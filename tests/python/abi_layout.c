@@ -71,6 +71,12 @@ int main(void) {
   FIELD(tm_stats, demand_waits);
   FIELD(tm_stats, demand_wait_ns);
   FIELD(tm_stats, fragmentation_evictions);
+  FIELD(tm_stats, write_throughs);
+  FIELD(tm_stats, write_through_bytes);
+  FIELD(tm_stats, clean_reads);
+  FIELD(tm_stats, clean_read_bytes);
+  FIELD(tm_stats, clean_drops);
+  FIELD(tm_stats, clean_drop_bytes);
   END();
   BEGIN(tm_info);
   FIELD(tm_info, struct_size);
