@@ -358,7 +358,6 @@ int Main(int argc, char** argv) {
   }
   probe->reset();
   const double compute = o.layers * o.compute_ms * 3 / 1e3;
-  const double compute = o.layers * o.compute_ms * 3 / 1e3;
   const bool large = g_param_mib == kLargeParamMib;
   std::printf(
       "pressure_bench: %d layers, parameters %s MiB on NVMe, activations %s MiB offloaded to "

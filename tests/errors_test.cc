@@ -15,6 +15,10 @@
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 
+// Exclusive tiers (TIERMEM_DRAM_INCLUSIVE=off) for every runtime of this file: its tests reach
+// NVMe itself, for which inclusive DRAM's clean copies would stand in (tests/inclusive_test.cc).
+static const tiermem::testing::ScopedEnv kExclusiveTiers("TIERMEM_DRAM_INCLUSIVE", "off");
+
 namespace tiermem {
 namespace {
 

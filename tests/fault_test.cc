@@ -62,6 +62,9 @@ class Faults : public ::testing::TestWithParam<IoEngineKind> {
     o.io_block_size = 256 << 10;
     auto cfg = LoadConfig(o, [](const char*) { return std::nullopt; }, {});
     EXPECT_TRUE(cfg.ok()) << cfg.status();
+    // Exclusive tiers: these faults strike NVMe itself, which inclusive DRAM's clean copies
+    // would otherwise stand in for (tests/inclusive_test.cc covers those).
+    if (cfg.ok()) cfg->dram_inclusive = false;
     auto rt = Runtime::Create(*cfg);
     EXPECT_TRUE(rt.ok()) << rt.status();
     return rt.ok() ? std::move(*rt) : nullptr;

@@ -33,6 +33,9 @@ uint32_t Residency(tm_runtime rt, tm_tensor t) {
 class RoundTrip : public ::testing::TestWithParam<std::tuple<tm_io_engine, uint64_t>> {};
 
 TEST_P(RoundTrip, BitExactThroughEveryTier) {
+  // Exclusive tiers: the bytes must come back from NVMe itself (inclusive DRAM would serve its
+  // clean copy; tests/inclusive_test.cc covers that).
+  testing::ScopedEnv exclusive("TIERMEM_DRAM_INCLUSIVE", "off");
   auto [engine, bytes] = GetParam();
   TempDir dir;
   tm_config cfg = SmallConfig(dir.path(), engine);
@@ -113,6 +116,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Partial writes and reads at odd offsets land in whichever tier holds the tensor.
 TEST(RoundTrip, PartialWritesInEveryTier) {
+  // Exclusive tiers: the bytes must come back from NVMe itself (inclusive DRAM would serve its
+  // clean copy; tests/inclusive_test.cc covers that).
+  testing::ScopedEnv exclusive("TIERMEM_DRAM_INCLUSIVE", "off");
   TempDir dir;
   tm_config cfg = SmallConfig(dir.path());
   tm_runtime rt;
