@@ -57,7 +57,9 @@ constexpr uint64_t kLargeParamMib[] = {24, 13, 37, 18, 29, 15, 40, 21};
 constexpr uint64_t kLargeActMib[] = {32, 17, 12, 38, 26, 19, 35, 23};
 const uint64_t* g_param_mib = kMixedParamMib;
 const uint64_t* g_act_mib = kMixedActMib;
-uint64_t ParamBytes(int l) { return g_param_mib[l % 8] * kMiB + 4097 * static_cast<uint64_t>(l + 1); }
+uint64_t ParamBytes(int l) {
+  return g_param_mib[l % 8] * kMiB + 4097 * static_cast<uint64_t>(l + 1);
+}
 uint64_t ActBytes(int l) { return g_act_mib[l % 8] * kMiB + 513 * static_cast<uint64_t>(l + 1); }
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -285,9 +287,10 @@ void PrintRow(const Options& o, int k, uint64_t hbm, int depth, bool inclusive, 
   std::printf(
       "%2d (%3.0f MiB) %3d %4s %8.1f %7.1f %8.1f %6.2f %8.1f %6.2f %8s %9.2fx %7llu %8llu %8llu "
       "%6llu %8.0f %8.0f\n",
-      k, static_cast<double>(hbm) / kMiB, depth, inclusive ? "on" : "off", r.step * 1e3, r.checking * 1e3, min_bound * 1e3,
-      r.step / min_bound, own_bound * 1e3, r.step / own_bound, own_by,
-      base > 0 ? base / r.step : 0.0, static_cast<unsigned long long>(r.stats.acquire_misses),
+      k, static_cast<double>(hbm) / kMiB, depth, inclusive ? "on" : "off", r.step * 1e3,
+      r.checking * 1e3, min_bound * 1e3, r.step / min_bound, own_bound * 1e3, r.step / own_bound,
+      own_by, base > 0 ? base / r.step : 0.0,
+      static_cast<unsigned long long>(r.stats.acquire_misses),
       static_cast<unsigned long long>(r.stats.evictions),
       static_cast<unsigned long long>(r.stats.prefetches_dropped),
       static_cast<unsigned long long>(r.stats.demand_waits), r.nvme_read / kMiB,
@@ -409,8 +412,8 @@ int Main(int argc, char** argv) {
     const Result& median = runs[runs.size() / 2];
     double depth0 = 0;
     for (size_t j = 0; j < keys.size(); ++j) {
-      if (keys[j].k == keys[i].k && keys[j].inclusive == keys[i].inclusive &&
-          keys[j].depth == 0 && !results[j].empty()) {
+      if (keys[j].k == keys[i].k && keys[j].inclusive == keys[i].inclusive && keys[j].depth == 0 &&
+          !results[j].empty()) {
         depth0 = results[j][results[j].size() / 2].step;
       }
     }

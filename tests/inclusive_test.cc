@@ -205,9 +205,9 @@ TEST(InclusiveTest, DemandNeverWaitsForAWriteACleanDropAvoids) {
       << "the write-down wrote a dirty DRAM copy to NVMe";
   EXPECT_EQ(after.bytes_moved[TM_TIER_HBM][TM_TIER_NVME],
             before.bytes_moved[TM_TIER_HBM][TM_TIER_NVME]);
-  EXPECT_EQ(after.bytes_moved[TM_TIER_HBM][TM_TIER_DRAM] -
-                before.bytes_moved[TM_TIER_HBM][TM_TIER_DRAM],
-            n);
+  EXPECT_EQ(
+      after.bytes_moved[TM_TIER_HBM][TM_TIER_DRAM] - before.bytes_moved[TM_TIER_HBM][TM_TIER_DRAM],
+      n);
   EXPECT_EQ(after.clean_drops - before.clean_drops, 1u);
   EXPECT_EQ(after.demand_waits, before.demand_waits);
   for (size_t i = 0; i < hot.size(); ++i) EXPECT_EQ(ReadAll(*rt, hot[i], n), hot_bytes[i]);
@@ -241,7 +241,6 @@ TEST(InclusiveTest, NoFreeRoomKeepsNoCopyAndEvictsNothing) {
             n);
   EXPECT_EQ(ReadAll(*rt, h, n), bytes);
 }
-
 
 // The block of `h` in the NVMe tier's layout (its offset in the one swap file), or -1.
 int64_t NvmeOffset(Runtime& rt, uint64_t h) {

@@ -6,8 +6,8 @@
 
 namespace tiermem {
 
-std::optional<EvictionWindow> CheapestWindow(const std::vector<EvictionSlot>& slots,
-                                             uint64_t need, bool clean_first) {
+std::optional<EvictionWindow> CheapestWindow(const std::vector<EvictionSlot>& slots, uint64_t need,
+                                             bool clean_first) {
   if (need == 0) return std::nullopt;
   std::optional<EvictionWindow> best;
   // The window [i, j]: no wall inside, its sums kept incrementally.
@@ -47,9 +47,9 @@ std::optional<EvictionWindow> CheapestWindow(const std::vector<EvictionSlot>& sl
     if (victims == 0) cost = 0;  // no rounding residue from the running sum
     const bool less_dirty = clean_first && best.has_value() && dirty < best->dirty_bytes;
     const bool as_dirty = !clean_first || !best.has_value() || dirty == best->dirty_bytes;
-    const bool better = !best.has_value() || less_dirty ||
-                        (as_dirty && (cost < best->cost ||
-                                      (cost == best->cost && evicted < best->evicted_bytes)));
+    const bool better =
+        !best.has_value() || less_dirty ||
+        (as_dirty && (cost < best->cost || (cost == best->cost && evicted < best->evicted_bytes)));
     if (better) best = EvictionWindow{i, j, cost, bytes, evicted, victims, dirty};
   }
   return best;

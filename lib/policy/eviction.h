@@ -27,7 +27,7 @@ struct EvictionSlot {
   };
   uint64_t size = 0;  // bytes
   Kind kind = Kind::kFree;
-  double cost = 0;  // kEvictable only; >= 0
+  double cost = 0;     // kEvictable only; >= 0
   bool dirty = false;  // kEvictable only: the only copy, written down before it is freed
 };
 
