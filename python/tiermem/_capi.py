@@ -184,7 +184,7 @@ class Tensor(ctypes.Structure):
 # sizeof on x86-64 and aarch64 Linux (LP64) of the header at API_MAJOR.API_MINOR. A mismatch
 # means this file no longer mirrors the header: checked at import, and field by field against
 # the C compiler's offsets by tests/python/test_abi.py.
-LP64_SIZES = {"Config": 160, "TensorDesc": 32, "Stats": 304, "Info": 232}
+LP64_SIZES = {"Config": 160, "TensorDesc": 32, "Stats": 352, "Info": 232}
 
 
 def _prototypes(lib):

@@ -13,6 +13,11 @@ sys.path.insert(0, os.path.join(ROOT, "python", "examples"))
 
 import tiermem  # noqa: E402
 
+# Exclusive tiers for these tests' runtimes: they count the bytes that cross NVMe and the
+# prefetches that bring them back, which inclusive DRAM's clean copies would stand in for
+# (tests/inclusive_test.cc covers those). A test that wants inclusive DRAM sets it itself.
+os.environ.setdefault("TIERMEM_DRAM_INCLUSIVE", "off")
+
 
 @pytest.fixture
 def nvme_dir(tmp_path):
