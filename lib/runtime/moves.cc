@@ -206,6 +206,7 @@ absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
     FreeCopy(t, static_cast<tm_tier>(above));
   }
   if (keep_dram && t.copy(TM_TIER_DRAM).valid()) {
+    t.copy(TM_TIER_DRAM).written_through = true;
     ++counters_.write_throughs;
     counters_.write_through_bytes += t.bytes;
   }

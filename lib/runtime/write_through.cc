@@ -35,8 +35,12 @@ bool Runtime::KeepCleanDramCopy(Tensor& t, bool* made) {
 
 void Runtime::NoteCleanRead(const Tensor& t, int src, uint64_t bytes,
                             Trace::Clock::time_point start) {
-  // A DRAM copy is clean when NVMe holds the same bytes: the read took DRAM instead of NVMe.
-  if (src != TM_TIER_DRAM || !t.copy(TM_TIER_NVME).valid()) return;
+  // A DRAM copy is clean when NVMe holds the same bytes. Only one kept by a write-through saved a
+  // read of NVMe: one that a prefetch brought up from NVMe cost that read already.
+  if (src != TM_TIER_DRAM || !t.copy(TM_TIER_DRAM).written_through ||
+      !t.copy(TM_TIER_NVME).valid()) {
+    return;
+  }
   ++counters_.clean_reads;
   counters_.clean_read_bytes += bytes;
   trace_->Add(Trace::kCleanRead, t.name, start, Trace::Clock::now(), bytes);
