@@ -282,9 +282,11 @@ typedef struct tm_stats {
   uint64_t clean_drop_bytes;    /**< bytes of those copies */
 } tm_stats;
 
-#define TM_STATS_INIT \
-  { sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-    0, 0, 0, 0, 0, 0 }
+#define TM_STATS_INIT                                                                              \
+  {                                                                                                \
+    sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
+        0, 0, 0, 0, 0, 0                                                                           \
+  }
 
 /** What a runtime resolved when it was created. Fill with TM_INFO_INIT. */
 typedef struct tm_info {
