@@ -73,9 +73,9 @@ BucketStepResult StepBuckets(AdamOptimizer& opt, StateTensors& tensors, int pref
       r.status = InBucket(mask.status(), i, "state");
       return r;
     }
-    // Only state that lives on NVMe goes back there; state in DRAM (or HBM) stays in DRAM.
-    write_back[i] =
-        (*mask & TM_TIER_BIT(TM_TIER_DRAM)) == 0 && (*mask & TM_TIER_BIT(TM_TIER_NVME)) != 0;
+    // Only state that lives on NVMe goes back there; state in DRAM (or HBM) stays in DRAM. A DRAM
+    // copy beside the NVMe one is a clean copy (inclusive DRAM, or a prefetch): on NVMe still.
+    write_back[i] = (*mask & TM_TIER_BIT(TM_TIER_NVME)) != 0;
   }
   size_t ahead = 0;  // buckets whose prefetch has been asked for
   std::vector<size_t> written;
