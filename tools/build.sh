@@ -39,23 +39,27 @@ install_missing() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# Each step's header says how long the run has taken so far: CI's budget is watched step by step.
+stage() { echo "== $* (at ${SECONDS} s)"; }
+
 configure_and_build() {  # dir, extra cmake args...
   local dir=$1
   shift
+  stage "build $(basename "$dir")"
   cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTIERMEM_WERROR=ON \
     -DTIERMEM_WITH_CUDA="$cuda" "$@"
   cmake --build "$dir" -j "$jobs"
 }
 
 run_tests() {  # dir, label
-  echo "== ctest ($2)"
+  stage "ctest ($2)"
   ctest --test-dir "$1" --output-on-failure -j "$jobs" --timeout 600
 }
 
 # lib/ and io/ compiled by clang with -Wthread-safety as an error: every ABSL_GUARDED_BY and
 # lock annotation is checked. Compile only; nothing runs.
 thread_safety_check() {
-  echo "== clang -Wthread-safety (lib/, io/)"
+  stage "clang -Wthread-safety (lib/, io/)"
   cmake -S "$root" -B "$build-thread-safety" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
     -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DTIERMEM_THREAD_SAFETY=ON \
     -DTIERMEM_WERROR=ON -DTIERMEM_BUILD_TESTS=OFF -DTIERMEM_BUILD_BENCH=OFF \
@@ -85,13 +89,14 @@ case "$mode" in
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_tests "$build-tsan" "TSan"
     thread_safety_check
     if [ "$fuzz_seconds" != 0 ]; then
-      echo "== fuzz (${fuzz_seconds} s per target)"
+      stage "fuzz (${fuzz_seconds} s per target)"
       FUZZ_BUILD_DIR="$build-fuzz" JOBS="$jobs" bash "$root/tools/fuzz.sh" "$fuzz_seconds"
     fi
     if [ "$format_check" != 0 ]; then
-      echo "== format"
+      stage "format"
       bash "$root/tools/format.sh" --check
     fi
+    stage "test: done"
     ;;
   *)
     echo "usage: tools/build.sh demo|test" >&2
