@@ -21,7 +21,7 @@ const char* TrackName(int t) {
   static constexpr const char* kNames[] = {
       "",          "acquire stalls", "copy dram->hbm",     "copy hbm->dram",
       "nvme read", "nvme write",     "nvme->hbm (staged)", "hbm->nvme (staged)",
-      "evictions", "clean drops",    "clean dram reads"};
+      "evictions", "clean drops",    "clean dram reads", "recompute drops", "recomputes"};
   return kNames[t];
 }
 
@@ -225,6 +225,8 @@ absl::Status Trace::Write() {
           : e.track == kEviction  ? "eviction"
           : e.track == kCleanDrop ? "clean drop"
           : e.track == kCleanRead ? "clean read"
+          : e.track == kRecomputeDrop ? "recompute drop"
+          : e.track == kRecompute     ? "recompute"
                                   : "transfer",
           static_cast<double>(e.start_ns) / 1e3, static_cast<double>(e.dur_ns) / 1e3,
           static_cast<unsigned long long>(e.bytes));

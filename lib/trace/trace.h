@@ -41,6 +41,8 @@ class Trace {
     kCleanDrop,     // a clean copy freed without a write: another tier held its bytes
     kCleanRead,     // DRAM -> HBM from a clean DRAM copy (NVMe holds the bytes too): a read of
                     // NVMe saved by inclusive DRAM; the same copy is on "copy dram->hbm"
+    kRecomputeDrop,  // an only copy freed without a write: its recompute callback rebuilds it
+    kRecompute,      // a recompute callback rebuilding a dropped tensor
     kTrackCount
   };
   using Clock = std::chrono::steady_clock;
