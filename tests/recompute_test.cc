@@ -149,7 +149,8 @@ TEST_F(RecomputeTest, ReadAndCopyOutRebuildTooAndTheFillersSurvive) {
   ASSERT_EQ(Residency(a), 0u);
   EXPECT_EQ(ReadAll(a), RandomBytes(kBytes, 11));
   EXPECT_EQ(r.calls, 1);
-  for (size_t i = 0; i < others_.size(); ++i) EXPECT_EQ(ReadAll(others_[i]), RandomBytes(kBytes, 1000 + i));
+  for (size_t i = 0; i < others_.size(); ++i)
+    EXPECT_EQ(ReadAll(others_[i]), RandomBytes(kBytes, 1000 + i));
   // Dropped again, then copy_out (no stream) rebuilds as well.
   Pressure();
   ASSERT_EQ(Residency(a), 0u);
@@ -316,12 +317,10 @@ TEST_F(RecomputeTest, BadArgumentsAreRefusedByName) {
         << tm_last_error();
   }
   EXPECT_EQ(tm_tensor_set_recompute(rt_, a, nullptr, nullptr, 1.0), TM_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(tm_last_error()).find("fn is NULL"), std::string::npos)
-      << tm_last_error();
+  EXPECT_NE(std::string(tm_last_error()).find("fn is NULL"), std::string::npos) << tm_last_error();
   EXPECT_EQ(tm_tensor_set_recompute(rt_, tm_tensor{0}, RebuildBytes, &r, 1.0),
             TM_ERR_INVALID_HANDLE);
-  EXPECT_EQ(tm_tensor_set_recompute(rt_, tm_tensor{a.bits ^ 0x100000000ull}, RebuildBytes, &r,
-                                    1.0),
+  EXPECT_EQ(tm_tensor_set_recompute(rt_, tm_tensor{a.bits ^ 0x100000000ull}, RebuildBytes, &r, 1.0),
             TM_ERR_INVALID_HANDLE);
   EXPECT_EQ(tm_tensor_set_recompute(tm_runtime{0}, a, RebuildBytes, &r, 1.0),
             TM_ERR_INVALID_HANDLE);

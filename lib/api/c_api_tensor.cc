@@ -69,9 +69,8 @@ TM_API tm_status tm_tensor_read(tm_runtime runtime, tm_tensor tensor, uint64_t o
 
 TM_API tm_status tm_tensor_set_recompute(tm_runtime runtime, tm_tensor tensor, tm_recompute_fn fn,
                                          void* user, double cost_seconds) {
-  return WithRuntime(runtime, [&](Runtime& rt) {
-    return rt.SetRecompute(tensor.bits, fn, user, cost_seconds);
-  });
+  return WithRuntime(
+      runtime, [&](Runtime& rt) { return rt.SetRecompute(tensor.bits, fn, user, cost_seconds); });
 }
 
 TM_API tm_status tm_tensor_acquire(tm_runtime runtime, tm_tensor tensor, tm_tier tier,

@@ -90,9 +90,8 @@ absl::Status Runtime::Recompute(Tensor& t, tm_tier dst, const CallerStream& call
   auto extent = Allocate(t, dst, want, why);
   if (want.release_room) room_.Release(changed_);
   if (!extent.ok()) {
-    return WithContext(extent.status(),
-                       absl::StrFormat("room to recompute tensor \"%s\" in %s", t.name,
-                                       tm_tier_name(dst)));
+    return WithContext(extent.status(), absl::StrFormat("room to recompute tensor \"%s\" in %s",
+                                                        t.name, tm_tier_name(dst)));
   }
   t.BeginFill(dst, *extent);
   const Tensor::Recompute hook = t.recompute;
@@ -127,12 +126,11 @@ absl::Status Runtime::Recompute(Tensor& t, tm_tier dst, const CallerStream& call
 }
 
 absl::Status Runtime::RebuildForCaller(Tensor& t) {
-  // Callers' copies go through host memory most cheaply: DRAM, else HBM when DRAM cannot take it.
-  absl::Status s = MakeValid(t, TM_TIER_DRAM, {}, Demand());
-  if (!s.ok() && t.dropped && ToTmStatus(s) == TM_ERR_OUT_OF_MEMORY) {
-    s = MakeValid(t, TM_TIER_HBM, {}, Demand());
-  }
-  return s;
+  // Callers' copies go through host memory most cheaply: DRAM, else HBM for a tensor larger than
+  // the whole DRAM tier. Chosen up front: the demand hands the room token back once its room is
+  // made, so a second try would make room without it.
+  const bool fits_dram = tiers_->space(TM_TIER_DRAM).Rounded(t.bytes) != 0;
+  return MakeValid(t, fits_dram ? TM_TIER_DRAM : TM_TIER_HBM, {}, Demand());
 }
 
 absl::Status Runtime::SetRecompute(uint64_t handle, tm_recompute_fn fn, void* user,

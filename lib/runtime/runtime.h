@@ -307,8 +307,8 @@ class Runtime {
   // demand rebuilds; a prefetch is dropped.
   absl::Status Recompute(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
                          DropReason* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Rebuilds a dropped, claimed tensor for a caller's copy: in DRAM, else HBM. The caller holds
-  // the room token.
+  // Rebuilds a dropped, claimed tensor for a caller's copy: in DRAM (HBM when it exceeds the DRAM
+  // tier). The caller holds the room token.
   absl::Status RebuildForCaller(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- the job queue (job_queue.cc) ----
