@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -305,6 +307,36 @@ TEST_F(RecomputeTest, PrefetchSkipsADroppedTensor) {
   EXPECT_EQ(tm_tensor_sync(rt_, a), TM_OK) << tm_last_error();
   EXPECT_EQ(Residency(a), 0u);
   EXPECT_EQ(ReadAll(a), RandomBytes(kBytes, 51));
+}
+
+// The trace shows the drop and the rebuild on their own tracks.
+TEST_F(RecomputeTest, TraceHasTheDropAndTheRebuild) {
+  ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);
+  rt_ = tm_runtime{0};
+  const std::string trace = dir_.path() + "/trace.json";
+  tm_config c = testing::SmallConfig(dir_.path());
+  c.device = TM_DEVICE_EMULATED;
+  c.hbm_bytes = 3 * kBytes;
+  c.dram_bytes = 3 * kBytes;
+  c.prefetch_depth = 0;
+  c.log_level = TM_LOG_ERROR;
+  c.trace = trace.c_str();
+  ASSERT_EQ(tm_runtime_create(&c, &rt_), TM_OK) << tm_last_error();
+  Rebuild r{71};
+  tm_tensor a = Make("traced-act", 71);
+  ASSERT_EQ(tm_tensor_set_recompute(rt_, a, RebuildBytes, &r, 1e-6), TM_OK) << tm_last_error();
+  Pressure();
+  EXPECT_EQ(ReadAll(a), RandomBytes(kBytes, 71));
+  ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK) << tm_last_error();
+  rt_ = tm_runtime{0};
+  std::ifstream in(trace);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string json = text.str();
+  EXPECT_NE(json.find("\"name\":\"recompute drops\""), std::string::npos);
+  EXPECT_NE(json.find("\"name\":\"traced-act\",\"cat\":\"recompute drop\""), std::string::npos)
+      << json.substr(0, 2000);
+  EXPECT_NE(json.find("\"name\":\"traced-act\",\"cat\":\"recompute\""), std::string::npos);
 }
 
 TEST_F(RecomputeTest, BadArgumentsAreRefusedByName) {
