@@ -309,6 +309,42 @@ TEST_F(RecomputeTest, PrefetchSkipsADroppedTensor) {
   EXPECT_EQ(ReadAll(a), RandomBytes(kBytes, 51));
 }
 
+// A rebuild that reads its input from another tiermem tensor, as a layer's forward reads the
+// layer's input: the callback runs outside the runtime's lock (inside it, this would deadlock),
+// and its input is brought back from wherever pressure put it.
+struct FromInput {
+  tm_runtime rt;
+  tm_tensor input;
+  int calls = 0;
+};
+
+tm_status RebuildFromInput(void* user, tm_tensor, tm_tier, void* dst, uint64_t bytes, void*) {
+  auto* f = static_cast<FromInput*>(user);
+  ++f->calls;
+  tm_status s = tm_tensor_read(f->rt, f->input, 0, dst, bytes);
+  if (s != TM_OK) return s;
+  for (uint64_t i = 0; i < bytes; ++i) static_cast<uint8_t*>(dst)[i] ^= 0x5A;  // the "layer"
+  return TM_OK;
+}
+
+TEST_F(RecomputeTest, CallbackMayUseOtherTensors) {
+  tm_tensor input = Make("input", 81);
+  tm_tensor a = Make("act", 0);
+  std::vector<uint8_t> want = RandomBytes(kBytes, 81);
+  for (uint8_t& b : want) b ^= 0x5A;
+  ASSERT_EQ(tm_tensor_write(rt_, a, 0, want.data(), kBytes), TM_OK) << tm_last_error();
+  FromInput f{rt_, input};
+  ASSERT_EQ(tm_tensor_set_recompute(rt_, a, RebuildFromInput, &f, 1e-6), TM_OK) << tm_last_error();
+  Pressure();  // evicts the input (written down) and the activation (dropped)
+  ASSERT_EQ(Residency(a), 0u);
+  void* p = nullptr;
+  ASSERT_EQ(tm_tensor_acquire(rt_, a, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
+      << tm_last_error();
+  EXPECT_EQ(f.calls, 1);
+  EXPECT_EQ(std::memcmp(p, want.data(), kBytes), 0);
+  EXPECT_EQ(tm_tensor_release(rt_, a, TM_TIER_HBM), TM_OK);
+}
+
 // The trace shows the drop and the rebuild on their own tracks.
 TEST_F(RecomputeTest, TraceHasTheDropAndTheRebuild) {
   ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);
