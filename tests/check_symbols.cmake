@@ -1,5 +1,7 @@
 # Checks the shared library's ABI surface: only tm_* is exported and the SONAME is set.
-# Usage: cmake -DLIB=path/to/libtiermem.so -DSONAME=libtiermem.so.X.Y -P check_symbols.cmake
+# With -DMAP=lib/api/tiermem.map, every symbol a later version node names (TIERMEM_0.1.1 on) is
+# exported at that version, so that a symbol added without its node (or in the wrong one) fails.
+# Usage: cmake -DLIB=path/to/libtiermem.so -DSONAME=libtiermem.so.X.Y [-DMAP=...] -P check_symbols.cmake
 execute_process(COMMAND nm -D --defined-only ${LIB} OUTPUT_VARIABLE out RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "nm failed on ${LIB}")
@@ -26,3 +28,25 @@ if(NOT dyn MATCHES "SONAME[^\n]*\\[${SONAME}\\]")
   message(FATAL_ERROR "SONAME is not ${SONAME}:\n${dyn}")
 endif()
 message(STATUS "${count} tm_* symbols exported, nothing else; SONAME ${SONAME}")
+
+if(DEFINED MAP)
+  file(READ ${MAP} map)
+  string(REPLACE ";" " " map "${map}")  # a CMake list separator
+  string(REGEX REPLACE "/\\*[^*]*\\*/" "" map "${map}")  # comments
+  string(REGEX MATCHALL "TIERMEM_[0-9.]+ {[^}]*}" nodes "${map}")
+  set(versioned 0)
+  foreach(node IN LISTS nodes)
+    string(REGEX MATCH "^TIERMEM_[0-9.]+" version "${node}")
+    string(REGEX MATCHALL "tm_[a-z0-9_]+" names "${node}")
+    foreach(name IN LISTS names)
+      if(NOT out MATCHES "[ \n]${name}@@?${version}\n")
+        message(FATAL_ERROR "${name} is not exported at ${version} (lib/api/tiermem.map)")
+      endif()
+      math(EXPR versioned "${versioned} + 1")
+    endforeach()
+  endforeach()
+  if(versioned EQUAL 0)
+    message(FATAL_ERROR "no symbol of a later version node found in ${MAP}")
+  endif()
+  message(STATUS "${versioned} symbols of later version nodes exported at their versions")
+endif()

@@ -136,7 +136,7 @@ TEST(Probe, TuneWritesAnEnvFileTheRuntimeLoads) {
   auto parsed = ParseEnvFile(file);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   for (const char* v : {"TIERMEM_IO_BLOCK_SIZE", "TIERMEM_IO_QUEUE_DEPTH", "TIERMEM_IO_THREADS",
-                        "TIERMEM_PREFETCH_DEPTH"}) {
+                        "TIERMEM_PREFETCH_DEPTH", "TIERMEM_NVME_GBPS"}) {
     EXPECT_TRUE(parsed->values.contains(v)) << v;
   }
   // The runtime reads it: each value's source is the file, and the values match.

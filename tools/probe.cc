@@ -457,7 +457,7 @@ int Main(int argc, char** argv) {
                             {});
     if (!check.ok()) return Fail(Error(TM_ERR_INTERNAL, check.status().message()));
     for (const char* v : {"TIERMEM_IO_BLOCK_SIZE", "TIERMEM_IO_QUEUE_DEPTH", "TIERMEM_IO_THREADS",
-                          "TIERMEM_PREFETCH_DEPTH"}) {
+                          "TIERMEM_PREFETCH_DEPTH", "TIERMEM_NVME_GBPS"}) {
       if (std::getenv(v) != nullptr) {
         std::fprintf(stderr, "tiermem-probe: %s is set in the environment and wins over %s\n", v,
                      f.tune_file.c_str());

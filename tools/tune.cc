@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <thread>
 
@@ -236,6 +237,13 @@ std::string EnvFileText(const TuneResult& r, const Config& base, const std::stri
   absl::StrAppendFormat(&out, "export TIERMEM_IO_QUEUE_DEPTH=%u\n", r.io_tuned.queue_depth);
   absl::StrAppendFormat(&out, "export TIERMEM_IO_THREADS=%u\n", r.io_tuned.threads);
   absl::StrAppendFormat(&out, "export TIERMEM_PREFETCH_DEPTH=%u\n", r.depth_tuned);
+  // What a recompute is priced against (tm_tensor_set_recompute): one rate per direction whose
+  // round trip, 2 * bytes / rate, is the measured write plus the measured read (their harmonic
+  // mean).
+  const double w = r.io_tuned.write_gbps, rd = r.io_tuned.read_gbps;
+  if (std::isfinite(w) && std::isfinite(rd) && w > 0 && rd > 0) {
+    absl::StrAppendFormat(&out, "export TIERMEM_NVME_GBPS=%.3f\n", 2.0 / (1.0 / w + 1.0 / rd));
+  }
   return out;
 }
 

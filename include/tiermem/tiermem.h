@@ -280,12 +280,20 @@ typedef struct tm_stats {
   uint64_t clean_drops;         /**< evictions that freed a clean copy without writing it
                                      (another tier held the bytes); counted in evictions too */
   uint64_t clean_drop_bytes;    /**< bytes of those copies */
+  /* Appended in 0.5: recompute callbacks (tm_tensor_set_recompute). */
+  uint64_t recompute_drops;      /**< evictions that dropped a tensor's only copy instead of
+                                      writing it down: its recompute costs less than the round
+                                      trip; counted in evictions too */
+  uint64_t recompute_drop_bytes; /**< bytes of those copies */
+  uint64_t recomputes;           /**< dropped tensors rebuilt by their callback */
+  uint64_t recompute_failures;   /**< callbacks that failed (the tensor stayed dropped) */
+  uint64_t recompute_ns;         /**< time spent in the callbacks, failed ones included */
 } tm_stats;
 
 #define TM_STATS_INIT                                                                              \
   {                                                                                                \
     sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0, 0, 0, 0, 0                                                                           \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                                            \
   }
 
 /** What a runtime resolved when it was created. Fill with TM_INFO_INIT. */
@@ -526,6 +534,42 @@ TM_API tm_status tm_schedule_set(tm_runtime runtime, const tm_tensor* tensors, c
 
 /** Bit mask (TM_TIER_BIT) of the tiers holding a valid copy; 0 for a never-written tensor. */
 TM_API tm_status tm_tensor_residency(tm_runtime runtime, tm_tensor tensor, uint32_t* mask);
+
+/* ---- Recompute: a tensor rebuilt by the caller instead of written down (appended in 0.5) ---- */
+
+/**
+ * Rebuilds the bytes of a dropped tensor (see tm_tensor_set_recompute): writes all `bytes` of
+ * them to dst, an address in `tier` (TM_TIER_HBM: a device pointer when tm_info.
+ * hbm_device_pointers is 1; TM_TIER_DRAM: pinned host memory). stream is the stream of the
+ * operation that needs the bytes (the acquire's or copy_out's; NULL for none): work may be
+ * queued on it, but the bytes must be in dst, for any stream, when the callback returns (as after
+ * cudaStreamSynchronize). Returns TM_OK when every byte is written; any other tm_status is a
+ * failure, reported by the operation that needed the bytes.
+ */
+typedef tm_status (*tm_recompute_fn)(void* user, tm_tensor tensor, tm_tier tier, void* dst,
+                                     uint64_t bytes, void* stream);
+
+/**
+ * Gives the tensor a callback that rebuilds its bytes, and what a rebuild costs in seconds
+ * (measured by the caller: a forward of the layer that made it, say). Under pressure, when the
+ * runtime would write the tensor's only copy one tier down to make room, it drops the copy
+ * instead when cost_seconds is less than the round trip it saves: bytes / bandwidth down plus
+ * bytes / bandwidth back up, at TIERMEM_LINK_GBPS from HBM and TIERMEM_NVME_GBPS from DRAM. A
+ * dropped tensor has no copy anywhere (residency 0) but stays a live handle: its next acquire
+ * (TM_ACCESS_READ or _READ_WRITE), tm_tensor_read, tm_tensor_copy_out or partial write calls fn
+ * to rebuild it in the tier it is needed in, then serves it; an acquire for TM_ACCESS_WRITE or a
+ * whole write replaces it without a call. fn is called on the thread of that operation, never
+ * on tiermem's own threads and never under the runtime's lock (prefetches skip a dropped
+ * tensor); it may use tiermem on other tensors (acquire its inputs), never on this one. When fn
+ * fails, the operation fails with fn's status and a message naming the tensor; the tensor stays
+ * dropped (nothing half-filled is ever served) and a later operation calls fn again.
+ * fn NULL clears the callback (cost_seconds must then be 0); a dropped tensor is rebuilt first,
+ * so that clearing never loses its bytes. TM_ERR_INVALID_ARGUMENT for a cost that is negative,
+ * NaN or infinite, or a nonzero cost with fn NULL. user is passed to fn as is; it must stay
+ * valid until the callback is cleared or the tensor destroyed.
+ */
+TM_API tm_status tm_tensor_set_recompute(tm_runtime runtime, tm_tensor tensor, tm_recompute_fn fn,
+                                         void* user, double cost_seconds);
 
 /* ---- Planner: activation memory, recompute and offload, priced from measured bandwidths ---- */
 

@@ -67,6 +67,12 @@ TM_API tm_status tm_tensor_read(tm_runtime runtime, tm_tensor tensor, uint64_t o
                      [&](Runtime& rt) { return rt.Read(tensor.bits, offset, dst, bytes); });
 }
 
+TM_API tm_status tm_tensor_set_recompute(tm_runtime runtime, tm_tensor tensor, tm_recompute_fn fn,
+                                         void* user, double cost_seconds) {
+  return WithRuntime(
+      runtime, [&](Runtime& rt) { return rt.SetRecompute(tensor.bits, fn, user, cost_seconds); });
+}
+
 TM_API tm_status tm_tensor_acquire(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
                                    tm_access access, void* stream, void** ptr) {
   if (ptr == nullptr) return NullArgument("tm_tensor_acquire", "ptr");

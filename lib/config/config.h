@@ -91,6 +91,10 @@ struct Config {
   ChecksumKind checksum = ChecksumKind::kOff;  // sums of what is written to NVMe, checked on read
   // An offload to NVMe keeps a clean DRAM copy while DRAM has room (TIERMEM_DRAM_INCLUSIVE).
   bool dram_inclusive = true;
+  // Bandwidths per direction in GB/s that price a recompute against the round trip it saves
+  // (TIERMEM_LINK_GBPS, TIERMEM_NVME_GBPS; lib/config/settings_bandwidth.cc); 0: the default.
+  double link_gbps = 0;
+  double nvme_gbps = 0;
 
   // One row per setting: variable name, effective value as text, and where it came from
   // ("config", "environment" or "default").

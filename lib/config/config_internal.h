@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,5 +53,8 @@ constexpr Choice<LogLevel> kLogChoices[] = {{"error", LogLevel::kError},
                                             {"warn", LogLevel::kWarn},
                                             {"info", LogLevel::kInfo},
                                             {"debug", LogLevel::kDebug}};
+
+// The rows of TIERMEM_LINK_GBPS and TIERMEM_NVME_GBPS (settings_bandwidth.cc).
+void BandwidthRows(std::vector<Setting>& rows);
 
 }  // namespace tiermem

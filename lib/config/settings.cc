@@ -473,7 +473,8 @@ void ProcessRows(std::vector<Setting>& rows) {
 
 std::vector<Setting> BuildSettings() {
   std::vector<Setting> rows;
-  for (auto part : {DeviceRows, NvmeRows, IoRows, PolicyRows, RankRows, ProcessRows}) part(rows);
+  for (auto part : {DeviceRows, NvmeRows, IoRows, PolicyRows, BandwidthRows, RankRows, ProcessRows})
+    part(rows);
   return rows;
 }
 

@@ -136,6 +136,10 @@ absl::Status Runtime::CopyInto(const CallerCopyRequest& r) {
     return s;
   }
   const bool whole = r.offset == 0 && r.bytes == t.bytes;
+  // Dropped for recompute: a partial write needs the rest of the bytes (a whole one replaces them).
+  if (t.dropped && !whole) {
+    if (auto s = RebuildForCaller(t); !s.ok()) return WithContext(s, r.fn);
+  }
   CallerBuffer buffer{r.buffer, r.device, {}};
   if (r.fence != nullptr) buffer.after.push_back(r.fence);
   // Only on NVMe (or never written, with an NVMe home): rewritten there through staging into a
@@ -229,13 +233,24 @@ absl::Status Runtime::CopyFrom(const CallerCopyRequest& r) {
   // A copy still landing (a copy_in, a stream-ordered acquire) is not waited for on the host:
   // this copy is ordered after it on the device, which keeps program order per tensor. A read
   // that the host waits for lands it first (a failed landing copy is then not read).
+  // A tensor dropped for recompute is rebuilt first, which takes room: the room token, then the
+  // claim again.
+  std::optional<RoomScope> room;
   auto claimed = Claim(r.handle, /*land=*/r.wait);
+  while (claimed.ok() && (*claimed)->dropped && !room.has_value()) {
+    room.emplace(*this);
+    claimed = Claim(r.handle, /*land=*/r.wait);
+  }
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
   if (auto s = CheckCallerCopy(t, r.offset, r.bytes, r.fn, false, r.wait);
       !s.ok() || r.bytes == 0) {
     return s;
   }
+  if (t.dropped) {
+    if (auto s = RebuildForCaller(t); !s.ok()) return WithContext(s, r.fn);
+  }
+  room.reset();
   CallerBuffer buffer{r.buffer, r.device, {}};
   if (r.fence != nullptr) buffer.after.push_back(r.fence);
   if (!t.materialized()) return ReadZeros(t, r, buffer);

@@ -18,6 +18,9 @@ struct Counters {
   // Inclusive DRAM (lib/runtime/write_through.cc).
   uint64_t write_throughs = 0, write_through_bytes = 0, clean_reads = 0, clean_read_bytes = 0,
            clean_drops = 0, clean_drop_bytes = 0;
+  // Recompute callbacks (lib/runtime/recompute.cc).
+  uint64_t recompute_drops = 0, recompute_drop_bytes = 0, recomputes = 0, recompute_failures = 0,
+           recompute_ns = 0;
 
   void CountDrop(DropReason why) {
     switch (why) {
@@ -56,6 +59,11 @@ struct Counters {
     s.clean_read_bytes = clean_read_bytes;
     s.clean_drops = clean_drops;
     s.clean_drop_bytes = clean_drop_bytes;
+    s.recompute_drops = recompute_drops;
+    s.recompute_drop_bytes = recompute_drop_bytes;
+    s.recomputes = recomputes;
+    s.recompute_failures = recompute_failures;
+    s.recompute_ns = recompute_ns;
   }
 };
 

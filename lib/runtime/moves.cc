@@ -86,6 +86,7 @@ void Runtime::RecordFailure(const Tensor& t, absl::Status s) {
 absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
                                 DropReason* why) {
   if (t.copy(dst).valid()) return absl::OkStatus();
+  if (t.dropped) return Recompute(t, dst, caller, want, why);  // no copy to move: rebuilt
   if (int w = t.writing_tier(); w >= 0) {
     // Copying bytes that a writer is changing would make a torn copy look valid.
     if (why != nullptr) *why = DropReason::kSuperseded;

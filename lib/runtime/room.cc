@@ -77,7 +77,7 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
         const uint64_t distance =
             belady ? (next == Schedule::kNever ? kNoNextUse : next - now) : tick_ - v->last_use;
         slot.kind = EvictionSlot::Kind::kEvictable;
-        slot.dirty = v->only_copy(tier);
+        slot.dirty = v->only_copy(tier) && !DropsForRecompute(*v, tier);
         slot.cost = EvictionCost(b.size, slot.dirty, distance, horizon);
         plan.reclaimable += b.size;
       }
@@ -289,6 +289,10 @@ absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want) {
     if (!v.copy(tier).valid()) return absl::OkStatus();
   }
   const bool clean = !v.only_copy(tier);  // another tier holds the bytes: dropped, not written
+  if (!clean && DropsForRecompute(v, tier)) {
+    DropForRecompute(v, tier, start);  // rebuilt by its callback: cheaper than the round trip
+    return absl::OkStatus();
+  }
   if (!clean) {
     // The only copy: write it one tier down first (which may evict there in turn). From HBM,
     // when DRAM cannot take it, straight to NVMe through the staging slots.

@@ -108,6 +108,9 @@ class Runtime {
     tm_tier tier = TM_TIER_HBM;
   };
   absl::Status SetSchedule(const std::vector<ScheduledUse>& uses);
+  // Gives the tensor a recompute callback and its cost, or clears it (fn nullptr), rebuilding a
+  // dropped tensor first (tm_tensor_set_recompute; recompute.cc).
+  absl::Status SetRecompute(uint64_t handle, tm_recompute_fn fn, void* user, double cost_seconds);
 
   tm_stats Stats();
   // For tests and tools: the blocks of a tier in address order, with their owners' handles.
@@ -290,6 +293,23 @@ class Runtime {
   tm_tier HomeOf(tm_tensor_class cls) const;
   // The schedule key of a new tensor (see Schedule).
   uint64_t KeyFor(const TensorDesc& desc, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- recompute callbacks (recompute.cc) ----
+  // The bandwidth per direction, GB/s, of the link from `tier` to the tier below.
+  double RecomputeGbps(tm_tier tier) const;
+  // Whether evicting t's only copy in `tier` drops it for its recompute callback instead of
+  // writing it down: the callback costs less than the round trip down and back up.
+  bool DropsForRecompute(const Tensor& t, tm_tier tier) const;
+  // Frees v's only copy in `tier`: the tensor is dropped. Counted as an eviction.
+  void DropForRecompute(Tensor& v, tm_tier tier, Trace::Clock::time_point start)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // MakeValid of a dropped tensor: calls its callback, without the lock, to fill `dst`. Only a
+  // demand rebuilds; a prefetch is dropped.
+  absl::Status Recompute(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
+                         DropReason* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rebuilds a dropped, claimed tensor for a caller's copy: in DRAM (HBM when it exceeds the DRAM
+  // tier). The caller holds the room token.
+  absl::Status RebuildForCaller(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- the job queue (job_queue.cc) ----
   // Queues an asynchronous move.

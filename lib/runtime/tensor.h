@@ -98,6 +98,15 @@ struct Tensor {
   // The landing copy replaces the others once it lands (tm_tensor_copy_in): until then they
   // keep the old bytes, so that a copy that fails loses nothing.
   bool landing_replaces = false;
+  // The caller's callback that rebuilds the bytes (tm_tensor_set_recompute; lib/runtime/
+  // recompute.cc), and whether the tensor is dropped: no copy holds its bytes, the callback
+  // rebuilds them. A copy becoming valid (EndFill, PinWrite) ends the drop.
+  struct Recompute {
+    tm_recompute_fn fn = nullptr;
+    void* user = nullptr;
+    double cost_seconds = 0;
+  } recompute;
+  bool dropped = false;
 
   TensorCopy& copy(tm_tier t) { return copies[t]; }
   const TensorCopy& copy(tm_tier t) const { return copies[t]; }
@@ -113,10 +122,12 @@ struct Tensor {
   void EndFill(tm_tier t) {
     Expect(t, "EndFill", {CopyState::kFilling});
     copies[t].state = CopyState::kValid;
+    dropped = false;
   }
   void PinWrite(tm_tier t) {
     Expect(t, "PinWrite", {CopyState::kValid, CopyState::kFilling});
     copies[t].state = CopyState::kWriting;
+    dropped = false;  // overwritten whole: nothing to rebuild
   }
   void UnpinWrite(tm_tier t) {
     Expect(t, "UnpinWrite", {CopyState::kWriting});

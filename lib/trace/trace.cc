@@ -21,7 +21,8 @@ const char* TrackName(int t) {
   static constexpr const char* kNames[] = {
       "",          "acquire stalls", "copy dram->hbm",     "copy hbm->dram",
       "nvme read", "nvme write",     "nvme->hbm (staged)", "hbm->nvme (staged)",
-      "evictions", "clean drops",    "clean dram reads"};
+      "evictions", "clean drops",    "clean dram reads",   "recompute drops",
+      "recomputes"};
   return kNames[t];
 }
 
@@ -221,11 +222,13 @@ absl::Status Trace::Write() {
           ",\n{\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"name\":\"%s\",\"cat\":\"%s\",\"ts\":%.3f,"
           "\"dur\":%.3f,\"args\":{\"bytes\":%llu}}",
           static_cast<int>(e.track), JsonEscape(e.name),
-          e.track == kAcquire     ? "stall"
-          : e.track == kEviction  ? "eviction"
-          : e.track == kCleanDrop ? "clean drop"
-          : e.track == kCleanRead ? "clean read"
-                                  : "transfer",
+          e.track == kAcquire         ? "stall"
+          : e.track == kEviction      ? "eviction"
+          : e.track == kCleanDrop     ? "clean drop"
+          : e.track == kCleanRead     ? "clean read"
+          : e.track == kRecomputeDrop ? "recompute drop"
+          : e.track == kRecompute     ? "recompute"
+                                      : "transfer",
           static_cast<double>(e.start_ns) / 1e3, static_cast<double>(e.dur_ns) / 1e3,
           static_cast<unsigned long long>(e.bytes));
     }

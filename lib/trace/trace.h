@@ -30,17 +30,19 @@ class Trace {
  public:
   // Tracks, one per row in the viewer.
   enum Track : int {
-    kAcquire = 1,   // acquire stalls: an acquire that had to wait or move
-    kHostToDevice,  // DRAM -> HBM
-    kDeviceToHost,  // HBM -> DRAM
-    kNvmeRead,      // NVMe -> DRAM
-    kNvmeWrite,     // DRAM -> NVMe
-    kNvmeToHbm,     // NVMe -> HBM through staging
-    kHbmToNvme,     // HBM -> NVMe through staging
-    kEviction,      // a copy written down (if it was the only one) and freed
-    kCleanDrop,     // a clean copy freed without a write: another tier held its bytes
-    kCleanRead,     // DRAM -> HBM from a clean DRAM copy (NVMe holds the bytes too): a read of
-                    // NVMe saved by inclusive DRAM; the same copy is on "copy dram->hbm"
+    kAcquire = 1,    // acquire stalls: an acquire that had to wait or move
+    kHostToDevice,   // DRAM -> HBM
+    kDeviceToHost,   // HBM -> DRAM
+    kNvmeRead,       // NVMe -> DRAM
+    kNvmeWrite,      // DRAM -> NVMe
+    kNvmeToHbm,      // NVMe -> HBM through staging
+    kHbmToNvme,      // HBM -> NVMe through staging
+    kEviction,       // a copy written down (if it was the only one) and freed
+    kCleanDrop,      // a clean copy freed without a write: another tier held its bytes
+    kCleanRead,      // DRAM -> HBM from a clean DRAM copy (NVMe holds the bytes too): a read of
+                     // NVMe saved by inclusive DRAM; the same copy is on "copy dram->hbm"
+    kRecomputeDrop,  // an only copy freed without a write: its recompute callback rebuilds it
+    kRecompute,      // a recompute callback rebuilding a dropped tensor
     kTrackCount
   };
   using Clock = std::chrono::steady_clock;

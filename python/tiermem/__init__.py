@@ -129,13 +129,53 @@ def _ptr(p):
 class Tensor:
     """A tensor of a Runtime: a buffer of .nbytes bytes that tiermem places and moves."""
 
-    __slots__ = ("_rt", "_h", "nbytes", "name", "__weakref__")
+    __slots__ = ("_rt", "_h", "nbytes", "name", "_recompute", "_recompute_error", "__weakref__")
 
     def __init__(self, runtime, handle, nbytes, name):
         self._rt, self._h, self.nbytes, self.name = runtime, handle, nbytes, name
+        self._recompute = None  # the ctypes callback, alive while the library may call it
+        self._recompute_error = None  # what the callback raised, for the call that ran it
 
     def _call(self, fn, *args):
-        _check(getattr(_lib, fn)(self._rt._handle(), self._handle(), *args), fn)
+        status = getattr(_lib, fn)(self._rt._handle(), self._handle(), *args)
+        cause, self._recompute_error = self._recompute_error, None
+        if status != _capi.OK and cause is not None:
+            try:
+                _check(status, fn)
+            except TiermemError as e:
+                raise e from cause
+        _check(status, fn)
+
+    def set_recompute(self, fn, cost_seconds=0.0):
+        """Gives the tensor a callback that rebuilds its bytes (tm_tensor_set_recompute): under
+        pressure tiermem may then drop the tensor instead of writing it down, when cost_seconds
+        (what a rebuild takes) is less than the round trip down and back up; its next use
+        calls fn(tier, address, nbytes, stream) on the calling thread, which must write all
+        nbytes to address (in "hbm" or "dram"; a device pointer for HBM on CUDA) before it
+        returns. An exception in fn fails that use with a TiermemError raised from it; the
+        tensor stays dropped. fn None clears it (a dropped tensor is rebuilt first); cost_seconds
+        must then be 0. The callback is kept alive as long as the tensor."""
+        if fn is None:
+            self._call("tm_tensor_set_recompute", _capi.RECOMPUTE_FN(), None,
+                       float(cost_seconds))
+            self._recompute = None
+            return
+        if not callable(fn):
+            raise TypeError("set_recompute: fn must be callable or None, not %s" %
+                            type(fn).__name__)
+
+        def c_fn(user, tensor, tier, dst, nbytes, stream):
+            try:
+                fn(_capi.TIER_NAMES[tier], int(dst), int(nbytes), stream or None)
+                return _capi.OK
+            except BaseException as e:  # noqa: B902 (nothing may unwind through the C caller)
+                self._recompute_error = e
+                return e.status if isinstance(e, TiermemError) and e.status > 0 else \
+                    _capi.STATUS_NAMES.index("TM_ERR_INVALID_ARGUMENT")
+
+        callback = _capi.RECOMPUTE_FN(c_fn)
+        self._call("tm_tensor_set_recompute", callback, None, float(cost_seconds))
+        self._recompute = callback
 
     def _handle(self):
         if self._h is None:
@@ -216,6 +256,7 @@ class Tensor:
         if self._h is not None:
             h, self._h = self._h, None
             _check(_lib.tm_tensor_destroy(self._rt._handle(), h), "tm_tensor_destroy")
+            self._recompute = None  # the library no longer calls it
 
     def __enter__(self):
         return self

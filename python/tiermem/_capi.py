@@ -134,6 +134,12 @@ class Stats(ctypes.Structure):
         ("clean_read_bytes", ctypes.c_uint64),
         ("clean_drops", ctypes.c_uint64),
         ("clean_drop_bytes", ctypes.c_uint64),
+        # Appended in 0.5: recompute callbacks.
+        ("recompute_drops", ctypes.c_uint64),
+        ("recompute_drop_bytes", ctypes.c_uint64),
+        ("recomputes", ctypes.c_uint64),
+        ("recompute_failures", ctypes.c_uint64),
+        ("recompute_ns", ctypes.c_uint64),
     ]
 
     def __init__(self):
@@ -181,10 +187,17 @@ class Tensor(ctypes.Structure):
     _fields_ = [("bits", ctypes.c_uint64)]
 
 
+# tm_recompute_fn(user, tensor, tier, dst, bytes, stream). The tm_tensor argument, a struct of one
+# uint64_t passed by value, is declared as that uint64_t: the same register on LP64 x86-64 and
+# aarch64, and it spares ctypes a struct-by-value callback argument.
+RECOMPUTE_FN = ctypes.CFUNCTYPE(_enum, ctypes.c_void_p, ctypes.c_uint64, _enum, ctypes.c_void_p,
+                                ctypes.c_uint64, ctypes.c_void_p)
+
+
 # sizeof on x86-64 and aarch64 Linux (LP64) of the header at API_MAJOR.API_MINOR. A mismatch
 # means this file no longer mirrors the header: checked at import, and field by field against
 # the C compiler's offsets by tests/python/test_abi.py.
-LP64_SIZES = {"Config": 160, "TensorDesc": 32, "Stats": 352, "Info": 232}
+LP64_SIZES = {"Config": 160, "TensorDesc": 32, "Stats": 392, "Info": 232}
 
 
 def _prototypes(lib):
@@ -221,6 +234,7 @@ def _prototypes(lib):
         "tm_step_end": (st, [Runtime]),
         "tm_schedule_set": (st, [Runtime, p(Tensor), p(i32), _size_t]),
         "tm_tensor_residency": (st, [Runtime, Tensor, p(ctypes.c_uint32)]),
+        "tm_tensor_set_recompute": (st, [Runtime, Tensor, RECOMPUTE_FN, vp, ctypes.c_double]),
     }
     for name, (restype, argtypes) in sig.items():
         fn = getattr(lib, name)

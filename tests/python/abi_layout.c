@@ -77,6 +77,11 @@ int main(void) {
   FIELD(tm_stats, clean_read_bytes);
   FIELD(tm_stats, clean_drops);
   FIELD(tm_stats, clean_drop_bytes);
+  FIELD(tm_stats, recompute_drops);
+  FIELD(tm_stats, recompute_drop_bytes);
+  FIELD(tm_stats, recomputes);
+  FIELD(tm_stats, recompute_failures);
+  FIELD(tm_stats, recompute_ns);
   END();
   BEGIN(tm_info);
   FIELD(tm_info, struct_size);
