@@ -4,7 +4,8 @@ down to "only one block's activations fit", side by side in one run.
 
 For each budget (bytes of saved activations in HBM; docs/pytorch.md): plain (no hooks; its
 peak is the top budget), checkpoint every block, offload every block to DRAM, and the plan fit
-chooses for that budget (fit profiles, prints the plan and its prediction error). Every mode
+chooses for that budget (fit profiles once, then FittedPlan.refit chooses per budget; the plan
+and its prediction error are printed). Every mode
 runs --rounds rounds of --steps steps, the order rotated each round, each step timed from a
 synchronized start to the end of its backward with tiermem's copies done (Runtime.sync);
 medians. The peak of each mode is measured in one more step with the meter on (timed steps run
@@ -47,6 +48,10 @@ CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 
 
+def progress(what):
+    print("fit_bench: %s" % what, file=sys.stderr, flush=True)
+
+
 def sync():
     if CUDA:
         torch.cuda.synchronize()
@@ -56,14 +61,15 @@ def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hidden", type=int, default=1024 if CUDA else 128)
     ap.add_argument("--blocks", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=512 if CUDA else 128)
-    ap.add_argument("--batch", type=int, default=4 if CUDA else 8)
+    ap.add_argument("--seq", type=int, default=512 if CUDA else 64)
+    ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--budgets", type=int, default=4, help="budgets, top to bottom (>= 4)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, the mode order rotated")
     ap.add_argument("--steps", type=int, default=3, help="steps of each mode per round")
     ap.add_argument("--link-gbps", type=float, default=2.0,
                     help="CPU only: the emulated link's cap (TIERMEM_EMU_LINK_GBPS)")
+    ap.add_argument("--profile-steps", type=int, default=3, help="fit's profile_steps")
     ap.add_argument("--min-bytes", type=int, default=16384)
     ap.add_argument("--nvme-dir", default=None)
     args = ap.parse_args()
@@ -112,9 +118,11 @@ def measure_peak(model, data, rt, plan, row, keep_all):
     plan.track_peak = False
 
 
-def run_budget(args, model, data, rt, budget, fitted_log):
+def run_budget(args, model, data, rt, plan, budget):
+    """The four rows at one budget; the plan chosen for it by plan.refit (the profile does
+    not depend on the budget)."""
     n = args.blocks
-    plan = tt.fit(model, rt, budget, data, min_bytes=args.min_bytes, log=fitted_log)
+    plan.refit(budget)
     fitted = list(plan.choices)
     rows = [Row("plain", None), Row("checkpoint-all", [fit_cost.RECOMPUTE] * n),
             Row("offload-all dram", [fit_cost.DRAM] * n), Row("fitted", fitted)]
@@ -131,7 +139,7 @@ def run_budget(args, model, data, rt, budget, fitted_log):
     for r in rows:
         measure_peak(model, data, rt, plan, r, [fit_cost.KEEP] * n)
     plan.apply(fitted)
-    return plan, rows
+    return rows
 
 
 def main():
@@ -154,14 +162,16 @@ def main():
 
 
 def run(args, model, data, rt):
-    probe = tt.fit(model, rt, 1 << 50, data, min_bytes=args.min_bytes, check_steps=0,
-                   log=lambda s: None)
+    # One profile for all budgets: fit at the top one (everything kept), then refit per budget.
+    progress("profiling (fit at an unlimited budget)")
+    fitted_log = []
+    plan = tt.fit(model, rt, 1 << 50, data, min_bytes=args.min_bytes,
+                  profile_steps=args.profile_steps, check_steps=0, log=fitted_log.append)
     n = args.blocks
-    costs, rest, m = probe.costs, probe.rest, probe.machine
+    costs, rest, m = plan.costs, plan.rest, plan.machine
     peak = lambda c: fit_cost.predict(costs, rest, c, m).peak  # noqa: E731
     top = peak([fit_cost.KEEP] * n)
     bottom = max(peak([fit_cost.RECOMPUTE] * n), peak([fit_cost.DRAM] * n))
-    probe.remove()
     budgets = [int(top + (bottom - top) * k / (args.budgets - 1)) for k in range(args.budgets)]
     per_block = sum(c.kept for c in costs) / n
     print("fit_bench: GPT hidden %d, %d blocks, seq %d, batch %d on %s (torch %s); %s; "
@@ -175,13 +185,12 @@ def run(args, model, data, rt):
                                             ", ".join("%.1f" % (b / MIB) for b in budgets)))
     checks = []
     for k, budget in enumerate(budgets):
-        logged = []
-        plan, rows = run_budget(args, model, data, rt, budget, logged.append)
+        progress("budget %.1f MiB" % (budget / MIB))
+        rows = run_budget(args, model, data, rt, plan, budget)
         blocks_fit = (budget - rest.kept) / per_block
         print("\n== budget %.2f MiB (the rest + %.2f blocks' activations) ==" %
               (budget / MIB, blocks_fit))
-        for line in logged:
-            print("  " + line.replace("\n", "\n  "))
+        print("  " + plan.table().replace("\n", "\n  "))
         print("  %-18s %10s %12s %10s %9s %12s%s" % ("mode", "step ms", "[min-max]",
                                                      "peak MiB", "fits", "predicted",
                                                      "  CUDA peak MiB" if CUDA else ""))
@@ -198,14 +207,15 @@ def run(args, model, data, rt):
         best = min(med["checkpoint-all"], med["offload-all dram"])
         ratio = med["fitted"] / best
         err = abs(med["fitted"] / fitted.predicted - 1)
-        print("  fitted %s: %.3fx the better fixed way; prediction error %+.1f%%" %
-              ("/".join(plan.choices), ratio, 100 * (med["fitted"] / fitted.predicted - 1)))
+        print("  fitted %s: %.3fx the better fixed way" % ("/".join(plan.choices), ratio))
+        plan.log = lambda line: print("  " + line)
+        plan.check(med["fitted"], replan=False)  # prints the prediction error
         checks.append(("fit_over_best_b%d" % k, ratio, "<=", 1.03))
         if 0 < k < len(budgets) - 1:
             checks.append(("fit_faster_than_both_b%d" % k, ratio, "<", 1.0))
         checks.append(("peak_over_budget_b%d" % k, fitted.peak / budget, "<=", 1.0))
         checks.append(("prediction_error_b%d" % k, err, "<=", 0.15))
-        plan.remove()
+    plan.remove()
     print()
     for name, value, op, target in checks:
         print("check %s %.3f %s %g" % (name, value, op, target))

@@ -210,10 +210,26 @@ class FittedPlan:
             self._profile()
         finally:
             self._profiling = False
-        least = fit_cost.predict(self.costs, self.rest, [RECOMPUTE] * len(self.costs),
-                                 self.machine).peak
-        least = min(least, fit_cost.predict(self.costs, self.rest, [DRAM] * len(self.costs),
-                                            self.machine).peak)
+        return self._choose()
+
+    def refit(self, hbm_budget):
+        """Chooses and applies the plan for another budget from the costs already measured (no
+        profile); FitError when nothing fits it (the plan is then unchanged)."""
+        budget = parse_size(hbm_budget, "hbm_budget")
+        if budget <= 0:
+            raise FitError("hbm_budget=%r: must be positive" % (hbm_budget,))
+        old = self.budget
+        self.budget = budget
+        try:
+            return self._choose()
+        except FitError:
+            self.budget = old
+            raise
+
+    def _choose(self):
+        n = len(self.costs)
+        least = min(fit_cost.predict(self.costs, self.rest, [c] * n, self.machine).peak
+                    for c in (RECOMPUTE, DRAM))
         got = fit_cost.choose(self.costs, self.rest, self.machine, self.budget,
                               self._dram_free, self._nvme_free)
         if got is None:
@@ -221,6 +237,7 @@ class FittedPlan:
                            "needs is about %.2f MiB (the rest of the model's saved tensors, every "
                            "block checkpointed or offloaded, and one block's activations during "
                            "its backward)" % (self.budget, self.budget / MIB, least / MIB))
+        self._clear()
         self._set(got[0])
         self.prediction = got[1]
         return self

@@ -52,6 +52,9 @@ class SavedBytesMeter:
         self.peak = 0
 
     def reset(self):
+        """Starts a new peak from what is held now (the HBM tier read afresh)."""
+        if self.runtime is not None:
+            self.hbm = self.runtime.stats()["tiers"]["hbm"]["used"]
         self.peak = self._now()
 
     def keep(self, t):
