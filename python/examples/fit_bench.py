@@ -17,9 +17,10 @@ rest), the others evenly between.
 fitted / min(checkpoint-all, offload-all) <= 1.03 at every budget, < 1 at the intermediate
 ones; the measured peak / budget <= 1; |measured / predicted - 1| <= 0.15.
 
-    python3 python/examples/fit_bench.py [--link-gbps 2] [--budgets 4] [--rounds 3]
+    python3 python/examples/fit_bench.py [--link-gbps 0.01] [--budgets 4] [--rounds 3]
 On a CPU the device is tiermem's emulated one with its link capped at --link-gbps
-(TIERMEM_EMU_LINK_GBPS); on CUDA the real link.
+(TIERMEM_EMU_LINK_GBPS); the model's tensors are host memory there, so only the prefetch back
+into the HBM tier crosses the capped link (a pack is a host copy). On CUDA the real link.
 """
 
 import argparse
@@ -67,8 +68,10 @@ def parse_args():
     ap.add_argument("--budgets", type=int, default=4, help="budgets, top to bottom (>= 4)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, the mode order rotated")
     ap.add_argument("--steps", type=int, default=3, help="steps of each mode per round")
-    ap.add_argument("--link-gbps", type=float, default=2.0,
-                    help="CPU only: the emulated link's cap (TIERMEM_EMU_LINK_GBPS)")
+    ap.add_argument("--link-gbps", type=float, default=0.01,
+                    help="CPU only: the emulated link's cap (TIERMEM_EMU_LINK_GBPS); a CPU "
+                         "computes about 100x slower than a GPU, so the link is slowed as much")
+    ap.add_argument("--prefetch-depth", type=int, default=16, help="TIERMEM_PREFETCH_DEPTH")
     ap.add_argument("--profile-steps", type=int, default=3, help="fit's profile_steps")
     ap.add_argument("--min-bytes", type=int, default=16384)
     ap.add_argument("--nvme-dir", default=None)
@@ -149,8 +152,10 @@ def main():
                     blocks=args.blocks).to(DEVICE)
     x, y = next(batches(1, args.batch, args.seq, 1024))
     data = (x.to(DEVICE), y.to(DEVICE))
+    # A prefetch depth of about one block's saved tensors: the schedule has the next block's
+    # bytes coming up while a block's backward runs (the cost model's assumption).
     settings = dict(dram_bytes="4GiB", nvme_bytes="4GiB", hbm_bytes="4GiB" if CUDA else "1GiB",
-                    log_level="error")
+                    log_level="error", prefetch_depth=args.prefetch_depth)
     if not CUDA:
         settings.update(device="emulated", emu_link_gbps=args.link_gbps)
     with tempfile.TemporaryDirectory(dir=args.nvme_dir) as swap:

@@ -178,16 +178,19 @@ def bandwidths(runtime, cuda, link_gbps=None, nvme_gbps=None):
     if link_gbps is not None:
         d2h = h2d = float(link_gbps) * _GB
         src["link"] = "link_gbps=%g" % link_gbps
+    elif cuda:
+        d2h, h2d = _measure_link(True, 256 << 20)
+        src["link"] = "measured (pinned copies)"
     else:
-        cap = 0.0
-        if not cuda:
-            cap = float(runtime.config_value("TIERMEM_EMU_LINK_GBPS") or 0)
+        # The emulated device: torch's tensors are host memory, so a pack is a host-to-host
+        # copy (the copy engine's uncapped lane); only the prefetch into the HBM tier crosses
+        # the capped link (TIERMEM_EMU_LINK_GBPS; uncapped when 0).
+        d2h, h2d = _measure_link(False, 32 << 20)
+        cap = float(runtime.config_value("TIERMEM_EMU_LINK_GBPS") or 0)
+        src["link"] = "D2H a host copy (measured)"
         if cap > 0:
-            d2h = h2d = cap * _GB
-            src["link"] = "TIERMEM_EMU_LINK_GBPS=%g" % cap
-        else:
-            d2h, h2d = _measure_link(cuda, (256 if cuda else 32) << 20)
-            src["link"] = "measured (%s)" % ("pinned copies" if cuda else "host memory copy")
+            h2d = min(h2d, cap * _GB)
+            src["link"] += ", H2D TIERMEM_EMU_LINK_GBPS=%g" % cap
     nvme = None
     if nvme_gbps is not None:
         nvme = (float(nvme_gbps) * _GB,) * 2
