@@ -197,3 +197,17 @@ def test_bad_arguments(rt):
     with pytest.raises(RuntimeError, match="removed"):
         with plan:
             pass
+
+
+def test_check_replans_when_the_step_drifts(rt):
+    _, plan, lines = _fit(rt, 1 << 40)
+    assert "fit: measured step" in lines[-1] and "predicted" in lines[-1]
+    first = plan.prediction
+    assert plan.check(first.step * 1.1) is False  # within 15%: no new profile
+    assert plan.prediction is first
+    assert plan.check(first.step * 1.5, replan=False) is True  # off, but told not to re-plan
+    assert plan.prediction is first
+    assert plan.check(first.step * 1.5) is True  # off: profiled and chosen again
+    assert plan.prediction is not first and plan.choices == [KEEP] * 3
+    assert any("re-planning" in line for line in lines)
+    plan.remove()

@@ -8,7 +8,7 @@ import weakref
 import torch
 from torch.utils import checkpoint as _checkpoint
 
-from .fit_cost import DRAM, NVME, RECOMPUTE
+from .fit_cost import DRAM, NVME
 from .saved_tensors import SavedTensorOffload, _is_parameter
 from .transfers import _storage_nbytes
 
