@@ -78,8 +78,9 @@ class FittedPlan:
     def run_step(self, choices=None, timer=None):
         """One forward and backward under choices (default: the plan's), inside rt.step();
         (fwd, bwd) seconds. The gradients it leaves are the caller's to clear."""
-        saved = self.choices, self._undo
+        old = self.choices
         if choices is not None:
+            self._clear()
             self._set(choices)
         clock = timer.clock if timer is not None else Clock(self.cuda)
         try:
@@ -96,7 +97,10 @@ class FittedPlan:
         finally:
             if choices is not None:
                 self._clear()
-                self.choices, self._undo = saved
+                if old is not None:
+                    self._set(old)
+                else:
+                    self.choices = None
         return clock.between("start", "fwd_end"), clock.between("fwd_end", "end")
 
     def _sync(self):
