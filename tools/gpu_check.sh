@@ -159,7 +159,8 @@ if grep -q '^cuda True' "$logs/python.txt" && grep -q '^pytest [0-9]' "$logs/pyt
     --dram-bytes 4GiB --nvme-bytes 16GiB --nvme-run-dram-bytes 512MiB --nvme-dir "$work"
   if [ -f "$root/python/examples/fit_bench.py" ]; then
     log "fit_bench on CUDA"
-    record fit_bench timeout 200 "${pyenv[@]}" "$py" "$root/python/examples/fit_bench.py"
+    record fit_bench timeout 200 "${pyenv[@]}" "$py" "$root/python/examples/fit_bench.py" \
+      --nvme-dir "$work"
   fi
 fi
 [ -f "$root/python/examples/fit_bench.py" ] ||

@@ -1,0 +1,373 @@
+"""tiermem.torch.fit: fit a model's saved activations to an HBM budget, choosing per block to keep
+them, offload them to DRAM or NVMe, or recompute the block (torch.utils.checkpoint), from times
+and bandwidths measured on the machine at hand (the cost model: fit_cost; docs/planner.md)."""
+
+import statistics
+
+import torch
+
+from .. import Runtime, parse_size
+from . import fit_cost
+from .fit_cost import CHOICES, DRAM, KEEP, NVME, RECOMPUTE, BlockCost, Machine, RestCost
+from .fit_hooks import _State, Router, SavedBytesMeter, SavedCounter, track_blocks, wrap_recompute
+from .fit_profile import BlockTimer, Clock, bandwidths
+from .parameters import _unit_modules
+
+MIB = 1 << 20
+DRIFT = 0.15  # a measured step this far from the prediction re-plans
+
+
+class FitError(ValueError):
+    """No plan fits the budget, or fit was given something it cannot fit."""
+
+
+class FittedPlan:
+    """The handle fit returns. Use it as a context around each step's forward and backward
+    (inside rt.step()): `with rt.step(), plan: loss = model(x, y); loss.backward()`.
+    .choices (per block), .prediction (fwd, bwd, step seconds; peak bytes), .costs, .machine,
+    .peak (the meter's peak over the steps since .meter.reset()), .table() (the plan as text),
+    .check(step_seconds), .replan(), .remove()."""
+
+    def __init__(self, model, runtime, blocks, budget, inputs, loss_fn, min_bytes, link_gbps,
+                 nvme_gbps, steps, log):
+        self.model, self.runtime, self.blocks = model, runtime, blocks
+        self.budget, self.inputs, self.loss_fn = budget, inputs, loss_fn
+        self.min_bytes, self.steps, self.log = min_bytes, steps, log
+        self._gbps = (link_gbps, nvme_gbps)
+        self.cuda = any(p.is_cuda for p in model.parameters())
+        self.state = _State()
+        self.meter = SavedBytesMeter(runtime)
+        self.track_peak = True
+        self.choices = None
+        self.prediction = None
+        self.measured = []
+        self._undo = []
+        self._hooks = track_blocks(blocks, self.state)
+        self._router = None
+        self._profiling = False
+
+    # --- the step ------------------------------------------------------------------------
+    def __enter__(self):
+        if self.choices is None:
+            raise RuntimeError("the plan was removed")
+        self._router = Router(self.runtime, self.state, self.choices, self.min_bytes,
+                              self._stash_bytes(), self.meter if self.track_peak else None)
+        self._router.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        router, self._router = self._router, None
+        return router.__exit__(exc_type, exc, tb)
+
+    @property
+    def peak(self):
+        return self.meter.peak
+
+    def _stash_bytes(self):
+        """Sources in flight may take what the budget leaves beside the rest of the plan."""
+        p = self.prediction
+        if p is None or self._profiling:
+            return 256 << 20  # the profile's steps: unbounded, as the model assumes
+        slack = self.budget - (p.peak - p.inflight)
+        return max(int(slack), 1 << 20)
+
+    def _loss(self):
+        out = self.model(*self.inputs)
+        return self.loss_fn(out) if self.loss_fn is not None else out
+
+    def run_step(self, choices=None, timer=None):
+        """One forward and backward under choices (default: the plan's), inside rt.step();
+        (fwd, bwd) seconds. The gradients it leaves are the caller's to clear."""
+        old = self.choices
+        if choices is not None:
+            self._clear()
+            self._set(choices)
+        clock = timer.clock if timer is not None else Clock(self.cuda)
+        try:
+            with self.runtime.step():
+                self._sync()
+                clock.mark("start")
+                with self:
+                    loss = self._loss()
+                    clock.mark("fwd_end")
+                    loss.backward()
+                clock.mark("end")
+            self.runtime.sync()
+            self._sync()
+        finally:
+            if choices is not None:
+                self._clear()
+                if old is not None:
+                    self._set(old)
+                else:
+                    self.choices = None
+        return clock.between("start", "fwd_end"), clock.between("fwd_end", "end")
+
+    def _sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def _set(self, choices):
+        self._undo = [wrap_recompute(b, i, self.state)
+                      for i, (b, c) in enumerate(zip(self.blocks, choices)) if c == RECOMPUTE]
+        self.choices = list(choices)
+
+    def _clear(self):
+        for undo in self._undo:
+            undo()
+        self._undo = []
+
+    # --- planning ------------------------------------------------------------------------
+    def _profile(self):
+        """Per block costs (one keep-all step with the counter, then steps of keep-all,
+        dram-all and recompute-all rotated, medians), the bandwidths and the corrections."""
+        n = len(self.blocks)
+        counter = SavedCounter(self.state, self.min_bytes)
+        inputs = {}
+
+        def record_input(module, args, i):
+            inputs[i] = sum(a.numel() * a.element_size() for a in args
+                            if isinstance(a, torch.Tensor))
+
+        hs = [b.register_forward_pre_hook(lambda m, a, i=i: record_input(m, a, i))
+              for i, b in enumerate(self.blocks)]
+        try:
+            with counter:
+                self._loss().backward()
+        finally:
+            for h in hs:
+                h.remove()
+        self._zero_grads()
+        d2h, h2d, nw, nr, sources = bandwidths(self.runtime, self.cuda, *self._gbps)
+        m = Machine(d2h, h2d, nw, nr, self.runtime.info()["prefetch_depth"])
+        m.sources = sources
+        tiers = self.runtime.stats()["tiers"]
+        self._dram_free = tiers["dram"]["capacity"] - tiers["dram"]["used"]
+        self._nvme_free = tiers["nvme"]["capacity"] - tiers["nvme"]["used"]
+        moved_all = sum(counter.moved.get(i, 0) for i in range(n))
+        modes = [[KEEP] * n, [RECOMPUTE] * n]
+        if 0 < moved_all <= self._dram_free:
+            modes.append([DRAM] * n)
+        runs = {tuple(c): [] for c in modes}
+        spans = []
+        self.run_step(modes[0])  # warm-up
+        self._zero_grads()
+        for r in range(self.steps):
+            for c in modes[r % len(modes):] + modes[:r % len(modes)]:
+                timer = BlockTimer(self.blocks, Clock(self.cuda)) if c == modes[0] else None
+                try:
+                    runs[tuple(c)].append(self.run_step(c, timer))
+                    if timer is not None:
+                        spans.append(timer.spans())
+                finally:
+                    if timer is not None:
+                        timer.remove()
+                self._zero_grads()
+        med = lambda xs: statistics.median(xs)  # noqa: E731
+        blocks = []
+        for i, b in enumerate(self.blocks):
+            blocks.append(BlockCost(
+                "%s[%d]" % (type(b).__name__, i), med(s[1][i] for s in spans),
+                med(s[4][i] for s in spans), counter.kept.get(i, 0), counter.moved.get(i, 0),
+                counter.small.get(i, 0), inputs.get(i, 0), counter.sizes.get(i, ())))
+        rest = RestCost(med(s[0] for s in spans), med(s[2] for s in spans),
+                        med(s[3] for s in spans), med(s[5] for s in spans),
+                        counter.kept.get(None, 0))
+        # Scale the blocks' spans so that the keep-all step is what it measured (the timer's
+        # marks cost a little).
+        keep_f, keep_b = (med(x[k] for x in runs[tuple(modes[0])]) for k in (0, 1))
+        self._scale(blocks, rest, keep_f, keep_b)
+        rec_b = med(x[1] for x in runs[tuple(modes[1])])
+        fsum = sum(b.fwd for b in blocks)
+        m.recompute_factor = max(0.0, rec_b - keep_b) / fsum if fsum > 0 else 1.0
+        if len(modes) == 3 and moved_all > 0:
+            off_f, off_b = (med(x[k] for x in runs[tuple(modes[2])]) for k in (0, 1))
+            bare = fit_cost.predict(blocks, rest, modes[2], m)
+            m.pack_fwd = max(0.0, off_f - bare.fwd) / moved_all
+            m.pack_bwd = max(0.0, off_b - bare.bwd) / moved_all
+        self.costs, self.rest, self.machine = blocks, rest, m
+        self.baseline = {name: tuple(med(x[k] for x in runs[tuple(c)]) for k in (0, 1))
+                         for name, c in zip(("keep", "recompute", "dram"), modes)}
+
+    @staticmethod
+    def _scale(blocks, rest, fwd, bwd):
+        f = rest.pre_f + rest.post_f + sum(b.fwd for b in blocks)
+        g = rest.pre_b + rest.post_b + sum(b.bwd for b in blocks)
+        sf, sb = (fwd / f if f > 0 else 1.0), (bwd / g if g > 0 else 1.0)
+        for b in blocks:
+            b.fwd *= sf
+            b.bwd *= sb
+        rest.pre_f *= sf
+        rest.post_f *= sf
+        rest.pre_b *= sb
+        rest.post_b *= sb
+
+    def _zero_grads(self):
+        for p in self.model.parameters():
+            p.grad = None
+
+    def plan(self):
+        """Profiles, chooses and applies; FitError when nothing fits the budget."""
+        self._clear()
+        self._profiling = True
+        try:
+            self._profile()
+        finally:
+            self._profiling = False
+        return self._choose()
+
+    def refit(self, hbm_budget):
+        """Chooses and applies the plan for another budget from the costs already measured (no
+        profile); FitError when nothing fits it (the plan is then unchanged)."""
+        budget = parse_size(hbm_budget, "hbm_budget")
+        if budget <= 0:
+            raise FitError("hbm_budget=%r: must be positive" % (hbm_budget,))
+        old = self.budget
+        self.budget = budget
+        try:
+            return self._choose()
+        except FitError:
+            self.budget = old
+            raise
+
+    def _choose(self):
+        n = len(self.costs)
+        least = min(fit_cost.predict(self.costs, self.rest, [c] * n, self.machine).peak
+                    for c in (RECOMPUTE, DRAM))
+        got = fit_cost.choose(self.costs, self.rest, self.machine, self.budget,
+                              self._dram_free, self._nvme_free)
+        if got is None:
+            raise FitError("hbm_budget=%d bytes (%.2f MiB): no plan fits; the least this model "
+                           "needs is about %.2f MiB (the rest of the model's saved tensors, every "
+                           "block checkpointed or offloaded, and one block's activations during "
+                           "its backward)" % (self.budget, self.budget / MIB, least / MIB))
+        self._clear()
+        self._set(got[0])
+        self.prediction = got[1]
+        return self
+
+    def apply(self, choices):
+        """Applies choices of your own (one of "keep", "dram", "nvme", "recompute" per block)
+        instead of the chosen ones, priced by the same model (its prediction may exceed the
+        budget: that is then the caller's choice)."""
+        choices = list(choices)
+        if len(choices) != len(self.blocks) or any(c not in CHOICES for c in choices):
+            raise ValueError("choices: expected %d of %s, got %r" %
+                             (len(self.blocks), "/".join(CHOICES), choices))
+        if NVME in choices and self.machine.nvme_write is None:
+            raise ValueError("choices: \"nvme\" needs a runtime with an NVMe tier")
+        self._clear()
+        self._set(choices)
+        self.prediction = fit_cost.predict(self.costs, self.rest, choices, self.machine,
+                                           self.budget)
+        return self
+
+    def table(self):
+        """The plan as tiermem-plan prints a rung: per block the choice, its bytes and time."""
+        m, p = self.machine, self.prediction
+        gbps = lambda x: "n/a" if x is None else "%.2f" % (x / 1e9)  # noqa: E731
+        lines = ["fitted plan: HBM budget %.2f MiB of saved activations; link D2H %s / H2D %s "
+                 "GB/s (%s), NVMe write %s / read %s GB/s (%s); host cost %.3f / %.3f ms per "
+                 "MiB offloaded (fwd / bwd), recompute %.2fx a forward" %
+                 (self.budget / MIB, gbps(m.d2h), gbps(m.h2d), m.sources.get("link"),
+                  gbps(m.nvme_write), gbps(m.nvme_read), m.sources.get("nvme"),
+                  m.pack_fwd * MIB * 1e3, m.pack_bwd * MIB * 1e3, m.recompute_factor),
+                 "%-14s %-10s %10s %10s %9s %9s" % ("block", "choice", "saved MiB", "HBM MiB",
+                                                    "fwd ms", "bwd ms")]
+        for b, c in zip(self.costs, self.choices):
+            bwd = b.bwd + (m.recompute_factor * b.fwd if c == RECOMPUTE else 0)
+            lines.append("%-14s %-10s %10.2f %10.2f %9.3f %9.3f" %
+                         (b.name, c, b.kept / MIB, fit_cost.resident(b, c) / MIB, b.fwd * 1e3,
+                          bwd * 1e3))
+        r = self.rest
+        lines.append("%-14s %-10s %10.2f %10.2f %9.3f %9.3f" %
+                     ("(rest)", KEEP, r.kept / MIB, r.kept / MIB, (r.pre_f + r.post_f) * 1e3,
+                      (r.pre_b + r.post_b) * 1e3))
+        lines.append("predicted: step %.2f ms (fwd %.2f, bwd %.2f), peak %.2f MiB of %.2f MiB" %
+                     (p.step * 1e3, p.fwd * 1e3, p.bwd * 1e3, p.peak / MIB, self.budget / MIB))
+        return "\n".join(lines)
+
+    def check(self, step_seconds, replan=True):
+        """Compares a measured step (seconds) with the prediction and prints the error; beyond
+        15% it re-plans (profiles again and applies the new choice; not with replan=False) and
+        returns True."""
+        self.measured.append(step_seconds)
+        err = step_seconds / self.prediction.step - 1
+        self.log("fit: measured step %.2f ms, predicted %.2f ms: %+.1f%%" %
+                 (step_seconds * 1e3, self.prediction.step * 1e3, 100 * err))
+        if abs(err) <= DRIFT or not replan:
+            return abs(err) > DRIFT
+        self.log("fit: off by more than %d%%: re-planning" % (100 * DRIFT))
+        self.replan()
+        return True
+
+    def replan(self):
+        self.plan()
+        self.log(self.table())
+
+    def measure(self, steps=3):
+        """Median seconds of steps under the plan (the gradients cleared after each)."""
+        times = []
+        for _ in range(steps):
+            f, b = self.run_step()
+            times.append(f + b)
+            self._zero_grads()
+        return statistics.median(times)
+
+    def remove(self):
+        """Undoes the plan: blocks run as they were, no hooks."""
+        self._clear()
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self.choices = None
+
+
+def fit(model, runtime, hbm_budget, inputs, loss_fn=None, min_bytes=16384, link_gbps=None,
+        nvme_gbps=None, profile_steps=3, check_steps=3, max_replans=1, units=None, log=print):
+    """Chooses per block (each entry of the model's largest ModuleList, or the units policy of
+    offload_parameters) keep / offload to DRAM / offload to NVMe / recompute so that the bytes of
+    saved activations in HBM stay within hbm_budget (int or "64MiB") at the least predicted step
+    time, prints the plan, applies it, measures check_steps steps and prints the prediction
+    error (re-planning up to max_replans times when it is off by more than 15%). inputs: the
+    arguments of one training step's model(*inputs); loss_fn(output) -> scalar loss (default:
+    the output is the loss). The profile and check steps run forward and backward (no optimizer
+    step), leave no gradients, and restore the RNG and the module's buffers. Returns a
+    FittedPlan (use it around each step; .remove() undoes it)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError("model: expected a torch.nn.Module, got %s" % type(model).__name__)
+    if not isinstance(runtime, Runtime):
+        raise TypeError("runtime: expected a tiermem.Runtime, got %s" % type(runtime).__name__)
+    budget = parse_size(hbm_budget, "hbm_budget")
+    if budget <= 0:
+        raise FitError("hbm_budget=%r: must be positive" % (hbm_budget,))
+    if not isinstance(inputs, (tuple, list)):
+        inputs = (inputs,)
+    blocks = _unit_modules(model, units)
+    if not blocks:
+        raise FitError("the model has no blocks to plan (no non-empty nn.ModuleList; give units)")
+    if int(profile_steps) < 1:
+        raise ValueError("profile_steps=%r: at least 1" % (profile_steps,))
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    devices = [p.device.index for p in model.parameters() if p.is_cuda][:1]
+    with torch.random.fork_rng(devices=devices):
+        plan = FittedPlan(model, runtime, blocks, budget, tuple(inputs), loss_fn, min_bytes,
+                          link_gbps, nvme_gbps, int(profile_steps), log)
+        try:
+            plan.plan()
+            log(plan.table())
+            replans = max(0, int(max_replans))
+            for k in range(replans + 1):
+                if check_steps <= 0 or not plan.check(plan.measure(check_steps), k < replans):
+                    break
+        except BaseException:
+            plan.remove()
+            raise
+        finally:
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+    return plan
+
+
+__all__ = ["fit", "FittedPlan", "FitError", "CHOICES", "KEEP", "DRAM", "NVME", "RECOMPUTE"]

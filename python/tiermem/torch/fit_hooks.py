@@ -1,0 +1,232 @@
+"""How a fitted plan acts on a step: one saved_tensors_hooks context that sends each saved tensor
+where its block's choice says (kept, or packed by a SavedTensorOffload to DRAM or NVMe), the
+recomputed blocks' forward wrapped in torch.utils.checkpoint, and the meter of the bytes of
+saved activations held in HBM (docs/pytorch.md, "Fitting a model to an HBM budget")."""
+
+import weakref
+
+import torch
+from torch.utils import checkpoint as _checkpoint
+
+from .fit_cost import DRAM, NVME
+from .saved_tensors import SavedTensorOffload, _is_parameter
+from .transfers import _storage_nbytes
+
+
+class _State:
+    """Which block runs now (None: the rest of the model) and whether it is being recomputed."""
+
+    __slots__ = ("current", "recomputing")
+
+    def __init__(self):
+        self.current, self.recomputing = None, False
+
+
+def _base_key(t):
+    # The storage's first byte: the same for every view of one storage, cheap to compute.
+    return t.data_ptr() - t.storage_offset() * t.element_size()
+
+
+class _Kept:
+    """A saved tensor that stays, counted by the meter while autograd holds it."""
+
+    __slots__ = ("t", "meter", "key")
+
+    def __del__(self):
+        self.meter._drop(self.key)
+
+
+class SavedBytesMeter:
+    """The bytes of saved activations held in HBM, and their peak: every saved tensor kept as it
+    is (counted once per storage), the sources in the runtime's stash whose copies to DRAM are
+    still in flight, tensors copied out in backward while autograd holds them, and the bytes the
+    runtime's HBM tier holds (prefetched and acquired copies; read with tm_runtime_stats at each
+    unpack). Parameters are not saved activations and are not counted."""
+
+    def __init__(self, runtime=None):
+        self.runtime = runtime
+        self._live = {}  # storage key -> [references, bytes]
+        self.kept = 0
+        self.copies = 0
+        self.hbm = 0
+        self.peak = 0
+
+    def reset(self):
+        """Starts a new peak from what is held now (the HBM tier read afresh)."""
+        if self.runtime is not None:
+            self.hbm = self.runtime.stats()["tiers"]["hbm"]["used"]
+        self.peak = self._now()
+
+    def keep(self, t):
+        k = _Kept()
+        k.t, k.meter, k.key = t, self, _base_key(t)
+        entry = self._live.get(k.key)
+        if entry is None:
+            n = _storage_nbytes(t)
+            self._live[k.key] = [1, n]
+            self.kept += n
+        else:
+            entry[0] += 1
+        self.sample()
+        return k
+
+    def _drop(self, key):
+        entry = self._live.get(key)
+        if entry is not None:
+            entry[0] -= 1
+            if entry[0] == 0:
+                del self._live[key]
+                self.kept -= entry[1]
+
+    def copied(self, t):
+        n = t.numel() * t.element_size()
+        self.copies += n
+        weakref.finalize(t, self._uncopied, n)
+
+    def _uncopied(self, n):
+        self.copies -= n
+
+    def _now(self):
+        stash = getattr(self.runtime, "_tiermem_stash", None) if self.runtime else None
+        return self.kept + self.copies + self.hbm + (stash.bytes if stash is not None else 0)
+
+    def sample(self, hbm=False):
+        if hbm and self.runtime is not None:
+            self.hbm = self.runtime.stats()["tiers"]["hbm"]["used"]
+        now = self._now()
+        if now > self.peak:
+            self.peak = now
+
+
+class Router(torch.autograd.graph.saved_tensors_hooks):
+    """The saved-tensor hooks of one step under a plan (choices, one per block; the rest is
+    kept). With a meter, kept tensors are counted; without one they pass through untouched."""
+
+    def __init__(self, runtime, state, choices, min_bytes, stash_bytes, meter=None):
+        self.state, self.choices, self.meter = state, choices, meter
+        self.min_bytes = int(min_bytes)
+        self.offload = {}
+        for tier in (DRAM, NVME):
+            if tier in choices:
+                self.offload[tier] = SavedTensorOffload(runtime, tier, min_bytes,
+                                                        stash_bytes=stash_bytes)
+        super().__init__(self._pack, self._unpack)
+
+    def __exit__(self, exc_type, exc, tb):
+        super().__exit__(exc_type, exc, tb)
+        if exc is None:
+            for off in self.offload.values():
+                off._prefetch_last()
+        for off in self.offload.values():
+            if off.error is not None and exc is None:
+                raise off.error
+        return False
+
+    def _pack(self, t):
+        s = self.state
+        off = None
+        if s.current is not None and not s.recomputing:
+            off = self.offload.get(self.choices[s.current])
+        if off is not None:
+            p = off._pack(t)
+            if p is not t:
+                if self.meter is not None:
+                    self.meter.sample()
+                return (off, p)
+        if self.meter is None or t.layout != torch.strided or _is_parameter(t):
+            return t  # parameters are the model's, not saved activations
+        return self.meter.keep(t)
+
+    def _unpack(self, x):
+        if isinstance(x, torch.Tensor):
+            return x
+        if isinstance(x, _Kept):
+            return x.t
+        off, p = x
+        copies = off.unpacked_copies
+        out = off._unpack(p)
+        meter = self.meter
+        if meter is not None:
+            if off.unpacked_copies != copies:
+                meter.copied(out)
+            meter.sample(hbm=True)
+        return out
+
+
+class SavedCounter(torch.autograd.graph.saved_tensors_hooks):
+    """The profile's count of what each block saves: per block (and None: the rest) the distinct
+    storages' bytes, the bytes offloading would move (tensors of min_bytes and more, each as
+    saved_tensors packs it: its span) and the small ones' bytes, and the moved tensors' sizes."""
+
+    def __init__(self, state, min_bytes):
+        self.state, self.min_bytes = state, int(min_bytes)
+        self.kept, self.moved, self.small, self.sizes = {}, {}, {}, {}
+        self._seen = {}
+        super().__init__(self._pack, lambda t: t)
+
+    def _pack(self, t):
+        if t.layout != torch.strided or t.numel() == 0 or _is_parameter(t):
+            return t
+        i = self.state.current
+        seen = self._seen.setdefault(i, set())
+        key = _base_key(t)
+        if key not in seen:
+            seen.add(key)
+            self.kept[i] = self.kept.get(i, 0) + _storage_nbytes(t)
+        n = t.numel() * t.element_size()
+        if n < self.min_bytes:
+            self.small[i] = self.small.get(i, 0) + n
+        else:
+            span = 1 + sum((d - 1) * st for d, st in zip(t.size(), t.stride()))
+            moved = (span if span <= 2 * t.numel() else t.numel()) * t.element_size()
+            self.moved[i] = self.moved.get(i, 0) + moved
+            self.sizes.setdefault(i, []).append(moved)
+        return t
+
+
+def wrap_recompute(block, index, state):
+    """Replaces block.forward (on the instance) with one that runs it under
+    torch.utils.checkpoint, the recompute attributed to the block; returns the undo. A call with
+    keyword arguments or without an input that requires grad runs as it is (the reentrant
+    checkpoint would lose the parameters' gradients)."""
+    orig = block.forward
+
+    def run(*args):
+        prev = state.current, state.recomputing
+        state.current, state.recomputing = index, torch.is_grad_enabled()
+        try:
+            return orig(*args)
+        finally:
+            state.current, state.recomputing = prev
+
+    def forward(*args, **kwargs):
+        if kwargs or not torch.is_grad_enabled() or not any(
+                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return orig(*args, **kwargs)
+        return _checkpoint.checkpoint(run, *args, use_reentrant=True)
+
+    block.forward = forward
+
+    def undo():
+        if block.__dict__.get("forward") is forward:
+            del block.forward
+
+    return undo
+
+
+def track_blocks(blocks, state):
+    """Forward hooks that tell state which block runs; returns their handles."""
+    handles = []
+    for i, b in enumerate(blocks):
+        def pre(module, args, i=i):
+            state.current = i
+
+        def post(module, args, out):
+            state.current = None
+
+        handles.append(b.register_forward_pre_hook(pre))
+        handles.append(b.register_forward_hook(post))
+    return handles
+
+
+__all__ = ["Router", "SavedBytesMeter", "SavedCounter", "wrap_recompute", "track_blocks"]

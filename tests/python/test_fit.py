@@ -1,0 +1,213 @@
+"""tiermem.torch.fit: the chooser's decisions on made-up costs (recompute when the link is slow,
+offload when compute is slow, keep when everything fits, never over the budget), and on the tiny
+GPT with the emulated device: the measured peak within the budget, training bit-identical to
+plain under every choice, and clear errors for bad arguments."""
+
+import itertools
+import random
+
+import pytest
+import torch
+
+import tiermem.torch as tt
+from tiermem.torch import fit_cost
+from tiermem.torch.fit_cost import DRAM, KEEP, NVME, RECOMPUTE, BlockCost, Machine, RestCost
+from tinygpt import TinyGPT, batches
+
+MIB = 1 << 20
+
+
+def blocks_of(n, fwd=1e-3, moved=8 * MIB):
+    return [BlockCost("b%d" % i, fwd, 2 * fwd, moved + MIB, moved, MIB, MIB,
+                      [moved // 8] * 8) for i in range(n)]
+
+
+REST = RestCost(1e-4, 1e-4, 1e-4, 1e-4, 2 * MIB)
+
+
+def machine(gbps, nvme_gbps=None):
+    nv = None if nvme_gbps is None else nvme_gbps * 1e9
+    return Machine(gbps * 1e9, gbps * 1e9, nv, nv, prefetch_depth=4)
+
+
+def choose(blocks, m, budget, dram=1 << 40, nvme=1 << 40):
+    got = fit_cost.choose(blocks, REST, m, budget, dram, nvme)
+    assert got is not None
+    return got
+
+
+def test_keeps_everything_when_it_fits():
+    blocks = blocks_of(4)
+    everything = REST.kept + sum(b.kept for b in blocks)
+    choices, p = choose(blocks, machine(1000, 10), everything)
+    assert choices == [KEEP] * 4
+    assert p.peak == everything
+
+
+def test_recomputes_when_the_link_is_slow():
+    blocks = blocks_of(4)
+    budget = REST.kept + 2 * blocks[0].kept + 2 * MIB  # two blocks must give up their bytes
+    choices, p = choose(blocks, machine(0.01), budget)
+    assert choices.count(RECOMPUTE) == 2 and choices.count(KEEP) == 2, choices
+    assert p.peak <= budget
+
+
+def test_offloads_when_compute_is_slow():
+    # 100 ms a block forward: 9 MiB cross a 10 GB/s link in under 1 ms, hidden; a recompute
+    # would add 100 ms.
+    blocks = blocks_of(4, fwd=0.1)
+    budget = REST.kept + 2 * blocks[0].kept + 2 * MIB
+    choices, p = choose(blocks, machine(10), budget)
+    assert RECOMPUTE not in choices and choices.count(DRAM) >= 2, choices
+    assert p.peak <= budget
+
+
+def test_nvme_only_when_dram_is_full():
+    blocks = blocks_of(4, fwd=0.1)
+    budget = REST.kept + blocks[0].kept + 8 * MIB  # three blocks must leave HBM
+    m = machine(10, nvme_gbps=5)
+    choices, _ = choose(blocks, m, budget)
+    assert NVME not in choices
+    choices, p = choose(blocks, m, budget, dram=blocks[0].moved)
+    assert choices.count(DRAM) <= 1 and NVME in choices, choices
+    assert p.peak <= budget
+
+
+def test_copies_share_the_link():
+    # Two blocks' copies queue on one link: offloading both costs more than one, at the same
+    # compute, once the link is the bottleneck.
+    blocks = blocks_of(2, fwd=1e-3)
+    m = machine(4)
+    one = fit_cost.predict(blocks, REST, [DRAM, KEEP], m)
+    two = fit_cost.predict(blocks, REST, [DRAM, DRAM], m)
+    assert two.step > one.step + blocks[0].moved / m.d2h * 0.9
+
+
+def test_never_over_budget_and_greedy_is_valid():
+    rng = random.Random(7)
+    for _ in range(30):
+        n = rng.randint(1, 5)
+        blocks = [BlockCost("b", rng.uniform(1e-4, 1e-2), rng.uniform(1e-4, 2e-2),
+                            rng.randint(2, 20) * MIB, rng.randint(1, 18) * MIB, 64 << 10,
+                            rng.randint(1, 2) * MIB, [MIB] * 4) for _ in range(n)]
+        m = machine(rng.uniform(0.5, 50), rng.uniform(0.5, 5))
+        budget = rng.randint(4, 80) * MIB
+        best = fit_cost.choose(blocks, REST, m, budget, 1 << 40, 1 << 40)
+        greedy = fit_cost._greedy(blocks, REST, m, budget, 1 << 40, 1 << 40)
+        fits = [c for c in itertools.product(fit_cost.CHOICES, repeat=n)
+                if fit_cost.predict(blocks, REST, c, m, budget).peak <= budget]
+        assert (best is None) == (not fits)
+        if best is not None:
+            assert best[1].peak <= budget
+            assert greedy is not None and greedy[1].peak <= budget
+            assert best[1].step <= greedy[1].step + 1e-12
+
+
+def _model():
+    torch.manual_seed(0)
+    return TinyGPT(vocab=128, seq=32, hidden=64, heads=4, blocks=3)
+
+
+def _data(steps=3):
+    return list(batches(steps, 4, 32, 128))
+
+
+@pytest.fixture
+def rt(make_runtime):
+    return make_runtime(hbm_bytes="32MiB", dram_bytes="64MiB", emu_link_gbps=2)
+
+
+def _fit(rt, budget, **kw):
+    model = _model()
+    x, y = _data(1)[0]
+    lines = []
+    plan = tt.fit(model, rt, budget, (x, y), min_bytes=1024, profile_steps=1, check_steps=1,
+                  max_replans=0, log=lines.append, **kw)
+    return model, plan, lines
+
+
+def test_measured_peak_within_budget(rt):
+    model, plan, lines = _fit(rt, 1 << 40)
+    full = plan.prediction.peak
+    costs = plan.costs
+    assert plan.choices == [KEEP] * 3
+    budget = plan.rest.kept + costs[0].kept + costs[1].kept // 2 + sum(c.ckpt for c in costs)
+    plan.remove()
+    model, plan, lines = _fit(rt, budget)
+    assert "fitted plan" in lines[0] and "predicted: step" in lines[0]
+    assert plan.choices.count(KEEP) < 3 and plan.prediction.peak <= budget < full
+    for x, y in _data(2):
+        plan.meter.reset()
+        with rt.step(), plan:
+            model(x, y).backward()
+        assert 0 < plan.peak <= budget, (plan.peak, budget, plan.choices)
+    plan.remove()
+
+
+def _train(model, steps, rt=None, plan=None):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = []
+    for x, y in steps:
+        torch.manual_seed(1)  # dropout: the same masks in both runs
+        if plan is not None:
+            with rt.step(), plan:
+                loss = model(x, y)
+                loss.backward()
+        else:
+            loss = model(x, y)
+            loss.backward()
+        out.append((loss.detach().clone(), [p.grad.clone() for p in model.parameters()]))
+        opt.step()
+        opt.zero_grad()
+    return out
+
+
+@pytest.mark.parametrize("choices", [[KEEP, DRAM, RECOMPUTE], [RECOMPUTE, NVME, DRAM],
+                                     [DRAM, DRAM, DRAM], [RECOMPUTE] * 3])
+def test_training_bit_identical_to_plain(make_runtime, choices):
+    rt = make_runtime(hbm_bytes="32MiB", dram_bytes="64MiB")
+    steps = _data(3)
+    plain = _train(_model(), steps)
+    model, plan, _ = _fit(rt, 1 << 40)
+    plan.apply(choices)
+    fitted = _train(model, steps, rt, plan)
+    for (l0, g0), (l1, g1) in zip(plain, fitted):
+        assert torch.equal(l0, l1)
+        assert all(torch.equal(a, b) for a, b in zip(g0, g1))
+    plan.remove()
+    assert all("forward" not in b.__dict__ for b in model.blocks)
+
+
+def test_bad_arguments(rt):
+    x, y = _data(1)[0]
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        tt.fit(lambda a, b: a, rt, "1GiB", (x, y))
+    with pytest.raises(TypeError, match="tiermem.Runtime"):
+        tt.fit(_model(), object(), "1GiB", (x, y))
+    with pytest.raises(ValueError, match="hbm_budget"):
+        tt.fit(_model(), rt, "lots", (x, y))
+    model = _model()
+    with pytest.raises(tt.FitError, match="no plan fits; the least this model needs"):
+        tt.fit(model, rt, 4096, (x, y), profile_steps=1, log=lambda s: None)
+    assert all("forward" not in b.__dict__ for b in model.blocks)  # nothing left applied
+    _, plan, _ = _fit(rt, 1 << 40)
+    with pytest.raises(ValueError, match="choices"):
+        plan.apply([KEEP, "gpu", KEEP])
+    plan.remove()
+    with pytest.raises(RuntimeError, match="removed"):
+        with plan:
+            pass
+
+
+def test_check_replans_when_the_step_drifts(rt):
+    _, plan, lines = _fit(rt, 1 << 40)
+    assert "fit: measured step" in lines[-1] and "predicted" in lines[-1]
+    first = plan.prediction
+    assert plan.check(first.step * 1.1) is False  # within 15%: no new profile
+    assert plan.prediction is first
+    assert plan.check(first.step * 1.5, replan=False) is True  # off, but told not to re-plan
+    assert plan.prediction is first
+    assert plan.check(first.step * 1.5) is True  # off: profiled and chosen again
+    assert plan.prediction is not first and plan.choices == [KEEP] * 3
+    assert any("re-planning" in line for line in lines)
+    plan.remove()
