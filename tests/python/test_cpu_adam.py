@@ -1,12 +1,14 @@
 """tiermem.torch.CPUAdam: the tiny GPT trains to torch.optim.AdamW's loss curve (state in DRAM
 and on NVMe, with and without clipping), checkpoints move between the two optimizers, bf16
-parameters are the fp32 master rounded to nearest even, and each kernel gives the same curve."""
+parameters are the fp32 master rounded to nearest even, each kernel gives the same curve, and a
+step whose NVMe state cannot be read changes nothing."""
 
 import ctypes
 import json
 import os
 import subprocess
 
+import numpy
 import pytest
 import torch
 
@@ -189,3 +191,66 @@ def test_overlap_on_gpu_follows_adamw(make_runtime, ref_curves):
         losses.append(loss.item())
     assert_same_curve(losses, ref_curves[None][:50])
     opt.close()
+
+
+def _flip_swap_files(nvme_dir):
+    """Inverts every byte of the swap files (the NVMe tier's checksums then refuse each read);
+    returns what to write back to undo it."""
+    saved = {}
+    for name in os.listdir(nvme_dir):
+        path = os.path.join(nvme_dir, name)
+        with open(path, "r+b") as f:
+            data = f.read()
+            saved[path] = data
+            f.seek(0)
+            f.write((numpy.frombuffer(data, dtype=numpy.uint8) ^ 0xFF).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+    return saved
+
+
+def _restore(saved):
+    for path, data in saved.items():
+        with open(path, "r+b") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def test_failed_nvme_read_leaves_the_parameters_untouched(make_runtime, nvme_dir):
+    """A step whose state cannot be read from NVMe raises, changes no parameter and no state, and
+    taken again once the disk reads right equals the step of an optimizer that never failed."""
+    torch.manual_seed(5)
+    shapes = [(300, 7), (1023,), (64, 64)]
+    ps = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    rt = make_runtime(dram_bytes="1MiB", checksum="xxh3", prefetch_depth=2)
+    opt = CPUAdam(ps, runtime=rt, state_tier="nvme", threads=2, **HYPER)
+    twin = CPUAdam(twins, threads=2, **HYPER)  # DRAM state: never fails
+    grads = [[torch.randn(s) for s in shapes] for _ in range(2)]
+
+    def step(o, params, g):
+        for p, gi in zip(params, g):
+            p.grad = gi.clone()
+        o.step()
+
+    step(opt, ps, grads[0])
+    step(twin, twins, grads[0])
+    before = [p.detach().clone() for p in ps]
+    saved = _flip_swap_files(str(nvme_dir))
+    with pytest.raises(tiermem.TiermemError, match="the step was not taken"):
+        step(opt, ps, grads[1])
+    for p, b in zip(ps, before):
+        assert torch.equal(p.detach(), b), "a failed step changed a parameter"
+    _restore(saved)
+    sd = opt.state_dict()
+    assert [int(s["step"]) for s in sd["state"].values()] == [1, 1, 1]
+    for a, b in zip(sd["state"].values(), twin.state_dict()["state"].values()):
+        assert torch.equal(a["exp_avg"], b["exp_avg"]), "the state is the first step's"
+        assert torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+    opt.step()  # the same step again (its gradients are still there): taken now
+    step(twin, twins, grads[1])
+    for p, q in zip(ps, twins):
+        assert torch.equal(p.detach(), q.detach()), "the retried step equals a clean one"
+    opt.close()
+    twin.close()
