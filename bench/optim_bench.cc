@@ -10,7 +10,7 @@
 // state bytes read / read bandwidth + written / write bandwidth), the NVMe bandwidths measured
 // over that same state through the same runtime just before each step (medians of the rounds).
 //
-// Usage: optim_bench [--sizes=16,64,256] [--threads=1,2] [--reps=5] [--nvme=DIR]
+// Usage: optim_bench [--sizes=16,64,256 (empty: only the NVMe rows)] [--threads=1,2] [--reps=5] [--nvme=DIR]
 //                    [--nvme_sizes=16,64] [--bucket_m=4] [--depth=2]
 //                    [--torch=PATH_TO_optim_torch_ref.py]
 #include <algorithm>
@@ -179,7 +179,7 @@ Args Parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const char* s = argv[i];
     if (std::strncmp(s, "--sizes=", 8) == 0) {
-      a.sizes_m = ParseList<size_t>(s + 8);
+      a.sizes_m = s[8] == '\0' ? std::vector<size_t>{} : ParseList<size_t>(s + 8);  // none
     } else if (std::strncmp(s, "--threads=", 10) == 0) {
       a.threads = ParseList<int>(s + 10);
     } else if (std::strncmp(s, "--reps=", 7) == 0) {
@@ -360,15 +360,15 @@ void NvmeRows(const Args& a) {
   std::printf("%8s %10s %10s %10s %10s %10s %8s %11s %8s %8s\n", "params", "read GB/s",
               "write GB/s", "CPU step", "NVMe I/O", "tiermem", "x bound", "range", "pf drop",
               "wait ms");
-  tm_adam_config ac = TM_ADAM_CONFIG_INIT;
-  ac.threads = threads;
-  tm_adam adam{0};
-  Check(tm_adam_create(rt, &ac, &adam), "tm_adam_create");
   for (size_t mega : a.nvme_sizes_m) {
     const double cpu = TiermemStep(mega << 20, threads, std::max(2, a.reps / 2));
+    tm_adam_config ac = TM_ADAM_CONFIG_INIT;
+    ac.threads = threads;
+    tm_adam adam{0};
+    Check(tm_adam_create(rt, &ac, &adam), "tm_adam_create");
     NvmeRow(rt, adam, a, mega, cpu);
+    tm_adam_destroy(adam);  // and its shadows
   }
-  tm_adam_destroy(adam);
   tm_runtime_destroy(rt);
 }
 

@@ -235,6 +235,13 @@ TEST_F(Buckets, StateOnNvmeIsSteppedThroughDramAndWrittenBack) {
     }
   }
   EXPECT_EQ(versions_.shadow_of.size(), kBuckets) << "one shadow per NVMe state, kept";
+  // A state destroyed: its shadow goes at the next step.
+  ASSERT_TRUE(rt_->DestroyTensor(tensors_[3]).ok());
+  BucketStepResult r = Step(4, 2, specs.data(), 3);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(versions_.shadow_of.size(), kBuckets - 1);
+  EXPECT_EQ(versions_.shadow_of.count(tensors_[3]), 0u);
+  tensors_.pop_back();
 }
 
 TEST_F(Buckets, StateInDramStaysThere) {

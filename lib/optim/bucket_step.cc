@@ -110,6 +110,7 @@ class Step {
 };
 
 absl::Status Step::Check() {
+  versions_.ForgetOrphans(tensors_);
   const bool amsgrad = opt_.hyper().amsgrad;
   size_t staged = 0;
   for (size_t i = 0; i < count_; ++i) {
@@ -246,6 +247,17 @@ void Step::Discard() {
 }
 
 }  // namespace
+
+void StepVersions::ForgetOrphans(StateTensors& tensors) {
+  std::vector<uint64_t> gone;
+  for (const auto& [state, shadow] : shadow_of) {
+    if (ToTmStatus(tensors.Bytes(state).status()) == TM_ERR_INVALID_HANDLE) gone.push_back(state);
+  }
+  for (uint64_t state : gone) {
+    (void)tensors.Destroy(shadow_of[state]);
+    shadow_of.erase(state);
+  }
+}
 
 void StepVersions::Forget(StateTensors& tensors) {
   for (const auto& [state, shadow] : shadow_of) (void)tensors.Destroy(shadow);

@@ -50,6 +50,8 @@ struct StepVersions {
   std::vector<char> staged_out;
   // Destroys every shadow (errors ignored: the runtime may be gone already).
   void Forget(StateTensors& tensors);
+  // Destroys the shadows of state tensors destroyed since (each step starts with it).
+  void ForgetOrphans(StateTensors& tensors);
 };
 
 struct BucketStepResult {
