@@ -10,9 +10,10 @@
 // state bytes read / read bandwidth + written / write bandwidth), the NVMe bandwidths measured
 // over that same state through the same runtime just before each step (medians of the rounds).
 //
-// Usage: optim_bench [--sizes=16,64,256 (empty: only the NVMe rows)] [--threads=1,2] [--reps=5] [--nvme=DIR]
+// Usage: optim_bench [--sizes=16,64,256] [--threads=1,2] [--reps=5] [--nvme=DIR]
 //                    [--nvme_sizes=16,64] [--bucket_m=4] [--depth=2]
 //                    [--torch=PATH_TO_optim_torch_ref.py]
+// --sizes= (empty): the NVMe rows alone.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

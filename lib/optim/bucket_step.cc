@@ -103,7 +103,7 @@ class Step {
   std::vector<bool> on_nvme_;
   std::vector<AdamSpan> dram_spans_;  // DRAM state, acquired for writing, stepped at commit
   std::vector<uint64_t> pinned_;
-  std::vector<size_t> nvme_;  // buckets stepped into shadows, in order
+  std::vector<size_t> nvme_;       // buckets stepped into shadows, in order
   std::vector<size_t> staged_at_;  // by position in nvme_: offset in versions_.staged_out
   std::vector<std::pair<uint64_t, uint64_t>> swaps_;  // (state, shadow) written
   size_t prefetched_ = 0;  // positions of nvme_ whose prefetch was asked for

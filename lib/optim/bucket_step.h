@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "lib/optim/adam_optimizer.h"

@@ -65,7 +65,8 @@ absl::Status Runtime::SwapContents(const std::vector<std::pair<uint64_t, uint64_
     for (int i = 0; i < TM_TIER_COUNT; ++i) {
       const auto tier = static_cast<tm_tier>(i);
       for (const Tensor* t : {a, b}) {
-        if (!t->copy(tier).extent.empty()) tiers_->space(tier).Reown(t->copy(tier).extent, t->handle);
+        if (!t->copy(tier).extent.empty())
+          tiers_->space(tier).Reown(t->copy(tier).extent, t->handle);
       }
     }
   }
