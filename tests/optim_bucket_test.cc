@@ -315,6 +315,31 @@ TEST_F(Buckets, AStepAfterAStepIsTheSameAfterAFailureBetween) {
   ExpectCleanStep(2);
 }
 
+// The commit's swap: all pairs or none, refused while a tensor is acquired or sizes differ.
+TEST_F(Buckets, SwapContentsIsAllOrNone) {
+  Place(0, TM_TIER_NVME);
+  Place(1, TM_TIER_DRAM);
+  auto other = rt_->CreateTensor({12 * counts_[0], TM_CLASS_OPTIMIZER_STATE, TM_TIER_NVME, "o"});
+  ASSERT_TRUE(other.ok());
+  std::vector<float> zeros(3 * counts_[0], 0.0f);
+  ASSERT_TRUE(rt_->Write(*other, 0, zeros.data(), zeros.size() * 4).ok());
+  auto bad = rt_->SwapContents({{tensors_[0], *other}, {tensors_[1], tensors_[2]}});
+  EXPECT_EQ(ToTmStatus(bad), TM_ERR_INVALID_ARGUMENT) << bad;
+  EXPECT_NE(bad.message().find("sizes differ"), absl::string_view::npos) << bad;
+  EXPECT_TRUE(Matches(0)) << "nothing swapped";
+  ASSERT_TRUE(rt_->Acquire(*other, TM_TIER_DRAM, TM_ACCESS_READ, nullptr).ok());
+  EXPECT_EQ(ToTmStatus(rt_->SwapContents({{tensors_[0], *other}})), TM_ERR_BUSY);
+  ASSERT_TRUE(rt_->Release(*other, TM_TIER_DRAM).ok());
+  EXPECT_TRUE(Matches(0)) << "nothing swapped";
+  ASSERT_TRUE(rt_->SwapContents({{tensors_[0], *other}}).ok());
+  std::vector<float> back(zeros.size());
+  ASSERT_TRUE(rt_->Read(tensors_[0], 0, back.data(), back.size() * 4).ok());
+  EXPECT_EQ(back, zeros) << "the swapped-in bytes";
+  ASSERT_TRUE(rt_->Read(*other, 0, back.data(), back.size() * 4).ok());
+  EXPECT_EQ(std::memcmp(back.data(), host_[0].data(), back.size() * 4), 0) << "and the old ones";
+  ASSERT_TRUE(rt_->DestroyTensor(*other).ok());
+}
+
 TEST_F(Buckets, TooSmallStateIsRefusedBeforeAnythingMoves) {
   auto specs = Specs();
   specs[3].count += 1;
