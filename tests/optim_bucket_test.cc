@@ -347,6 +347,14 @@ TEST_F(Buckets, TooSmallStateIsRefusedBeforeAnythingMoves) {
   EXPECT_EQ(ToTmStatus(r.status), TM_ERR_INVALID_ARGUMENT) << r.status;
   EXPECT_NE(r.status.message().find("bucket 3"), absl::string_view::npos) << r.status;
   EXPECT_EQ(r.buckets_done, 0u);
+  specs = Specs();
+  specs[2].state = specs[0].state;  // the same state twice
+  specs[2].count = specs[0].count;
+  r = Step(1, 2, specs.data(), specs.size());
+  EXPECT_EQ(ToTmStatus(r.status), TM_ERR_INVALID_ARGUMENT) << r.status;
+  EXPECT_NE(r.status.message().find("bucket 2: its state is bucket 0's too"),
+            absl::string_view::npos)
+      << r.status;
   for (size_t b = 0; b < kBuckets; ++b) EXPECT_TRUE(Matches(b)) << b;
 }
 

@@ -113,9 +113,15 @@ absl::Status Step::Check() {
   versions_.ForgetOrphans(tensors_);
   const bool amsgrad = opt_.hyper().amsgrad;
   size_t staged = 0;
+  absl::flat_hash_map<uint64_t, size_t> seen;  // state tensor -> its bucket
   for (size_t i = 0; i < count_; ++i) {
     if (absl::Status s = CheckBucket(tensors_, buckets_[i], i, amsgrad); !s.ok()) return s;
     if (buckets_[i].count == 0) continue;
+    // One version per state and step: a state in two buckets would be swapped twice.
+    if (auto [it, fresh] = seen.emplace(buckets_[i].state.bits, i); !fresh) {
+      return Error(TM_ERR_INVALID_ARGUMENT,
+                   absl::StrFormat("bucket %zu: its state is bucket %zu's too", i, it->second));
+    }
     auto mask = tensors_.Residency(buckets_[i].state.bits);
     if (!mask.ok()) return InBucket(mask.status(), i, "state");
     // State with an NVMe copy lives on NVMe (a DRAM copy beside it is a clean copy: inclusive
