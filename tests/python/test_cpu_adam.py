@@ -77,9 +77,10 @@ def assert_same_curve(got, want):
 @pytest.mark.parametrize("clip", [None, CLIP], ids=["noclip", "clip"])
 @pytest.mark.parametrize("tier", ["dram", "nvme"])
 def test_tiny_gpt_follows_adamw(make_runtime, ref_curves, tier, clip):
-    # 384 KiB of DRAM (128 KiB for staging) against 360 KiB of state: each step streams most of it
-    # through NVMe.
-    rt = make_runtime(dram_bytes="384KiB", nvme_bytes="64MiB", prefetch_depth=2)
+    # NVMe: 384 KiB of DRAM (128 KiB for staging) against 360 KiB of state, so that each step
+    # streams most of it through NVMe. DRAM: room for all of it (a step pins DRAM-only state).
+    rt = make_runtime(dram_bytes="4MiB" if tier == "dram" else "384KiB", nvme_bytes="64MiB",
+                      prefetch_depth=2)
     m = model()
     start = [p.detach().clone() for p in m.parameters()]
     opt = CPUAdam(m.parameters(), runtime=rt, state_tier=tier, max_grad_norm=clip, threads=2,
