@@ -8,11 +8,12 @@
 // it) through bench/optim_torch_ref.py under /usr/bin/python3. With the state on NVMe
 // (tm_adam_step_buckets over tensors homed there), the step is set beside max(CPU step,
 // state bytes read / read bandwidth + written / write bandwidth), the NVMe bandwidths measured
-// of that same state measured in the same run through the same runtime.
+// over that same state through the same runtime just before each step (medians of the rounds).
 //
 // Usage: optim_bench [--sizes=16,64,256] [--threads=1,2] [--reps=5] [--nvme=DIR]
 //                    [--nvme_sizes=16,64] [--bucket_m=4] [--depth=2]
 //                    [--torch=PATH_TO_optim_torch_ref.py]
+// --sizes= (empty): the NVMe rows alone.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -178,7 +180,7 @@ Args Parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const char* s = argv[i];
     if (std::strncmp(s, "--sizes=", 8) == 0) {
-      a.sizes_m = ParseList<size_t>(s + 8);
+      a.sizes_m = s[8] == '\0' ? std::vector<size_t>{} : ParseList<size_t>(s + 8);  // none
     } else if (std::strncmp(s, "--threads=", 10) == 0) {
       a.threads = ParseList<int>(s + 10);
     } else if (std::strncmp(s, "--reps=", 7) == 0) {
@@ -243,19 +245,31 @@ int main(int argc, char** argv) {
 
 namespace {
 
-// The NVMe bandwidths over the very state the step moves: writing every bucket's state (the
-// offloads that place it on NVMe) and reading it back into DRAM `group` buckets at a time (as many
-// as the pipeline holds), timed to the last sync. Returns {read, write} in bytes/s.
+// Fills each bucket's state in DRAM (untimed) and writes it to NVMe, `group` buckets at a time
+// (as many as DRAM holds), then reads it back into DRAM `group` buckets at a time (as many as the
+// pipeline holds): the NVMe bandwidths over the very state the step moves, timed to the last
+// sync. Leaves the state on NVMe only. Returns {read, write} in bytes/s.
 std::pair<double, double> MeasureNvme(tm_runtime rt, const std::vector<tm_tensor>& ts,
                                       uint64_t bytes, size_t group) {
-  double t0 = Now();
-  for (const tm_tensor& t : ts) Check(tm_tensor_offload(rt, t, TM_TIER_NVME), "offload");
-  Check(tm_runtime_sync(rt), "sync");
-  const double write_bw = static_cast<double>(bytes) / (Now() - t0);
-  double reading = 0;
+  double writing = 0, reading = 0;
   for (size_t b = 0; b < ts.size(); b += group) {
     const size_t e = std::min(ts.size(), b + group);
-    t0 = Now();
+    for (size_t i = b; i < e; ++i) {
+      uint64_t size = 0;
+      Check(tm_tensor_bytes(rt, ts[i], &size), "bytes");
+      void* p = nullptr;
+      Check(tm_tensor_acquire(rt, ts[i], TM_TIER_DRAM, TM_ACCESS_WRITE, nullptr, &p), "acquire");
+      std::memset(p, 0, size);
+      Check(tm_tensor_release(rt, ts[i], TM_TIER_DRAM), "release");
+    }
+    const double t0 = Now();
+    for (size_t i = b; i < e; ++i) Check(tm_tensor_offload(rt, ts[i], TM_TIER_NVME), "offload");
+    Check(tm_runtime_sync(rt), "sync");
+    writing += Now() - t0;
+  }
+  for (size_t b = 0; b < ts.size(); b += group) {
+    const size_t e = std::min(ts.size(), b + group);
+    const double t0 = Now();
     for (size_t i = b; i < e; ++i) Check(tm_tensor_prefetch(rt, ts[i], TM_TIER_DRAM), "prefetch");
     for (size_t i = b; i < e; ++i) Check(tm_tensor_sync(rt, ts[i]), "sync");
     reading += Now() - t0;
@@ -263,80 +277,100 @@ std::pair<double, double> MeasureNvme(tm_runtime rt, const std::vector<tm_tensor
     for (size_t i = b; i < e; ++i) Check(tm_tensor_offload(rt, ts[i], TM_TIER_NVME), "offload");
     Check(tm_runtime_sync(rt), "sync");
   }
-  return {static_cast<double>(bytes) / reading, write_bw};
+  return {static_cast<double>(bytes) / reading, static_cast<double>(bytes) / writing};
+}
+
+double MedianOf(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// One size: `reps` rounds of (bandwidths, step), each step set beside the bound of its own
+// round, so that the disk's swings between rounds do not enter the ratio; medians printed.
+void NvmeRow(tm_runtime rt, tm_adam adam, const Args& a, size_t mega, double cpu) {
+  const size_t bucket = a.bucket_m << 20, n = mega << 20, nb = (n + bucket - 1) / bucket;
+  std::vector<float> grad(n, 0.01f);
+  std::vector<tm_tensor> ts(nb);
+  std::vector<tm_adam_bucket> bs(nb);
+  for (size_t b = 0; b < nb; ++b) {
+    const size_t cnt = std::min(bucket, n - b * bucket);
+    tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+    d.bytes = 12ull * cnt;
+    d.cls = TM_CLASS_OPTIMIZER_STATE;
+    d.home_tier = TM_TIER_NVME;
+    Check(tm_tensor_create(rt, &d, &ts[b]), "tm_tensor_create");
+    bs[b] = {ts[b], cnt, grad.data() + b * bucket, TM_DTYPE_F32, nullptr, TM_DTYPE_F32};
+  }
+  std::vector<double> reads, writes, ios, ours, ratios;
+  uint64_t dropped = 0, waits_ns = 0;  // where a step lost its overlap, summed over the rounds
+  for (int r = 0; r < std::max(3, a.reps); ++r) {
+    const auto [read_bw, write_bw] =
+        MeasureNvme(rt, ts, 12ull * n, static_cast<size_t>(a.depth) + 1);
+    tm_stats before = TM_STATS_INIT, after = TM_STATS_INIT;
+    Check(tm_runtime_stats(rt, &before), "stats");
+    const double t0 = Now();
+    size_t done = 0;
+    Check(tm_adam_step_buckets(adam, static_cast<uint64_t>(r + 1), 1.0f, bs.data(), nb, &done),
+          "tm_adam_step_buckets");
+    const double step = Now() - t0;
+    Check(tm_runtime_stats(rt, &after), "stats");
+    dropped += after.prefetches_dropped - before.prefetches_dropped;
+    waits_ns += after.demand_wait_ns - before.demand_wait_ns;
+    const double io = 12.0 * n / read_bw + 12.0 * n / write_bw;
+    reads.push_back(read_bw);
+    writes.push_back(write_bw);
+    ios.push_back(io);
+    ours.push_back(step);
+    ratios.push_back(step / std::max(cpu, io));
+  }
+  std::printf("%7zuM %10.2f %10.2f %10.1f %10.1f %10.1f %8.2f %6.2f-%.2f %8zu %8.1f\n", mega,
+              MedianOf(reads) / 1e9, MedianOf(writes) / 1e9, cpu * 1e3, MedianOf(ios) * 1e3,
+              MedianOf(ours) * 1e3, MedianOf(ratios),
+              *std::min_element(ratios.begin(), ratios.end()),
+              *std::max_element(ratios.begin(), ratios.end()), static_cast<size_t>(dropped),
+              static_cast<double>(waits_ns) / 1e6 / static_cast<double>(ratios.size()));
+  std::fflush(stdout);
+  for (auto& t : ts) Check(tm_tensor_destroy(rt, t), "destroy");
 }
 
 void NvmeRows(const Args& a) {
-  const size_t bucket = a.bucket_m << 20;
-  const uint64_t bucket_bytes = 12ull * bucket;
-  const int depth = a.depth;
+  const uint64_t bucket_bytes = 12ull * (a.bucket_m << 20);
   const int threads = *std::max_element(a.threads.begin(), a.threads.end());
   size_t most = 0;
   for (size_t m : a.nvme_sizes_m) most = std::max(most, m << 20);
-  struct {
-    tm_runtime rt{0};
-  } nv;
+  // Exclusive tiers: every step reads its state from NVMe (inclusive DRAM's clean copies would
+  // stand in for some of it), as the bound assumes.
+  setenv("TIERMEM_DRAM_INCLUSIVE", "off", 1);
   tm_config c = TM_CONFIG_INIT;
   c.device = TM_DEVICE_EMULATED;
   c.hbm_bytes = 64ull << 20;
-  c.dram_bytes = bucket_bytes * (depth + 6);
+  c.dram_bytes = bucket_bytes * (a.depth + 6);
   c.nvme_paths = a.nvme.c_str();
-  c.nvme_bytes = 12ull * most + bucket_bytes * 8 + (256ull << 20);
-  c.prefetch_depth = depth;
-  Check(tm_runtime_create(&c, &nv.rt), "tm_runtime_create");
+  // The state and its shadow versions (the all-or-nothing step writes the new state aside).
+  c.nvme_bytes = 24ull * most + bucket_bytes * 8 + (256ull << 20);
+  c.prefetch_depth = a.depth;
+  tm_runtime rt{0};
+  Check(tm_runtime_create(&c, &rt), "tm_runtime_create");
   tm_info info = TM_INFO_INIT;
-  Check(tm_runtime_info(nv.rt, &info), "tm_runtime_info");
+  Check(tm_runtime_info(rt, &info), "tm_runtime_info");
   std::printf(
       "\nState on NVMe (%s, %s, O_DIRECT %s; buckets of %zuM params, prefetch depth %d,"
-      " %d threads)\n",
+      " %d threads; medians of %d rounds of bandwidths then step)\n",
       a.nvme.c_str(), info.io_engine == TM_IO_ENGINE_URING ? "io_uring" : "posix",
-      info.nvme_alignment > 1 ? "on" : "off", a.bucket_m, depth, threads);
-  std::printf("%8s %10s %10s %10s %10s %10s %10s %8s\n", "params", "read GB/s", "write GB/s",
-              "CPU step", "NVMe I/O", "bound", "tiermem", "x bound");
-  tm_adam_config ac = TM_ADAM_CONFIG_INIT;
-  ac.threads = threads;
-  tm_adam adam{0};
-  Check(tm_adam_create(nv.rt, &ac, &adam), "tm_adam_create");
+      info.nvme_alignment > 1 ? "on" : "off", a.bucket_m, a.depth, threads, std::max(3, a.reps));
+  std::printf("%8s %10s %10s %10s %10s %10s %8s %11s %8s %8s\n", "params", "read GB/s",
+              "write GB/s", "CPU step", "NVMe I/O", "tiermem", "x bound", "range", "pf drop",
+              "wait ms");
   for (size_t mega : a.nvme_sizes_m) {
-    const size_t n = mega << 20;
-    const size_t nb = (n + bucket - 1) / bucket;
-    std::vector<float> grad(n, 0.01f);
-    std::vector<tm_tensor> ts(nb);
-    std::vector<tm_adam_bucket> bs(nb);
-    for (size_t b = 0; b < nb; ++b) {
-      const size_t cnt = std::min(bucket, n - b * bucket);
-      tm_tensor_desc d = TM_TENSOR_DESC_INIT;
-      d.bytes = 12ull * cnt;
-      d.cls = TM_CLASS_OPTIMIZER_STATE;
-      d.home_tier = TM_TIER_NVME;
-      Check(tm_tensor_create(nv.rt, &d, &ts[b]), "tm_tensor_create");
-      void* p = nullptr;
-      Check(tm_tensor_acquire(nv.rt, ts[b], TM_TIER_DRAM, TM_ACCESS_WRITE, nullptr, &p), "acq");
-      std::memset(p, 0, d.bytes);
-      Check(tm_tensor_release(nv.rt, ts[b], TM_TIER_DRAM), "release");
-      bs[b] = {ts[b], cnt, grad.data() + b * bucket, TM_DTYPE_F32, nullptr, TM_DTYPE_F32};
-    }
-    const auto [read_bw, write_bw] =
-        MeasureNvme(nv.rt, ts, 12ull * n, static_cast<size_t>(depth) + 1);
-    double ours = 1e30;
-    const int reps = std::max(2, a.reps / 2);
-    for (int r = 0; r < reps; ++r) {
-      const double t0 = Now();
-      size_t done = 0;
-      Check(tm_adam_step_buckets(adam, static_cast<uint64_t>(r + 1), 1.0f, bs.data(), nb, &done),
-            "tm_adam_step_buckets");
-      ours = std::min(ours, Now() - t0);
-    }
-    const double cpu = TiermemStep(n, threads, std::max(2, a.reps / 2));
-    const double io = 12.0 * n / read_bw + 12.0 * n / write_bw;
-    const double bound = std::max(cpu, io);
-    std::printf("%7zuM %10.2f %10.2f %10.1f %10.1f %10.1f %10.1f %8.2f\n", mega, read_bw / 1e9,
-                write_bw / 1e9, cpu * 1e3, io * 1e3, bound * 1e3, ours * 1e3, ours / bound);
-    std::fflush(stdout);
-    for (auto& t : ts) Check(tm_tensor_destroy(nv.rt, t), "destroy");
+    const double cpu = TiermemStep(mega << 20, threads, std::max(2, a.reps / 2));
+    tm_adam_config ac = TM_ADAM_CONFIG_INIT;
+    ac.threads = threads;
+    tm_adam adam{0};
+    Check(tm_adam_create(rt, &ac, &adam), "tm_adam_create");
+    NvmeRow(rt, adam, a, mega, cpu);
+    tm_adam_destroy(adam);  // and its shadows
   }
-  tm_adam_destroy(adam);
-  tm_runtime_destroy(nv.rt);
+  tm_runtime_destroy(rt);
 }
 
 }  // namespace

@@ -743,15 +743,14 @@ TM_API tm_status tm_adam_step(tm_adam adam, uint64_t step, float grad_scale,
                               const tm_adam_span* spans, size_t count);
 
 /**
- * The same step over state held in tiermem tensors. Each bucket's state is acquired in DRAM
- * (read from NVMe when that is where it is), stepped, released, and a state that was on NVMe
- * and not in DRAM before is offloaded back to NVMe: bucket k+1..k+prefetch_depth are read while
- * bucket k steps and bucket k-1 is written. Buckets are stepped in order, each whole or not at all:
- * when a bucket's state cannot be brought in (TM_ERR_IO, TM_ERR_CORRUPT, ...), the call returns
- * that failure with *buckets_done = the buckets stepped before it, and that bucket and those after
- * it are untouched: calling again with the rest completes the step. A failed write-back is
- * reported after every bucket has stepped (*buckets_done = count); the state stays valid in DRAM.
- * buckets_done may be NULL.
+ * The same step over state held in tiermem tensors, all or nothing. State on NVMe is read into
+ * DRAM (bucket k+1..k+prefetch_depth read while bucket k steps), stepped out of place into a
+ * shadow tensor the optimizer keeps (the same size, on NVMe) and written back while the next
+ * buckets step; state only in DRAM is pinned and stepped in place at the end. Only once every
+ * new version is written are states and shadows swapped (no copy) and param_out written. When
+ * any read or write fails (TM_ERR_IO, TM_ERR_CORRUPT, ...), the call returns that failure naming
+ * the bucket with *buckets_done = 0, and every state and param_out is as before: calling again
+ * once the cause is gone takes the step. On success *buckets_done = count (may be NULL).
  */
 TM_API tm_status tm_adam_step_buckets(tm_adam adam, uint64_t step, float grad_scale,
                                       const tm_adam_bucket* buckets, size_t count,

@@ -1,9 +1,12 @@
 #include "lib/optim/bucket_step.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/base/status.h"
 
@@ -56,75 +59,236 @@ AdamSpan SpanOver(const tm_adam_bucket& b, void* state, bool amsgrad) {
   return s;
 }
 
+size_t OutBytes(const tm_adam_bucket& b) {
+  if (b.param_out == nullptr) return 0;
+  return b.count * (b.param_out_dtype == TM_DTYPE_F32 ? 4 : 2);
+}
+
+// One step's work: the buckets, where each state is, and what has been acquired, created and
+// queued so far, to be committed or undone.
+class Step {
+ public:
+  Step(AdamOptimizer& opt, StateTensors& tensors, StepVersions& versions, uint64_t step,
+       float grad_scale, const tm_adam_bucket* buckets, size_t count)
+      : opt_(opt),
+        tensors_(tensors),
+        versions_(versions),
+        step_(step),
+        grad_scale_(grad_scale),
+        buckets_(buckets),
+        count_(count),
+        on_nvme_(count, false) {}
+  ~Step() { ReleasePinned(); }
+
+  absl::Status Check();
+  absl::Status PinDramState();
+  absl::Status StepNvmeState(int prefetch_depth);
+  absl::Status Commit();
+  // After a failure: waits for the moves still queued, forgets this step's shadows (their new
+  // versions are worthless; the old state was never touched).
+  void Discard();
+
+ private:
+  absl::StatusOr<uint64_t> ShadowOf(size_t k);
+  absl::Status StepIntoShadow(size_t k, char* staged);
+  void ReleasePinned();
+
+  AdamOptimizer& opt_;
+  StateTensors& tensors_;
+  StepVersions& versions_;
+  const uint64_t step_;
+  const float grad_scale_;
+  const tm_adam_bucket* buckets_;
+  const size_t count_;
+  std::vector<bool> on_nvme_;
+  std::vector<AdamSpan> dram_spans_;  // DRAM state, acquired for writing, stepped at commit
+  std::vector<uint64_t> pinned_;
+  std::vector<size_t> nvme_;       // buckets stepped into shadows, in order
+  std::vector<size_t> staged_at_;  // by position in nvme_: offset in versions_.staged_out
+  std::vector<std::pair<uint64_t, uint64_t>> swaps_;  // (state, shadow) written
+  size_t prefetched_ = 0;  // positions of nvme_ whose prefetch was asked for
+};
+
+absl::Status Step::Check() {
+  versions_.ForgetOrphans(tensors_);
+  const bool amsgrad = opt_.hyper().amsgrad;
+  size_t staged = 0;
+  absl::flat_hash_map<uint64_t, size_t> seen;  // state tensor -> its bucket
+  for (size_t i = 0; i < count_; ++i) {
+    if (absl::Status s = CheckBucket(tensors_, buckets_[i], i, amsgrad); !s.ok()) return s;
+    if (buckets_[i].count == 0) continue;
+    // One version per state and step: a state in two buckets would be swapped twice.
+    if (auto [it, fresh] = seen.emplace(buckets_[i].state.bits, i); !fresh) {
+      return Error(TM_ERR_INVALID_ARGUMENT,
+                   absl::StrFormat("bucket %zu: its state is bucket %zu's too", i, it->second));
+    }
+    auto mask = tensors_.Residency(buckets_[i].state.bits);
+    if (!mask.ok()) return InBucket(mask.status(), i, "state");
+    // State with an NVMe copy lives on NVMe (a DRAM copy beside it is a clean copy: inclusive
+    // DRAM, or a prefetch) and is stepped into a shadow; state only in DRAM (or HBM) is stepped
+    // in place in DRAM at commit.
+    on_nvme_[i] = (*mask & TM_TIER_BIT(TM_TIER_NVME)) != 0;
+    if (on_nvme_[i]) {
+      nvme_.push_back(i);
+      staged_at_.push_back(staged);
+      staged += OutBytes(buckets_[i]);
+    }
+  }
+  if (versions_.staged_out.size() < staged) versions_.staged_out.resize(staged);
+  return absl::OkStatus();
+}
+
+absl::Status Step::PinDramState() {
+  const bool amsgrad = opt_.hyper().amsgrad;
+  for (size_t i = 0; i < count_; ++i) {
+    if (on_nvme_[i] || buckets_[i].count == 0) continue;
+    const uint64_t t = buckets_[i].state.bits;
+    auto state = tensors_.Acquire(t, TM_TIER_DRAM, TM_ACCESS_READ_WRITE);
+    if (!state.ok()) return InBucket(state.status(), i, "acquiring its state in DRAM");
+    pinned_.push_back(t);
+    dram_spans_.push_back(SpanOver(buckets_[i], *state, amsgrad));
+    if (absl::Status s = ValidateSpan(dram_spans_.back(), i, amsgrad); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void Step::ReleasePinned() {
+  for (uint64_t t : pinned_) (void)tensors_.Release(t, TM_TIER_DRAM);
+  pinned_.clear();
+}
+
+absl::StatusOr<uint64_t> Step::ShadowOf(size_t k) {
+  const uint64_t t = buckets_[k].state.bits;
+  if (auto it = versions_.shadow_of.find(t); it != versions_.shadow_of.end()) return it->second;
+  auto bytes = tensors_.Bytes(t);
+  if (!bytes.ok()) return bytes.status();
+  auto shadow = tensors_.Create(*bytes, absl::StrFormat("cpu_adam shadow %016x", t));
+  if (!shadow.ok()) return shadow.status();
+  versions_.shadow_of[t] = *shadow;
+  return *shadow;
+}
+
+// Reads bucket k's state (in DRAM, read-only), steps it into its shadow's DRAM copy and queues
+// the shadow's write to NVMe; the updated parameter goes to `staged`.
+absl::Status Step::StepIntoShadow(size_t k, char* staged) {
+  const uint64_t t = buckets_[k].state.bits;
+  auto shadow = ShadowOf(k);
+  if (!shadow.ok()) return InBucket(shadow.status(), k, "creating its shadow state");
+  // Waits for the bucket's prefetch and takes its failure, if any: the acquire reads again,
+  // and reports the failure if it persists.
+  (void)tensors_.Sync(t);
+  auto src = tensors_.Acquire(t, TM_TIER_DRAM, TM_ACCESS_READ);
+  if (!src.ok()) return InBucket(src.status(), k, "reading its state into DRAM");
+  auto dst = tensors_.Acquire(*shadow, TM_TIER_DRAM, TM_ACCESS_WRITE);
+  if (!dst.ok()) {
+    (void)tensors_.Release(t, TM_TIER_DRAM);
+    return InBucket(dst.status(), k, "making room for its new state in DRAM");
+  }
+  AdamSpan span = SpanOver(buckets_[k], *dst, opt_.hyper().amsgrad);
+  span.src = static_cast<const float*>(*src);
+  if (span.out != nullptr) span.out = staged;
+  absl::Status stepped = opt_.Step(step_, grad_scale_, &span, 1);
+  absl::Status released = tensors_.Release(*shadow, TM_TIER_DRAM);
+  absl::Status released_src = tensors_.Release(t, TM_TIER_DRAM);
+  if (!stepped.ok()) return InBucket(stepped, k, "step");  // checked first: only a bug
+  if (!released.ok()) return InBucket(released, k, "release");
+  if (!released_src.ok()) return InBucket(released_src, k, "release");
+  // Returns at once: the write runs while the next bucket steps.
+  if (absl::Status s = tensors_.Offload(*shadow, TM_TIER_NVME); !s.ok()) {
+    return InBucket(s, k, "writing its new state to NVMe");
+  }
+  swaps_.emplace_back(t, *shadow);
+  return absl::OkStatus();
+}
+
+absl::Status Step::StepNvmeState(int prefetch_depth) {
+  const size_t depth = static_cast<size_t>(std::max(0, prefetch_depth));
+  absl::Status status;
+  for (size_t j = 0; j < nvme_.size() && status.ok(); ++j) {
+    const size_t want = std::min(nvme_.size(), j + 1 + depth);
+    for (prefetched_ = std::max(prefetched_, j + 1); prefetched_ < want; ++prefetched_) {
+      // A hint: a failed read shows again at the bucket's acquire, which reports it.
+      (void)tensors_.Prefetch(buckets_[nvme_[prefetched_]].state.bits, TM_TIER_DRAM);
+    }
+    status = StepIntoShadow(nvme_[j], versions_.staged_out.data() + staged_at_[j]);
+  }
+  // Every new version is on NVMe before any is swapped in.
+  for (size_t j = 0; j < swaps_.size(); ++j) {
+    absl::Status s = tensors_.Sync(swaps_[j].second);
+    if (!s.ok() && status.ok()) status = InBucket(s, nvme_[j], "writing its new state to NVMe");
+  }
+  return status;
+}
+
+absl::Status Step::Commit() {
+  if (absl::Status s = tensors_.SwapContents(swaps_); !s.ok()) {
+    return WithContext(s, "swapping in the new state");
+  }
+  // From here nothing can fail: the DRAM spans were checked and are pinned.
+  if (!dram_spans_.empty()) {
+    absl::Status s = opt_.Step(step_, grad_scale_, dram_spans_.data(), dram_spans_.size());
+    if (!s.ok()) return s;
+  }
+  for (size_t j = 0; j < nvme_.size(); ++j) {
+    const tm_adam_bucket& b = buckets_[nvme_[j]];
+    if (b.param_out != nullptr) {
+      std::memcpy(b.param_out, versions_.staged_out.data() + staged_at_[j], OutBytes(b));
+    }
+  }
+  ReleasePinned();
+  return absl::OkStatus();
+}
+
+void Step::Discard() {
+  // Prefetches past a failure are waited for, so that none is left to surprise a later sync.
+  for (size_t j = 0; j < prefetched_ && j < nvme_.size(); ++j) {
+    (void)tensors_.Sync(buckets_[nvme_[j]].state.bits);
+  }
+  for (const auto& [state, shadow] : swaps_) {
+    (void)tensors_.Sync(shadow);
+    (void)tensors_.Destroy(shadow);
+    versions_.shadow_of.erase(state);
+  }
+  ReleasePinned();
+}
+
 }  // namespace
 
-BucketStepResult StepBuckets(AdamOptimizer& opt, StateTensors& tensors, int prefetch_depth,
-                             uint64_t step, float grad_scale, const tm_adam_bucket* buckets,
-                             size_t count) {
+void StepVersions::ForgetOrphans(StateTensors& tensors) {
+  std::vector<uint64_t> gone;
+  for (const auto& [state, shadow] : shadow_of) {
+    if (ToTmStatus(tensors.Bytes(state).status()) == TM_ERR_INVALID_HANDLE) gone.push_back(state);
+  }
+  for (uint64_t state : gone) {
+    (void)tensors.Destroy(shadow_of[state]);
+    shadow_of.erase(state);
+  }
+}
+
+void StepVersions::Forget(StateTensors& tensors) {
+  for (const auto& [state, shadow] : shadow_of) (void)tensors.Destroy(shadow);
+  shadow_of.clear();
+}
+
+BucketStepResult StepBuckets(AdamOptimizer& opt, StateTensors& tensors, StepVersions& versions,
+                             int prefetch_depth, uint64_t step, float grad_scale,
+                             const tm_adam_bucket* buckets, size_t count) {
   BucketStepResult r;
-  const bool amsgrad = opt.hyper().amsgrad;
+  Step s(opt, tensors, versions, step, grad_scale, buckets, count);
   // Everything is checked, and where each state is, before anything moves.
-  std::vector<bool> write_back(count, false);
-  for (size_t i = 0; i < count; ++i) {
-    if (r.status = CheckBucket(tensors, buckets[i], i, amsgrad); !r.status.ok()) return r;
-    if (buckets[i].count == 0) continue;
-    auto mask = tensors.Residency(buckets[i].state.bits);
-    if (!mask.ok()) {
-      r.status = InBucket(mask.status(), i, "state");
-      return r;
-    }
-    // Only state that lives on NVMe goes back there; state in DRAM (or HBM) stays in DRAM. A DRAM
-    // copy beside the NVMe one is a clean copy (inclusive DRAM, or a prefetch): on NVMe still.
-    write_back[i] = (*mask & TM_TIER_BIT(TM_TIER_NVME)) != 0;
+  if (r.status = s.Check(); !r.status.ok()) return r;
+  r.status = s.PinDramState();
+  if (r.status.ok()) r.status = s.StepNvmeState(prefetch_depth);
+  if (r.status.ok()) r.status = s.Commit();
+  if (!r.status.ok()) {
+    s.Discard();
+    r.status = Error(ToTmStatus(r.status),
+                     absl::StrCat(r.status.message(),
+                                  " (the step was not taken: every state and parameter is as "
+                                  "before)"));
+    return r;
   }
-  size_t ahead = 0;  // buckets whose prefetch has been asked for
-  std::vector<size_t> written;
-  for (size_t k = 0; k < count; ++k) {
-    const size_t want = std::min(count, k + 1 + static_cast<size_t>(std::max(0, prefetch_depth)));
-    for (ahead = std::max(ahead, k + 1); ahead < want; ++ahead) {
-      // A hint: a failed read shows again at the bucket's acquire, which reports it.
-      if (write_back[ahead]) (void)tensors.Prefetch(buckets[ahead].state.bits, TM_TIER_DRAM);
-    }
-    if (buckets[k].count == 0) {
-      ++r.buckets_done;
-      continue;
-    }
-    const uint64_t t = buckets[k].state.bits;
-    // Waits for the bucket's prefetch and takes its failure, if any: the acquire reads again,
-    // and reports the failure if it persists.
-    (void)tensors.Sync(t);
-    auto state = tensors.Acquire(t, TM_TIER_DRAM, TM_ACCESS_READ_WRITE);
-    if (!state.ok()) {
-      r.status = InBucket(state.status(), k, "reading its state into DRAM");
-      break;
-    }
-    const AdamSpan span = SpanOver(buckets[k], *state, amsgrad);
-    absl::Status stepped = opt.Step(step, grad_scale, &span, 1);
-    absl::Status released = tensors.Release(t, TM_TIER_DRAM);
-    if (!stepped.ok()) {  // checked above: only a bug gets here, before any element changed
-      r.status = InBucket(stepped, k, "step");
-      break;
-    }
-    ++r.buckets_done;
-    if (!released.ok()) {
-      r.status = InBucket(released, k, "release");
-      break;
-    }
-    if (write_back[k]) {
-      // Returns at once: the write runs while the next bucket steps.
-      absl::Status s = tensors.Offload(t, TM_TIER_NVME);
-      if (!s.ok() && r.status.ok()) r.status = InBucket(s, k, "writing its state back");
-      written.push_back(k);
-    }
-  }
-  // Prefetches past a failure are waited for, so that none is left to surprise a later sync.
-  for (size_t i = r.buckets_done + 1; i < ahead && i < count; ++i) {
-    (void)tensors.Sync(buckets[i].state.bits);
-  }
-  for (size_t k : written) {
-    absl::Status s = tensors.Sync(buckets[k].state.bits);
-    if (!s.ok() && r.status.ok()) r.status = InBucket(s, k, "writing its state back");
-  }
+  r.buckets_done = count;
   return r;
 }
 

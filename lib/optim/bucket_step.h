@@ -1,11 +1,19 @@
 // The Adam step over state held in tiermem tensors, pipelined by bucket: the state of the
-// buckets ahead is prefetched into DRAM while the current one steps, and state that came from
-// NVMe is offloaded back behind it. Each bucket is stepped whole or not at all.
+// buckets ahead is prefetched into DRAM while the current one steps, and the new state of those
+// on NVMe is written back behind it. The step is all or nothing: NVMe state is stepped into a
+// shadow tensor (a new version; the old one stays on NVMe), and only once every new version is
+// read, stepped and written are the versions swapped in (Runtime::SwapContents), the DRAM state
+// stepped in place and the updated parameters written out. A failure anywhere before leaves
+// every state and parameter as it was.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "lib/optim/adam_optimizer.h"
@@ -25,16 +33,34 @@ class StateTensors {
   virtual absl::Status Release(uint64_t tensor, tm_tier tier) = 0;
   virtual absl::Status Offload(uint64_t tensor, tm_tier tier) = 0;
   virtual absl::Status Sync(uint64_t tensor) = 0;
+  // A tensor of `bytes` homed on NVMe, of class optimizer state (a shadow version).
+  virtual absl::StatusOr<uint64_t> Create(uint64_t bytes, const std::string& name) = 0;
+  virtual absl::Status Destroy(uint64_t tensor) = 0;
+  // All pairs exchange their contents, or none does (Runtime::SwapContents).
+  virtual absl::Status SwapContents(const std::vector<std::pair<uint64_t, uint64_t>>& pairs) = 0;
+};
+
+// What the pipeline keeps from one step to the next (one per optimizer): each NVMe state's
+// shadow tensor (the same size; it costs a second copy of the state on NVMe, never in DRAM),
+// and the buffer the updated parameters of NVMe buckets wait in until the step commits (the
+// size of those parameters in their output dtype).
+struct StepVersions {
+  absl::flat_hash_map<uint64_t, uint64_t> shadow_of;  // state tensor -> its shadow
+  std::vector<char> staged_out;
+  // Destroys every shadow (errors ignored: the runtime may be gone already).
+  void Forget(StateTensors& tensors);
+  // Destroys the shadows of state tensors destroyed since (each step starts with it).
+  void ForgetOrphans(StateTensors& tensors);
 };
 
 struct BucketStepResult {
   absl::Status status;
-  size_t buckets_done = 0;  // stepped whole; the rest untouched
+  size_t buckets_done = 0;  // count when the step was taken, 0 when nothing changed
 };
 
 // `prefetch_depth`: buckets read ahead of the one stepping (0: none).
-BucketStepResult StepBuckets(AdamOptimizer& opt, StateTensors& tensors, int prefetch_depth,
-                             uint64_t step, float grad_scale, const tm_adam_bucket* buckets,
-                             size_t count);
+BucketStepResult StepBuckets(AdamOptimizer& opt, StateTensors& tensors, StepVersions& versions,
+                             int prefetch_depth, uint64_t step, float grad_scale,
+                             const tm_adam_bucket* buckets, size_t count);
 
 }  // namespace tiermem::optim

@@ -50,7 +50,10 @@ struct StepScalars {
 StepScalars MakeStepScalars(const AdamHyper& h, uint64_t step, float grad_scale);
 
 // One contiguous run of parameters and their state. `max_v` only with amsgrad; `out` (the
-// updated parameter as out_type) may be null. Arrays of one span must not overlap.
+// updated parameter as out_type) may be null. Arrays of one span must not overlap. `src`, when
+// set, holds the state the step starts from (param, m, v[, max_v] in the same layout as the
+// destination, n apart): the step then writes the new state into param, m, v and leaves src as
+// it was (the bucket pipeline steps NVMe state into a shadow version this way).
 struct AdamSpan {
   float* param = nullptr;
   float* m = nullptr;
@@ -61,7 +64,20 @@ struct AdamSpan {
   void* out = nullptr;
   Dtype out_type = Dtype::kBF16;
   size_t n = 0;
+  const float* src = nullptr;
 };
+
+// Where the step reads each stream from: `src` when set, else the destination itself.
+struct AdamSources {
+  const float* param;
+  const float* m;
+  const float* v;
+  const float* max_v;
+};
+inline AdamSources SourcesOf(const AdamSpan& s) {
+  if (s.src == nullptr) return {s.param, s.m, s.v, s.max_v};
+  return {s.src, s.src + s.n, s.src + 2 * s.n, s.max_v != nullptr ? s.src + 3 * s.n : nullptr};
+}
 
 // Steps elements [begin, end) of `span` on the calling thread with instruction set `isa` (which
 // the CPU must run).

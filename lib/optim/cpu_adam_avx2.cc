@@ -50,21 +50,22 @@ TIERMEM_AVX2 void AdamKernelAvx2(const StepScalars& s, const AdamSpan& span, siz
                omb2 = _mm256_set1_ps(s.one_minus_beta2), decay = _mm256_set1_ps(s.decay),
                l2 = _mm256_set1_ps(s.l2), nss = _mm256_set1_ps(s.neg_step_size),
                bc2 = _mm256_set1_ps(s.bc2_sqrt), eps = _mm256_set1_ps(s.eps);
+  const AdamSources src = SourcesOf(span);
   size_t i = begin;
   for (; i + 8 <= end; i += 8) {
     __m256 g = _mm256_mul_ps(LoadGrad8(span, i), scale);
-    __m256 p = _mm256_loadu_ps(span.param + i);
+    __m256 p = _mm256_loadu_ps(src.param + i);
     if (s.decoupled) {
       p = _mm256_mul_ps(p, decay);
     } else {
       g = _mm256_fmadd_ps(p, l2, g);
     }
-    const __m256 m = _mm256_fmadd_ps(g, omb1, _mm256_mul_ps(_mm256_loadu_ps(span.m + i), b1));
+    const __m256 m = _mm256_fmadd_ps(g, omb1, _mm256_mul_ps(_mm256_loadu_ps(src.m + i), b1));
     const __m256 v =
-        _mm256_fmadd_ps(_mm256_mul_ps(omb2, g), g, _mm256_mul_ps(_mm256_loadu_ps(span.v + i), b2));
+        _mm256_fmadd_ps(_mm256_mul_ps(omb2, g), g, _mm256_mul_ps(_mm256_loadu_ps(src.v + i), b2));
     __m256 vn = v;
     if (s.amsgrad) {
-      vn = NanMax8(_mm256_loadu_ps(span.max_v + i), v);
+      vn = NanMax8(_mm256_loadu_ps(src.max_v + i), v);
       _mm256_storeu_ps(span.max_v + i, vn);
     }
     const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vn), bc2), eps);

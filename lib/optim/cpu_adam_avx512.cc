@@ -51,21 +51,22 @@ TIERMEM_AVX512 void AdamKernelAvx512(const StepScalars& s, const AdamSpan& span,
                omb2 = _mm512_set1_ps(s.one_minus_beta2), decay = _mm512_set1_ps(s.decay),
                l2 = _mm512_set1_ps(s.l2), nss = _mm512_set1_ps(s.neg_step_size),
                bc2 = _mm512_set1_ps(s.bc2_sqrt), eps = _mm512_set1_ps(s.eps);
+  const AdamSources src = SourcesOf(span);
   size_t i = begin;
   for (; i + 16 <= end; i += 16) {
     __m512 g = _mm512_mul_ps(LoadGrad16(span, i), scale);
-    __m512 p = _mm512_loadu_ps(span.param + i);
+    __m512 p = _mm512_loadu_ps(src.param + i);
     if (s.decoupled) {
       p = _mm512_mul_ps(p, decay);
     } else {
       g = _mm512_fmadd_ps(p, l2, g);
     }
-    const __m512 m = _mm512_fmadd_ps(g, omb1, _mm512_mul_ps(_mm512_loadu_ps(span.m + i), b1));
+    const __m512 m = _mm512_fmadd_ps(g, omb1, _mm512_mul_ps(_mm512_loadu_ps(src.m + i), b1));
     const __m512 v =
-        _mm512_fmadd_ps(_mm512_mul_ps(omb2, g), g, _mm512_mul_ps(_mm512_loadu_ps(span.v + i), b2));
+        _mm512_fmadd_ps(_mm512_mul_ps(omb2, g), g, _mm512_mul_ps(_mm512_loadu_ps(src.v + i), b2));
     __m512 vn = v;
     if (s.amsgrad) {
-      vn = NanMax16(_mm512_loadu_ps(span.max_v + i), v);
+      vn = NanMax16(_mm512_loadu_ps(src.max_v + i), v);
       _mm512_storeu_ps(span.max_v + i, vn);
     }
     const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vn), bc2), eps);

@@ -31,19 +31,20 @@ float NanMax(float a, float b) {
 }  // namespace
 
 void AdamKernelBaseline(const StepScalars& s, const AdamSpan& span, size_t begin, size_t end) {
+  const AdamSources src = SourcesOf(span);
   for (size_t i = begin; i < end; ++i) {
     float g = LoadGrad(span, i) * s.grad_scale;
-    float p = span.param[i];
+    float p = src.param[i];
     if (s.decoupled) {
       p = p * s.decay;
     } else {
       g = g + s.l2 * p;
     }
-    const float m = span.m[i] * s.beta1 + s.one_minus_beta1 * g;
-    const float v = span.v[i] * s.beta2 + s.one_minus_beta2 * g * g;
+    const float m = src.m[i] * s.beta1 + s.one_minus_beta1 * g;
+    const float v = src.v[i] * s.beta2 + s.one_minus_beta2 * g * g;
     float vn = v;
     if (s.amsgrad) {
-      vn = NanMax(span.max_v[i], v);
+      vn = NanMax(src.max_v[i], v);
       span.max_v[i] = vn;
     }
     const float denom = std::sqrt(vn) / s.bc2_sqrt + s.eps;

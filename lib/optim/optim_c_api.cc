@@ -4,8 +4,10 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
@@ -15,6 +17,7 @@
 #include "lib/base/status.h"
 #include "lib/optim/adam_optimizer.h"
 #include "lib/optim/bucket_step.h"
+#include "lib/runtime/runtime.h"
 #include "tiermem/tiermem.h"
 
 namespace tiermem::optim {
@@ -25,6 +28,7 @@ struct AdamHandle {
   int prefetch_depth = 0;
   Mutex mu;  // one step at a time per optimizer
   std::unique_ptr<AdamOptimizer> opt;
+  StepVersions versions ABSL_GUARDED_BY(mu);
 };
 
 using AdamRegistry = HandleRegistry<AdamHandle, HandleKind::kAdam>;
@@ -141,6 +145,20 @@ class HandleStateTensors : public StateTensors {
     return FromC(tm_tensor_offload(rt_, {t}, tier));
   }
   absl::Status Sync(uint64_t t) override { return FromC(tm_tensor_sync(rt_, {t})); }
+  absl::StatusOr<uint64_t> Create(uint64_t bytes, const std::string& name) override {
+    tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+    d.bytes = bytes;
+    d.cls = TM_CLASS_OPTIMIZER_STATE;
+    d.home_tier = TM_TIER_NVME;
+    d.name = name.c_str();
+    tm_tensor t{0};
+    if (tm_status s = tm_tensor_create(rt_, &d, &t); s != TM_OK) return FromC(s);
+    return t.bits;
+  }
+  absl::Status Destroy(uint64_t t) override { return FromC(tm_tensor_destroy(rt_, {t})); }
+  absl::Status SwapContents(const std::vector<std::pair<uint64_t, uint64_t>>& pairs) override {
+    return FromC(WithRuntime(rt_, [&](Runtime& r) { return r.SwapContents(pairs); }));
+  }
 
  private:
   tm_runtime rt_;
@@ -178,11 +196,17 @@ TM_API tm_status tm_adam_create(tm_runtime runtime, const tm_adam_config* config
 }
 
 TM_API tm_status tm_adam_destroy(tm_adam adam) {
-  if (Adams().Remove(adam.bits) == nullptr) {
+  std::shared_ptr<AdamHandle> h = Adams().Remove(adam.bits);
+  if (h == nullptr) {
     return Fail(TM_ERR_INVALID_HANDLE,
                 absl::StrFormat("adam handle 0x%016x is zero, destroyed or invalid", adam.bits));
   }
-  return TM_OK;
+  return Guarded([&] {
+    MutexLock lock(&h->mu);
+    HandleStateTensors tensors(h->runtime);
+    h->versions.Forget(tensors);  // the shadow states (gone already with their runtime)
+    return TM_OK;
+  });
 }
 
 TM_API tm_status tm_adam_set_hyper(tm_adam adam, const tm_adam_config* config) {
@@ -244,8 +268,8 @@ TM_API tm_status tm_adam_step_buckets(tm_adam adam, uint64_t step, float grad_sc
     }
     MutexLock lock(&h.mu);
     HandleStateTensors tensors(h.runtime);
-    BucketStepResult r =
-        StepBuckets(*h.opt, tensors, h.prefetch_depth, step, grad_scale, buckets, count);
+    BucketStepResult r = StepBuckets(*h.opt, tensors, h.versions, h.prefetch_depth, step,
+                                     grad_scale, buckets, count);
     if (buckets_done != nullptr) *buckets_done = r.buckets_done;
     return Report(WithContext(r.status, "tm_adam_step_buckets"));
   });

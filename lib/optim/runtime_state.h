@@ -1,6 +1,10 @@
 // StateTensors straight over a Runtime (tests drive the pipeline with it under fault injection).
 #pragma once
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "lib/optim/bucket_step.h"
 #include "lib/runtime/runtime.h"
 
@@ -18,6 +22,13 @@ class RuntimeStateTensors : public StateTensors {
   absl::Status Release(uint64_t t, tm_tier tier) override { return rt_.Release(t, tier); }
   absl::Status Offload(uint64_t t, tm_tier tier) override { return rt_.Offload(t, tier); }
   absl::Status Sync(uint64_t t) override { return rt_.Sync(t); }
+  absl::StatusOr<uint64_t> Create(uint64_t bytes, const std::string& name) override {
+    return rt_.CreateTensor({bytes, TM_CLASS_OPTIMIZER_STATE, TM_TIER_NVME, name});
+  }
+  absl::Status Destroy(uint64_t t) override { return rt_.DestroyTensor(t); }
+  absl::Status SwapContents(const std::vector<std::pair<uint64_t, uint64_t>>& pairs) override {
+    return rt_.SwapContents(pairs);
+  }
 
  private:
   Runtime& rt_;

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -98,6 +99,10 @@ class Runtime {
   // Waits for every queued and running move; returns (and forgets) every kept failure,
   // destroyed tensors' included.
   absl::Status SyncAll();
+  // Each pair of tensors of equal size exchanges its copies (every tier's), all pairs at once or
+  // none: a commit of versions written aside (the CPU Adam's shadow state). TM_ERR_BUSY while
+  // one is acquired or landing; waits for their queued moves. (swap_contents.cc)
+  absl::Status SwapContents(const std::vector<std::pair<uint64_t, uint64_t>>& pairs);
   absl::StatusOr<uint32_t> Residency(uint64_t handle);
   // Steps and the schedule (see Schedule).
   absl::Status StepBegin();

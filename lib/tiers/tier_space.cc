@@ -54,14 +54,16 @@ absl::StatusOr<Extent> TierSpace::Allocate(uint64_t bytes, absl::string_view ten
   return Extent{a->offset, a->size, a->block};
 }
 
-void TierSpace::Disown(const Extent& e) {
+void TierSpace::Disown(const Extent& e) { Reown(e, 0); }
+
+void TierSpace::Reown(const Extent& e, uint64_t owner) {
   if (e.empty()) return;
   MutexLock lock(&mu_);
   if (counted()) {
-    if (e.block < counted_.size()) counted_[e.block].owner = 0;
+    if (e.block < counted_.size()) counted_[e.block].owner = owner;
     return;
   }
-  if (e.block < owners_.size()) owners_[e.block] = 0;
+  if (e.block < owners_.size()) owners_[e.block] = owner;
 }
 
 absl::StatusOr<Extent> TierSpace::AllocateCounted(uint64_t bytes, absl::string_view tensor_name,

@@ -67,6 +67,8 @@ class TierSpace {
   // Keeps `e` reserved but owned by no tensor: its tensor dropped it while callers' work may
   // still use the memory (a deferred free); eviction sees a wall.
   void Disown(const Extent& e);
+  // Hands `e` to the tensor `owner` (tensors that swap contents: Runtime::SwapContents).
+  void Reown(const Extent& e, uint64_t owner);
   // True for a counted space (a backing): Layout's order then means nothing, and any set of
   // copies whose bytes suffice makes room (see CountedOrder in lib/policy/eviction.h).
   bool counted() const { return static_cast<bool>(backing_.allocate); }

@@ -1,12 +1,14 @@
 """tiermem.torch.CPUAdam: the tiny GPT trains to torch.optim.AdamW's loss curve (state in DRAM
 and on NVMe, with and without clipping), checkpoints move between the two optimizers, bf16
-parameters are the fp32 master rounded to nearest even, and each kernel gives the same curve."""
+parameters are the fp32 master rounded to nearest even, each kernel gives the same curve, and a
+step whose NVMe state cannot be read changes nothing."""
 
 import ctypes
 import json
 import os
 import subprocess
 
+import numpy
 import pytest
 import torch
 
@@ -16,23 +18,32 @@ from tiermem.torch import CPUAdam
 from tiermem.torch.cpu_adam import isa, set_isa_limit
 from tinygpt import TinyGPT, batches
 
-# 200 steps of the tiny GPT take ~15 s per run on this 2-core machine. lr 1e-3 (torch's default):
+# One intra-op thread: the tiny GPT's ops are far too small to split, and on a shared 2-core
+# machine torch's spinning workers made a step 8x slower under load (60 s against 7 s per 100
+# steps at load average 13). Every run here, the references included, uses the same setting.
+torch.set_num_threads(1)
+
+# 200 steps of the tiny GPT take ~12 s per run on this 2-core machine. lr 1e-3 (torch's default):
 # at 1e-2 this model's training is chaotic enough that last-bit differences (which torch's own
 # vectorized and scalar paths also have: FMA or not) grow past 1e-5 after ~140 steps, even for
 # the baseline kernel, which rounds every operation on its own as torch's scalar code does.
 STEPS = 200
+# A small tiny GPT (27k parameters in 28 tensors: every kind of layer, with biases and norms of
+# odd sizes) on 4 x 16 tokens, so that the 200-step curves stay cheap: the curve's check is the
+# same for any size, and bigger sizes are the benchmarks' and the kernel tests' business.
+SEQ, BATCH, VOCAB = 16, 4, 128
 HYPER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 CLIP = 0.5
 
 
 def model():
     torch.manual_seed(0)
-    return TinyGPT(vocab=128, seq=32, hidden=64, heads=4, blocks=2)
+    return TinyGPT(vocab=VOCAB, seq=SEQ, hidden=32, heads=4, blocks=2)
 
 
 def run(m, opt, steps, clip=None, start=0, torch_clip=False):
     losses = []
-    for i, (x, y) in enumerate(batches(start + steps, 4, 32, 128)):
+    for i, (x, y) in enumerate(batches(start + steps, BATCH, SEQ, VOCAB)):
         if i < start:
             continue
         torch.manual_seed(1000 + i)  # dropout masks independent of what ran before
@@ -66,7 +77,10 @@ def assert_same_curve(got, want):
 @pytest.mark.parametrize("clip", [None, CLIP], ids=["noclip", "clip"])
 @pytest.mark.parametrize("tier", ["dram", "nvme"])
 def test_tiny_gpt_follows_adamw(make_runtime, ref_curves, tier, clip):
-    rt = make_runtime(dram_bytes="4MiB", nvme_bytes="64MiB", prefetch_depth=2)
+    # NVMe: 384 KiB of DRAM (128 KiB for staging) against 360 KiB of state, so that each step
+    # streams most of it through NVMe. DRAM: room for all of it (a step pins DRAM-only state).
+    rt = make_runtime(dram_bytes="4MiB" if tier == "dram" else "384KiB", nvme_bytes="64MiB",
+                      prefetch_depth=2)
     m = model()
     start = [p.detach().clone() for p in m.parameters()]
     opt = CPUAdam(m.parameters(), runtime=rt, state_tier=tier, max_grad_norm=clip, threads=2,
@@ -74,7 +88,9 @@ def test_tiny_gpt_follows_adamw(make_runtime, ref_curves, tier, clip):
     got = run(m, opt, STEPS)
     assert_same_curve(got, ref_curves[clip])
     if tier == "nvme":
-        assert rt.stats()["bytes_moved"]["dram"]["nvme"] > 0, "the state went through NVMe"
+        moved = rt.stats()["bytes_moved"]
+        assert moved["nvme"]["dram"] > STEPS * 12 * 30080 // 2, "the state was read from NVMe"
+        assert moved["dram"]["nvme"] > STEPS * 12 * 30080 // 2, "and written back"
     # The parameters moved (the data is random tokens: the loss itself stays near log(128)).
     assert max((p.detach() - q).abs().max().item() for p, q in zip(m.parameters(), start)) > 0.05
     opt.close()
@@ -180,7 +196,7 @@ def test_overlap_on_gpu_follows_adamw(make_runtime, ref_curves):
     opt = CPUAdam(m.parameters(), runtime=make_runtime(dram_bytes="4MiB"), overlap=True,
                   **HYPER)
     losses = []
-    for i, (x, y) in enumerate(batches(50, 4, 32, 128)):
+    for i, (x, y) in enumerate(batches(50, BATCH, SEQ, VOCAB)):
         torch.manual_seed(1000 + i)
         loss = m(x.cuda(), y.cuda())
         loss.backward()
@@ -189,3 +205,84 @@ def test_overlap_on_gpu_follows_adamw(make_runtime, ref_curves):
         losses.append(loss.item())
     assert_same_curve(losses, ref_curves[None][:50])
     opt.close()
+
+
+def _flip_swap_files(nvme_dir):
+    """Inverts every byte of the swap files (the NVMe tier's checksums then refuse each read);
+    returns what to write back to undo it. The files have no name (O_TMPFILE): they are reached
+    through this process's descriptors."""
+    saved = {}
+    fds, paths = "/proc/self/fd", []
+    for fd in os.listdir(fds) if os.path.isdir(fds) else []:
+        try:
+            if os.readlink(os.path.join(fds, fd)).startswith(nvme_dir + "/"):
+                paths.append(os.path.join(fds, fd))
+        except OSError:  # the descriptor listdir itself used
+            pass
+    if not paths:
+        pytest.skip("the swap files cannot be reached through /proc/self/fd")
+    for path in paths:
+        with open(path, "r+b") as f:
+            data = f.read()
+            saved[path] = data
+            f.seek(0)
+            f.write((numpy.frombuffer(data, dtype=numpy.uint8) ^ 0xFF).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+    return saved
+
+
+def _restore(saved):
+    for path, data in saved.items():
+        with open(path, "r+b") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def test_failed_nvme_read_leaves_the_parameters_untouched(make_runtime, nvme_dir):
+    """A step whose state cannot be read from NVMe raises, changes no parameter and no state, and
+    taken again once the disk reads right equals the step of an optimizer that never failed."""
+    torch.manual_seed(5)
+    shapes = [(300, 7), (1023,), (64, 64)]
+    ps = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    rt = make_runtime(dram_bytes="1MiB", checksum="xxh3", prefetch_depth=2)
+    opt = CPUAdam(ps, runtime=rt, state_tier="nvme", threads=2, **HYPER)
+    twin = CPUAdam(twins, threads=2, **HYPER)  # DRAM state: never fails
+    grads = [[torch.randn(s) for s in shapes] for _ in range(2)]
+
+    def step(o, params, g):
+        for p, gi in zip(params, g):
+            p.grad = gi.clone()
+        o.step()
+
+    step(opt, ps, grads[0])
+    step(twin, twins, grads[0])
+    for slot in opt._slots.values():  # every state on NVMe only, where the fault strikes
+        slot.tensor.offload("nvme")
+        slot.tensor.sync()
+        assert slot.tensor.residency() == {"nvme"}, slot.tensor.residency()
+    # The first parameter's state reads from a DRAM copy: it steps before the second one fails.
+    first = opt._slots[ps[0]].tensor
+    first.prefetch("dram")
+    first.sync()
+    assert first.residency() == {"dram", "nvme"}
+    before = [p.detach().clone() for p in ps]
+    saved = _flip_swap_files(str(nvme_dir))
+    with pytest.raises(tiermem.TiermemError, match="the step was not taken"):
+        step(opt, ps, grads[1])
+    for p, b in zip(ps, before):
+        assert torch.equal(p.detach(), b), "a failed step changed a parameter"
+    _restore(saved)
+    sd = opt.state_dict()
+    assert [int(s["step"]) for s in sd["state"].values()] == [1, 1, 1]
+    for a, b in zip(sd["state"].values(), twin.state_dict()["state"].values()):
+        assert torch.equal(a["exp_avg"], b["exp_avg"]), "the state is the first step's"
+        assert torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+    opt.step()  # the same step again (its gradients are still there): taken now
+    step(twin, twins, grads[1])
+    for p, q in zip(ps, twins):
+        assert torch.equal(p.detach(), q.detach()), "the retried step equals a clean one"
+    opt.close()
+    twin.close()

@@ -225,8 +225,8 @@ class CPUAdam(torch.optim.Optimizer):
         done = ctypes.c_size_t(0)
         status = _lib.tm_adam_step_buckets(self._adam, step, grad_scale, arr, len(pairs),
                                            ctypes.byref(done))
-        # Buckets stepped whole are counted and uploaded; the others are untouched, so the
-        # step can be taken again for them once the cause is gone.
+        # All or nothing: done is 0 (nothing changed, not even the CPU parameters that
+        # receive the update in place) or every bucket, counted and uploaded.
         for p, _ in pairs[:done.value]:
             self._stepped.add(p)
             self.state[p]["step"] += 1

@@ -1,0 +1,77 @@
+// Tensors that exchange their contents: the commit of versions written aside. The CPU Adam steps
+// a bucket's NVMe state into a shadow tensor and, once every bucket's new state is written,
+// swaps each state with its shadow here, under one hold of the lock, so a step is all or nothing.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "lib/base/status.h"
+#include "lib/runtime/runtime.h"
+
+namespace tiermem {
+
+namespace {
+
+// Why the pair cannot swap now (empty: it can), or a refusal.
+absl::Status CheckPair(const Tensor& a, const Tensor& b) {
+  if (&a == &b) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("cannot swap tensor \"%s\" with itself", a.name));
+  }
+  if (a.bytes != b.bytes) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("cannot swap tensor \"%s\" (%u bytes) with \"%s\" (%u bytes): "
+                                 "sizes differ",
+                                 a.name, a.bytes, b.name, b.bytes));
+  }
+  for (const Tensor* t : {&a, &b}) {
+    if (t->landing.has_value()) {
+      return Error(TM_ERR_BUSY, absl::StrFormat("cannot swap tensor \"%s\": a copy ordered on a "
+                                                "caller's stream has not landed",
+                                                t->name));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Runtime::SwapContents(const std::vector<std::pair<uint64_t, uint64_t>>& pairs) {
+  MutexLock lock(&mu_);
+  std::vector<std::pair<Tensor*, Tensor*>> found;
+  for (;;) {
+    found.clear();
+    bool moving = false;
+    for (const auto& [ha, hb] : pairs) {
+      auto a = Find(ha);
+      if (!a.ok()) return a.status();
+      auto b = Find(hb);
+      if (!b.ok()) return b.status();
+      if (absl::Status s = CheckPair(**a, **b); !s.ok()) return s;
+      for (const Tensor* t : {*a, *b}) {
+        if (absl::Status s = CheckOthersUnpinned(*t, -1); !s.ok()) {
+          return WithContext(s, "cannot swap contents");
+        }
+        moving = moving || t->busy() || t->queued > 0;
+      }
+      found.emplace_back(*a, *b);
+    }
+    if (!moving) break;
+    changed_.Wait(&mu_);  // a move finishing signals; then look again (a tensor may be gone)
+  }
+  for (auto [a, b] : found) {
+    std::swap(a->copies, b->copies);
+    for (int i = 0; i < TM_TIER_COUNT; ++i) {
+      const auto tier = static_cast<tm_tier>(i);
+      for (const Tensor* t : {a, b}) {
+        if (!t->copy(tier).extent.empty())
+          tiers_->space(tier).Reown(t->copy(tier).extent, t->handle);
+      }
+    }
+  }
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+}  // namespace tiermem
