@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "json_check.h"
@@ -77,6 +78,15 @@ TEST(Probe, JsonFollowsTheSchema) {
   }
   EXPECT_EQ(out.find("\"demo\""), std::string::npos) << "--no-demo";
   EXPECT_EQ(out.find("\"tune\""), std::string::npos) << "no --tune";
+  // The runtime's NVMe read is the drive's, not a hit on the clean DRAM copy that inclusive DRAM
+  // (on by default) keeps: that no-op once printed 148882 GB/s.
+  const size_t read = out.find("{\"from\": \"nvme\", \"to\": \"dram\"");
+  ASSERT_NE(read, std::string::npos);
+  const size_t gbps = out.find("\"gbps\": ", read);
+  ASSERT_NE(gbps, std::string::npos);
+  const double nvme_read_gbps = std::strtod(out.c_str() + gbps + 8, nullptr);
+  EXPECT_GT(nvme_read_gbps, 0.0);
+  EXPECT_LT(nvme_read_gbps, 200.0) << "an NVMe read that moved no bytes";
 }
 
 // Two paths: a sweep of each and one striped over both.

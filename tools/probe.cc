@@ -423,7 +423,12 @@ int Main(int argc, char** argv) {
   auto cfg = LoadConfig({}, ProcessEnvironment(), ProcessTiermemVariables());
   if (!cfg.ok()) return Fail(Error(TM_ERR_CONFIG, cfg.status().message()));
   if (!json) std::printf("tiermem-probe %s\n", tm_version_string());
-  auto rt = Runtime::Create(*cfg);
+  // The probe measures the tiers, not inclusive DRAM's hits: with a clean DRAM copy kept, the
+  // "nvme -> dram" acquire would be a no-op reported at 100+ TB/s. --config still prints the
+  // setting as configured.
+  Config measured = *cfg;
+  measured.dram_inclusive = false;
+  auto rt = Runtime::Create(measured);
   if (!rt.ok()) return Fail(rt.status());
   if (config_only) {
     for (const auto& e : (*rt)->config().entries) {
