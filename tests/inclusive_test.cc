@@ -162,6 +162,47 @@ TEST(InclusiveTest, MoveUpReadsTheCleanCopyBitExact) {
   }
 }
 
+// Read-through: a prefetch of an NVMe tensor to HBM goes through DRAM and keeps that copy, so
+// that the tensor's next move up reads DRAM, bit-exact; exclusive tiers read NVMe again.
+TEST(InclusiveTest, PrefetchFromNvmeReadsThroughDram) {
+  for (bool inclusive : {true, false}) {
+    SCOPED_TRACE(inclusive ? "inclusive" : "exclusive");
+    TempDir dir;
+    auto rt = MakeRuntime(dir.path(), 32 * kMiB, 32 * kMiB, inclusive);
+    ASSERT_NE(rt, nullptr);
+    const uint64_t n = 2 * kMiB + 99;
+    const std::vector<uint8_t> bytes = RandomBytes(n, 21);
+    const uint64_t h = NewTensor(*rt, "param", n, TM_TIER_NVME);
+    ASSERT_TRUE(rt->Write(h, 0, bytes.data(), n).ok());
+    ASSERT_EQ(*rt->Residency(h), kNvme);
+    const tm_stats start = rt->Stats();
+    ASSERT_TRUE(rt->Prefetch(h, TM_TIER_HBM).ok());
+    ASSERT_TRUE(rt->Sync(h).ok());
+    EXPECT_EQ(*rt->Residency(h), inclusive ? kHbm | kDram | kNvme : kHbm | kNvme);
+    const tm_stats first = rt->Stats();
+    EXPECT_EQ(first.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM] +
+                  first.bytes_moved[TM_TIER_NVME][TM_TIER_HBM],
+              n);
+    EXPECT_EQ(first.clean_reads, 0u) << "the move that made the copy read NVMe: nothing saved";
+    // HBM's copy dropped (NVMe holds the bytes), then wanted again.
+    ASSERT_TRUE(rt->Offload(h, TM_TIER_NVME).ok());
+    ASSERT_TRUE(rt->Sync(h).ok());
+    ASSERT_EQ(*rt->Residency(h), inclusive ? kDram | kNvme : kNvme);
+    auto p = rt->Acquire(h, TM_TIER_HBM, TM_ACCESS_READ, nullptr);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(std::memcmp(*p, bytes.data(), n), 0) << "the bytes moved up differ";
+    ASSERT_TRUE(rt->Release(h, TM_TIER_HBM).ok());
+    const tm_stats after = rt->Stats();
+    EXPECT_EQ(after.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM] +
+                  after.bytes_moved[TM_TIER_NVME][TM_TIER_HBM],
+              inclusive ? n : 2 * n);
+    EXPECT_EQ(after.clean_read_bytes, inclusive ? n : 0u);
+    EXPECT_EQ(after.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME],
+              start.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME])
+        << "a clean copy was written";
+  }
+}
+
 // Fills DRAM with dirty copies (DRAM-homed tensors) and one clean copy (written through), the
 // clean one used most recently so that the weighted cost alone would rather write an old dirty
 // copy down. A demand for room must drop the clean copy and write nothing.
