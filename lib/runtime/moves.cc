@@ -205,8 +205,13 @@ absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
     if (made && t.copy(TM_TIER_DRAM).state == CopyState::kValid) FreeCopy(t, TM_TIER_DRAM);
     return s;
   }
+  // An acquire in HBM has waited for this offload: NVMe holds the bytes now, so HBM's copy is
+  // clean and stays for it, rather than being freed and brought straight back up.
+  const bool keep_hbm =
+      tier == TM_TIER_NVME && wanted_in_hbm_.contains(t.handle) && t.copy(TM_TIER_HBM).valid();
   for (int above = 0; above < tier; ++above) {
     if (keep_dram && above == TM_TIER_DRAM) continue;  // clean now: NVMe holds its bytes
+    if (keep_hbm && above == TM_TIER_HBM) continue;
     FreeCopy(t, static_cast<tm_tier>(above));
   }
   if (keep_dram && t.copy(TM_TIER_DRAM).valid()) {

@@ -341,6 +341,9 @@ class Runtime {
   std::vector<CopyInFlight> caller_copies_ ABSL_GUARDED_BY(mu_);
   Schedule schedule_ ABSL_GUARDED_BY(mu_);
   uint64_t tick_ ABSL_GUARDED_BY(mu_) = 0;
+  // Handles that an acquire in HBM is waiting to claim, with the number of such acquires: an
+  // offload that finishes meanwhile keeps their HBM copy (see OffloadClaimed).
+  absl::flat_hash_map<uint64_t, uint32_t> wanted_in_hbm_ ABSL_GUARDED_BY(mu_);
   uint64_t prefetch_limit_ = 0;  // bytes
   Counters counters_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Trace> trace_;
