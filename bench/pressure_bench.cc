@@ -122,8 +122,8 @@ absl::Status MeasureNvme(Runtime& rt, double* write_gbps, double* read_gbps) {
 }
 
 struct Result {
-  double step = 0;          // median wall seconds of the steps after the first
-  double checking = 0;      // median seconds of those steps spent writing and checking bytes
+  double step = 0;      // median wall seconds of the steps after the first
+  double checking = 0;  // median seconds of those steps spent writing and checking bytes
   // Where the step thread's time went (medians, PRESSURE_BENCH_TERMS): asleep for "compute"
   // (the nominal compute plus the oversleep of a loaded machine), waiting in Acquire, and in
   // the other calls (create, release, offload, destroy, step marks).
@@ -317,18 +317,17 @@ void PrintRow(const Options& o, int k, uint64_t hbm, int depth, bool inclusive, 
         "%.0f / %.0f, NVMe write %.0f / %.0f; minimum bound by %s\n",
         least.h2d / kMiB, r.h2d / kMiB, least.d2h / kMiB, r.d2h / kMiB, least.nvme_read / kMiB,
         r.nvme_read / kMiB, least.nvme_write / kMiB, r.nvme_write / kMiB, min_by);
-    std::printf("  step ms: slept %.1f (compute %.1f), checking %.1f, in acquire %.1f, in other "
-                "calls %.1f\n",
-                r.slept * 1e3, compute * 1e3, r.checking * 1e3, r.acquiring * 1e3,
-                r.other_calls * 1e3);
+    std::printf(
+        "  step ms: slept %.1f (compute %.1f), checking %.1f, in acquire %.1f, in other "
+        "calls %.1f\n",
+        r.slept * 1e3, compute * 1e3, r.checking * 1e3, r.acquiring * 1e3, r.other_calls * 1e3);
   }
   std::printf(
       "%2d (%3.0f MiB) %3d %4s %8.1f %7.1f %8.1f %6.2f %7.2f %8.1f %6.2f %8s %9.2fx %7llu %8llu "
       "%8llu %6llu %8.0f %8.0f\n",
       k, static_cast<double>(hbm) / kMiB, depth, inclusive ? "on" : "off", r.step * 1e3,
-      r.checking * 1e3, min_bound * 1e3, r.step / min_bound, r.step / slept_bound,
-      own_bound * 1e3, r.step / own_bound,
-      own_by, base > 0 ? base / r.step : 0.0,
+      r.checking * 1e3, min_bound * 1e3, r.step / min_bound, r.step / slept_bound, own_bound * 1e3,
+      r.step / own_bound, own_by, base > 0 ? base / r.step : 0.0,
       static_cast<unsigned long long>(r.stats.acquire_misses),
       static_cast<unsigned long long>(r.stats.evictions),
       static_cast<unsigned long long>(r.stats.prefetches_dropped),
@@ -409,10 +408,10 @@ int Main(int argc, char** argv) {
       "  compute %.1f ms/step; link %.1f GB/s each way; NVMe (measured, runtime path) "
       "write %.2f, read %.2f GB/s\n\n",
       compute * 1e3, o.link_gbps, nvme_w, nvme_r);
-  std::printf("%-12s %3s %4s %8s %7s %8s %6s %7s %8s %6s %8s %10s %7s %8s %8s %6s %8s %8s\n",
-              "hbm", "depth", "incl", "step ms", "check", "min ms", "/ min", "/ slept", "own ms",
-              "/ own", "own by",
-              "vs depth 0", "misses", "evicted", "dropped", "waits", "nvme rd", "clean rd");
+  std::printf("%-12s %3s %4s %8s %7s %8s %6s %7s %8s %6s %8s %10s %7s %8s %8s %6s %8s %8s\n", "hbm",
+              "depth", "incl", "step ms", "check", "min ms", "/ min", "/ slept", "own ms", "/ own",
+              "own by", "vs depth 0", "misses", "evicted", "dropped", "waits", "nvme rd",
+              "clean rd");
   // Every combination once per round, the rounds one after another: the runs interleave.
   struct Key {
     int k, depth;
