@@ -12,9 +12,8 @@
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 
-// Exclusive tiers (TIERMEM_DRAM_INCLUSIVE=off) for every runtime of this file: its tests reach
-// NVMe itself, for which inclusive DRAM's clean copies would stand in (tests/inclusive_test.cc).
-static const tiermem::testing::ScopedEnv kExclusiveTiers("TIERMEM_DRAM_INCLUSIVE", "off");
+// The default tiers (inclusive DRAM) but where a test counts the bytes that cross NVMe itself,
+// for which inclusive DRAM's clean copies would stand in (tests/inclusive_test.cc).
 
 namespace tiermem {
 namespace {
@@ -81,6 +80,7 @@ class BytesMoved : public ::testing::TestWithParam<tm_io_engine> {
 };
 
 TEST_P(BytesMoved, RuntimeMovesCountEachHopOnce) {
+  testing::ScopedEnv exclusive("TIERMEM_DRAM_INCLUSIVE", "off");  // counts NVMe's own hops
   Start(128ull << 20);
   const uint64_t S = (5ull << 20) + 4093;
   const std::vector<uint8_t> data = RandomBytes(S, 1);

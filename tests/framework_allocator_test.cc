@@ -19,9 +19,8 @@
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 
-// Exclusive tiers (TIERMEM_DRAM_INCLUSIVE=off) for every runtime of this file: its tests reach
-// NVMe itself, for which inclusive DRAM's clean copies would stand in (tests/inclusive_test.cc).
-static const tiermem::testing::ScopedEnv kExclusiveTiers("TIERMEM_DRAM_INCLUSIVE", "off");
+// The default tiers (inclusive DRAM) but where a test needs its bytes to come back from NVMe
+// itself, for which inclusive DRAM's clean copies would stand in (tests/inclusive_test.cc).
 
 namespace tiermem {
 namespace {
@@ -284,6 +283,7 @@ TEST_F(Allocator, RuntimeDestroyGivesBackWhatTensorsStillHold) {
 }
 
 TEST_F(Allocator, BytesRoundTripThroughHbmFromTheCallbacks) {
+  testing::ScopedEnv exclusive("TIERMEM_DRAM_INCLUSIVE", "off");  // the bytes come from NVMe
   Open(8 * kMiB);
   for (uint64_t n :
        {uint64_t{1}, uint64_t{255}, uint64_t{256}, uint64_t{257}, uint64_t{4099}, kMiB + 7}) {

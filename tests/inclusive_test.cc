@@ -72,6 +72,28 @@ std::vector<uint8_t> ReadAll(Runtime& rt, uint64_t h, uint64_t bytes) {
   return out;
 }
 
+// The block of `h` in the NVMe tier's layout (its offset in the one swap file), or -1.
+int64_t NvmeOffset(Runtime& rt, uint64_t h) {
+  for (const auto& b : rt.Layout(TM_TIER_NVME)) {
+    if (!b.free && b.owner == h) return static_cast<int64_t>(b.offset);
+  }
+  return -1;
+}
+
+// The swap file of process `pid` under `dir`, opened here through /proc: the parent's own
+// reference to its (unlinked) inode, which outlives the process.
+int OpenSwapFileOf(pid_t pid, const std::string& dir) {
+  for (int fd = 0; fd < 1024; ++fd) {
+    const std::string link = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+    char target[4096];
+    const ssize_t n = readlink(link.c_str(), target, sizeof target - 1);
+    if (n <= 0) continue;
+    target[n] = '\0';
+    if (std::string(target).rfind(dir + "/", 0) == 0) return open(link.c_str(), O_RDONLY);
+  }
+  return -1;
+}
+
 constexpr uint32_t kHbm = TM_TIER_BIT(TM_TIER_HBM), kDram = TM_TIER_BIT(TM_TIER_DRAM),
                    kNvme = TM_TIER_BIT(TM_TIER_NVME);
 
@@ -111,6 +133,73 @@ TEST(InclusiveTest, MoveUpReadsTheCleanCopyBitExact) {
     EXPECT_EQ(nvme_read, inclusive ? 0u : n);
     EXPECT_EQ(after.clean_reads, inclusive ? 1u : 0u);
     EXPECT_EQ(after.clean_read_bytes, inclusive ? n : 0u);
+
+    // Changed in HBM and offloaded again: the DRAM copy kept the first time is stale now, and
+    // the second move up must serve the new bytes, from a fresh clean copy.
+    std::vector<uint8_t> changed = bytes;
+    for (uint64_t i = 0; i < n; i += 4099) changed[i] ^= 0x5a;
+    changed[n - 1] ^= 0xa5;
+    auto w = rt->Acquire(h, TM_TIER_HBM, TM_ACCESS_READ_WRITE, nullptr);
+    ASSERT_TRUE(w.ok()) << w.status();
+    std::memcpy(*w, changed.data(), n);
+    ASSERT_TRUE(rt->Release(h, TM_TIER_HBM).ok());
+    ASSERT_TRUE(rt->Offload(h, TM_TIER_NVME).ok());
+    ASSERT_TRUE(rt->Sync(h).ok());
+    EXPECT_EQ(*rt->Residency(h), inclusive ? kDram | kNvme : kNvme);
+    auto q = rt->Acquire(h, TM_TIER_HBM, TM_ACCESS_READ, nullptr);
+    ASSERT_TRUE(q.ok()) << q.status();
+    EXPECT_EQ(std::memcmp(*q, changed.data(), n), 0) << "a stale copy was served";
+    ASSERT_TRUE(rt->Release(h, TM_TIER_HBM).ok());
+    EXPECT_EQ(rt->Stats().clean_reads, inclusive ? 2u : 0u);
+    // And NVMe holds the new bytes too (read from the swap file itself): dropping the DRAM copy
+    // loses nothing.
+    const int swap = OpenSwapFileOf(getpid(), dir.path());
+    ASSERT_GE(swap, 0);
+    std::vector<uint8_t> on_nvme(n);
+    EXPECT_EQ(pread(swap, on_nvme.data(), n, NvmeOffset(*rt, h)), static_cast<ssize_t>(n));
+    close(swap);
+    EXPECT_EQ(on_nvme, changed) << "NVMe holds stale bytes";
+  }
+}
+
+// Read-through: a prefetch of an NVMe tensor to HBM goes through DRAM and keeps that copy, so
+// that the tensor's next move up reads DRAM, bit-exact; exclusive tiers read NVMe again.
+TEST(InclusiveTest, PrefetchFromNvmeReadsThroughDram) {
+  for (bool inclusive : {true, false}) {
+    SCOPED_TRACE(inclusive ? "inclusive" : "exclusive");
+    TempDir dir;
+    auto rt = MakeRuntime(dir.path(), 32 * kMiB, 32 * kMiB, inclusive);
+    ASSERT_NE(rt, nullptr);
+    const uint64_t n = 2 * kMiB + 99;
+    const std::vector<uint8_t> bytes = RandomBytes(n, 21);
+    const uint64_t h = NewTensor(*rt, "param", n, TM_TIER_NVME);
+    ASSERT_TRUE(rt->Write(h, 0, bytes.data(), n).ok());
+    ASSERT_EQ(*rt->Residency(h), kNvme);
+    const tm_stats start = rt->Stats();
+    ASSERT_TRUE(rt->Prefetch(h, TM_TIER_HBM).ok());
+    ASSERT_TRUE(rt->Sync(h).ok());
+    EXPECT_EQ(*rt->Residency(h), inclusive ? kHbm | kDram | kNvme : kHbm | kNvme);
+    const tm_stats first = rt->Stats();
+    EXPECT_EQ(first.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM] +
+                  first.bytes_moved[TM_TIER_NVME][TM_TIER_HBM],
+              n);
+    EXPECT_EQ(first.clean_reads, 0u) << "the move that made the copy read NVMe: nothing saved";
+    // HBM's copy dropped (NVMe holds the bytes), then wanted again.
+    ASSERT_TRUE(rt->Offload(h, TM_TIER_NVME).ok());
+    ASSERT_TRUE(rt->Sync(h).ok());
+    ASSERT_EQ(*rt->Residency(h), inclusive ? kDram | kNvme : kNvme);
+    auto p = rt->Acquire(h, TM_TIER_HBM, TM_ACCESS_READ, nullptr);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(std::memcmp(*p, bytes.data(), n), 0) << "the bytes moved up differ";
+    ASSERT_TRUE(rt->Release(h, TM_TIER_HBM).ok());
+    const tm_stats after = rt->Stats();
+    EXPECT_EQ(after.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM] +
+                  after.bytes_moved[TM_TIER_NVME][TM_TIER_HBM],
+              inclusive ? n : 2 * n);
+    EXPECT_EQ(after.clean_read_bytes, inclusive ? n : 0u);
+    EXPECT_EQ(after.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME],
+              start.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME])
+        << "a clean copy was written";
   }
 }
 
@@ -138,7 +227,9 @@ TEST(InclusiveTest, CleanCopyDroppedBeforeAnythingDirtyIsWritten) {
   }
   ASSERT_GE(dirty.size(), 4u);
   ASSERT_EQ(rt->Stats().evictions, 0u) << "filling DRAM evicted already";
-  EXPECT_EQ(ReadAll(*rt, clean, n), clean_bytes);  // the clean copy is now the most recent use
+  // The clean copy used over and over, last: by the weighted cost alone (twice for a dirty copy,
+  // but many times more for a copy used lately) an old dirty copy would be written down first.
+  for (int round = 0; round < 32; ++round) EXPECT_EQ(ReadAll(*rt, clean, n), clean_bytes);
   const tm_stats before = rt->Stats();
 
   const uint64_t extra = NewTensor(*rt, "extra", n, TM_TIER_DRAM);
@@ -183,8 +274,6 @@ TEST(InclusiveTest, DemandNeverWaitsForAWriteACleanDropAvoids) {
     const std::vector<uint8_t> b = RandomBytes(n, 50 + d++);
     ASSERT_TRUE(rt->Write(h, 0, b.data(), n).ok());
   }
-  // Recent uses of the clean copies: by weighted cost alone, old dirty copies would go first.
-  for (uint64_t h : clean) ReadAll(*rt, h, n);
   // HBM full of dirty copies.
   std::vector<uint64_t> hot;
   std::vector<std::vector<uint8_t>> hot_bytes;
@@ -194,6 +283,12 @@ TEST(InclusiveTest, DemandNeverWaitsForAWriteACleanDropAvoids) {
     ASSERT_TRUE(rt->Write(hot.back(), 0, hot_bytes.back().data(), n).ok());
   }
   ASSERT_FALSE(hot.empty());
+  // The clean copies used over and over, last: by the weighted cost alone (twice for a dirty
+  // copy, but many times more for a copy used lately) the old dirty copies would go first, so
+  // only the clean-first rule drops a clean one.
+  for (int round = 0; round < 16; ++round) {
+    for (uint64_t h : clean) ReadAll(*rt, h, n);
+  }
   const tm_stats before = rt->Stats();
   const uint64_t h = NewTensor(*rt, "demand", n, TM_TIER_HBM);
   auto p = rt->Acquire(h, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr);
@@ -240,28 +335,6 @@ TEST(InclusiveTest, NoFreeRoomKeepsNoCopyAndEvictsNothing) {
                 before.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME],
             n);
   EXPECT_EQ(ReadAll(*rt, h, n), bytes);
-}
-
-// The block of `h` in the NVMe tier's layout (its offset in the one swap file), or -1.
-int64_t NvmeOffset(Runtime& rt, uint64_t h) {
-  for (const auto& b : rt.Layout(TM_TIER_NVME)) {
-    if (!b.free && b.owner == h) return static_cast<int64_t>(b.offset);
-  }
-  return -1;
-}
-
-// The swap file of process `pid` under `dir`, opened here through /proc: the parent's own
-// reference to its (unlinked) inode, which outlives the process.
-int OpenSwapFileOf(pid_t pid, const std::string& dir) {
-  for (int fd = 0; fd < 1024; ++fd) {
-    const std::string link = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-    char target[4096];
-    const ssize_t n = readlink(link.c_str(), target, sizeof target - 1);
-    if (n <= 0) continue;
-    target[n] = '\0';
-    if (std::string(target).rfind(dir + "/", 0) == 0) return open(link.c_str(), O_RDONLY);
-  }
-  return -1;
 }
 
 // kill -9 while write-throughs are in flight: every tensor whose offload had synced is on NVMe,

@@ -275,7 +275,8 @@ typedef struct tm_stats {
   uint64_t write_throughs;      /**< offloads to NVMe that kept a clean DRAM copy */
   uint64_t write_through_bytes; /**< bytes of those offloads */
   uint64_t clean_reads;         /**< moves to HBM and copies out to callers served by a DRAM
-                                     copy a write-through kept, instead of NVMe */
+                                     copy a write-through (or read-through) kept, instead of
+                                     NVMe */
   uint64_t clean_read_bytes;    /**< bytes of those reads: NVMe reads saved */
   uint64_t clean_drops;         /**< evictions that freed a clean copy without writing it
                                      (another tier held the bytes); counted in evictions too */

@@ -93,6 +93,8 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, const CallerStream& call
     return Error(TM_ERR_BUSY, absl::StrFormat("tensor \"%s\" is acquired for writing in %s", t.name,
                                               tm_tier_name(static_cast<tm_tier>(w))));
   }
+  // Inclusive DRAM: a prefetch from NVMe to HBM reads through DRAM and keeps that copy.
+  const bool read_through = dst == TM_TIER_HBM && ReadThroughDram(t, want);
   BusyScope busy(t, changed_);  // for the whole move: eviction below may release the lock too
   auto extent = Allocate(t, dst, want, why);
   if (want.release_room) room_.Release(changed_);  // the room is made; the move needs no token
@@ -123,6 +125,8 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, const CallerStream& call
   t.EndFill(dst);
   if (pending.has_value()) t.Land(dst, *pending);
   if (dst == TM_TIER_HBM) NoteCleanRead(t, plan.src, t.bytes, start);
+  // Kept: its next read saves one of NVMe (this one did not; it read NVMe to make the copy).
+  if (read_through && t.copy(TM_TIER_DRAM).valid()) t.copy(TM_TIER_DRAM).kept_clean = true;
   return absl::OkStatus();
 }
 
@@ -202,12 +206,17 @@ absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
     if (made && t.copy(TM_TIER_DRAM).state == CopyState::kValid) FreeCopy(t, TM_TIER_DRAM);
     return s;
   }
+  // An acquire in HBM has waited for this offload: NVMe holds the bytes now, so HBM's copy is
+  // clean and stays for it, rather than being freed and brought straight back up.
+  const bool keep_hbm =
+      tier == TM_TIER_NVME && wanted_in_hbm_.contains(t.handle) && t.copy(TM_TIER_HBM).valid();
   for (int above = 0; above < tier; ++above) {
     if (keep_dram && above == TM_TIER_DRAM) continue;  // clean now: NVMe holds its bytes
+    if (keep_hbm && above == TM_TIER_HBM) continue;
     FreeCopy(t, static_cast<tm_tier>(above));
   }
   if (keep_dram && t.copy(TM_TIER_DRAM).valid()) {
-    t.copy(TM_TIER_DRAM).written_through = true;
+    t.copy(TM_TIER_DRAM).kept_clean = true;
     ++counters_.write_throughs;
     counters_.write_through_bytes += t.bytes;
   }

@@ -114,7 +114,11 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
       first != nullptr && first->copy(tier).state == CopyState::kValid && !first->busy();
   std::optional<RoomScope> room;
   if (!hit) room.emplace(*this);
+  // Busy (an offload writing it down, say): said, so that the offload leaves its HBM copy.
+  const bool waits = tier == TM_TIER_HBM && first != nullptr && first->busy();
+  if (waits) ++wanted_in_hbm_[handle];
   auto claimed = Claim(handle);
+  if (waits && --wanted_in_hbm_[handle] == 0) wanted_in_hbm_.erase(handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
   const bool writes = access != TM_ACCESS_READ;

@@ -220,6 +220,13 @@ class Runtime {
   // nothing). Returns whether t's DRAM copy is to be kept; `made`: it was made here (freed again
   // when the offload fails).
   bool KeepCleanDramCopy(Tensor& t, bool* made) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Inclusive DRAM, upward: before a prefetch (or hint) moves t from NVMe to HBM, makes a DRAM
+  // copy of it in free room under the same rules, so that the move up reads DRAM and the copy
+  // stays for later steps. Returns whether it made one.
+  bool ReadThroughDram(Tensor& t, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The Want of a clean DRAM copy of t (free room only, do no harm); false: t is not used again
+  // this step, so keeping a copy serves nothing.
+  bool CleanCopyWant(const Tensor& t, Want* want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a read of t's bytes upward (a move to HBM, a copy out to a caller) from `src`, when
   // that was a clean DRAM copy read instead of NVMe (write_through.cc).
   void NoteCleanRead(const Tensor& t, int src, uint64_t bytes, Trace::Clock::time_point start)
@@ -359,6 +366,9 @@ class Runtime {
   std::vector<CopyInFlight> caller_copies_ ABSL_GUARDED_BY(mu_);
   Schedule schedule_ ABSL_GUARDED_BY(mu_);
   uint64_t tick_ ABSL_GUARDED_BY(mu_) = 0;
+  // Handles that an acquire in HBM is waiting to claim, with the number of such acquires: an
+  // offload that finishes meanwhile keeps their HBM copy (see OffloadClaimed).
+  absl::flat_hash_map<uint64_t, uint32_t> wanted_in_hbm_ ABSL_GUARDED_BY(mu_);
   uint64_t prefetch_limit_ = 0;  // bytes
   Counters counters_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Trace> trace_;

@@ -61,9 +61,10 @@ struct TensorCopy {
   CopyState state = CopyState::kAbsent;
   uint32_t pins = 0;               // outstanding acquires
   std::vector<io::FencePtr> uses;  // must pass before tiermem touches the memory (see above)
-  // A DRAM copy kept by an offload to NVMe (inclusive DRAM): a read of it while NVMe holds the
-  // same bytes is a read of NVMe saved (tm_stats.clean_read_bytes). Forgotten with the copy.
-  bool written_through = false;
+  // A DRAM copy kept by an offload to NVMe, or by a prefetch that read through DRAM (inclusive
+  // DRAM): a read of it while NVMe holds the same bytes is a read of NVMe saved
+  // (tm_stats.clean_read_bytes). Forgotten with the copy.
+  bool kept_clean = false;
 
   // Holds the tensor's bytes (the host may need to wait for a landing copy first).
   bool valid() const {

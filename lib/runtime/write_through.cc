@@ -2,11 +2,29 @@
 // has room that no earlier scheduled use needs, so that the next move up reads DRAM instead of
 // NVMe. Exclusive tiers pay a read they could have skipped; every tiered cache of note (the page
 // cache, ZeRO-Infinity's pinned buffers of the latest swap-outs, FlexGen's CPU weight cache)
-// keeps the upper copy while it has room. A clean copy costs nothing to drop (NVMe holds its
+// keeps the upper copy while it has room. The same holds on the way up: a prefetch from NVMe to
+// HBM reads through DRAM and keeps that copy (read-through), so that a tensor homed on NVMe is
+// read from NVMe once, not at every step. A clean copy costs nothing to drop (NVMe holds its
 // bytes), and eviction drops clean copies before it writes a dirty one (lib/runtime/room.cc).
 #include "lib/runtime/runtime.h"
 
 namespace tiermem {
+
+bool Runtime::CleanCopyWant(const Tensor& t, Want* want) {
+  // In free room only (it evicts nothing). Under a schedule it is a prefetch that serves t's
+  // next use, with the do-no-harm rule of prefetches: it takes only room that no earlier use
+  // needs, and none when t is not used again this step. Its room made, it hands the room token
+  // back: nothing after it makes room in HBM or DRAM (an offload's NVMe room evicts nothing),
+  // so demands need not wait for its bytes to move.
+  *want = Want{Want::kHint, Schedule::kNever, /*release_room=*/true, /*evicts=*/false};
+  if (schedule_.replaying() && FindKey(t.key) == &t) {
+    const uint64_t next = schedule_.NextUse(t.key);
+    if (next == Schedule::kNever) return false;
+    want->kind = Want::kPrefetch;
+    want->horizon = next;
+  }
+  return true;
+}
 
 bool Runtime::KeepCleanDramCopy(Tensor& t, bool* made) {
   *made = false;
@@ -16,29 +34,38 @@ bool Runtime::KeepCleanDramCopy(Tensor& t, bool* made) {
   if (!t.copy(TM_TIER_HBM).valid() || t.copy(TM_TIER_DRAM).state != CopyState::kAbsent) {
     return false;
   }
-  // From HBM: a copy down to DRAM first, in free room only (it evicts nothing), then NVMe is
-  // written from it. Under a schedule it is a prefetch that serves t's next use, with the
-  // do-no-harm rule of prefetches: it takes only room that no earlier use needs, and none when
-  // t is not used again this step.
-  Want want{Want::kHint, Schedule::kNever, /*release_room=*/false, /*evicts=*/false};
-  if (schedule_.replaying() && FindKey(t.key) == &t) {
-    const uint64_t next = schedule_.NextUse(t.key);
-    if (next == Schedule::kNever) return false;
-    want.kind = Want::kPrefetch;
-    want.horizon = next;
-  }
+  // From HBM: a copy down to DRAM first, then NVMe is written from it.
+  Want want;
+  if (!CleanCopyWant(t, &want)) return false;
   DropReason why = DropReason::kNone;
   if (!MakeValid(t, TM_TIER_DRAM, {}, want, &why).ok()) return false;
   *made = true;
   return true;
 }
 
+bool Runtime::ReadThroughDram(Tensor& t, Want want) {
+  // Only for prefetches and hints, which run on the movers: a demand's move stays one pipelined
+  // NVMe -> HBM pass through the staging slots, whose latency the caller waits for (two moves
+  // one after the other would add the link's time to the disk's).
+  if (!config_.dram_inclusive || want.kind == Want::kDemand || !t.materialized() ||
+      t.writing_tier() >= 0 || t.copy(TM_TIER_DRAM).state != CopyState::kAbsent ||
+      t.copy(TM_TIER_HBM).state != CopyState::kAbsent || !t.copy(TM_TIER_NVME).valid()) {
+    return false;
+  }
+  Want down;
+  if (!CleanCopyWant(t, &down)) return false;
+  down.release_room = false;  // a prefetch holds no token
+  DropReason why = DropReason::kNone;
+  // Failing here (no free room, a read error) leaves the move up to go through staging.
+  return MakeValid(t, TM_TIER_DRAM, {}, down, &why).ok();
+}
+
 void Runtime::NoteCleanRead(const Tensor& t, int src, uint64_t bytes,
                             Trace::Clock::time_point start) {
-  // A DRAM copy is clean when NVMe holds the same bytes. Only one kept by a write-through saved a
-  // read of NVMe: one that a prefetch brought up from NVMe cost that read already.
-  if (src != TM_TIER_DRAM || !t.copy(TM_TIER_DRAM).written_through ||
-      !t.copy(TM_TIER_NVME).valid()) {
+  // A DRAM copy is clean when NVMe holds the same bytes. Only one kept by a write-through (or by
+  // a read-through, after the move it was made for) saved a read of NVMe: one that a prefetch
+  // brought up from NVMe for this very move cost that read already.
+  if (src != TM_TIER_DRAM || !t.copy(TM_TIER_DRAM).kept_clean || !t.copy(TM_TIER_NVME).valid()) {
     return;
   }
   ++counters_.clean_reads;

@@ -24,6 +24,7 @@ gates.
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -189,15 +190,27 @@ def link_gbps(nbytes):
     return out
 
 
+@contextlib.contextmanager
+def exclusive_tiers():
+    """Runtimes created inside have exclusive tiers (TIERMEM_DRAM_INCLUSIVE=off)."""
+    saved = os.environ.get("TIERMEM_DRAM_INCLUSIVE")
+    os.environ["TIERMEM_DRAM_INCLUSIVE"] = "off"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["TIERMEM_DRAM_INCLUSIVE"]
+        else:
+            os.environ["TIERMEM_DRAM_INCLUSIVE"] = saved
+
+
 def nvme_gbps(swap, nbytes):
     """Through tiermem, in this run: a DRAM copy offloaded to NVMe (write) and prefetched back
     (read), median of 3, in GB/s."""
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
     w, r = [], []
     # Exclusive DRAM for the probe: its prefetch must read NVMe, not a clean DRAM copy.
-    saved = os.environ.get("TIERMEM_DRAM_INCLUSIVE")
-    os.environ["TIERMEM_DRAM_INCLUSIVE"] = "off"
-    with tiermem.Runtime(dram_bytes=2 * nbytes + 64 * MIB, nvme_paths=swap,
+    with exclusive_tiers(), tiermem.Runtime(dram_bytes=2 * nbytes + 64 * MIB, nvme_paths=swap,
                          nvme_bytes=2 * nbytes + 64 * MIB, hbm_bytes="64MiB",
                          device="emulated", prefetch_depth=0) as rt:
         t = rt.tensor(nbytes, "activation", "dram", "nvme-probe")
@@ -214,10 +227,6 @@ def nvme_gbps(swap, nbytes):
             w.append(nbytes / (t1 - t0) / 1e9)
             r.append(nbytes / (t2 - t1) / 1e9)
         t.destroy()
-    if saved is None:
-        del os.environ["TIERMEM_DRAM_INCLUSIVE"]
-    else:
-        os.environ["TIERMEM_DRAM_INCLUSIVE"] = saved
     return statistics.median(w), statistics.median(r)
 
 
@@ -267,6 +276,11 @@ def make_modes(args, swap, stack):
                                     nvme_bytes=args.nvme_bytes, hbm_bytes="256MiB"))
     rt_nvme = stack(tiermem.Runtime(dram_bytes=args.nvme_run_dram_bytes, nvme_paths=swap,
                                     nvme_bytes=args.nvme_bytes, hbm_bytes="256MiB"))
+    # The same NVMe run with exclusive tiers, side by side: what inclusive DRAM's clean copies
+    # save (backward reads them instead of NVMe).
+    with exclusive_tiers():
+        rt_nvme_excl = stack(tiermem.Runtime(dram_bytes=args.nvme_run_dram_bytes, nvme_paths=swap,
+                                             nvme_bytes=args.nvme_bytes, hbm_bytes="256MiB"))
     mb = args.min_bytes
     plain = Mode("plain", model, data)
     modes = [
@@ -281,6 +295,9 @@ def make_modes(args, swap, stack):
              runtime=rt_dram),
         Mode("tiermem nvme", model, data, lambda: tt.offload_saved_tensors(rt_nvme, "nvme", mb),
              runtime=rt_nvme),
+        Mode("tiermem nvme excl", model, data,
+             lambda: tt.offload_saved_tensors(rt_nvme_excl, "nvme", mb), runtime=rt_nvme_excl,
+             label="the same with exclusive tiers (TIERMEM_DRAM_INCLUSIVE=off)"),
     ]
     # Parameter offload: a second model, its parameters 4x the HBM budget of its runtime.
     torch.manual_seed(0)
@@ -327,7 +344,7 @@ def report(args, modes, link, nvme, pbytes):
         if m.label:
             print("  %s: %s" % (m.name, m.label))
     for m in modes:
-        if m.runtime is not None and m.name.endswith("nvme"):
+        if m.runtime is not None and "nvme" in m.name:
             print("  %s: %.1f MiB a step read back from clean DRAM copies instead of NVMe "
                   "(inclusive DRAM, TIERMEM_DRAM_INCLUSIVE=%s)" %
                   (m.name, m.clean / max(1, m.steps_counted) / MIB,
@@ -356,6 +373,8 @@ def report(args, modes, link, nvme, pbytes):
     # Shown, not gated (no target): an `info` line, so that every `ratio` line has a target.
     print("info dram_step_over_like_for_like %.3f" % ratio("tiermem dram", "save_on_cpu same"))
     print("ratio nvme_step_over_bound %.3f" % (rows["tiermem nvme"][0] / rows["tiermem nvme"][1]))
+    print("info nvme_inclusive_step_over_exclusive %.3f" % ratio("tiermem nvme",
+                                                                 "tiermem nvme excl"))
     print("ratio params_step_over_bound %.3f" %
           (rows["params offload"][0] / rows["params offload"][1]))
 
