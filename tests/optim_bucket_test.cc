@@ -331,6 +331,16 @@ TEST_F(Buckets, SwapContentsIsAllOrNone) {
   EXPECT_EQ(ToTmStatus(rt_->SwapContents({{tensors_[0], *other}})), TM_ERR_BUSY);
   ASSERT_TRUE(rt_->Release(*other, TM_TIER_DRAM).ok());
   EXPECT_TRUE(Matches(0)) << "nothing swapped";
+  // A tensor whose bytes a recompute callback owns does not swap them away.
+  const tm_recompute_fn never = [](void*, tm_tensor, tm_tier, void*, uint64_t, void*) {
+    return TM_ERR_INTERNAL;
+  };
+  ASSERT_TRUE(rt_->SetRecompute(*other, never, nullptr, 1.0).ok());
+  auto owned = rt_->SwapContents({{tensors_[0], *other}});
+  EXPECT_EQ(ToTmStatus(owned), TM_ERR_INVALID_ARGUMENT) << owned;
+  EXPECT_NE(owned.message().find("recompute callback"), absl::string_view::npos) << owned;
+  ASSERT_TRUE(rt_->SetRecompute(*other, nullptr, nullptr, 0).ok());
+  EXPECT_TRUE(Matches(0)) << "nothing swapped";
   ASSERT_TRUE(rt_->SwapContents({{tensors_[0], *other}}).ok());
   std::vector<float> back(zeros.size());
   ASSERT_TRUE(rt_->Read(tensors_[0], 0, back.data(), back.size() * 4).ok());

@@ -26,6 +26,14 @@ absl::Status CheckPair(const Tensor& a, const Tensor& b) {
                                  a.name, a.bytes, b.name, b.bytes));
   }
   for (const Tensor* t : {&a, &b}) {
+    // Its bytes belong to its callback (and may be in no copy at all): swapping the copies
+    // would hand them to the other tensor while the drop and the callback stay behind.
+    if (t->recompute.fn != nullptr) {
+      return Error(TM_ERR_INVALID_ARGUMENT,
+                   absl::StrFormat("cannot swap tensor \"%s\": it has a recompute callback "
+                                   "(tm_tensor_set_recompute)",
+                                   t->name));
+    }
     if (t->landing.has_value()) {
       return Error(TM_ERR_BUSY, absl::StrFormat("cannot swap tensor \"%s\": a copy ordered on a "
                                                 "caller's stream has not landed",
