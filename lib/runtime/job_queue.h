@@ -2,9 +2,11 @@
 // mover threads run, with the bytes of prefetches in flight. Guarded by the runtime's lock.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <vector>
 
 #include "lib/policy/schedule.h"
 #include "tiermem/tiermem.h"
@@ -28,10 +30,25 @@ class JobQueue {
     ++outstanding_;
     prefetch_in_flight_ += job.prefetch_bytes;
   }
+  // The next job to run: the oldest prefetch or hint whose tensor has no offload queued before
+  // it, else the oldest job. A prefetch serves a use that is coming; an offload nobody waits
+  // for only makes room, so the backward's prefetches do not wait behind the forward's
+  // write-downs to NVMe. One tensor's jobs keep their order.
   std::optional<Job> Pop() {
     if (jobs_.empty()) return std::nullopt;
-    Job job = jobs_.front();
-    jobs_.pop_front();
+    auto pick = jobs_.begin();
+    offloads_passed_.clear();
+    for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+      if (it->kind == JobKind::kOffload) {
+        offloads_passed_.push_back(it->handle);
+      } else if (std::find(offloads_passed_.begin(), offloads_passed_.end(), it->handle) ==
+                 offloads_passed_.end()) {
+        pick = it;
+        break;
+      }
+    }
+    Job job = *pick;
+    jobs_.erase(pick);
     return job;
   }
   // A popped job is done (or a queued one cancelled).
@@ -61,6 +78,7 @@ class JobQueue {
 
  private:
   std::deque<Job> jobs_;
+  std::vector<uint64_t> offloads_passed_;  // Pop's scratch: tensors of the offloads it passed
   uint64_t outstanding_ = 0;
   uint64_t prefetch_in_flight_ = 0;  // bytes
 };

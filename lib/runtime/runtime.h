@@ -285,6 +285,8 @@ class Runtime {
   // ---- prefetch and the schedule (prefetch.cc) ----
   // Queues prefetches for the scheduled uses ahead of the current position.
   void IssuePrefetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops t's offloads still queued (not a running one): t is used within the prefetch depth.
+  void CancelQueuedOffloads(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes a use of t for the schedule and the LRU order, then prefetches ahead.
   void NoteUse(Tensor& t, tm_tier tier, bool fill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   tm_tier HomeOf(tm_tensor_class cls) const;
