@@ -22,9 +22,10 @@ Job Offload(uint64_t h) { return Job{h, TM_TIER_NVME, JobKind::kOffload}; }
 Job Prefetch(uint64_t h) { return Job{h, TM_TIER_HBM, JobKind::kPrefetch, 7, 100}; }
 Job Hint(uint64_t h) { return Job{h, TM_TIER_DRAM, JobKind::kHint}; }
 
+// Pops and finishes jobs one at a time (so at most one offload runs).
 std::vector<uint64_t> Drain(JobQueue& q) {
   std::vector<uint64_t> order;
-  while (auto job = q.Pop()) {
+  while (auto job = q.Pop(1)) {
     order.push_back(job->handle);
     q.Done(*job);
   }
@@ -60,6 +61,45 @@ TEST(JobQueue, OffloadsAloneStayFifo) {
   JobQueue q;
   for (uint64_t h = 1; h <= 4; ++h) q.Push(Offload(h));
   EXPECT_EQ(Drain(q), (std::vector<uint64_t>{1, 2, 3, 4}));
+}
+
+TEST(JobQueue, RunningOffloadsAreCappedPrefetchesAreNot) {
+  JobQueue q;
+  q.Push(Offload(1));
+  q.Push(Offload(2));
+  q.Push(Offload(3));
+  auto a = q.Pop(2), b = q.Pop(2);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(q.running_offloads(), 2u);
+  EXPECT_FALSE(q.Pop(2).has_value()) << "a third offload ran beside two";
+  q.Push(Prefetch(4));
+  auto c = q.Pop(2);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->handle, 4u) << "the prefetch waited for a free offload slot";
+  q.Done(*c);
+  q.Done(*a);
+  EXPECT_EQ(q.running_offloads(), 1u);
+  auto d = q.Pop(2);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->handle, 3u);
+  q.Done(*b);
+  q.Done(*d);
+  EXPECT_EQ(q.running_offloads(), 0u);
+  EXPECT_EQ(q.outstanding(), 0u);
+  EXPECT_TRUE(q.empty());
+}
+
+TEST(JobQueue, CancelledJobsLeaveTheCounts) {
+  JobQueue q;
+  q.Push(Offload(1));
+  q.Push(Prefetch(2));
+  q.Push(Offload(3));
+  EXPECT_EQ(q.RemoveIf([](const Job& j) { return j.kind == JobKind::kPrefetch || j.handle == 3; }),
+            2u);
+  EXPECT_EQ(q.outstanding(), 1u);
+  EXPECT_EQ(q.prefetch_in_flight(), 0u);
+  EXPECT_EQ(q.running_offloads(), 0u);
+  EXPECT_EQ(Drain(q), (std::vector<uint64_t>{1}));
 }
 
 constexpr uint64_t kMiB = 1 << 20;
@@ -116,7 +156,7 @@ TEST(JobQueueRuntime, ScheduledPrefetchPassesQueuedOffloads) {
   for (tm_tensor t : slow) offloaded += (Residency(rt, t) & TM_TIER_BIT(TM_TIER_HBM)) == 0;
   EXPECT_NE(Residency(rt, x) & TM_TIER_BIT(TM_TIER_HBM), 0u) << "x was never prefetched";
   // In order (FIFO), x's prefetch would start only once the last offload had been taken, after
-  // at least 8 of the 12 were done (4 mover threads).
+  // at least 8 of the 12 were done (4 mover threads); now it takes the mover kept free.
   EXPECT_LT(offloaded, 8) << "x's prefetch waited behind the offloads";
   ASSERT_EQ(tm_step_end(rt), TM_OK);
   ASSERT_EQ(tm_runtime_sync(rt), TM_OK) << tm_last_error();
