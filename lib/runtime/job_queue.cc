@@ -13,6 +13,12 @@ namespace tiermem {
 using io::Log;
 using io::LogSeverity;
 
+namespace {
+// Offloads running at once: one of the kMoverThreads stays free for prefetches, which a
+// scheduled use is waiting for, while slow writes to NVMe hold the others.
+constexpr uint32_t kMaxRunningOffloads = static_cast<uint32_t>(kMoverThreads - 1);
+}  // namespace
+
 absl::Status Runtime::Enqueue(uint64_t handle, tm_tier tier, JobKind kind) {
   MutexLock lock(&mu_);
   auto found = Find(handle);
@@ -54,9 +60,10 @@ void Runtime::MoverLoop() {
   device_->BindThread();
   MutexLock lock(&mu_);
   for (;;) {
-    while (!stopping_ && jobs_.empty()) work_.Wait(&mu_);
+    std::optional<Job> next;
+    while (!stopping_ && !(next = jobs_.Pop(kMaxRunningOffloads)).has_value()) work_.Wait(&mu_);
     if (stopping_) return;
-    const Job job = *jobs_.Pop();
+    const Job job = *next;
     // An offload is a request: it may need room below, so it takes the room token before
     // claiming its tensor, as a demand does. Prefetches never wait for room.
     std::optional<RoomScope> room;
@@ -76,6 +83,7 @@ void Runtime::MoverLoop() {
     }
     room.reset();
     jobs_.Done(job);
+    if (job.kind == JobKind::kOffload && !jobs_.empty()) work_.Signal();  // one may wait for it
     // A scheduled use skipped while an offload of its tensor was queued can be prefetched now,
     // without waiting for the next use to look ahead again. (Only after an offload: after a
     // dropped prefetch it would only queue the same prefetch again.)
@@ -86,8 +94,9 @@ void Runtime::MoverLoop() {
 
 absl::Status Runtime::RunJob(Tensor& t, const Job& job) {
   if (job.kind == JobKind::kOffload) {
-    // Acquired again since the offload was queued: the newer use supersedes it.
-    if (!CheckAboveUnpinned(t, job.tier).ok()) return absl::OkStatus();
+    // Acquired again since the offload was queued, or (while it waited for a mover or the
+    // room token) now used within the prefetch stages: the newer use supersedes it.
+    if (!CheckAboveUnpinned(t, job.tier).ok() || UsedSoon(t)) return absl::OkStatus();
     return OffloadClaimed(t, job.tier);
   }
   absl::Status s;

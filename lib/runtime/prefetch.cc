@@ -30,7 +30,9 @@ void Runtime::IssuePrefetches() {
     const auto& [position, use] = upcoming[i];
     if (!use.fill || use.tier == TM_TIER_NVME) continue;  // overwritten, or nothing to bring
     Tensor* v = FindKey(use.key);
-    if (v == nullptr || v->busy() || v->queued > 0) continue;
+    if (v == nullptr || v->busy()) continue;
+    if (v->queued > 0) CancelQueuedOffloads(*v);
+    if (v->queued > 0) continue;  // a move of it runs, or a job waits: its order is kept
     tm_tier target = use.tier;
     if (i >= depth) {
       if (!v->copy(TM_TIER_NVME).valid() || v->copy(TM_TIER_DRAM).valid() ||
@@ -47,6 +49,28 @@ void Runtime::IssuePrefetches() {
     jobs_.Push(Job{v->handle, target, JobKind::kPrefetch, position, v->bytes});
     work_.Signal();
   }
+}
+
+bool Runtime::UsedSoon(const Tensor& t) {
+  const uint32_t depth = config_.prefetch_depth;
+  if (depth == 0 || !schedule_.replaying()) return false;
+  for (const auto& [position, use] : schedule_.Upcoming(2 * static_cast<size_t>(depth))) {
+    if (use.key == t.key && use.fill) return FindKey(use.key) == &t;
+  }
+  return false;
+}
+
+void Runtime::CancelQueuedOffloads(Tensor& t) {
+  // Used within twice the prefetch depth (the stages above): a write down not even started
+  // by now would be read back at once, crossing both links, and its prefetch would wait
+  // behind the write. The coming use supersedes the
+  // offload, as an acquire does one that has not run yet (RunJob). Running ones finish.
+  const uint64_t handle = t.handle;
+  const uint64_t cancelled = jobs_.RemoveIf(
+      [handle](const Job& job) { return job.handle == handle && job.kind == JobKind::kOffload; });
+  if (cancelled == 0) return;
+  t.queued -= static_cast<uint32_t>(cancelled);
+  changed_.SignalAll();  // Sync may be waiting for these
 }
 
 tm_tier Runtime::HomeOf(tm_tensor_class cls) const {

@@ -300,6 +300,10 @@ class Runtime {
   // ---- prefetch and the schedule (prefetch.cc) ----
   // Queues prefetches for the scheduled uses ahead of the current position.
   void IssuePrefetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops t's offloads still queued (not a running one): t is used within 2 x the depth.
+  void CancelQueuedOffloads(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the schedule reads t within 2 x the prefetch depth (the uses IssuePrefetches sees).
+  bool UsedSoon(const Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes a use of t for the schedule and the LRU order, then prefetches ahead.
   void NoteUse(Tensor& t, tm_tier tier, bool fill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   tm_tier HomeOf(tm_tensor_class cls) const;

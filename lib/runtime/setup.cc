@@ -46,9 +46,6 @@ uint64_t NvmeNodeBytes(const std::vector<std::string>& dirs) {
   return total;
 }
 
-// Asynchronous moves run on a few threads of their own.
-constexpr int kMoverThreads = 4;
-
 void SetEntry(Config& c, absl::string_view name, std::string value,
               std::optional<std::string> source = std::nullopt) {
   for (auto& e : c.entries) {

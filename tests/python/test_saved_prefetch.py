@@ -49,21 +49,23 @@ def train(rt, tier):
 def test_backward_unpacks_hit_prefetched_hbm_views(make_runtime, tier):
     # To DRAM, a depth that covers the tiny model's whole backward (39 saved tensors, 1.8 MiB):
     # test machines are shared, and a prefetch is only ahead if its mover thread gets a core.
-    # To NVMe a smaller one, so that the packs outside the last 2 x depth are written there.
-    depth = 32 if tier == "dram" else 8
+    # To NVMe a smaller one, so that the packs outside the last 2 x depth (15 of 39) are written
+    # there and read back ahead of their unpacks.
+    depth = 32 if tier == "dram" else 12
     rt = make_runtime(hbm_bytes="32MiB", dram_bytes="64MiB", prefetch_depth=depth)
     steps = train(rt, tier)
     # From step two on (the schedule was learned in step one), at least 90% of the unpacks hit
-    # an HBM copy prefetched ahead, to DRAM, counted over steps 2 to 5: in one step, 39
-    # unpacks leave room for only 3 late prefetches, and a loaded test machine can cause more.
-    # The last one or two packs miss by design: the schedule cannot prefetch a tensor during its
-    # own pack, and no other use comes between the forward and the backward. To NVMe, how many
-    # are in time depends on the disk and the load (30% to 100% measured here, with the
-    # forward's NVMe writes still running when the backward starts): checked to happen at all.
+    # an HBM copy prefetched ahead, counted over steps 2 to 5: in one step, 39 unpacks leave
+    # room for only 3 late prefetches, and a loaded test machine can cause more. The last one
+    # or two packs miss by design: the schedule cannot prefetch a tensor during its own pack,
+    # and no other use comes between the forward and the backward. To NVMe, the backward's
+    # prefetches go before the forward's write-downs still queued (a write-down not started
+    # when its tensor is within 2 x depth of its use is dropped), and one mover thread is
+    # always free for them (lib/runtime/job_queue.h): on a VM whose virtual disk wrote at a
+    # few MB/s under load, 88-96% hit at depth 8 and 91-96% at depth 12 (41-96% before).
     later = [d for _, d, _ in steps[1:]]
     hits, acquires = sum(d["hits"] for d in later), sum(d["acquires"] for d in later)
-    assert hits >= (0.9 if tier == "dram" else 0.05) * acquires, "%d of %d unpacks hit" % (
-        hits, acquires)
+    assert hits >= 0.9 * acquires, "%d of %d unpacks hit" % (hits, acquires)
     if tier == "nvme":
         assert sum(d["moved"]["dram", "nvme"] for _, d, _ in steps) > 0
     for i, (hooks, d, after) in enumerate(steps):
