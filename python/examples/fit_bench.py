@@ -10,9 +10,9 @@ runs --rounds x --steps steps, one step of each mode in turn, the order rotated 
 step timed from a
 synchronized start to the end of its backward with tiermem's copies done (Runtime.sync);
 medians. The peak of each mode is measured in one more step with the meter on (timed steps run
-without it). Budgets: the top is the keep-all peak, the bottom the larger of checkpoint-all's
-and offload-all's predicted peaks (so that both fit: "one block's activations" beside the
-rest), the others evenly between.
+without it). Budgets: the top is the keep-all peak, then evenly down to the larger of
+checkpoint-all's and offload-all's predicted peaks (so that both fit), then one more where only
+one block's activations fit (one block kept, the others checkpointed).
 
 `check NAME VALUE OP TARGET` lines are what tools/gpu_check.sh's judge evaluates:
 fitted / min(checkpoint-all, offload-all) <= 1.03 at every budget, < 1 at the intermediate
@@ -29,6 +29,7 @@ into the HBM tier crosses the capped link (a pack is a host copy). On CUDA the r
 """
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -183,6 +184,12 @@ def run(args, model, data, rt):
     top = peak([fit_cost.KEEP] * n)
     bottom = max(peak([fit_cost.RECOMPUTE] * n), peak([fit_cost.DRAM] * n))
     budgets = [int(top + (bottom - top) * k / (args.budgets - 1)) for k in range(args.budgets)]
+    # Last, the budget where only one block's activations fit: one block kept, the others
+    # checkpointed. Offload-all's predicted peak holds two blocks in backward (the one in use
+    # and the one prefetched), so it is not predicted to fit there; it still runs and is metered.
+    one_block = int(math.ceil(peak([fit_cost.RECOMPUTE] * (n - 1) + [fit_cost.KEEP])))
+    if one_block < budgets[-1]:
+        budgets.append(one_block)
     per_block = sum(c.kept for c in costs) / n
     print("fit_bench: GPT hidden %d, %d blocks, seq %d, batch %d on %s (torch %s); %s; "
           "%d x %d steps per mode, one of each in turn, order rotated; medians" %
