@@ -42,6 +42,7 @@ import torch  # noqa: E402
 
 import tiermem  # noqa: E402
 import tiermem.torch as tt  # noqa: E402
+from tiermem.torch.fit_profile import nvme_round_trips  # noqa: E402
 from offload_hooks import (CountingSaveOnCpu, SaveOnCpuLikeForLike,  # noqa: E402
                            SideStreamReference)
 from tinygpt import TinyGPT, batches  # noqa: E402
@@ -208,26 +209,14 @@ def nvme_gbps(swap, nbytes):
     """Through tiermem, in this run: a DRAM copy offloaded to NVMe (write) and prefetched back
     (read), median of 3, in GB/s."""
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
-    w, r = [], []
     # Exclusive DRAM for the probe: its prefetch must read NVMe, not a clean DRAM copy.
     with exclusive_tiers(), tiermem.Runtime(dram_bytes=2 * nbytes + 64 * MIB, nvme_paths=swap,
                          nvme_bytes=2 * nbytes + 64 * MIB, hbm_bytes="64MiB",
                          device="emulated", prefetch_depth=0) as rt:
         t = rt.tensor(nbytes, "activation", "dram", "nvme-probe")
-        for _ in range(3):
-            t.copy_in(src.data_ptr())
-            t.sync()
-            t0 = time.perf_counter()
-            t.offload("nvme")
-            t.sync()
-            t1 = time.perf_counter()
-            t.prefetch("dram")
-            t.sync()
-            t2 = time.perf_counter()
-            w.append(nbytes / (t1 - t0) / 1e9)
-            r.append(nbytes / (t2 - t1) / 1e9)
+        w, r = nvme_round_trips(t, src.data_ptr(), nbytes, 3)
         t.destroy()
-    return statistics.median(w), statistics.median(r)
+    return statistics.median(w) / 1e9, statistics.median(r) / 1e9
 
 
 def bound_ms(mode, link, nvme):

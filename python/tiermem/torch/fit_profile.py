@@ -140,6 +140,25 @@ def _measure_link(cuda, nbytes):
     return tuple(out)
 
 
+def nvme_round_trips(t, src_ptr, nbytes, repeats):
+    """([write], [read]) bytes/s of a DRAM tensor t of nbytes: filled from src_ptr, offloaded
+    to NVMe, then read back into DRAM, `repeats` times, each move waited for alone."""
+    w, r = [], []
+    for _ in range(repeats):
+        t.copy_in(src_ptr)
+        t.sync()
+        t0 = time.perf_counter()
+        t.offload("nvme")
+        t.sync()
+        t1 = time.perf_counter()
+        t.prefetch("dram")
+        t.sync()
+        t2 = time.perf_counter()
+        w.append(nbytes / (t1 - t0))
+        r.append(nbytes / (t2 - t1))
+    return w, r
+
+
 def _measure_nvme(runtime, nbytes):
     """(write, read) bytes/s through the runtime: a DRAM tensor offloaded to NVMe and read
     back; None when the runtime has no NVMe tier (or no room)."""
@@ -151,20 +170,8 @@ def _measure_nvme(runtime, nbytes):
     except TiermemError:
         return None
     try:
-        w, r = [], []
         read_before = runtime.stats()["bytes_moved"]["nvme"]["dram"]
-        for _ in range(2):
-            t.copy_in(src.data_ptr())
-            t.sync()
-            t0 = time.perf_counter()
-            t.offload("nvme")
-            t.sync()
-            t1 = time.perf_counter()
-            t.prefetch("dram")
-            t.sync()
-            t2 = time.perf_counter()
-            w.append(nbytes / (t1 - t0))
-            r.append(nbytes / (t2 - t1))
+        w, r = nvme_round_trips(t, src.data_ptr(), nbytes, 2)
         if runtime.stats()["bytes_moved"]["nvme"]["dram"] - read_before < 2 * nbytes:
             # Inclusive DRAM (TIERMEM_DRAM_INCLUSIVE) kept a clean DRAM copy, so nothing was
             # read from NVMe: not a figure for the drive. The write's stands in for it (drives
