@@ -178,5 +178,42 @@ TEST(OffsetAllocator, MatchesReferenceUnderRandomLoad) {
   }
 }
 
+// The chooser sees a free block's neighbours and picks the end the request takes.
+TEST(OffsetAllocator, SideChooserPlacesTheRequestAtEitherEnd) {
+  OffsetAllocator a(16 * 4096, 4096);
+  auto x = a.Allocate(4 * 4096), y = a.Allocate(4 * 4096), z = a.Allocate(4 * 4096);
+  ASSERT_TRUE(x && y && z);
+  a.Free(y->block);  // a hole of 4 granules between x and z
+  uint32_t seen_prev = OffsetAllocator::kNone, seen_next = OffsetAllocator::kNone;
+  auto back = [&](uint32_t prev, uint32_t next) {
+    seen_prev = prev;
+    seen_next = next;
+    return OffsetAllocator::Side::kBack;
+  };
+  auto at_back = a.Allocate(4096, 0, back);
+  ASSERT_TRUE(at_back);
+  EXPECT_EQ(at_back->offset, 7 * 4096u) << "the hole's last granule";
+  EXPECT_EQ(seen_prev, x->block);
+  EXPECT_EQ(seen_next, z->block);
+  auto front = [](uint32_t, uint32_t) { return OffsetAllocator::Side::kFront; };
+  auto at_front = a.Allocate(4096, 0, front);
+  ASSERT_TRUE(at_front);
+  EXPECT_EQ(at_front->offset, 4 * 4096u);
+  // The tier's end: no neighbour after it ([12, 16) is the one hole of 3 granules).
+  auto tail = a.Allocate(3 * 4096, 0, back);
+  ASSERT_TRUE(tail);
+  EXPECT_EQ(seen_prev, z->block);
+  EXPECT_EQ(seen_next, OffsetAllocator::kNone);
+  EXPECT_EQ(tail->offset, 13 * 4096u);
+  // A block that fits exactly is not asked about.
+  a.Free(at_back->block);
+  a.Free(at_front->block);
+  seen_prev = seen_next = 12345;
+  auto exact = a.Allocate(4 * 4096, 0, back);
+  ASSERT_TRUE(exact);
+  EXPECT_EQ(exact->offset, 4 * 4096u);
+  EXPECT_EQ(seen_prev, 12345u);
+}
+
 }  // namespace
 }  // namespace tiermem

@@ -601,6 +601,36 @@ TEST_F(PressureApi, FragmentedTierEvictsAWindow) {
   }
 }
 
+// A copy smaller than its hole takes the end away from the neighbour that frees sooner, so that
+// the leftover and that neighbour later form one window. Placed at the front of each hole (the
+// plain allocator), "a", "b", "c" take [0, 4), [4, 8), [8, 14) MiB and leave 2 MiB at the end,
+// apart from "b"'s 4 MiB, with "a" and "c" pinned: "d" could not fit (TM_ERR_OUT_OF_MEMORY)
+// though the bytes are there. Placed by their neighbours: "b" goes to [12, 16) (away from "a",
+// in use), "c" to [4, 10) (away from the end, next to "b" which eviction may take), and "d"
+// takes the window [10, 16) once "b" is written down.
+TEST_F(PressureApi, LeftoverOfAHoleStaysNextToTheCopyEvictionTakes) {
+  Open(16 * kMiB, 96 * kMiB, 0);
+  auto acquire = [&](tm_tensor h, int value) {
+    void* p = nullptr;
+    ASSERT_EQ(tm_tensor_acquire(rt_, h, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
+        << tm_last_error();
+    std::memset(p, value, 4 * kMiB);
+  };
+  tm_tensor a = Make(4 * kMiB, "a"), b = Make(4 * kMiB, "b");
+  tm_tensor c = Make(6 * kMiB, "c"), d = Make(6 * kMiB, "d");
+  acquire(a, 1);  // in use throughout
+  acquire(b, 2);  // then released: evictable
+  ASSERT_EQ(tm_tensor_release(rt_, b, TM_TIER_HBM), TM_OK);
+  acquire(c, 3);
+  acquire(d, 4);
+  EXPECT_EQ(Stats().evictions, 1u);
+  for (tm_tensor h : {a, c, d}) ASSERT_EQ(tm_tensor_release(rt_, h, TM_TIER_HBM), TM_OK);
+  std::vector<uint8_t> back(4 * kMiB);
+  ASSERT_EQ(tm_tensor_read(rt_, b, 0, back.data(), back.size()), TM_OK);
+  EXPECT_EQ(back.front(), 2);
+  EXPECT_EQ(back.back(), 2);
+}
+
 TEST_F(PressureApi, RuntimeInfoOnTheEmulatedDevice) {
   Open(32 * kMiB, 64 * kMiB, 3);
   tm_info info = TM_INFO_INIT;

@@ -115,6 +115,28 @@ uint64_t Runtime::NeededBefore(const Tensor& t, tm_tier tier, uint64_t horizon) 
   return needed;
 }
 
+uint64_t Runtime::FreesAfter(uint64_t owner, tm_tier tier) {
+  // Placement (TierSpace::Allocate): how soon a neighbour's memory is free again. A deferred
+  // free goes first; then copies eviction may take, the one used furthest ahead first (as
+  // eviction picks them); then copies in use now, free once released; last, copies on their
+  // way in for a use ahead, the later that use the later they free. Eviction's window then
+  // finds the leftover of a hole and its neighbour's bytes side by side, and copies that arrive
+  // for the coming uses pack together away from the ones in use.
+  constexpr uint64_t kEvictable = uint64_t{1} << 61, kInUse = uint64_t{2} << 61;
+  const Tensor* v = owner == 0 ? nullptr : tensors_.Find(owner);
+  if (v == nullptr) return 0;
+  const TensorCopy& c = v->copies[tier];
+  const bool scheduled = schedule_.replaying() && FindKey(v->key) == v;
+  const uint64_t next = scheduled ? schedule_.NextUse(v->key) : Schedule::kNever;
+  const uint64_t ahead =
+      std::min(next == Schedule::kNever ? kEvictable : next - schedule_.now(), kEvictable - 1);
+  if (c.pins > 0) return kInUse;
+  if (v->busy() || c.state != CopyState::kValid) return kInUse + 1 + ahead;
+  // As eviction ranks it: positions to the next use when replaying, else the time unused.
+  const uint64_t distance = schedule_.replaying() ? ahead : std::min(tick_ - v->last_use, ahead);
+  return kEvictable - distance;
+}
+
 namespace {
 
 // The error of a prefetch (or hint) dropped for want of room: a hint, counted, never reported.
@@ -214,10 +236,12 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
     if (want.kind != Want::kDemand && room_.wanted(tier) > 0) {
       return Dropped(t, tier, DropReason::kDemand, "a demand needs the room", why);
     }
-    auto e = space.Allocate(t.bytes, t.name, t.handle);
+    auto frees_after = [&](uint64_t owner)
+                           ABSL_NO_THREAD_SAFETY_ANALYSIS { return FreesAfter(owner, tier); };
+    auto e = space.Allocate(t.bytes, t.name, t.handle, frees_after);
     if (!e.ok() && absl::IsResourceExhausted(e.status()) && !deferred_.empty()) {
       ReapDeferred(tier);  // memory that callers' work has finished with since
-      e = space.Allocate(t.bytes, t.name, t.handle);
+      e = space.Allocate(t.bytes, t.name, t.handle, frees_after);
     }
     // The framework's allocator was short though the budget had room (lib/tiers/tier_space.h):
     // it may be short because tiermem holds its memory, so a demand gives back copies of

@@ -289,6 +289,9 @@ class Runtime {
   // What eviction could do for a request of `need` bytes in `tier` (see Allocate).
   EvictionPlan PlanEviction(const Tensor& t, tm_tier tier, Want want, uint64_t need)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How soon the memory of `owner`'s copy in `tier` is free again (lower: sooner), for placing
+  // a new extent beside it (TierSpace::Allocate).
+  uint64_t FreesAfter(uint64_t owner, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes that scheduled uses before `horizon` still need in `tier` (do-no-harm).
   uint64_t NeededBefore(const Tensor& t, tm_tier tier, uint64_t horizon)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -103,6 +103,18 @@ uint32_t OffsetAllocator::FindFree(uint32_t fl, uint32_t sl) const {
 
 std::optional<OffsetAllocator::Allocation> OffsetAllocator::Allocate(uint64_t bytes,
                                                                      uint64_t alignment) {
+  return AllocateAt(bytes, alignment, nullptr);
+}
+
+std::optional<OffsetAllocator::Allocation> OffsetAllocator::Allocate(uint64_t bytes,
+                                                                     uint64_t alignment,
+                                                                     SideChooser side) {
+  return AllocateAt(bytes, alignment, &side);
+}
+
+std::optional<OffsetAllocator::Allocation> OffsetAllocator::AllocateAt(uint64_t bytes,
+                                                                       uint64_t alignment,
+                                                                       const SideChooser* side) {
   if (bytes == 0 || (alignment & (alignment - 1)) != 0) return std::nullopt;
   // Granule counts never exceed capacity_ / granule_, so with the bound below nothing that
   // follows can wrap; the round-up itself is written not to wrap near 2^64.
@@ -133,8 +145,14 @@ std::optional<OffsetAllocator::Allocation> OffsetAllocator::Allocate(uint64_t by
   }
   RemoveFree(b);
 
-  // Give the unaligned front back as its own free block.
+  // Give the unaligned front back as its own free block (or, placed at the back, all of the
+  // leftover before the request).
   uint64_t start = (blocks_[b].offset + align - 1) / align * align;
+  if (side != nullptr && blocks_[b].size > n &&
+      (*side)(blocks_[b].prev_phys, blocks_[b].next_phys) == Side::kBack) {
+    const uint64_t back = (blocks_[b].offset + blocks_[b].size - n) / align * align;
+    if (back > start) start = back;
+  }
   if (uint64_t pad = start - blocks_[b].offset; pad > 0) {
     uint32_t front = NewBlock();
     Block& blk = blocks_[b];

@@ -8,6 +8,8 @@
 #include <optional>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
+
 namespace tiermem {
 
 class OffsetAllocator {
@@ -29,6 +31,15 @@ class OffsetAllocator {
   // that a hole which fits is always found (eviction relies on it: the window it frees must be
   // usable).
   std::optional<Allocation> Allocate(uint64_t bytes, uint64_t alignment = 0);
+
+  // Which end of the free block it found a request takes when the block is larger than the
+  // request: kFront leaves the leftover after it, kBack before it. The chooser is given the
+  // block's physical neighbours (handles as Allocate returns them; kNone at the range's ends),
+  // so that a caller who knows which neighbour will be freed first can keep the leftover next
+  // to it, where the two can later merge into one hole (tiermem's eviction window).
+  enum class Side { kFront, kBack };
+  using SideChooser = absl::FunctionRef<Side(uint32_t prev, uint32_t next)>;
+  std::optional<Allocation> Allocate(uint64_t bytes, uint64_t alignment, SideChooser side);
 
   // A block in address order, as ForEachBlock reports it.
   struct Span {
@@ -80,6 +91,7 @@ class OffsetAllocator {
     bool free = false;
   };
 
+  std::optional<Allocation> AllocateAt(uint64_t bytes, uint64_t alignment, const SideChooser* side);
   static void Mapping(uint64_t n, uint32_t& fl, uint32_t& sl);
   uint32_t NewBlock();
   void ReleaseBlock(uint32_t b);

@@ -43,9 +43,28 @@ absl::Status TierSpace::Full(uint64_t bytes, absl::string_view tensor_name, uint
 
 absl::StatusOr<Extent> TierSpace::Allocate(uint64_t bytes, absl::string_view tensor_name,
                                            uint64_t owner) {
+  return AllocatePlaced(bytes, tensor_name, owner, nullptr);
+}
+
+absl::StatusOr<Extent> TierSpace::Allocate(uint64_t bytes, absl::string_view tensor_name,
+                                           uint64_t owner, FreesAfter frees_after) {
+  return AllocatePlaced(bytes, tensor_name, owner, &frees_after);
+}
+
+absl::StatusOr<Extent> TierSpace::AllocatePlaced(uint64_t bytes, absl::string_view tensor_name,
+                                                 uint64_t owner, const FreesAfter* frees_after) {
   if (counted()) return AllocateCounted(bytes, tensor_name, owner);
   MutexLock lock(&mu_);
-  auto a = alloc_.Allocate(bytes);
+  auto side = [&](uint32_t prev, uint32_t next) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    auto after = [&](uint32_t block) {
+      if (block == OffsetAllocator::kNone) return UINT64_MAX;  // the tier's end: never
+      return (*frees_after)(block < owners_.size() ? owners_[block] : 0);
+    };
+    // The leftover goes next to the neighbour that frees sooner; ties keep the front (the
+    // plain allocator's choice, the leftover after the request).
+    return after(prev) < after(next) ? OffsetAllocator::Side::kBack : OffsetAllocator::Side::kFront;
+  };
+  auto a = frees_after == nullptr ? alloc_.Allocate(bytes) : alloc_.Allocate(bytes, 0, side);
   if (!a.has_value()) {
     return Full(bytes, tensor_name, alloc_.capacity() - alloc_.used(), alloc_.LargestFree());
   }

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "io/sync.h"
@@ -61,6 +62,15 @@ class TierSpace {
   // IsBackingShort) and nothing is reserved.
   absl::StatusOr<Extent> Allocate(uint64_t bytes, absl::string_view tensor_name,
                                   uint64_t owner = 0);
+  // The same, placed by its neighbours: `frees_after(owner)` tells how soon a reserved block's
+  // memory is likely to be free again (lower is sooner; owner 0 is a deferred free). A request
+  // smaller than the hole it gets takes the end away from the neighbour that frees sooner, so
+  // that the leftover and that neighbour can later be one window for eviction; the ends of the
+  // tier never free. (A counted space has no addresses: the same as the plain Allocate.)
+  // `frees_after` runs under this space's lock: it must not call back into the space.
+  using FreesAfter = absl::FunctionRef<uint64_t(uint64_t owner)>;
+  absl::StatusOr<Extent> Allocate(uint64_t bytes, absl::string_view tensor_name, uint64_t owner,
+                                  FreesAfter frees_after);
   // Frees and empties `e` (no-op when empty). A counted space gives the memory back to its
   // backing before the bytes are counted free, so the backing never holds more than capacity.
   void Free(Extent& e);
@@ -98,6 +108,8 @@ class TierSpace {
   tm_tier_stats Stats() const;
 
  private:
+  absl::StatusOr<Extent> AllocatePlaced(uint64_t bytes, absl::string_view tensor_name,
+                                        uint64_t owner, const FreesAfter* frees_after);
   absl::StatusOr<Extent> AllocateCounted(uint64_t bytes, absl::string_view tensor_name,
                                          uint64_t owner);
   // The error of a request of `bytes` that does not fit.
