@@ -13,10 +13,10 @@ sys.path.insert(0, os.path.join(ROOT, "python", "examples"))
 
 import tiermem  # noqa: E402
 
-# Exclusive tiers for these tests' runtimes: they count the bytes that cross NVMe and the
-# prefetches that bring them back, which inclusive DRAM's clean copies would stand in for
-# (tests/inclusive_test.cc covers those). A test that wants inclusive DRAM sets it itself.
-os.environ.setdefault("TIERMEM_DRAM_INCLUSIVE", "off")
+# The runtimes here keep the default tiers (inclusive DRAM, TIERMEM_DRAM_INCLUSIVE=on), as users
+# get them. A test that counts the bytes read back from NVMe, or fails an NVMe read on purpose,
+# asks for exclusive tiers itself (dram_inclusive="off"): with inclusive DRAM a clean DRAM copy
+# serves those reads instead.
 
 
 @pytest.fixture
@@ -32,11 +32,24 @@ def make_runtime(nvme_dir):
     each is closed at the end of the test, and its swap directory must then be empty."""
     made = []
 
-    def make(**settings):
+    def make(dram_inclusive=None, **settings):
+        """dram_inclusive: "on" / "off" sets TIERMEM_DRAM_INCLUSIVE for this runtime (an
+        environment-only setting); None leaves the environment's (default: on)."""
         base = dict(device="emulated", hbm_bytes="8MiB", dram_bytes="256KiB",
                     nvme_paths=str(nvme_dir), nvme_bytes="64MiB", log_level="error")
         base.update(settings)
-        rt = tiermem.Runtime(**base)
+        saved = os.environ.get("TIERMEM_DRAM_INCLUSIVE")
+        if dram_inclusive is not None:
+            os.environ["TIERMEM_DRAM_INCLUSIVE"] = dram_inclusive
+        try:
+            rt = tiermem.Runtime(**base)
+        finally:
+            if saved is None:
+                os.environ.pop("TIERMEM_DRAM_INCLUSIVE", None)
+            else:
+                os.environ["TIERMEM_DRAM_INCLUSIVE"] = saved
+        if dram_inclusive is not None:
+            assert rt.config_value("TIERMEM_DRAM_INCLUSIVE") == dram_inclusive
         made.append(rt)
         return rt
 

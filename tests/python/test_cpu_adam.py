@@ -247,7 +247,9 @@ def test_failed_nvme_read_leaves_the_parameters_untouched(make_runtime, nvme_dir
     shapes = [(300, 7), (1023,), (64, 64)]
     ps = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
     twins = [torch.nn.Parameter(p.detach().clone()) for p in ps]
-    rt = make_runtime(dram_bytes="1MiB", checksum="xxh3", prefetch_depth=2)
+    # Exclusive tiers: every bucket's state is read from NVMe (a clean DRAM copy would serve
+    # the read that fails here).
+    rt = make_runtime(dram_bytes="1MiB", checksum="xxh3", prefetch_depth=2, dram_inclusive="off")
     opt = CPUAdam(ps, runtime=rt, state_tier="nvme", threads=2, **HYPER)
     twin = CPUAdam(twins, threads=2, **HYPER)  # DRAM state: never fails
     grads = [[torch.randn(s) for s in shapes] for _ in range(2)]

@@ -90,18 +90,24 @@ def train(kind, rt=None, steps=3, **offload):
 
 
 @pytest.mark.parametrize("kind", ["encoder", "mha", "direct"])
-@pytest.mark.parametrize("tier", ["dram", "nvme"])
+@pytest.mark.parametrize("tier,inclusive", [("dram", "on"), ("nvme", "on"), ("nvme", "off")],
+                         ids=["dram", "nvme", "nvme-exclusive"])
 @pytest.mark.parametrize("with_optimizer", [True, False], ids=["optimizer", "no-optimizer"])
-def test_bit_identical_by_unit(make_runtime, kind, tier, with_optimizer):
+def test_bit_identical_by_unit(make_runtime, kind, tier, inclusive, with_optimizer):
     ref_losses, ref_params, _ = train(kind)
-    rt = make_runtime(hbm_bytes="8MiB", dram_bytes="1MiB")
+    rt = make_runtime(hbm_bytes="8MiB", dram_bytes="1MiB", dram_inclusive=inclusive)
     losses, params, units = train(kind, rt, tier=tier, with_optimizer=with_optimizer)
     assert losses == ref_losses
     assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
     # Default policy: the root (embedding, tied head) and each block of the ModuleList.
     assert len(units) == 4 and all(type(u).__name__ != "ModuleList" for u in units[1:])
     s = rt.stats()
-    assert s["prefetches"] > 0
+    if tier == "nvme" and inclusive == "on":
+        # Written down to NVMe, and served back from the clean DRAM copies that inclusive DRAM
+        # kept: nothing to prefetch from NVMe.
+        assert s["bytes_moved"]["dram"]["nvme"] > 0 and s["clean_reads"] > 0
+    else:
+        assert s["prefetches"] > 0
     assert s["bytes_moved"]["dram"]["hbm"] > 0  # the next units' parameters went up ahead
     gc.collect()
     assert rt.stats()["tensors"] == 0

@@ -46,16 +46,19 @@ def test_library_error_is_a_tiermem_error(nvme_dir):
     assert "missing" in e.value.message
 
 
-def test_tensor_round_trip_through_nvme(make_runtime):
-    rt = make_runtime()
+@pytest.mark.parametrize("inclusive", ["on", "off"])
+def test_tensor_round_trip_through_nvme(make_runtime, inclusive):
+    rt = make_runtime(dram_inclusive=inclusive)
     data = bytes(range(256)) * 400
     with rt.tensor(len(data), "activation", "dram", "x") as t:
         t.write(data)
         t.offload("nvme")
         t.sync()
-        assert t.residency() == {"nvme"}
+        # Inclusive DRAM (the default) keeps a clean copy while DRAM has room.
+        assert t.residency() == ({"dram", "nvme"} if inclusive == "on" else {"nvme"})
         assert t.read() == data
         assert rt.stats()["bytes_moved"]["dram"]["nvme"] >= len(data)
+        assert rt.stats()["clean_reads"] == (1 if inclusive == "on" else 0)
     assert rt.stats()["tensors"] == 0
     with pytest.raises(tiermem.TiermemError) as e:
         t.sync()

@@ -79,11 +79,13 @@ def test_backward_unpacks_hit_prefetched_hbm_views(make_runtime, tier):
         assert after["tiers"]["hbm"]["used"] == 0
 
 
-@pytest.mark.parametrize("tier", ["dram", "nvme"])
-def test_each_saved_byte_crosses_each_link_once(make_runtime, tier):
-    rt = make_runtime(hbm_bytes="32MiB", dram_bytes="64MiB")
+@pytest.mark.parametrize("tier,inclusive", [("dram", "on"), ("nvme", "on"), ("nvme", "off")],
+                         ids=["dram", "nvme", "nvme-exclusive"])
+def test_each_saved_byte_crosses_each_link_once(make_runtime, tier, inclusive):
+    rt = make_runtime(hbm_bytes="32MiB", dram_bytes="64MiB", dram_inclusive=inclusive)
     written = rewritten = total = 0
-    for hooks, d, _ in train(rt, tier):
+    steps = train(rt, tier)
+    for hooks, d, _ in steps:
         moved, packed = d["moved"], hooks.packed_bytes
         total += packed
         if tier == "dram":
@@ -91,15 +93,22 @@ def test_each_saved_byte_crosses_each_link_once(make_runtime, tier):
             assert moved["hbm", "dram"] == 0  # the HBM copies are clean: dropped, not written
             assert moved["dram", "nvme"] == moved["nvme", "dram"] == 0
         else:
-            # What went down to NVMe came back once. The last packs (the backward's first
-            # unpacks) stay in DRAM, as does one the backward reaches before its write did.
-            assert moved["dram", "nvme"] == moved["nvme", "dram"] <= packed
+            # What went down to NVMe came back once (exclusive tiers), or not at all: inclusive
+            # DRAM (the default) kept clean copies, and DRAM has room for all. The last packs
+            # (the backward's first unpacks) stay in DRAM, as does one the backward reaches
+            # before its write did.
+            if inclusive == "off":
+                assert moved["dram", "nvme"] == moved["nvme", "dram"] <= packed
+            else:
+                assert moved["nvme", "dram"] == 0 and moved["dram", "nvme"] <= packed
             assert moved["dram", "hbm"] >= packed
             written += moved["dram", "nvme"]
             # Under load an offload that runs after the schedule's prefetch into HBM drops the
             # HBM copy, which then crosses again: rare (seen once in many runs), bounded here.
             rewritten += moved["dram", "hbm"] - packed + moved["hbm", "dram"]
     assert tier == "dram" or (written > 0 and rewritten <= total // 20)
+    if tier == "nvme" and inclusive == "on":
+        assert steps[-1][2]["clean_read_bytes"] > 0
 
 
 class Save(torch.autograd.Function):
