@@ -631,6 +631,53 @@ TEST_F(PressureApi, LeftoverOfAHoleStaysNextToTheCopyEvictionTakes) {
   EXPECT_EQ(back.back(), 2);
 }
 
+// Compaction: 8 MiB free in two holes split by a copy that the schedule uses first, so that a
+// prefetch may not evict it (do no harm) and no window exists. The copy slides down (device to
+// device) and the holes merge; the prefetch lands, and the slid copy's bytes are intact.
+TEST_F(PressureApi, PrefetchSlidesACopyToMergeTwoHoles) {
+  Open(16 * kMiB, 96 * kMiB, 2);
+  auto write = [&](tm_tensor h, int value, bool keep) {
+    void* p = nullptr;
+    ASSERT_EQ(tm_tensor_acquire(rt_, h, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
+        << tm_last_error();
+    std::memset(p, value, 4 * kMiB);
+    if (!keep) {
+      ASSERT_EQ(tm_tensor_release(rt_, h, TM_TIER_HBM), TM_OK);
+    }
+  };
+  // A [0, 4) in use; B at the end (away from A); C [4, 8) in use; D fills [8, 12).
+  tm_tensor a = Make(4 * kMiB, "a"), b = Make(4 * kMiB, "b"), c = Make(4 * kMiB, "c");
+  tm_tensor d = Make(4 * kMiB, "d");
+  write(a, 1, true);
+  write(b, 2, false);
+  write(c, 3, true);
+  write(d, 4, false);
+  ASSERT_EQ(tm_tensor_release(rt_, c, TM_TIER_HBM), TM_OK);
+  ASSERT_EQ(tm_tensor_destroy(rt_, c), TM_OK);
+  ASSERT_EQ(tm_tensor_destroy(rt_, b), TM_OK);  // [a][4 MiB free][d][4 MiB free]
+  std::vector<uint8_t> bytes(8 * kMiB, 5);
+  tm_tensor x = Make(8 * kMiB, "x", TM_CLASS_OTHER, TM_TIER_DRAM);
+  ASSERT_EQ(tm_tensor_write(rt_, x, 0, bytes.data(), bytes.size()), TM_OK) << tm_last_error();
+  const tm_tensor order[] = {d, x};
+  ASSERT_EQ(tm_schedule_set(rt_, order, nullptr, 2), TM_OK) << tm_last_error();
+  ASSERT_EQ(tm_step_begin(rt_), TM_OK);  // prefetches x into HBM
+  ASSERT_EQ(tm_runtime_sync(rt_), TM_OK) << tm_last_error();
+  uint32_t mask = 0;
+  ASSERT_EQ(tm_tensor_residency(rt_, x, &mask), TM_OK);
+  EXPECT_NE(mask & TM_TIER_BIT(TM_TIER_HBM), 0u) << "the prefetch of x was dropped";
+  const tm_stats s = Stats();
+  EXPECT_EQ(s.relocations, 1u);
+  EXPECT_EQ(s.relocation_bytes, 4 * kMiB);
+  EXPECT_EQ(s.evictions, 0u);
+  ASSERT_EQ(tm_tensor_residency(rt_, d, &mask), TM_OK);
+  EXPECT_EQ(mask, TM_TIER_BIT(TM_TIER_HBM)) << "d slid within HBM, not evicted";
+  std::vector<uint8_t> back(4 * kMiB);
+  ASSERT_EQ(tm_tensor_read(rt_, d, 0, back.data(), back.size()), TM_OK);
+  EXPECT_EQ(std::count(back.begin(), back.end(), 4), static_cast<long>(back.size()));
+  ASSERT_EQ(tm_tensor_release(rt_, a, TM_TIER_HBM), TM_OK);
+  ASSERT_EQ(tm_step_end(rt_), TM_OK);
+}
+
 TEST_F(PressureApi, RuntimeInfoOnTheEmulatedDevice) {
   Open(32 * kMiB, 64 * kMiB, 3);
   tm_info info = TM_INFO_INIT;

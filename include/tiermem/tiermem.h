@@ -289,12 +289,16 @@ typedef struct tm_stats {
   uint64_t recomputes;           /**< dropped tensors rebuilt by their callback */
   uint64_t recompute_failures;   /**< callbacks that failed (the tensor stayed dropped) */
   uint64_t recompute_ns;         /**< time spent in the callbacks, failed ones included */
+  /* Appended in 0.6: HBM compaction. */
+  uint64_t relocations;      /**< copies slid down within HBM so that holes merge (no hole fit a
+                                  request though the free bytes were there) */
+  uint64_t relocation_bytes; /**< bytes of those copies (device-to-device) */
 } tm_stats;
 
 #define TM_STATS_INIT                                                                              \
   {                                                                                                \
     sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                                            \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                                      \
   }
 
 /** What a runtime resolved when it was created. Fill with TM_INFO_INIT. */

@@ -15,6 +15,8 @@ struct Counters {
            eviction_bytes = 0, dropped_no_room = 0, dropped_demand = 0, dropped_superseded = 0,
            cancelled = 0, moves_failed = 0, demand_waits = 0, demand_wait_ns = 0,
            fragmentation_evictions = 0;
+  // Compaction (lib/runtime/compaction.cc).
+  uint64_t relocations = 0, relocation_bytes = 0;
   // Inclusive DRAM (lib/runtime/write_through.cc).
   uint64_t write_throughs = 0, write_through_bytes = 0, clean_reads = 0, clean_read_bytes = 0,
            clean_drops = 0, clean_drop_bytes = 0;
@@ -64,6 +66,8 @@ struct Counters {
     s.recomputes = recomputes;
     s.recompute_failures = recompute_failures;
     s.recompute_ns = recompute_ns;
+    s.relocations = relocations;
+    s.relocation_bytes = relocation_bytes;
   }
 };
 

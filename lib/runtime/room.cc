@@ -210,6 +210,7 @@ struct Runtime::AllocateState {
   bool wanting = false;
   bool waited = false;
   bool backing_retried = false;  // the framework's allocator was asked again after evicting
+  bool compacted = false;        // HBM compaction was tried
   Trace::Clock::time_point start = Trace::Clock::now();
 };
 
@@ -276,6 +277,12 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
       const bool fragmented = !backing_short && plan.free_bytes >= need;
       if (auto s = EvictWindow(plan, tier, want, fragmented, why); !s.ok()) return s;
       continue;
+    }
+    // No window: the free bytes may still be there, split by copies nobody holds. Slide those
+    // together (once per request) and look again.
+    if (!st.compacted && plan.free_bytes >= need) {
+      st.compacted = true;
+      if (Compact(tier, need)) continue;
     }
     if (want.kind != Want::kDemand) {
       return Dropped(t, tier, DropReason::kNoRoom,

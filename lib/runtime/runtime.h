@@ -289,6 +289,11 @@ class Runtime {
   // What eviction could do for a request of `need` bytes in `tier` (see Allocate).
   EvictionPlan PlanEviction(const Tensor& t, tm_tier tier, Want want, uint64_t need)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Compaction (compaction.cc): slides copies nobody holds down into the holes before them
+  // until a hole of `need` bytes forms; true when any copy moved.
+  bool Compact(tm_tier tier, uint64_t need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Slidable(Tensor& v, tm_tier tier, uint64_t shift) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool SlideDown(Tensor& v, tm_tier tier, uint64_t shift) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How soon the memory of `owner`'s copy in `tier` is free again (lower: sooner), for placing
   // a new extent beside it (TierSpace::Allocate).
   uint64_t FreesAfter(uint64_t owner, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

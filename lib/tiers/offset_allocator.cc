@@ -185,6 +185,38 @@ std::optional<OffsetAllocator::Allocation> OffsetAllocator::AllocateAt(uint64_t 
   return Allocation{blocks_[b].offset * granule_, n * granule_, b};
 }
 
+std::optional<uint64_t> OffsetAllocator::SlideDown(uint32_t b) {
+  assert(b < blocks_.size() && !blocks_[b].free);
+  const uint32_t p = blocks_[b].prev_phys;
+  if (p == kNone || !blocks_[p].free) return std::nullopt;
+  RemoveFree(p);
+  // Physical order: before, p (free), b, after  ->  before, b, p (free), after.
+  Block& blk = blocks_[b];
+  Block& hole = blocks_[p];
+  const uint32_t before = hole.prev_phys, after = blk.next_phys;
+  blk.offset = hole.offset;
+  hole.offset = blk.offset + blk.size;
+  blk.prev_phys = before;
+  blk.next_phys = p;
+  hole.prev_phys = b;
+  hole.next_phys = after;
+  if (before != kNone) {
+    blocks_[before].next_phys = b;
+  } else {
+    first_ = b;
+  }
+  if (after != kNone) blocks_[after].prev_phys = p;
+  if (after != kNone && blocks_[after].free) {  // two free neighbours: one block
+    RemoveFree(after);
+    hole.size += blocks_[after].size;
+    hole.next_phys = blocks_[after].next_phys;
+    if (hole.next_phys != kNone) blocks_[hole.next_phys].prev_phys = p;
+    ReleaseBlock(after);
+  }
+  InsertFree(p);
+  return blocks_[b].offset * granule_;
+}
+
 void OffsetAllocator::Free(uint32_t b) {
   assert(b < blocks_.size() && !blocks_[b].free);
   used_ -= blocks_[b].size;

@@ -66,6 +66,12 @@ class OffsetAllocator {
   // Returns a block. The handle must come from Allocate and not have been freed.
   void Free(uint32_t block);
 
+  // Moves the reserved `block` down to the start of the free block before it, whose bytes then
+  // follow it (merged with a free block after it): compaction. The caller copies the block's
+  // bytes first. Returns the new offset in bytes; nullopt when the block before is reserved
+  // or there is none.
+  std::optional<uint64_t> SlideDown(uint32_t block);
+
   uint64_t capacity() const { return capacity_; }
   uint64_t granule() const { return granule_; }
   uint64_t used() const { return used_ * granule_; }

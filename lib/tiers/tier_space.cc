@@ -73,6 +73,14 @@ absl::StatusOr<Extent> TierSpace::AllocatePlaced(uint64_t bytes, absl::string_vi
   return Extent{a->offset, a->size, a->block};
 }
 
+std::optional<Extent> TierSpace::SlideDown(const Extent& e) {
+  if (e.empty() || counted()) return std::nullopt;
+  MutexLock lock(&mu_);
+  const std::optional<uint64_t> offset = alloc_.SlideDown(e.block);
+  if (!offset.has_value()) return std::nullopt;
+  return Extent{*offset, e.size, e.block};
+}
+
 void TierSpace::Disown(const Extent& e) { Reown(e, 0); }
 
 void TierSpace::Reown(const Extent& e, uint64_t owner) {

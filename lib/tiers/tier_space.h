@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -77,6 +78,10 @@ class TierSpace {
   // Keeps `e` reserved but owned by no tensor: its tensor dropped it while callers' work may
   // still use the memory (a deferred free); eviction sees a wall.
   void Disown(const Extent& e);
+  // Compaction: moves `e` down to the start of the free block before it (the caller has
+  // copied its bytes there) and returns it at its new offset; nullopt when the block before is
+  // reserved, or for a counted space (no addresses).
+  std::optional<Extent> SlideDown(const Extent& e);
   // Hands `e` to the tensor `owner` (tensors that swap contents: Runtime::SwapContents).
   void Reown(const Extent& e, uint64_t owner);
   // True for a counted space (a backing): Layout's order then means nothing, and any set of

@@ -19,10 +19,10 @@ namespace {
 
 const char* TrackName(int t) {
   static constexpr const char* kNames[] = {
-      "",          "acquire stalls", "copy dram->hbm",     "copy hbm->dram",
-      "nvme read", "nvme write",     "nvme->hbm (staged)", "hbm->nvme (staged)",
-      "evictions", "clean drops",    "clean dram reads",   "recompute drops",
-      "recomputes"};
+      "",           "acquire stalls", "copy dram->hbm",     "copy hbm->dram",
+      "nvme read",  "nvme write",     "nvme->hbm (staged)", "hbm->nvme (staged)",
+      "evictions",  "clean drops",    "clean dram reads",   "recompute drops",
+      "recomputes", "relocations"};
   return kNames[t];
 }
 
@@ -228,6 +228,7 @@ absl::Status Trace::Write() {
           : e.track == kCleanRead     ? "clean read"
           : e.track == kRecomputeDrop ? "recompute drop"
           : e.track == kRecompute     ? "recompute"
+          : e.track == kRelocation    ? "relocation"
                                       : "transfer",
           static_cast<double>(e.start_ns) / 1e3, static_cast<double>(e.dur_ns) / 1e3,
           static_cast<unsigned long long>(e.bytes));

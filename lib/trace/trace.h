@@ -43,6 +43,7 @@ class Trace {
                      // NVMe saved by inclusive DRAM; the same copy is on "copy dram->hbm"
     kRecomputeDrop,  // an only copy freed without a write: its recompute callback rebuilds it
     kRecompute,      // a recompute callback rebuilding a dropped tensor
+    kRelocation,     // a copy slid down within HBM to merge holes (compaction)
     kTrackCount
   };
   using Clock = std::chrono::steady_clock;

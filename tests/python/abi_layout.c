@@ -82,6 +82,8 @@ int main(void) {
   FIELD(tm_stats, recomputes);
   FIELD(tm_stats, recompute_failures);
   FIELD(tm_stats, recompute_ns);
+  FIELD(tm_stats, relocations);
+  FIELD(tm_stats, relocation_bytes);
   END();
   BEGIN(tm_info);
   FIELD(tm_info, struct_size);
