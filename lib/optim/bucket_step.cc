@@ -193,6 +193,12 @@ absl::Status Step::StepIntoShadow(size_t k, char* staged) {
   if (!stepped.ok()) return InBucket(stepped, k, "step");  // checked first: only a bug
   if (!released.ok()) return InBucket(released, k, "release");
   if (!released_src.ok()) return InBucket(released_src, k, "release");
+  // The old version's DRAM copy is spent (NVMe holds its bytes): dropped now, before the next
+  // prefetch needs its room. Left to eviction, it would outlive the buckets read ahead, which
+  // were touched less recently, and those would be dropped instead and read twice. The offload
+  // only frees the copy; the sync waits for that (a failure is no failure of the step).
+  (void)tensors_.Offload(t, TM_TIER_NVME);
+  (void)tensors_.Sync(t);
   // Returns at once: the write runs while the next bucket steps.
   if (absl::Status s = tensors_.Offload(*shadow, TM_TIER_NVME); !s.ok()) {
     return InBucket(s, k, "writing its new state to NVMe");
@@ -204,7 +210,21 @@ absl::Status Step::StepIntoShadow(size_t k, char* staged) {
 absl::Status Step::StepNvmeState(int prefetch_depth) {
   const size_t depth = static_cast<size_t>(std::max(0, prefetch_depth));
   absl::Status status;
+  // New versions being written, at most: as many as the buckets read ahead, and one more.
+  // The disk is the bottleneck here, so the step waits for the oldest write rather than let
+  // new versions pile up in DRAM: a demand for room drops clean copies before it waits for
+  // writes, and the clean copies in DRAM are the buckets read ahead, which would be read again.
+  // In DRAM at once: the bucket stepping and its new version, the depth read ahead, and the
+  // writes behind: 2 + 2 * depth buckets.
+  const size_t writing = depth + 1;
   for (size_t j = 0; j < nvme_.size() && status.ok(); ++j) {
+    if (j >= writing) {
+      absl::Status s = tensors_.Sync(swaps_[j - writing].second);
+      if (!s.ok()) {
+        status = InBucket(s, nvme_[j - writing], "writing its new state to NVMe");
+        break;
+      }
+    }
     const size_t want = std::min(nvme_.size(), j + 1 + depth);
     for (prefetched_ = std::max(prefetched_, j + 1); prefetched_ < want; ++prefetched_) {
       // A hint: a failed read shows again at the bucket's acquire, which reports it.
