@@ -19,10 +19,12 @@ absl::Status InBucket(const absl::Status& s, const std::string& bucket, const ch
   return WithContext(s, absl::StrFormat("%s: %s", bucket, doing));
 }
 
-absl::Status CheckBucket(StateTensors& tensors, const tm_adam_bucket& b, const std::string& name,
+// `name()`: the bucket's name for errors, made only when there is one.
+template <typename NameFn>
+absl::Status CheckBucket(StateTensors& tensors, const tm_adam_bucket& b, NameFn name,
                          bool amsgrad) {
   auto bad = [&name](const std::string& what) {
-    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("%s: %s", name, what));
+    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("%s: %s", name(), what));
   };
   if (b.count == 0) return absl::OkStatus();
   if (b.grad == nullptr) return bad("grad is NULL");
@@ -36,7 +38,7 @@ absl::Status CheckBucket(StateTensors& tensors, const tm_adam_bucket& b, const s
   const uint64_t per = amsgrad ? 16 : 12;
   if (b.count > UINT64_MAX / per) return bad("count is too large");
   auto bytes = tensors.Bytes(b.state.bits);
-  if (!bytes.ok()) return InBucket(bytes.status(), name, "state");
+  if (!bytes.ok()) return InBucket(bytes.status(), name(), "state");
   if (*bytes < b.count * per) {
     return bad(absl::StrFormat("state holds %u bytes, %u needed for count %u%s", *bytes,
                                b.count * per, b.count, amsgrad ? " with amsgrad" : ""));
@@ -124,7 +126,7 @@ class Step {
 
 std::string Step::Name(size_t k) const {
   if (groups_.size() == 1) return absl::StrFormat("bucket %zu", k);
-  size_t first = k;
+  size_t first = k;  // errors only: the walk back is no cost
   while (first > 0 && group_of_[first - 1] == group_of_[k]) --first;
   return absl::StrFormat("group %zu, bucket %zu", group_of_[k], k - first);
 }
@@ -152,7 +154,8 @@ absl::Status Step::Check() {
   size_t staged = 0;
   absl::flat_hash_map<uint64_t, size_t> seen;  // state tensor -> its bucket
   for (size_t i = 0; i < count_; ++i) {
-    if (absl::Status s = CheckBucket(tensors_, buckets_[i], Name(i), GroupOf(i).hyper.amsgrad);
+    auto name = [this, i] { return Name(i); };
+    if (absl::Status s = CheckBucket(tensors_, buckets_[i], name, GroupOf(i).hyper.amsgrad);
         !s.ok()) {
       return s;
     }
