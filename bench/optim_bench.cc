@@ -353,7 +353,9 @@ void NvmeRows(const Args& a) {
   tm_config c = TM_CONFIG_INIT;
   c.device = TM_DEVICE_EMULATED;
   c.hbm_bytes = 64ull << 20;
-  c.dram_bytes = bucket_bytes * (a.depth + 6);
+  // The pipeline's 2 + 2 x depth buckets (bucket_step.cc), and two more for the staging ring's
+  // share and slack (8 at the default depth 2, as before).
+  c.dram_bytes = bucket_bytes * (2 * a.depth + 4);
   c.nvme_paths = a.nvme.c_str();
   // The state and its shadow versions (the all-or-nothing step writes the new state aside).
   c.nvme_bytes = 24ull * most + bucket_bytes * 8 + (256ull << 20);
