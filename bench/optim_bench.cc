@@ -9,6 +9,8 @@
 // (tm_adam_step_buckets over tensors homed there), the step is set beside max(CPU step,
 // state bytes read / read bandwidth + written / write bandwidth), the NVMe bandwidths measured
 // over that same state through the same runtime just before each step (medians of the rounds).
+// "rd/wr x state": the bytes the steps read from and wrote to NVMe (tm_stats' bytes_moved), over
+// the state's bytes: 1.00/1.00 is the least a step can move, and what the bound assumes.
 //
 // Usage: optim_bench [--sizes=16,64,256] [--threads=1,2] [--reps=5] [--nvme=DIR]
 //                    [--nvme_sizes=16,64] [--bucket_m=4] [--depth=2]
@@ -303,6 +305,7 @@ void NvmeRow(tm_runtime rt, tm_adam adam, const Args& a, size_t mega, double cpu
   }
   std::vector<double> reads, writes, ios, ours, ratios;
   uint64_t dropped = 0, waits_ns = 0;  // where a step lost its overlap, summed over the rounds
+  uint64_t read_bytes = 0, written_bytes = 0;  // NVMe traffic of the steps, against 12 B/param
   for (int r = 0; r < std::max(3, a.reps); ++r) {
     const auto [read_bw, write_bw] =
         MeasureNvme(rt, ts, 12ull * n, static_cast<size_t>(a.depth) + 1);
@@ -316,6 +319,10 @@ void NvmeRow(tm_runtime rt, tm_adam adam, const Args& a, size_t mega, double cpu
     Check(tm_runtime_stats(rt, &after), "stats");
     dropped += after.prefetches_dropped - before.prefetches_dropped;
     waits_ns += after.demand_wait_ns - before.demand_wait_ns;
+    read_bytes += after.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM] -
+                  before.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM];
+    written_bytes += after.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME] -
+                     before.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME];
     const double io = 12.0 * n / read_bw + 12.0 * n / write_bw;
     reads.push_back(read_bw);
     writes.push_back(write_bw);
@@ -323,12 +330,14 @@ void NvmeRow(tm_runtime rt, tm_adam adam, const Args& a, size_t mega, double cpu
     ours.push_back(step);
     ratios.push_back(step / std::max(cpu, io));
   }
-  std::printf("%7zuM %10.2f %10.2f %10.1f %10.1f %10.1f %8.2f %6.2f-%.2f %8zu %8.1f\n", mega,
-              MedianOf(reads) / 1e9, MedianOf(writes) / 1e9, cpu * 1e3, MedianOf(ios) * 1e3,
+  const double least = 12.0 * static_cast<double>(n) * static_cast<double>(ratios.size());
+  std::printf("%7zuM %10.2f %10.2f %10.1f %10.1f %10.1f %8.2f %6.2f-%.2f %8zu %8.1f %5.2f/%.2f\n",
+              mega, MedianOf(reads) / 1e9, MedianOf(writes) / 1e9, cpu * 1e3, MedianOf(ios) * 1e3,
               MedianOf(ours) * 1e3, MedianOf(ratios),
               *std::min_element(ratios.begin(), ratios.end()),
               *std::max_element(ratios.begin(), ratios.end()), static_cast<size_t>(dropped),
-              static_cast<double>(waits_ns) / 1e6 / static_cast<double>(ratios.size()));
+              static_cast<double>(waits_ns) / 1e6 / static_cast<double>(ratios.size()),
+              static_cast<double>(read_bytes) / least, static_cast<double>(written_bytes) / least);
   std::fflush(stdout);
   for (auto& t : ts) Check(tm_tensor_destroy(rt, t), "destroy");
 }
@@ -344,7 +353,9 @@ void NvmeRows(const Args& a) {
   tm_config c = TM_CONFIG_INIT;
   c.device = TM_DEVICE_EMULATED;
   c.hbm_bytes = 64ull << 20;
-  c.dram_bytes = bucket_bytes * (a.depth + 6);
+  // The pipeline's 2 + 2 x depth buckets (bucket_step.cc), and two more for the staging ring's
+  // share and slack (8 at the default depth 2, as before).
+  c.dram_bytes = bucket_bytes * (2 * a.depth + 4);
   c.nvme_paths = a.nvme.c_str();
   // The state and its shadow versions (the all-or-nothing step writes the new state aside).
   c.nvme_bytes = 24ull * most + bucket_bytes * 8 + (256ull << 20);
@@ -358,9 +369,9 @@ void NvmeRows(const Args& a) {
       " %d threads; medians of %d rounds of bandwidths then step)\n",
       a.nvme.c_str(), info.io_engine == TM_IO_ENGINE_URING ? "io_uring" : "posix",
       info.nvme_alignment > 1 ? "on" : "off", a.bucket_m, a.depth, threads, std::max(3, a.reps));
-  std::printf("%8s %10s %10s %10s %10s %10s %8s %11s %8s %8s\n", "params", "read GB/s",
+  std::printf("%8s %10s %10s %10s %10s %10s %8s %11s %8s %8s %s\n", "params", "read GB/s",
               "write GB/s", "CPU step", "NVMe I/O", "tiermem", "x bound", "range", "pf drop",
-              "wait ms");
+              "wait ms", "rd/wr x state");
   for (size_t mega : a.nvme_sizes_m) {
     const double cpu = TiermemStep(mega << 20, threads, std::max(2, a.reps / 2));
     tm_adam_config ac = TM_ADAM_CONFIG_INIT;

@@ -315,6 +315,49 @@ TEST_F(Buckets, AStepAfterAStepIsTheSameAfterAFailureBetween) {
   ExpectCleanStep(2);
 }
 
+// Two parameter groups with their own hyperparameters and step numbers in one step: a read
+// failure in the second group's bucket leaves the first group untouched too, and the step once
+// the fault is gone equals each group stepped on its own.
+TEST_F(Buckets, GroupsAreAllOrNothingTogether) {
+  for (size_t b = 0; b < kBuckets; ++b) Place(b, TM_TIER_NVME);
+  Place(1, TM_TIER_DRAM);
+  AdamHyper other = opt_->hyper();
+  other.lr = 3e-3;
+  other.weight_decay = 0.0;
+  auto specs = Specs();
+  const std::vector<BucketGroup> groups = {{opt_->hyper(), 1, specs.data(), 2},
+                                           {other, 4, specs.data() + 2, 2}};
+  uint64_t lo = 0, hi = 0;
+  RangeOf(3, &lo, &hi);
+  faults_.lo = lo;
+  faults_.hi = hi;
+  faults_.reads = true;
+  BucketStepResult r = StepGroups(*opt_, *state_io_, versions_, 2, 1.0f, groups);
+  faults_.reads = false;
+  ExpectRefused(r, TM_ERR_IO, "group 1, bucket 1");
+  ExpectUntouched();
+  r = StepGroups(*opt_, *state_io_, versions_, 2, 1.0f, groups);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.buckets_done, kBuckets);
+  StepHost(0, 1);
+  StepHost(1, 1);
+  const AdamHyper own = opt_->hyper();
+  ASSERT_TRUE(opt_->SetHyper(other).ok());
+  StepHost(2, 4);
+  StepHost(3, 4);
+  ASSERT_TRUE(opt_->SetHyper(own).ok());
+  for (size_t b = 0; b < kBuckets; ++b) {
+    EXPECT_TRUE(Matches(b)) << "bucket " << b << ", stepped with its group's hyperparameters";
+    EXPECT_EQ(out_[b], want_[b]) << "bucket " << b;
+  }
+  // A group's step of 0 is refused before anything moves, naming the group.
+  const std::vector<BucketGroup> bad = {groups[0], {other, 0, specs.data() + 2, 2}};
+  r = StepGroups(*opt_, *state_io_, versions_, 2, 1.0f, bad);
+  EXPECT_EQ(ToTmStatus(r.status), TM_ERR_INVALID_ARGUMENT) << r.status;
+  EXPECT_NE(r.status.message().find("group 1: step = 0"), absl::string_view::npos) << r.status;
+  for (size_t b = 0; b < kBuckets; ++b) EXPECT_TRUE(Matches(b)) << b;
+}
+
 // The commit's swap: all pairs or none, refused while a tensor is acquired or sizes differ.
 TEST_F(Buckets, SwapContentsIsAllOrNone) {
   Place(0, TM_TIER_NVME);

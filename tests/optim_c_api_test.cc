@@ -130,6 +130,40 @@ TEST(OptimCApi, TensorBucketsMatchHostSpans) {
       EXPECT_EQ(std::memcmp(back.data(), state[b].data(), back.size() * 4), 0) << b;
     }
   }
+  // Step 3 in two groups: bucket 0 with a config of its own, buckets 1 and 2 with the
+  // optimizer's (NULL), as host spans stepped under each config.
+  tm_adam_config own = c;
+  own.lr = 1e-2;
+  own.weight_decay = 0.2;
+  std::vector<tm_adam_bucket> buckets;
+  std::vector<tm_adam_span> spans;
+  for (size_t b = 0; b < 3; ++b) {
+    const size_t n = sizes[b];
+    float* s = state[b].data();
+    buckets.push_back({tensors[b], n, grads[b].data(), TM_DTYPE_F32, nullptr, TM_DTYPE_F32});
+    spans.push_back(
+        {s, s + n, s + 2 * n, s + 3 * n, grads[b].data(), TM_DTYPE_F32, nullptr, TM_DTYPE_F32, n});
+  }
+  tm_adam_group groups[2] = {{&own, 3, buckets.data(), 1}, {nullptr, 3, buckets.data() + 1, 2}};
+  size_t done = 99;
+  EXPECT_EQ(tm_adam_step_groups(on_rt, 1.0f, nullptr, 2, &done), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(done, 0u);
+  tm_adam_config bad = own;
+  bad.struct_size = 8;
+  tm_adam_group bad_groups[2] = {groups[0], {&bad, 3, buckets.data() + 1, 2}};
+  EXPECT_EQ(tm_adam_step_groups(on_rt, 1.0f, bad_groups, 2, &done), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("group 1"), std::string::npos) << LastError();
+  ASSERT_EQ(tm_adam_step_groups(on_rt, 1.0f, groups, 2, &done), TM_OK) << LastError();
+  EXPECT_EQ(done, 3u);
+  ASSERT_EQ(tm_adam_set_hyper(host, &own), TM_OK);
+  ASSERT_EQ(tm_adam_step(host, 3, 1.0f, spans.data(), 1), TM_OK) << LastError();
+  ASSERT_EQ(tm_adam_set_hyper(host, &c), TM_OK);
+  ASSERT_EQ(tm_adam_step(host, 3, 1.0f, spans.data() + 1, 2), TM_OK) << LastError();
+  for (size_t b = 0; b < 3; ++b) {
+    std::vector<float> back(4 * sizes[b]);
+    ASSERT_EQ(tm_tensor_read(rt, tensors[b], 0, back.data(), back.size() * 4), TM_OK);
+    EXPECT_EQ(std::memcmp(back.data(), state[b].data(), back.size() * 4), 0) << "group step " << b;
+  }
   uint32_t mask = 0;
   ASSERT_EQ(tm_tensor_residency(rt, tensors[2], &mask), TM_OK);
   // Back on NVMe (DRAM may keep a clean copy: TIERMEM_DRAM_INCLUSIVE), never in HBM.

@@ -761,6 +761,25 @@ TM_API tm_status tm_adam_step_buckets(tm_adam adam, uint64_t step, float grad_sc
                                       const tm_adam_bucket* buckets, size_t count,
                                       size_t* buckets_done);
 
+/** Buckets stepped with their own hyperparameters and step number: a torch parameter group (or
+    those of its parameters at one step count). */
+typedef struct tm_adam_group {
+  const tm_adam_config* config; /**< lr .. amsgrad of the group (threads, numa_node ignored);
+                                     NULL: the optimizer's (tm_adam_create / tm_adam_set_hyper) */
+  uint64_t step;                /**< the step number taken, from 1 */
+  const tm_adam_bucket* buckets;
+  size_t count;
+} tm_adam_group;
+
+/**
+ * tm_adam_step_buckets over several groups at once, all or nothing across them: when any bucket
+ * of any group fails, the call returns that failure naming "group g, bucket i", *buckets_done is
+ * 0 and every group's states and param_out are as before. On success *buckets_done is the sum of
+ * the groups' counts (may be NULL). The optimizer's own hyperparameters are not changed.
+ */
+TM_API tm_status tm_adam_step_groups(tm_adam adam, float grad_scale, const tm_adam_group* groups,
+                                     size_t count, size_t* buckets_done);
+
 /** The best instruction set this CPU runs, and the one the kernels use now (either may be NULL). */
 TM_API tm_status tm_optim_isa_get(tm_optim_isa* detected, tm_optim_isa* active);
 /** Caps the instruction set the kernels use, process-wide (a cap above the CPU's is lowered to

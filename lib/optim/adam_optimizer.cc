@@ -44,9 +44,12 @@ absl::Status AdamOptimizer::SetHyper(const AdamHyper& hyper) {
   return absl::OkStatus();
 }
 
-absl::Status AdamOptimizer::Step(uint64_t step, float grad_scale, const AdamSpan* spans,
-                                 size_t count) {
+absl::Status AdamOptimizer::StepWith(const AdamHyper& hyper, uint64_t step, float grad_scale,
+                                     const AdamSpan* spans, size_t count) {
   if (count > 0 && spans == nullptr) return Error(TM_ERR_INVALID_ARGUMENT, "spans is NULL");
+  if (&hyper != &hyper_) {
+    if (absl::Status s = ValidateHyper(hyper); !s.ok()) return s;
+  }
   if (step == 0) return Error(TM_ERR_INVALID_ARGUMENT, "step = 0, want the step number from 1");
   if (!std::isfinite(grad_scale) || grad_scale < 0.0f) {
     return Error(TM_ERR_INVALID_ARGUMENT,
@@ -57,12 +60,12 @@ absl::Status AdamOptimizer::Step(uint64_t step, float grad_scale, const AdamSpan
   };
   std::vector<Tile> tiles;
   for (size_t i = 0; i < count; ++i) {
-    if (absl::Status s = ValidateSpan(spans[i], i, hyper_.amsgrad); !s.ok()) return s;
+    if (absl::Status s = ValidateSpan(spans[i], i, hyper.amsgrad); !s.ok()) return s;
     for (size_t b = 0; b < spans[i].n; b += kTileElements) {
       tiles.push_back({i, b, std::min(spans[i].n, b + kTileElements)});
     }
   }
-  const StepScalars scalars = MakeStepScalars(hyper_, step, grad_scale);
+  const StepScalars scalars = MakeStepScalars(hyper, step, grad_scale);
   const Isa isa = ActiveIsa();
   pool_->Run(tiles.size(), [&](size_t t) {
     const Tile& tile = tiles[t];

@@ -27,7 +27,12 @@ class AdamOptimizer {
 
   // Takes step number `step` (from 1) over the spans, gradients first multiplied by
   // `grad_scale`. Every span is checked before any is stepped.
-  absl::Status Step(uint64_t step, float grad_scale, const AdamSpan* spans, size_t count);
+  absl::Status Step(uint64_t step, float grad_scale, const AdamSpan* spans, size_t count) {
+    return StepWith(hyper_, step, grad_scale, spans, count);
+  }
+  // The same with other hyperparameters than the optimizer's (a parameter group's).
+  absl::Status StepWith(const AdamHyper& hyper, uint64_t step, float grad_scale,
+                        const AdamSpan* spans, size_t count);
 
  private:
   AdamOptimizer() = default;

@@ -1,6 +1,7 @@
 #include "lib/optim/bucket_step.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -14,14 +15,16 @@ namespace tiermem::optim {
 
 namespace {
 
-absl::Status InBucket(const absl::Status& s, size_t bucket, const char* doing) {
-  return WithContext(s, absl::StrFormat("bucket %zu: %s", bucket, doing));
+absl::Status InBucket(const absl::Status& s, const std::string& bucket, const char* doing) {
+  return WithContext(s, absl::StrFormat("%s: %s", bucket, doing));
 }
 
-absl::Status CheckBucket(StateTensors& tensors, const tm_adam_bucket& b, size_t index,
+// `name()`: the bucket's name for errors, made only when there is one.
+template <typename NameFn>
+absl::Status CheckBucket(StateTensors& tensors, const tm_adam_bucket& b, NameFn name,
                          bool amsgrad) {
-  auto bad = [index](const std::string& what) {
-    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("bucket %zu: %s", index, what));
+  auto bad = [&name](const std::string& what) {
+    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("%s: %s", name(), what));
   };
   if (b.count == 0) return absl::OkStatus();
   if (b.grad == nullptr) return bad("grad is NULL");
@@ -35,7 +38,7 @@ absl::Status CheckBucket(StateTensors& tensors, const tm_adam_bucket& b, size_t 
   const uint64_t per = amsgrad ? 16 : 12;
   if (b.count > UINT64_MAX / per) return bad("count is too large");
   auto bytes = tensors.Bytes(b.state.bits);
-  if (!bytes.ok()) return InBucket(bytes.status(), index, "state");
+  if (!bytes.ok()) return InBucket(bytes.status(), name(), "state");
   if (*bytes < b.count * per) {
     return bad(absl::StrFormat("state holds %u bytes, %u needed for count %u%s", *bytes,
                                b.count * per, b.count, amsgrad ? " with amsgrad" : ""));
@@ -68,16 +71,22 @@ size_t OutBytes(const tm_adam_bucket& b) {
 // queued so far, to be committed or undone.
 class Step {
  public:
-  Step(AdamOptimizer& opt, StateTensors& tensors, StepVersions& versions, uint64_t step,
-       float grad_scale, const tm_adam_bucket* buckets, size_t count)
+  Step(AdamOptimizer& opt, StateTensors& tensors, StepVersions& versions, float grad_scale,
+       const std::vector<BucketGroup>& groups)
       : opt_(opt),
         tensors_(tensors),
         versions_(versions),
-        step_(step),
         grad_scale_(grad_scale),
-        buckets_(buckets),
-        count_(count),
-        on_nvme_(count, false) {}
+        groups_(groups) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (size_t i = 0; i < groups[g].count; ++i) {
+        buckets_.push_back(groups[g].buckets[i]);
+        group_of_.push_back(g);
+      }
+    }
+    count_ = buckets_.size();
+    on_nvme_.assign(count_, false);
+  }
   ~Step() { ReleasePinned(); }
 
   absl::Status Check();
@@ -87,8 +96,12 @@ class Step {
   // After a failure: waits for the moves still queued, forgets this step's shadows (their new
   // versions are worthless; the old state was never touched).
   void Discard();
+  size_t count() const { return count_; }
 
  private:
+  // "bucket 3", or "group 1, bucket 3" (its index in its group) when there are several groups.
+  std::string Name(size_t k) const;
+  const BucketGroup& GroupOf(size_t k) const { return groups_[group_of_[k]]; }
   absl::StatusOr<uint64_t> ShadowOf(size_t k);
   absl::Status StepIntoShadow(size_t k, char* staged);
   void ReleasePinned();
@@ -96,12 +109,14 @@ class Step {
   AdamOptimizer& opt_;
   StateTensors& tensors_;
   StepVersions& versions_;
-  const uint64_t step_;
   const float grad_scale_;
-  const tm_adam_bucket* buckets_;
-  const size_t count_;
+  const std::vector<BucketGroup>& groups_;
+  std::vector<tm_adam_bucket> buckets_;  // every group's, in order
+  std::vector<size_t> group_of_;         // by bucket
+  size_t count_ = 0;
   std::vector<bool> on_nvme_;
   std::vector<AdamSpan> dram_spans_;  // DRAM state, acquired for writing, stepped at commit
+  std::vector<size_t> dram_group_;    // by position in dram_spans_: its group
   std::vector<uint64_t> pinned_;
   std::vector<size_t> nvme_;       // buckets stepped into shadows, in order
   std::vector<size_t> staged_at_;  // by position in nvme_: offset in versions_.staged_out
@@ -109,21 +124,49 @@ class Step {
   size_t prefetched_ = 0;  // positions of nvme_ whose prefetch was asked for
 };
 
+std::string Step::Name(size_t k) const {
+  if (groups_.size() == 1) return absl::StrFormat("bucket %zu", k);
+  size_t first = k;  // errors only: the walk back is no cost
+  while (first > 0 && group_of_[first - 1] == group_of_[k]) --first;
+  return absl::StrFormat("group %zu, bucket %zu", group_of_[k], k - first);
+}
+
 absl::Status Step::Check() {
   versions_.ForgetOrphans(tensors_);
-  const bool amsgrad = opt_.hyper().amsgrad;
+  // Everything the commit's kernel passes would refuse is refused here, before anything moves.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::string group = groups_.size() == 1 ? "" : absl::StrFormat("group %zu: ", g);
+    if (groups_[g].count > 0 && groups_[g].buckets == nullptr) {
+      return Error(TM_ERR_INVALID_ARGUMENT, absl::StrCat(group, "buckets is NULL"));
+    }
+    if (groups_[g].step == 0) {
+      return Error(TM_ERR_INVALID_ARGUMENT,
+                   absl::StrCat(group, "step = 0, want the step number from 1"));
+    }
+    if (absl::Status s = ValidateHyper(groups_[g].hyper); !s.ok()) {
+      return WithContext(s, absl::StrCat(group, "hyperparameters"));
+    }
+  }
+  if (!std::isfinite(grad_scale_) || grad_scale_ < 0.0f) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("grad_scale = %g, want a finite value >= 0", grad_scale_));
+  }
   size_t staged = 0;
   absl::flat_hash_map<uint64_t, size_t> seen;  // state tensor -> its bucket
   for (size_t i = 0; i < count_; ++i) {
-    if (absl::Status s = CheckBucket(tensors_, buckets_[i], i, amsgrad); !s.ok()) return s;
+    auto name = [this, i] { return Name(i); };
+    if (absl::Status s = CheckBucket(tensors_, buckets_[i], name, GroupOf(i).hyper.amsgrad);
+        !s.ok()) {
+      return s;
+    }
     if (buckets_[i].count == 0) continue;
     // One version per state and step: a state in two buckets would be swapped twice.
     if (auto [it, fresh] = seen.emplace(buckets_[i].state.bits, i); !fresh) {
       return Error(TM_ERR_INVALID_ARGUMENT,
-                   absl::StrFormat("bucket %zu: its state is bucket %zu's too", i, it->second));
+                   absl::StrFormat("%s: its state is %s's too", Name(i), Name(it->second)));
     }
     auto mask = tensors_.Residency(buckets_[i].state.bits);
-    if (!mask.ok()) return InBucket(mask.status(), i, "state");
+    if (!mask.ok()) return InBucket(mask.status(), Name(i), "state");
     // State with an NVMe copy lives on NVMe (a DRAM copy beside it is a clean copy: inclusive
     // DRAM, or a prefetch) and is stepped into a shadow; state only in DRAM (or HBM) is stepped
     // in place in DRAM at commit.
@@ -139,14 +182,15 @@ absl::Status Step::Check() {
 }
 
 absl::Status Step::PinDramState() {
-  const bool amsgrad = opt_.hyper().amsgrad;
   for (size_t i = 0; i < count_; ++i) {
     if (on_nvme_[i] || buckets_[i].count == 0) continue;
+    const bool amsgrad = GroupOf(i).hyper.amsgrad;
     const uint64_t t = buckets_[i].state.bits;
     auto state = tensors_.Acquire(t, TM_TIER_DRAM, TM_ACCESS_READ_WRITE);
-    if (!state.ok()) return InBucket(state.status(), i, "acquiring its state in DRAM");
+    if (!state.ok()) return InBucket(state.status(), Name(i), "acquiring its state in DRAM");
     pinned_.push_back(t);
     dram_spans_.push_back(SpanOver(buckets_[i], *state, amsgrad));
+    dram_group_.push_back(group_of_[i]);
     if (absl::Status s = ValidateSpan(dram_spans_.back(), i, amsgrad); !s.ok()) return s;
   }
   return absl::OkStatus();
@@ -173,29 +217,36 @@ absl::StatusOr<uint64_t> Step::ShadowOf(size_t k) {
 absl::Status Step::StepIntoShadow(size_t k, char* staged) {
   const uint64_t t = buckets_[k].state.bits;
   auto shadow = ShadowOf(k);
-  if (!shadow.ok()) return InBucket(shadow.status(), k, "creating its shadow state");
+  if (!shadow.ok()) return InBucket(shadow.status(), Name(k), "creating its shadow state");
   // Waits for the bucket's prefetch and takes its failure, if any: the acquire reads again,
   // and reports the failure if it persists.
   (void)tensors_.Sync(t);
   auto src = tensors_.Acquire(t, TM_TIER_DRAM, TM_ACCESS_READ);
-  if (!src.ok()) return InBucket(src.status(), k, "reading its state into DRAM");
+  if (!src.ok()) return InBucket(src.status(), Name(k), "reading its state into DRAM");
   auto dst = tensors_.Acquire(*shadow, TM_TIER_DRAM, TM_ACCESS_WRITE);
   if (!dst.ok()) {
     (void)tensors_.Release(t, TM_TIER_DRAM);
-    return InBucket(dst.status(), k, "making room for its new state in DRAM");
+    return InBucket(dst.status(), Name(k), "making room for its new state in DRAM");
   }
-  AdamSpan span = SpanOver(buckets_[k], *dst, opt_.hyper().amsgrad);
+  const BucketGroup& group = GroupOf(k);
+  AdamSpan span = SpanOver(buckets_[k], *dst, group.hyper.amsgrad);
   span.src = static_cast<const float*>(*src);
   if (span.out != nullptr) span.out = staged;
-  absl::Status stepped = opt_.Step(step_, grad_scale_, &span, 1);
+  absl::Status stepped = opt_.StepWith(group.hyper, group.step, grad_scale_, &span, 1);
   absl::Status released = tensors_.Release(*shadow, TM_TIER_DRAM);
   absl::Status released_src = tensors_.Release(t, TM_TIER_DRAM);
-  if (!stepped.ok()) return InBucket(stepped, k, "step");  // checked first: only a bug
-  if (!released.ok()) return InBucket(released, k, "release");
-  if (!released_src.ok()) return InBucket(released_src, k, "release");
+  if (!stepped.ok()) return InBucket(stepped, Name(k), "step");  // checked first: only a bug
+  if (!released.ok()) return InBucket(released, Name(k), "release");
+  if (!released_src.ok()) return InBucket(released_src, Name(k), "release");
+  // The old version's DRAM copy is spent (NVMe holds its bytes): dropped now, before the next
+  // prefetch needs its room. Left to eviction, it would outlive the buckets read ahead, which
+  // were touched less recently, and those would be dropped instead and read twice. The offload
+  // only frees the copy; the sync waits for that (a failure is no failure of the step).
+  (void)tensors_.Offload(t, TM_TIER_NVME);
+  (void)tensors_.Sync(t);
   // Returns at once: the write runs while the next bucket steps.
   if (absl::Status s = tensors_.Offload(*shadow, TM_TIER_NVME); !s.ok()) {
-    return InBucket(s, k, "writing its new state to NVMe");
+    return InBucket(s, Name(k), "writing its new state to NVMe");
   }
   swaps_.emplace_back(t, *shadow);
   return absl::OkStatus();
@@ -204,7 +255,21 @@ absl::Status Step::StepIntoShadow(size_t k, char* staged) {
 absl::Status Step::StepNvmeState(int prefetch_depth) {
   const size_t depth = static_cast<size_t>(std::max(0, prefetch_depth));
   absl::Status status;
+  // New versions being written, at most: as many as the buckets read ahead, and one more.
+  // The disk is the bottleneck here, so the step waits for the oldest write rather than let
+  // new versions pile up in DRAM: a demand for room drops clean copies before it waits for
+  // writes, and the clean copies in DRAM are the buckets read ahead, which would be read again.
+  // In DRAM at once: the bucket stepping and its new version, the depth read ahead, and the
+  // writes behind: 2 + 2 * depth buckets.
+  const size_t writing = depth + 1;
   for (size_t j = 0; j < nvme_.size() && status.ok(); ++j) {
+    if (j >= writing) {
+      absl::Status s = tensors_.Sync(swaps_[j - writing].second);
+      if (!s.ok()) {
+        status = InBucket(s, Name(nvme_[j - writing]), "writing its new state to NVMe");
+        break;
+      }
+    }
     const size_t want = std::min(nvme_.size(), j + 1 + depth);
     for (prefetched_ = std::max(prefetched_, j + 1); prefetched_ < want; ++prefetched_) {
       // A hint: a failed read shows again at the bucket's acquire, which reports it.
@@ -215,7 +280,9 @@ absl::Status Step::StepNvmeState(int prefetch_depth) {
   // Every new version is on NVMe before any is swapped in.
   for (size_t j = 0; j < swaps_.size(); ++j) {
     absl::Status s = tensors_.Sync(swaps_[j].second);
-    if (!s.ok() && status.ok()) status = InBucket(s, nvme_[j], "writing its new state to NVMe");
+    if (!s.ok() && status.ok()) {
+      status = InBucket(s, Name(nvme_[j]), "writing its new state to NVMe");
+    }
   }
   return status;
 }
@@ -224,9 +291,13 @@ absl::Status Step::Commit() {
   if (absl::Status s = tensors_.SwapContents(swaps_); !s.ok()) {
     return WithContext(s, "swapping in the new state");
   }
-  // From here nothing can fail: the DRAM spans were checked and are pinned.
-  if (!dram_spans_.empty()) {
-    absl::Status s = opt_.Step(step_, grad_scale_, dram_spans_.data(), dram_spans_.size());
+  // From here nothing can fail: the DRAM spans, hyperparameters and steps were checked and the
+  // spans are pinned. One pass per group (its own hyperparameters and step number); the spans
+  // of a group are consecutive.
+  for (size_t a = 0, b = 0; a < dram_spans_.size(); a = b) {
+    while (b < dram_spans_.size() && dram_group_[b] == dram_group_[a]) ++b;
+    const BucketGroup& group = groups_[dram_group_[a]];
+    absl::Status s = opt_.StepWith(group.hyper, group.step, grad_scale_, &dram_spans_[a], b - a);
     if (!s.ok()) return s;
   }
   for (size_t j = 0; j < nvme_.size(); ++j) {
@@ -273,8 +344,15 @@ void StepVersions::Forget(StateTensors& tensors) {
 BucketStepResult StepBuckets(AdamOptimizer& opt, StateTensors& tensors, StepVersions& versions,
                              int prefetch_depth, uint64_t step, float grad_scale,
                              const tm_adam_bucket* buckets, size_t count) {
+  return StepGroups(opt, tensors, versions, prefetch_depth, grad_scale,
+                    {BucketGroup{opt.hyper(), step, buckets, count}});
+}
+
+BucketStepResult StepGroups(AdamOptimizer& opt, StateTensors& tensors, StepVersions& versions,
+                            int prefetch_depth, float grad_scale,
+                            const std::vector<BucketGroup>& groups) {
   BucketStepResult r;
-  Step s(opt, tensors, versions, step, grad_scale, buckets, count);
+  Step s(opt, tensors, versions, grad_scale, groups);
   // Everything is checked, and where each state is, before anything moves.
   if (r.status = s.Check(); !r.status.ok()) return r;
   r.status = s.PinDramState();
@@ -288,7 +366,7 @@ BucketStepResult StepBuckets(AdamOptimizer& opt, StateTensors& tensors, StepVers
                                   "before)"));
     return r;
   }
-  r.buckets_done = count;
+  r.buckets_done = s.count();
   return r;
 }
 

@@ -58,9 +58,26 @@ struct BucketStepResult {
   size_t buckets_done = 0;  // count when the step was taken, 0 when nothing changed
 };
 
-// `prefetch_depth`: buckets read ahead of the one stepping (0: none).
+// `prefetch_depth`: buckets read ahead of the one stepping (0: none). Error messages name the
+// buckets "bucket <index>". The optimizer's hyperparameters.
 BucketStepResult StepBuckets(AdamOptimizer& opt, StateTensors& tensors, StepVersions& versions,
                              int prefetch_depth, uint64_t step, float grad_scale,
                              const tm_adam_bucket* buckets, size_t count);
+
+// Buckets stepped with their own hyperparameters and step number (a torch parameter group, or
+// those of its parameters at one step count).
+struct BucketGroup {
+  AdamHyper hyper;
+  uint64_t step = 1;
+  const tm_adam_bucket* buckets = nullptr;
+  size_t count = 0;
+};
+
+// Every group's buckets in one step, all or nothing across the groups: one failure anywhere
+// leaves every group's state and parameters as they were. With more than one group, errors
+// name "group <g>, bucket <index in the group>".
+BucketStepResult StepGroups(AdamOptimizer& opt, StateTensors& tensors, StepVersions& versions,
+                            int prefetch_depth, float grad_scale,
+                            const std::vector<BucketGroup>& groups);
 
 }  // namespace tiermem::optim

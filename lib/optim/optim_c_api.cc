@@ -275,6 +275,39 @@ TM_API tm_status tm_adam_step_buckets(tm_adam adam, uint64_t step, float grad_sc
   });
 }
 
+TM_API tm_status tm_adam_step_groups(tm_adam adam, float grad_scale, const tm_adam_group* groups,
+                                     size_t count, size_t* buckets_done) {
+  if (buckets_done != nullptr) *buckets_done = 0;
+  if (groups == nullptr && count > 0) {
+    return Fail(TM_ERR_INVALID_ARGUMENT, "tm_adam_step_groups: groups is NULL");
+  }
+  return WithAdam(adam, [&](AdamHandle& h) {
+    if (h.runtime.bits == 0) {
+      return Fail(TM_ERR_INVALID_ARGUMENT,
+                  "tm_adam_step_groups: the optimizer was created without a runtime");
+    }
+    MutexLock lock(&h.mu);
+    std::vector<BucketGroup> inner(count);
+    for (size_t g = 0; g < count; ++g) {
+      inner[g].hyper = h.opt->hyper();
+      if (groups[g].config != nullptr) {
+        const std::string function = absl::StrFormat("tm_adam_step_groups: group %zu", g);
+        auto hyper = HyperFrom(function.c_str(), groups[g].config);
+        if (!hyper.ok()) return Report(hyper.status());
+        inner[g].hyper = *hyper;
+      }
+      inner[g].step = groups[g].step;
+      inner[g].buckets = groups[g].buckets;
+      inner[g].count = groups[g].count;
+    }
+    HandleStateTensors tensors(h.runtime);
+    BucketStepResult r =
+        StepGroups(*h.opt, tensors, h.versions, h.prefetch_depth, grad_scale, inner);
+    if (buckets_done != nullptr) *buckets_done = r.buckets_done;
+    return Report(WithContext(r.status, "tm_adam_step_groups"));
+  });
+}
+
 TM_API tm_status tm_optim_isa_get(tm_optim_isa* detected, tm_optim_isa* active) {
   if (detected != nullptr) *detected = static_cast<tm_optim_isa>(DetectedIsa());
   if (active != nullptr) *active = static_cast<tm_optim_isa>(ActiveIsa());

@@ -63,8 +63,17 @@ class AdamBucket(ctypes.Structure):
     ]
 
 
+class AdamGroup(ctypes.Structure):
+    _fields_ = [
+        ("config", ctypes.POINTER(AdamConfig)),
+        ("step", ctypes.c_uint64),
+        ("buckets", ctypes.POINTER(AdamBucket)),
+        ("count", ctypes.c_size_t),
+    ]
+
+
 # On LP64, as the C compiler lays them out (checked at import).
-LP64_SIZES = {AdamConfig: 64, AdamSpan: 72, AdamBucket: 48}
+LP64_SIZES = {AdamConfig: 64, AdamSpan: 72, AdamBucket: 48, AdamGroup: 32}
 
 
 def bind(lib):
@@ -83,6 +92,8 @@ def bind(lib):
                               ctypes.c_size_t]),
         "tm_adam_step_buckets": (st, [Adam, ctypes.c_uint64, ctypes.c_float, p(AdamBucket),
                                       ctypes.c_size_t, p(ctypes.c_size_t)]),
+        "tm_adam_step_groups": (st, [Adam, ctypes.c_float, p(AdamGroup), ctypes.c_size_t,
+                                     p(ctypes.c_size_t)]),
         "tm_optim_isa_get": (st, [p(_enum), p(_enum)]),
         "tm_optim_set_isa_limit": (st, [_enum, p(_enum)]),
     }

@@ -138,6 +138,12 @@ int main(void) {
   FIELD(tm_adam_bucket, param_out);
   FIELD(tm_adam_bucket, param_out_dtype);
   END();
+  BEGIN(tm_adam_group);
+  FIELD(tm_adam_group, config);
+  FIELD(tm_adam_group, step);
+  FIELD(tm_adam_group, buckets);
+  FIELD(tm_adam_group, count);
+  END();
   printf("}\n");
   return 0;
 }

@@ -166,7 +166,7 @@ def test_struct_layouts_match_the_header():
         pytest.skip("TIERMEM_ABI_LAYOUT is not set (ctest sets it to the python_abi_layout program)")
     c = json.loads(subprocess.check_output([exe]))
     mirror = {"tm_adam_config": _optim_capi.AdamConfig, "tm_adam_span": _optim_capi.AdamSpan,
-              "tm_adam_bucket": _optim_capi.AdamBucket}
+              "tm_adam_bucket": _optim_capi.AdamBucket, "tm_adam_group": _optim_capi.AdamGroup}
     for cname, cls in mirror.items():
         fields = dict(c[cname])
         assert ctypes.sizeof(cls) == fields.pop("__size__"), cname
@@ -283,6 +283,59 @@ def test_failed_nvme_read_leaves_the_parameters_untouched(make_runtime, nvme_dir
         assert torch.equal(a["exp_avg"], b["exp_avg"]), "the state is the first step's"
         assert torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
     opt.step()  # the same step again (its gradients are still there): taken now
+    step(twin, twins, grads[1])
+    for p, q in zip(ps, twins):
+        assert torch.equal(p.detach(), q.detach()), "the retried step equals a clean one"
+    opt.close()
+    twin.close()
+
+
+def test_failure_in_one_group_leaves_every_group_untouched(make_runtime, nvme_dir):
+    """Parameter groups with their own lr and weight decay step in one all-or-nothing call: when
+    the second group's state cannot be read, the first group (whose state reads from DRAM) is
+    not stepped either; the retried step equals an optimizer's that never failed."""
+    torch.manual_seed(6)
+    shapes = [(300, 7), (1023,), (64, 64)]
+    ps = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+
+    def groups(params):
+        return [{"params": params[:1]},
+                {"params": params[1:], "lr": 5e-3, "weight_decay": 0.0}]
+
+    rt = make_runtime(dram_bytes="1MiB", checksum="xxh3", prefetch_depth=2)
+    opt = CPUAdam(groups(ps), runtime=rt, state_tier="nvme", threads=2, **HYPER)
+    twin = CPUAdam(groups(twins), threads=2, **HYPER)  # DRAM state: never fails
+    grads = [[torch.randn(s) for s in shapes] for _ in range(2)]
+
+    def step(o, params, g):
+        for p, gi in zip(params, g):
+            p.grad = gi.clone()
+        o.step()
+
+    step(opt, ps, grads[0])
+    step(twin, twins, grads[0])
+    for slot in opt._slots.values():  # every state on NVMe only, where the fault strikes
+        slot.tensor.offload("nvme")
+        slot.tensor.sync()
+    # The first group's state reads from a DRAM copy: alone, its step would succeed.
+    first = opt._slots[ps[0]].tensor
+    first.prefetch("dram")
+    first.sync()
+    assert first.residency() == {"dram", "nvme"}
+    before = [p.detach().clone() for p in ps]
+    saved = _flip_swap_files(str(nvme_dir))
+    with pytest.raises(tiermem.TiermemError, match="the step was not taken") as failed:
+        step(opt, ps, grads[1])
+    for i, (p, b) in enumerate(zip(ps, before)):
+        assert torch.equal(p.detach(), b), "a failed step changed parameter %d" % i
+    assert "group 1, bucket 0" in str(failed.value), "the error names the failing bucket"
+    _restore(saved)
+    sd = opt.state_dict()
+    assert [int(s["step"]) for s in sd["state"].values()] == [1, 1, 1]
+    for a, b in zip(sd["state"].values(), twin.state_dict()["state"].values()):
+        assert torch.equal(a["exp_avg"], b["exp_avg"]), "the state is the first step's"
+    opt.step()  # the same step again: taken now, with each group's hyperparameters
     step(twin, twins, grads[1])
     for p, q in zip(ps, twins):
         assert torch.equal(p.detach(), q.detach()), "the retried step equals a clean one"

@@ -155,12 +155,12 @@ class CPUAdam(torch.optim.Optimizer):
 
     # ---- the step ----
 
-    def _set_hyper(self, group):
+    def _config(self, group):
         cfg = _optim_capi.AdamConfig()
         cfg.lr, (cfg.beta1, cfg.beta2) = float(group["lr"]), group["betas"]
         cfg.eps, cfg.weight_decay = float(group["eps"]), float(group["weight_decay"])
         cfg.adamw, cfg.amsgrad = int(self.adamw), int(bool(group["amsgrad"]))
-        _check(_lib.tm_adam_set_hyper(self._adam, ctypes.byref(cfg)), "tm_adam_set_hyper")
+        return cfg
 
     def _grad_scale(self, grads):
         """The clipping coefficient, computed as torch.nn.utils.clip_grad_norm_ computes it."""
@@ -200,40 +200,46 @@ class CPUAdam(torch.optim.Optimizer):
         return slot.grad_host
 
     def _step_params(self, items, grad_scale):
-        """items: (param, group, grad) in order; steps them in buckets through tiermem."""
-        by_group = defaultdict(list)
+        """items: (param, group, grad) in order; steps them all in one call through tiermem,
+        all or nothing: one C group per parameter group and step count (a parameter added to
+        a group later has taken fewer steps), each with the group's hyperparameters."""
+        runs = {}  # (id(group), step number) -> (group, step, [(param, grad)])
         for p, group, grad in items:
-            by_group[id(group)].append((p, group, grad))
-        for entries in by_group.values():
-            group = entries[0][1]
-            steps = defaultdict(list)
-            for p, _, grad in entries:
-                st = self.state[p]
-                if "step" not in st:
-                    st["step"] = torch.tensor(0.0)
-                steps[int(st["step"].item()) + 1].append((p, grad))
-            with self._lock:
-                self._set_hyper(group)
-                for step, pairs in steps.items():
-                    self._step_buckets(group, step, pairs, grad_scale)
+            st = self.state[p]
+            if "step" not in st:
+                st["step"] = torch.tensor(0.0)
+            step = int(st["step"].item()) + 1
+            runs.setdefault((id(group), step), (group, step, []))[2].append((p, grad))
+        with self._lock:
+            self._step_groups(list(runs.values()), grad_scale)
 
-    def _step_buckets(self, group, step, pairs, grad_scale):
-        keep, arr = [], (_optim_capi.AdamBucket * len(pairs))()
-        for i, (p, grad) in enumerate(pairs):
-            arr[i], g = self._bucket(p, group, grad)
-            keep.append(g)
+    def _step_groups(self, runs, grad_scale):
+        keep = []  # the gradients, bucket arrays and configs the C call reads
+        groups = (_optim_capi.AdamGroup * len(runs))()
+        for i, (group, step, pairs) in enumerate(runs):
+            arr = (_optim_capi.AdamBucket * len(pairs))()
+            for j, (p, grad) in enumerate(pairs):
+                arr[j], g = self._bucket(p, group, grad)
+                keep.append(g)
+            cfg = self._config(group)
+            keep += [arr, cfg]
+            groups[i].config = ctypes.pointer(cfg)
+            groups[i].step, groups[i].count = step, len(pairs)
+            groups[i].buckets = ctypes.cast(arr, ctypes.POINTER(_optim_capi.AdamBucket))
         done = ctypes.c_size_t(0)
-        status = _lib.tm_adam_step_buckets(self._adam, step, grad_scale, arr, len(pairs),
-                                           ctypes.byref(done))
-        # All or nothing: done is 0 (nothing changed, not even the CPU parameters that
-        # receive the update in place) or every bucket, counted and uploaded.
-        for p, _ in pairs[:done.value]:
-            self._stepped.add(p)
-            self.state[p]["step"] += 1
-            slot = self._slots[p]
-            if slot.out_host is not None:
-                p.data.view(-1).copy_(slot.out_host, non_blocking=True)
-        _check(status, "tm_adam_step_buckets")
+        status = _lib.tm_adam_step_groups(self._adam, grad_scale, groups, len(runs),
+                                          ctypes.byref(done))
+        # All or nothing across every group: done is 0 (nothing changed, not even the CPU
+        # parameters that receive the update in place) or every bucket, counted and uploaded.
+        if done.value:
+            for _, _, pairs in runs:
+                for p, _ in pairs:
+                    self._stepped.add(p)
+                    self.state[p]["step"] += 1
+                    slot = self._slots[p]
+                    if slot.out_host is not None:
+                        p.data.view(-1).copy_(slot.out_host, non_blocking=True)
+        _check(status, "tm_adam_step_groups")
 
     @torch.no_grad()
     def step(self, closure=None):
