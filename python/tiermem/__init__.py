@@ -11,6 +11,7 @@ tiermem.torch holds the PyTorch offloads (saved tensors, optimizer state, parame
 
 import contextlib
 import ctypes
+import itertools
 import os
 import re
 import threading
@@ -393,10 +394,12 @@ class Runtime:
     def next_name(self, prefix):
         """prefix.N, N counting from 0 in each step: names that repeat step after step, so the
         schedule matches a tensor created anew each step with last step's."""
-        with self._lock:
-            n = self._names.get(prefix, 0)
-            self._names[prefix] = n + 1
-        return "%s.%d" % (prefix, n)
+        # No lock (a pack asks for one name per saved tensor): the dict's get and setdefault and
+        # the counter's next are each atomic in CPython, and step_begin swaps in a fresh dict.
+        counter = self._names.get(prefix)
+        if counter is None:
+            counter = self._names.setdefault(prefix, itertools.count())
+        return "%s.%d" % (prefix, next(counter))
 
     @property
     def step_index(self):
@@ -412,7 +415,7 @@ class Runtime:
         with self._lock:
             self._step_index += 1
             self._in_step = True
-            self._names.clear()
+            self._names = {}  # prefix -> itertools.count, for next_name
 
     def step_end(self):
         with self._lock:

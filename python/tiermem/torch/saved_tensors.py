@@ -30,7 +30,7 @@ class _Packed:
     is freed without one) and every view of its HBM copy (each view's release keeps it)."""
 
     __slots__ = ("rt", "h", "nbytes", "name", "dtype", "device", "size", "stride", "span",
-                 "dense", "compact_size", "viewable", "__weakref__")
+                 "dense", "flat", "compact_size", "viewable", "__weakref__")
 
     def __del__(self):
         h, rt = self.h, self.rt._rt
@@ -154,10 +154,13 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
             return t
         p = _Packed()
         p.rt, p.h, p.dtype, p.device = self.runtime, None, t.dtype, device
-        p.size, p.stride = size, stride = t.size(), t.stride()
+        size = p.size = t.size()
+        p.stride = t.stride()
         if t.is_contiguous():
             p.dense, src, p.span = True, t, numel
+            p.flat = len(size) == 1
         else:
+            p.flat = False
             self._layout(p, t, numel)
             src = t if p.dense else self._compact(p, t)
         nbytes = p.nbytes = p.span * t.element_size()
@@ -277,10 +280,9 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
     def _view(self, p):
         """A tensor viewing p's HBM copy (a hit when the schedule prefetched it), or None when
         the HBM tier has no room for it."""
-        device = p.device
-        cuda = device.type == "cuda"
+        device = p.device  # viewable: on the runtime's device (CUDA, or the emulated host)
         stream = (torch.cuda.current_stream(device).cuda_stream or _CUDA_STREAM_LEGACY
-                  if cuda else None)
+                  if self._cuda_runtime else None)
         sc = _hot.scratch()
         status = _hot.acquire(self._rt_bits, p.h, _HBM, _READ, stream, sc.ptr_addr)
         if status != _hot.OK:
@@ -293,7 +295,7 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         except BaseException:
             _hot.release_on_stream(self._rt_bits, p.h, _HBM, stream)
             raise
-        if p.span == p.size.numel() and len(p.size) == 1:
+        if p.flat:
             return flat  # 1-D and contiguous: the view is already the tensor
         return flat.as_strided(p.size, p.stride)
 

@@ -60,13 +60,13 @@ class _AcquiredDeviceBytes(_DeviceBytes):
 
 def view_acquired(owner, ptr, nbytes, dtype, device, stream):
     """view() for the saved-tensor offload's hot path: a 1-D tensor of dtype over the HBM copy
-    of owner (which has .rt, the Runtime, and .h, the tiermem tensor's handle) acquired at ptr,
+    (on device; a CUDA one exactly when stream is not None) of owner (which has .rt, the Runtime, and .h, the tiermem tensor's handle) acquired at ptr,
     released (owner.h in HBM, on stream) when PyTorch frees the memory. owner stays alive
     until then, so that its tensor is never destroyed while acquired. No finalizer object: on
     CUDA the holder's own __del__ releases; on the emulated device the holder (a ctypes array,
     which cannot have one) keeps a weak reference to itself whose callback releases (a weak
     reference alive when its referent goes has its callback called)."""
-    if device.type == "cuda":
+    if stream is not None:  # CUDA (its default stream is passed as cudaStreamLegacy)
         holder = _AcquiredDeviceBytes(ptr, nbytes)
         holder._owner, holder._stream = owner, stream
         raw = torch.as_tensor(holder, device=device)
