@@ -391,6 +391,23 @@ class Runtime:
                "tm_tensor_create")
         return Tensor(self, h, d.bytes, name)
 
+    def tensor_copied_in(self, src_ptr, nbytes, cls="other", home=None, name=None, stream=None):
+        """tensor() and copy_in_async() of all nbytes from address src_ptr, in one C call
+        (tm_tensor_create_copy_in_async). Returns (Tensor, done): done is True when the copy
+        has landed already; else src must stay unchanged until copy_done() says so. On failure
+        no tensor is left."""
+        d = _capi.TensorDesc()
+        d.bytes = parse_size(nbytes, "nbytes")
+        d.cls = _choice(_CLASSES, cls, "cls")
+        d.home_tier = _capi.TIER_BY_PLACEMENT if home is None else _tier(home)
+        d.name = name.encode() if name else None
+        h, done = _capi.Tensor(), ctypes.c_int32()
+        _check(_lib.tm_tensor_create_copy_in_async(self._handle(), ctypes.byref(d), _ptr(src_ptr),
+                                                   _ptr(stream), ctypes.byref(h),
+                                                   ctypes.byref(done)),
+               "tm_tensor_create_copy_in_async")
+        return Tensor(self, h, d.bytes, name), bool(done.value)
+
     def next_name(self, prefix):
         """prefix.N, N counting from 0 in each step: names that repeat step after step, so the
         schedule matches a tensor created anew each step with last step's."""
