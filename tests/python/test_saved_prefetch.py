@@ -51,7 +51,7 @@ def test_backward_unpacks_hit_prefetched_hbm_views(make_runtime, tier):
     # test machines are shared, and a prefetch is only ahead if its mover thread gets a core.
     # To NVMe a smaller one, so that the packs outside the last 2 x depth (7 of 39) are written
     # there and read back ahead of their unpacks. A prefetch's lead is depth unpacks of host
-    # time: since unpack costs half as much (tm_tensor_create_copy_in_async, the lean path),
+    # time: since the lean pack/unpack path (tm_tensor_create_copy_in_async) made them cheaper,
     # depth 12 hit 143-156 of 156 on the loaded VM (the bound is 141), depth 16 152-156.
     depth = 32 if tier == "dram" else 16
     rt = make_runtime(hbm_bytes="32MiB", dram_bytes="64MiB", prefetch_depth=depth)
