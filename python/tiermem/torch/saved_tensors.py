@@ -33,10 +33,10 @@ class _Packed:
                  "dense", "flat", "compact_size", "viewable", "__weakref__")
 
     def __del__(self):
-        h, rt = self.h, self.rt._rt
-        if h is not None and rt is not None:  # a closed runtime took its tensors with it
+        h = getattr(self, "h", None)  # None: never filled, or destroyed
+        if h is not None and self.rt._rt is not None:  # a closed runtime took its tensors
             self.h = None
-            _hot.destroy(rt.bits, h)  # its status: nothing to tell anyone this late
+            _hot.destroy(self.rt._rt.bits, h)  # its status: nothing to tell anyone this late
 
     @property
     def tm(self):
