@@ -488,6 +488,18 @@ TM_API tm_status tm_tensor_copy_in_async(tm_runtime runtime, tm_tensor tensor, u
 TM_API tm_status tm_tensor_copy_done(tm_runtime runtime, tm_tensor tensor, int32_t* done);
 
 /**
+ * tm_tensor_create, tm_tensor_copy_in_async of the whole tensor (desc->bytes from src at offset
+ * 0, after the work queued on stream so far) and tm_tensor_copy_done, in one call: a
+ * framework's pack of a saved tensor crosses the boundary once. *done is 1 when the copy has
+ * landed already (src may be reused at once), 0 when it is in flight (ask tm_tensor_copy_done
+ * later). On failure no tensor is left (*out is zero, *done 0) and the status and message are
+ * those of the step that failed. Symbol version TIERMEM_0.1.5.
+ */
+TM_API tm_status tm_tensor_create_copy_in_async(tm_runtime runtime, const tm_tensor_desc* desc,
+                                                const void* src, void* stream, tm_tensor* out,
+                                                int32_t* done);
+
+/**
  * Starts moving the tensor down to tier (DRAM or NVMe) and returns at once: a valid copy is
  * written there, then the copies above it are freed. TM_ERR_BUSY at once when a copy above tier
  * is acquired. A failure of the move itself (TM_ERR_OUT_OF_MEMORY, TM_ERR_NO_SPACE, TM_ERR_IO)

@@ -10,10 +10,10 @@ using namespace tiermem;  // NOLINT: the C entry points below implement the tm_*
 
 extern "C" {
 
-TM_API tm_status tm_tensor_create(tm_runtime runtime, const tm_tensor_desc* desc, tm_tensor* out) {
-  if (desc == nullptr) return NullArgument("tm_tensor_create", "desc");
-  if (out == nullptr) return NullArgument("tm_tensor_create", "out");
-  out->bits = 0;
+namespace {
+
+// TM_OK when desc's struct_size is one this library reads.
+tm_status CheckDesc(const tm_tensor_desc* desc) {
   if (desc->struct_size < offsetof(tm_tensor_desc, name) + sizeof(desc->name) ||
       desc->struct_size > (1u << 16)) {
     return Fail(
@@ -21,20 +21,62 @@ TM_API tm_status tm_tensor_create(tm_runtime runtime, const tm_tensor_desc* desc
         absl::StrFormat("tm_tensor_desc.struct_size is %zu: fill it with TM_TENSOR_DESC_INIT",
                         desc->struct_size));
   }
+  return TM_OK;
+}
+
+TensorDesc ToTensorDesc(const tm_tensor_desc& desc) {
+  TensorDesc d;
+  d.bytes = desc.bytes;
+  d.cls = desc.cls;
+  d.home_tier = desc.home_tier;
+  // At most 256 bytes are kept, cut before a UTF-8 character rather than inside one (one
+  // byte more is read to see whether the cut falls inside a character).
+  if (desc.name != nullptr) {
+    const absl::string_view given(desc.name, strnlen(desc.name, 257));
+    d.name = std::string(Utf8Prefix(given, 256));
+  }
+  return d;
+}
+
+}  // namespace
+
+TM_API tm_status tm_tensor_create(tm_runtime runtime, const tm_tensor_desc* desc, tm_tensor* out) {
+  if (desc == nullptr) return NullArgument("tm_tensor_create", "desc");
+  if (out == nullptr) return NullArgument("tm_tensor_create", "out");
+  out->bits = 0;
+  if (tm_status s = CheckDesc(desc); s != TM_OK) return s;
   return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
-    TensorDesc d;
-    d.bytes = desc->bytes;
-    d.cls = desc->cls;
-    d.home_tier = desc->home_tier;
-    // At most 256 bytes are kept, cut before a UTF-8 character rather than inside one (one
-    // byte more is read to see whether the cut falls inside a character).
-    if (desc->name != nullptr) {
-      const absl::string_view given(desc->name, strnlen(desc->name, 257));
-      d.name = std::string(Utf8Prefix(given, 256));
-    }
-    auto h = rt.CreateTensor(d);
+    auto h = rt.CreateTensor(ToTensorDesc(*desc));
     if (!h.ok()) return h.status();
     out->bits = *h;
+    return absl::OkStatus();
+  });
+}
+
+TM_API tm_status tm_tensor_create_copy_in_async(tm_runtime runtime, const tm_tensor_desc* desc,
+                                                const void* src, void* stream, tm_tensor* out,
+                                                int32_t* done) {
+  constexpr const char* kFn = "tm_tensor_create_copy_in_async";
+  if (desc == nullptr) return NullArgument(kFn, "desc");
+  if (out == nullptr) return NullArgument(kFn, "out");
+  if (done == nullptr) return NullArgument(kFn, "done");
+  out->bits = 0;
+  *done = 0;
+  if (tm_status s = CheckDesc(desc); s != TM_OK) return s;
+  if (src == nullptr && desc->bytes > 0) return NullArgument(kFn, "src");
+  return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
+    auto h = rt.CreateTensor(ToTensorDesc(*desc));
+    if (!h.ok()) return h.status();
+    absl::Status copied = rt.CopyIn(*h, 0, src, desc->bytes, stream, /*stream_waits=*/false);
+    absl::StatusOr<bool> landed = copied.ok() ? rt.CopyDone(*h) : absl::StatusOr<bool>(copied);
+    if (!landed.ok()) {
+      // No tensor is left behind: a copy that started is not waited for, its memory is freed
+      // once it has landed (as tm_tensor_destroy does).
+      (void)rt.DestroyTensor(*h);
+      return landed.status();
+    }
+    out->bits = *h;
+    *done = *landed ? 1 : 0;
     return absl::OkStatus();
   });
 }

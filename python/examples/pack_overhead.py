@@ -102,20 +102,25 @@ def main():
                 one_step(r, saved, hooks)
         # Wall time, and the CPU time of this (the training) thread alone: what the hooks cost
         # the thread that would launch the GPU's work, less sensitive to other load.
+        # And the CPU time of the whole process: tiermem's own threads (movers, copy engine)
+        # too, which take cores from the training thread on a machine with few.
         per = {name: [] for name, _, _ in variants}
         cpu = {name: [] for name, _, _ in variants}
+        proc = {name: [] for name, _, _ in variants}
         for _ in range(args.repeats):
             for name, r, hooks in variants:
-                t0, c0 = time.perf_counter(), time.thread_time()
+                t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
                 for _ in range(args.steps):
                     one_step(r, saved, hooks)
                 per[name].append((time.perf_counter() - t0) / args.steps)
                 cpu[name].append((time.thread_time() - c0) / args.steps)
+                proc[name].append((time.process_time() - p0) / args.steps)
         s = rt.stats()
         for r in runtimes:
             r.close()
     med = {name: statistics.median(v) for name, v in per.items()}
     med_cpu = {name: statistics.median(v) for name, v in cpu.items()}
+    med_proc = {name: statistics.median(v) for name, v in proc.items()}
     print("library: %s" % tiermem.library_path())
     print("package: %s" % os.path.dirname(tt.__file__))
     print("saved tensors per step: %d of %d bytes; medians of %d rounds of %d steps" % (
@@ -123,13 +128,18 @@ def main():
     print("step, pass-through hooks: %.3f ms" % (med["plain"] * 1e3))
     for name in med:
         if name != "plain":
-            print("pack + unpack per tensor, %-8s %6.1f us wall, %6.1f us CPU of this thread "
-                  "(step %.3f ms)" % (
+            print("pack + unpack per tensor, %-8s %6.1f us wall, %6.1f us CPU of this thread, "
+                  "%6.1f us CPU of all threads (step %.3f ms)" % (
                       name + ":", (med[name] - med["plain"]) / args.tensors * 1e6,
-                      (med_cpu[name] - med_cpu["plain"]) / args.tensors * 1e6, med[name] * 1e3))
+                      (med_cpu[name] - med_cpu["plain"]) / args.tensors * 1e6,
+                      (med_proc[name] - med_proc["plain"]) / args.tensors * 1e6, med[name] * 1e3))
     print("acquire hits / misses: %d / %d (prefetch depth %s)" % (
         s["acquire_hits"], s["acquire_misses"], "default" if args.prefetch_depth is None
         else args.prefetch_depth))
+    # A miss whose prefetch was issued (and not dropped) is a late one: the lead, depth unpacks
+    # of host time, was shorter than the mover's wake-up and copy.
+    print("prefetches issued / dropped: %d / %d; acquire stall %.1f ms in all" % (
+        s["prefetches"], s["prefetches_dropped"], s["acquire_stall_ns"] / 1e6))
 
 
 if __name__ == "__main__":

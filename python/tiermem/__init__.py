@@ -11,6 +11,7 @@ tiermem.torch holds the PyTorch offloads (saved tensors, optimizer state, parame
 
 import contextlib
 import ctypes
+import itertools
 import os
 import re
 import threading
@@ -390,13 +391,32 @@ class Runtime:
                "tm_tensor_create")
         return Tensor(self, h, d.bytes, name)
 
+    def tensor_copied_in(self, src_ptr, nbytes, cls="other", home=None, name=None, stream=None):
+        """tensor() and copy_in_async() of all nbytes from address src_ptr, in one C call
+        (tm_tensor_create_copy_in_async). Returns (Tensor, done): done is True when the copy
+        has landed already; else src must stay unchanged until copy_done() says so. On failure
+        no tensor is left."""
+        d = _capi.TensorDesc()
+        d.bytes = parse_size(nbytes, "nbytes")
+        d.cls = _choice(_CLASSES, cls, "cls")
+        d.home_tier = _capi.TIER_BY_PLACEMENT if home is None else _tier(home)
+        d.name = name.encode() if name else None
+        h, done = _capi.Tensor(), ctypes.c_int32()
+        _check(_lib.tm_tensor_create_copy_in_async(self._handle(), ctypes.byref(d), _ptr(src_ptr),
+                                                   _ptr(stream), ctypes.byref(h),
+                                                   ctypes.byref(done)),
+               "tm_tensor_create_copy_in_async")
+        return Tensor(self, h, d.bytes, name), bool(done.value)
+
     def next_name(self, prefix):
         """prefix.N, N counting from 0 in each step: names that repeat step after step, so the
         schedule matches a tensor created anew each step with last step's."""
-        with self._lock:
-            n = self._names.get(prefix, 0)
-            self._names[prefix] = n + 1
-        return "%s.%d" % (prefix, n)
+        # No lock (a pack asks for one name per saved tensor): the dict's get and setdefault and
+        # the counter's next are each atomic in CPython, and step_begin swaps in a fresh dict.
+        counter = self._names.get(prefix)
+        if counter is None:
+            counter = self._names.setdefault(prefix, itertools.count())
+        return "%s.%d" % (prefix, next(counter))
 
     @property
     def step_index(self):
@@ -412,7 +432,7 @@ class Runtime:
         with self._lock:
             self._step_index += 1
             self._in_step = True
-            self._names.clear()
+            self._names = {}  # prefix -> itertools.count, for next_name
 
     def step_end(self):
         with self._lock:

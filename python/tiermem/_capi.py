@@ -228,6 +228,8 @@ def _prototypes(lib):
         "tm_tensor_copy_out": (st, [Runtime, Tensor, u64, vp, u64, vp]),
         "tm_tensor_copy_in_async": (st, [Runtime, Tensor, u64, vp, u64, vp]),
         "tm_tensor_copy_done": (st, [Runtime, Tensor, p(i32)]),
+        "tm_tensor_create_copy_in_async": (st, [Runtime, p(TensorDesc), vp, vp, p(Tensor),
+                                                p(i32)]),
         "tm_tensor_offload": (st, [Runtime, Tensor, i32]),
         "tm_tensor_prefetch": (st, [Runtime, Tensor, i32]),
         "tm_tensor_sync": (st, [Runtime, Tensor]),

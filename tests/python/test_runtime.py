@@ -1,5 +1,6 @@
 """tiermem.Runtime and tiermem.Tensor: settings, errors, stats, steps, the library's lookup."""
 
+import ctypes
 import glob
 import os
 import subprocess
@@ -63,6 +64,23 @@ def test_tensor_round_trip_through_nvme(make_runtime, inclusive):
     with pytest.raises(tiermem.TiermemError) as e:
         t.sync()
     assert e.value.status == tiermem.TM_ERR_INVALID_HANDLE
+
+
+def test_tensor_copied_in(make_runtime):
+    # One call makes the tensor and fills it: host memory into DRAM lands before it returns.
+    rt = make_runtime()
+    data = bytes(range(256)) * 64
+    buf = ctypes.create_string_buffer(data, len(data))
+    t, done = rt.tensor_copied_in(ctypes.addressof(buf), len(data), "activation", "dram", "x")
+    assert done and t.copy_done() and t.nbytes == len(data)
+    assert t.residency() == {"dram"} and t.read() == data
+    assert rt.stats()["tensors"] == 1
+    t.destroy()
+    # A bad source leaves no tensor behind.
+    with pytest.raises(tiermem.TiermemError) as e:
+        rt.tensor_copied_in(None, 64, "activation", "dram", "y")
+    assert e.value.status == tiermem.TM_ERR_INVALID_ARGUMENT and "src" in e.value.message
+    assert rt.stats()["tensors"] == 0
 
 
 def test_step_and_close(make_runtime):

@@ -12,21 +12,55 @@ import weakref
 
 import torch
 
-from .. import TM_ERR_OUT_OF_MEMORY, Runtime, TiermemError, _capi
+from .. import TM_ERR_OUT_OF_MEMORY, Runtime, Tensor, TiermemError, _capi, _hot
 from . import views
 from .stash import CopyStash
-from .transfers import _TIER_HOME, _check_tier, _destroy_quietly, _fetch, _is_cuda_runtime, _stream
+from .transfers import _CUDA_STREAM_LEGACY, _check_tier, _fetch, _is_cuda_runtime, _stream
+
+_HBM, _DRAM = _capi.TIER_HBM, _capi.TIER_DRAM
+_ACTIVATION, _READ = _capi.CLASS_ACTIVATION, _capi.ACCESS_READ
+_INVALID_HANDLE = _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE")
+_STRIDED = torch.strided
 
 
 class _Packed:
-    """A saved tensor held by tiermem. Its tiermem tensor lives as long as autograd keeps this
-    object (until the backward that used it, or until the graph is freed without one)."""
+    """A saved tensor held by tiermem: the handle of its tiermem tensor (h, made and filled by
+    one tm_tensor_create_copy_in_async) and how to rebuild its layout. The tiermem tensor lives
+    as long as autograd keeps this object (until the backward that used it, or until the graph
+    is freed without one) and every view of its HBM copy (each view's release keeps it)."""
 
-    __slots__ = ("tm", "dtype", "device", "size", "stride", "span", "dense", "compact_size",
-                 "viewable", "__weakref__")
+    __slots__ = ("rt", "h", "nbytes", "name", "dtype", "device", "size", "stride", "span",
+                 "dense", "flat", "compact_size", "viewable", "__weakref__")
 
     def __del__(self):
-        _destroy_quietly(self.tm)
+        h = getattr(self, "h", None)  # None: never filled, or destroyed
+        if h is not None and self.rt._rt is not None:  # a closed runtime took its tensors
+            self.h = None
+            _hot.destroy(self.rt._rt.bits, h)  # its status: nothing to tell anyone this late
+
+    @property
+    def tm(self):
+        """A tiermem.Tensor over the same handle, for the calls off the hot path (prefetch,
+        offload, copy_done); destroyed only through this object."""
+        if self.h is None:
+            raise TiermemError(_INVALID_HANDLE, "saved tensor %r was already released" %
+                               self.name)
+        return Tensor(self.rt, _capi.Tensor(self.h), self.nbytes, self.name)
+
+    def copy_done(self):
+        """True when the pack's copy has landed (or the runtime, which waited for it, is gone)."""
+        rt = self.rt._rt
+        if self.h is None or rt is None:
+            return True
+        s = _hot.scratch()
+        _hot.check(_hot.copy_done(rt.bits, self.h, s.flag_addr), "tm_tensor_copy_done")
+        return s.flag.value != 0
+
+    def _view_freed(self, _ref):
+        """A view of the HBM copy (emulated device: no stream) was freed by PyTorch."""
+        rt = self.rt._rt
+        if self.h is not None and rt is not None:
+            _hot.release_on_stream(rt.bits, self.h, _HBM, None)
 
 
 def _is_parameter(t):
@@ -71,6 +105,7 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         self.views = bool(views)
         self.stash = _stash_of(runtime, stash_bytes)
         self._cuda_runtime = _is_cuda_runtime(runtime)
+        self._rt_bits = runtime._handle().bits  # packs made after close fail as a bad handle
         self.packed = 0
         self.packed_bytes = 0
         self.skipped = 0
@@ -102,62 +137,92 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
             raise self.error from exc
         return False
 
-    def _keep(self, t):
+    def _keep(self, t, device_type, numel):
         """True when t stays with autograd as it is."""
-        if (t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda")
-                or t.numel() == 0):
+        if (t.layout != _STRIDED or t.is_quantized or device_type not in ("cpu", "cuda")
+                or numel == 0):
             return True
         if _is_parameter(t):
             return True  # parameters (and views of them) are the model's, not activations
-        return t.numel() * t.element_size() < self.min_bytes
+        return numel * t.element_size() < self.min_bytes
 
     def _pack(self, t):
-        if self.error is not None or self._keep(t):
+        device = t.device
+        device_type, numel = device.type, t.numel()
+        if self.error is not None or self._keep(t, device_type, numel):
             self.skipped += 1
             return t
         p = _Packed()
-        p.dtype, p.device = t.dtype, t.device
-        p.size, p.stride = tuple(t.size()), tuple(t.stride())
-        numel = t.numel()
-        # Elements from the first to the last one the view reaches (strides are never negative).
-        span = 1 + sum((n - 1) * s for n, s in zip(p.size, p.stride))
-        # Copy the span as it lies (dense, overlapping or expanded, or with small gaps) and
-        # rebuild the same strides over it; a view with large gaps is copied compactly.
-        p.dense = span <= 2 * numel
-        if p.dense:
-            src, p.span = t, span
+        p.rt, p.h, p.dtype, p.device = self.runtime, None, t.dtype, device
+        size = p.size = t.size()
+        p.stride = t.stride()
+        if t.is_contiguous():
+            p.dense, src, p.span = True, t, numel
+            p.flat = len(size) == 1
         else:
-            # Expanded dimensions (stride 0) are kept once and expanded again in unpack.
-            src = t
-            for dim, (n, s) in enumerate(zip(p.size, p.stride)):
-                if s == 0 and n > 1:
-                    src = src.narrow(dim, 0, 1)
-            p.compact_size = tuple(src.size())
-            src = src.contiguous()
-            p.span = src.numel()
-        nbytes = p.span * t.element_size()
-        try:
-            p.tm = self.runtime.tensor(nbytes, "activation", _TIER_HOME[self.tier],
-                                       self.runtime.next_name("saved"))
-        except TiermemError as e:
-            self.error = e
-            return t
+            p.flat = False
+            self._layout(p, t, numel)
+            src = t if p.dense else self._compact(p, t)
+        nbytes = p.nbytes = p.span * t.element_size()
         # A dense CPU tensor views HBM on the emulated device (host memory), a dense CUDA tensor
         # on the CUDA device; anything else is copied out.
-        p.viewable = self.views and p.dense and (p.device.type == "cuda") == self._cuda_runtime
-        try:
-            p.tm.copy_in_async(src.data_ptr(), nbytes, 0, _stream(src, self.runtime))
-            self._note_recent(p)
-            # The source stays alive until the copy has read it (the compute stream goes on).
-            if not p.tm.copy_done():
-                self.stash.add(p, src, nbytes)
-        except TiermemError as e:
-            _destroy_quietly(p.tm)
-            self.error = e
+        cuda = device_type == "cuda"
+        p.viewable = self.views and p.dense and cuda == self._cuda_runtime
+        if cuda:
+            if not self._cuda_runtime:
+                _stream(src, self.runtime)  # raises: the emulated device cannot read it
+            stream = torch.cuda.current_stream(device).cuda_stream or _CUDA_STREAM_LEGACY
+        else:
+            stream = None
+        # Made, filled (the copy starts after the stream's work so far; the stream does not
+        # wait for it) and asked whether the copy has landed, in one call.
+        name = p.name = self.runtime.next_name("saved")
+        sc = _hot.scratch()
+        desc = sc.desc
+        desc.bytes, desc.cls, desc.home_tier, desc.name = nbytes, _ACTIVATION, _DRAM, \
+            name.encode()
+        status = _hot.create_copy_in_async(self._rt_bits, sc.desc_addr, src.data_ptr(), stream,
+                                           sc.out_addr, sc.flag_addr)
+        if status != _hot.OK:
+            try:
+                _hot.check(status, "tm_tensor_create_copy_in_async")
+            except TiermemError as e:
+                self.error = e  # no tensor was left; this one stays with autograd
             return t
+        p.h = sc.words[0]
+        self._note_recent(p)
+        if not sc.flag.value:
+            # The source stays alive until the copy has read it (the compute stream goes on).
+            try:
+                self.stash.add(p, src, nbytes)
+            except TiermemError as e:
+                self.error = e
+                return t
         self.packed += 1
         self.packed_bytes += nbytes
         return p
+
+    @staticmethod
+    def _layout(p, t, numel):
+        """Elements from the first to the last one the view reaches (strides are never
+        negative). Copy the span as it lies (dense, overlapping or expanded, or with small gaps)
+        and rebuild the same strides over it; a view with large gaps is copied compactly."""
+        span = 1 + sum((n - 1) * s for n, s in zip(p.size, p.stride))
+        p.dense = span <= 2 * numel
+        p.span = span
+
+    @staticmethod
+    def _compact(p, t):
+        """The source of a view with large gaps: expanded dimensions (stride 0) kept once (and
+        expanded again in unpack), the rest made contiguous."""
+        src = t
+        for dim, (n, s) in enumerate(zip(p.size, p.stride)):
+            if s == 0 and n > 1:
+                src = src.narrow(dim, 0, 1)
+        p.compact_size = tuple(src.size())
+        src = src.contiguous()
+        p.span = src.numel()
+        return src
 
     def _prefetch_last(self):
         """The forward is over: its last packs are the backward's first unpacks (often the
@@ -168,7 +233,7 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
             return
         for ref in list(self._recent)[:-self._depth - 1:-1]:  # the last ones, newest first
             p = ref()
-            if p is not None and p.viewable and p.tm._h is not None:
+            if p is not None and p.viewable and p.h is not None:
                 try:
                     p.tm.prefetch("hbm")  # a hint: dropped when there is no room
                 except TiermemError:
@@ -177,9 +242,9 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
     def _note_recent(self, p):
         recent = self._recent
         recent.append(weakref.ref(p))
-        while len(recent) > self._recent_limit:
+        if len(recent) > self._recent_limit:
             older = recent.popleft()()
-            if self.tier == "nvme" and older is not None and older.tm._h is not None:
+            if self.tier == "nvme" and older is not None and older.h is not None:
                 try:
                     older.tm.offload("nvme")  # queued: written once its copy has landed
                 except TiermemError:
@@ -188,10 +253,10 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
     def _unpack(self, p):
         if isinstance(p, torch.Tensor):
             return p
-        if p.tm._h is None:
-            raise TiermemError(_capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE"),
-                               "saved tensor %r was already released" % p.tm.name)
-        self.stash.drain()
+        if p.h is None:
+            raise TiermemError(_INVALID_HANDLE, "saved tensor %r was already released" % p.name)
+        if self.stash._entries:
+            self.stash.drain()
         try:
             if p.viewable:
                 out = self._view(p)
@@ -199,12 +264,13 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
                     self.unpacked_views += 1
                     return out
             self.unpacked_copies += 1
+            tm = p.tm
             if p.dense:
                 buf = torch.empty(p.span, dtype=p.dtype, device=p.device)
-                _fetch(p.tm, buf, p.tm.nbytes)
+                _fetch(tm, buf, p.nbytes)
                 return buf.as_strided(p.size, p.stride)
             compact = torch.empty(p.compact_size, dtype=p.dtype, device=p.device)
-            _fetch(p.tm, compact, p.tm.nbytes)
+            _fetch(tm, compact, p.nbytes)
         except TiermemError as e:
             self.error = e
             raise
@@ -214,19 +280,23 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
     def _view(self, p):
         """A tensor viewing p's HBM copy (a hit when the schedule prefetched it), or None when
         the HBM tier has no room for it."""
-        stream = (torch.cuda.current_stream(p.device).cuda_stream or 0x1
-                  if p.device.type == "cuda" else None)  # 0x1: cudaStreamLegacy (see _stream)
-        try:
-            ptr = p.tm.acquire("hbm", "read", stream)
-        except TiermemError as e:
-            if e.status == TM_ERR_OUT_OF_MEMORY:
+        device = p.device  # viewable: on the runtime's device (CUDA, or the emulated host)
+        stream = (torch.cuda.current_stream(device).cuda_stream or _CUDA_STREAM_LEGACY
+                  if self._cuda_runtime else None)
+        sc = _hot.scratch()
+        status = _hot.acquire(self._rt_bits, p.h, _HBM, _READ, stream, sc.ptr_addr)
+        if status != _hot.OK:
+            if status == TM_ERR_OUT_OF_MEMORY:
                 return None
-            raise
+            _hot.check(status, "tm_tensor_acquire")
+        ptr = sc.words[1]
         try:
-            flat = views.view(p, ptr, p.tm.nbytes, p.dtype, p.device, stream)
+            flat = views.view_acquired(p, ptr, p.nbytes, p.dtype, device, stream)
         except BaseException:
-            p.tm.release("hbm", stream)
+            _hot.release_on_stream(self._rt_bits, p.h, _HBM, stream)
             raise
+        if p.flat:
+            return flat  # 1-D and contiguous: the view is already the tensor
         return flat.as_strided(p.size, p.stride)
 
 

@@ -25,8 +25,8 @@ class CopyStash:
         return len(self._entries)
 
     def add(self, owner, source, nbytes):
-        """Keeps source until owner.tm.copy_done(); owner stays alive as long (its tiermem
-        tensor must not be destroyed while the copy reads source)."""
+        """Keeps source until owner.copy_done(); owner stays alive as long (its tiermem tensor
+        must not be destroyed while the copy reads source)."""
         with self._lock:
             self._entries.append((owner, source, nbytes))
             self.bytes += nbytes
@@ -63,7 +63,4 @@ class CopyStash:
 
 
 def _done(owner):
-    tm = owner.tm
-    if tm._h is None or tm._rt.closed:
-        return True  # the runtime was closed, which waited for its copies
-    return tm.copy_done()
+    return owner.copy_done()  # True too once the runtime, which waited for it, is closed
