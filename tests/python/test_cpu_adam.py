@@ -303,7 +303,8 @@ def test_failure_in_one_group_leaves_every_group_untouched(make_runtime, nvme_di
         return [{"params": params[:1]},
                 {"params": params[1:], "lr": 5e-3, "weight_decay": 0.0}]
 
-    rt = make_runtime(dram_bytes="1MiB", checksum="xxh3", prefetch_depth=2)
+    # Exclusive tiers, as above: the state is read from NVMe, where the failure is.
+    rt = make_runtime(dram_bytes="1MiB", checksum="xxh3", prefetch_depth=2, dram_inclusive="off")
     opt = CPUAdam(groups(ps), runtime=rt, state_tier="nvme", threads=2, **HYPER)
     twin = CPUAdam(groups(twins), threads=2, **HYPER)  # DRAM state: never fails
     grads = [[torch.randn(s) for s in shapes] for _ in range(2)]
