@@ -7,7 +7,7 @@ units' parameters are prefetched into HBM while a unit runs, in forward and in b
 import torch
 
 from .optimizer_state import _StepDriver
-from .swapped import _Swapped
+from .param_views import SavedAliases, _outer_hooks, _ViewedParam
 from .transfers import _check_tier, _owns_storage
 
 
@@ -84,19 +84,29 @@ def _unit_modules(module, units):
 
 class ParameterOffload:
     """Handle of offload_parameters: .gathered() (every parameter in, written back after),
-    .remove() (parameters back in ordinary tensors, hooks gone), .records, .units."""
+    .remove() (parameters back in ordinary tensors, hooks gone), .records, .units; .views
+    (parameters brought in as views of their HBM copy) and .copies (copied in instead)."""
 
-    def __init__(self, module, runtime, tier, optimizer, bucket_bytes, units=None):
+    def __init__(self, module, runtime, tier, optimizer, bucket_bytes, units=None, views=True):
         self.module = module
         self.runtime = runtime
         self.tier = tier
+        self.use_views = bool(views)
+        self.views = 0
+        self.copies = 0
+        self._resident = {}  # address of p.data's bytes -> record, the parameters in now
+        # While a forward (and its backward) runs without saved-tensor hooks of ours (torch
+        # before 2.8 under hooks it cannot read): every parameter is copied in, in place.
+        self._copies_only = not self.use_views
+        self._saving = None  # the SavedAliases entered for the forward running
+        self._saving_unit = None  # the unit whose forward entered it
         blocks = _unit_modules(module, units)  # first: a bad policy leaves nothing behind
         self.records = {}  # id(param) -> _Swapped
         for name, p in module.named_parameters():
             if id(p) in self.records or not _owns_storage(p.data):
                 continue  # tied (held once) or a view into a shared buffer (left alone)
             # The Parameter itself: its version counter tells whether a step changed it.
-            self.records[id(p)] = _Swapped(runtime, p, "param", "param." + name, tier)
+            self.records[id(p)] = _ViewedParam(runtime, p, "param", "param." + name, tier)
         self.units = []
         in_block = set()
         for b in blocks:
@@ -132,12 +142,38 @@ class ParameterOffload:
     # Reference counts: a tied parameter is held by each unit using it.
     def hold(self, s):
         s.refs += 1
-        s.bring_in()
+        if s.resident:
+            return
+        if s.bring_in(view=not self._copies_only):
+            self.views += 1
+        else:
+            self.copies += 1
+        self._resident[s.address] = s
 
     def unhold(self, s, dirty=None):
         s.refs = max(0, s.refs - 1)
         if s.refs == 0:
+            self._resident.pop(s.address, None)
             s.let_go(dirty)
+
+    def _start_saving(self, unit):
+        """The outermost unit's forward starts: saved views of parameters are kept as their
+        place in the parameter (SavedAliases), under the hooks already set, when torch lets
+        them be read; else this forward and its backward copy parameters in."""
+        self._saving_unit = unit
+        if not self.use_views:
+            return
+        outer, known = _outer_hooks()
+        self._copies_only = not known
+        if known:
+            self._saving = SavedAliases(self._resident, outer)
+            self._saving.__enter__()
+
+    def _stop_saving(self):
+        self._saving_unit = None
+        saving, self._saving = self._saving, None
+        if saving is not None:
+            saving.__exit__(None, None, None)
 
     def _prefetch(self, unit, step):
         """Starts the parameters of the unit `step` places from `unit` in forward order on
@@ -158,6 +194,10 @@ class ParameterOffload:
     def _pre_forward_of(self, unit):
         def hook(module, inputs):
             self._backward_hooked = False  # a backward that raised never ran its callback
+            if self._saving_unit is unit:
+                self._stop_saving()  # its forward raised: the post-forward hook never ran
+            if self._saving_unit is None and torch.is_grad_enabled():
+                self._start_saving(unit)
             if unit.index is None:
                 unit.index = len(self._order)
                 self._order.append(unit)
@@ -170,6 +210,8 @@ class ParameterOffload:
 
     def _post_forward_of(self, unit):
         def hook(module, inputs, output):
+            if self._saving_unit is unit:
+                self._stop_saving()
             if not torch.is_grad_enabled():
                 for s in unit.records:
                     self.unhold(s)
@@ -199,9 +241,9 @@ class ParameterOffload:
             return  # a unit whose outputs get gradients twice is brought in once
         self._hold_unit(unit)
         if self.optimizer_aware:
+            # Let go when its last gradient came; a unit with none (frozen) still computes
+            # the gradient of its input with its parameters: let go after the backward.
             self._pending[unit] = {id(s.tensor) for s in unit.records if s.tensor.requires_grad}
-            if not self._pending[unit]:
-                self._release_unit(unit)
         else:
             self._kept.add(unit)  # let go by its next forward, which writes back a change
 
@@ -259,7 +301,7 @@ class ParameterOffload:
 
 
 def offload_parameters(module, runtime, tier="dram", optimizer=None, bucket_bytes=64 << 20,
-                       units=None):
+                       units=None, views=True):
     """ZeRO-Infinity: the module's parameter data lives in tiermem, brought in by unit (units:
     None for each block of the model's largest ModuleList, a collection of module classes, a
     callable(module) -> bool, or a collection of submodules; the root holds the rest). A
@@ -269,6 +311,11 @@ def offload_parameters(module, runtime, tier="dram", optimizer=None, bucket_byte
     optimizer.step() brings them in bucket by bucket (with their state, when
     offload_optimizer_state is used as well); without one, the backward leaves them in until the
     next forward lets each go. Tied parameters are held once; parameters that are views into a
-    shared buffer are left alone. Returns a handle (gathered(), remove())."""
+    shared buffer are left alone. While in, a parameter's data is a view of its tiermem copy in
+    HBM (views=True, the default; no copy), released when it goes out, and marked changed first
+    when it was written (the optimizer's step, or any in-place change: its version); it is
+    copied into its own memory instead when it cannot view (no room in HBM, a CPU parameter with
+    a CUDA runtime, a dtype that cannot view bytes, views=False, or torch before 2.8 under
+    saved-tensor hooks it cannot read). Returns a handle (gathered(), remove())."""
     return ParameterOffload(module, runtime, _check_tier(tier), optimizer, int(bucket_bytes),
-                            units)
+                            units, views)
