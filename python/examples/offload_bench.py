@@ -301,9 +301,19 @@ def make_modes(args, swap, stack):
                label="offload_parameters, parameters %.1f MiB = %.1fx the %.1f MiB HBM budget" %
                (pbytes / MIB, pbytes / budget, budget / MIB))
     off.handle = tt.offload_parameters(big, rt_params, "dram")
-    modes += [big_plain, off]
+    # The same with the parameters copied into torch's memory instead of viewing their HBM
+    # copies (views=False), on a copy of the model with its own runtime: what the views save.
+    torch.manual_seed(0)
+    big_copies = TinyGPT(vocab=1024, seq=args.seq, hidden=args.param_hidden or args.hidden,
+                         heads=8, blocks=args.blocks).to(DEVICE)
+    rt_copies = stack(tiermem.Runtime(dram_bytes=2 * pbytes + 256 * MIB, nvme_paths=swap,
+                                      nvme_bytes=args.nvme_bytes, hbm_bytes=budget))
+    copied = Mode("params copies", big_copies, data, runtime=rt_copies,
+                  label="the same, views=False: each parameter copied into torch's memory")
+    copied.handle = tt.offload_parameters(big_copies, rt_copies, "dram", views=False)
+    modes += [big_plain, off, copied]
     for m in modes:
-        m.plain = big_plain if m.model is big else plain
+        m.plain = big_plain if m.model in (big, big_copies) else plain
     return modes, pbytes
 
 
@@ -366,6 +376,7 @@ def report(args, modes, link, nvme, pbytes):
                                                                  "tiermem nvme excl"))
     print("ratio params_step_over_bound %.3f" %
           (rows["params offload"][0] / rows["params offload"][1]))
+    print("info params_views_step_over_copies %.3f" % ratio("params offload", "params copies"))
 
 
 def main():
