@@ -185,3 +185,22 @@ def test_what_cannot_view_is_copied(make_runtime, case):
     assert same(model, ref)
     gc.collect()
     assert rt.stats()["tensors"] == 0
+
+
+def test_a_view_held_beyond_its_unit(make_runtime):
+    ref, ref_opt = make_model()
+    ref_losses = run(ref, ref_opt)
+    rt = make_runtime(hbm_bytes="8MiB", dram_bytes="1MiB")
+    model, opt = make_model()
+    h = tt.offload_parameters(model, rt, optimizer=opt)
+    with h.gathered():
+        held = model.state_dict()  # views of the HBM copies, kept past gathered()
+    assert run(model, opt, rt) == ref_losses
+    h.remove()  # reads the copies the held views pin (written through them)
+    assert same(model, ref)
+    # They followed the parameters through the steps, as a plain model's state_dict() does.
+    assert all(torch.equal(held[k], v) for k, v in model.state_dict().items())
+    assert rt.stats()["tensors"] > 0  # destroyed when the last view goes
+    del held
+    gc.collect()
+    assert rt.stats()["tensors"] == 0

@@ -14,7 +14,7 @@ import weakref
 
 import torch
 
-from .. import TM_ERR_OUT_OF_MEMORY, TiermemError
+from .. import TM_ERR_BUSY, TM_ERR_OUT_OF_MEMORY, TiermemError
 from . import views
 from .swapped import _Swapped
 from .transfers import _CUDA_STREAM_LEGACY, _destroy_quietly, _is_cuda_runtime, _resize_storage
@@ -166,9 +166,15 @@ class _ViewedParam(_Swapped):
         """Back to an ordinary tensor (its own memory, the current bytes); tiermem's copy
         destroyed."""
         if self.view_ptr is None:
-            _Swapped.bring_in(self)  # a copy into its own memory, not a view
-            self._destroy()
-            return
+            try:
+                _Swapped.bring_in(self)  # a copy into its own memory, not a view
+                self._destroy()
+                return
+            except TiermemError as e:
+                # Written through a view that something else still holds: its HBM copy stays
+                # pinned for writing until that is dropped. Read it there.
+                if e.status != TM_ERR_BUSY or not self.views.live or not self._view_in():
+                    raise
         current = self.tensor.data
         _resize_storage(self.placeholder, self.nbytes)
         with torch.no_grad():

@@ -166,8 +166,13 @@ class ParameterOffload:
         outer, known = _outer_hooks()
         self._copies_only = not known
         if known:
-            self._saving = SavedAliases(self._resident, outer)
-            self._saving.__enter__()
+            saving = SavedAliases(self._resident, outer)
+            try:
+                saving.__enter__()
+            except RuntimeError:
+                self._copies_only = True  # saved-tensor hooks disabled here (torch says why)
+                return
+            self._saving = saving
 
     def _stop_saving(self):
         self._saving_unit = None
@@ -289,6 +294,8 @@ class ParameterOffload:
 
     def remove(self):
         """Parameters back in ordinary tensors; hooks removed; tiermem's copies destroyed."""
+        if self._saving_unit is not None:
+            self._stop_saving()  # a forward that raised left its hooks set
         for h in self._hooks + self._grad_hooks:
             h.remove()
         self._hooks, self._grad_hooks = [], []
