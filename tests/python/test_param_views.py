@@ -204,3 +204,32 @@ def test_a_view_held_beyond_its_unit(make_runtime):
     del held
     gc.collect()
     assert rt.stats()["tensors"] == 0
+
+
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_state_dict_and_load_state_dict_while_offloaded(make_runtime, tier):
+    ref, ref_opt = make_model()
+    run(ref, ref_opt, steps=2)
+    want = {k: v.clone() for k, v in ref.state_dict().items()}
+    rt = make_runtime(hbm_bytes="64KiB", dram_bytes="1MiB")
+    model, opt = make_model()
+    h = tt.offload_parameters(model, rt, tier, optimizer=opt)
+    run(model, opt, rt, steps=2)
+    got = model.state_dict()  # outside any unit: copies read from tiermem
+    assert set(got) == set(want) and "head.weight" in got  # the tied name too
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    # A second offloaded model loads it, and its parameters are written back.
+    other, _ = make_model()
+    torch.manual_seed(1)
+    for p in other.parameters():
+        torch.nn.init.normal_(p)
+    h2 = tt.offload_parameters(other, rt, tier)
+    other.load_state_dict(got)
+    assert all(not s.resident for s in h2.records.values())
+    assert all(torch.equal(v, want[k]) for k, v in other.state_dict().items())
+    h2.remove()
+    h.remove()
+    assert all(torch.equal(a, want[k]) for k, a in other.state_dict().items())
+    del got
+    gc.collect()
+    assert rt.stats()["tensors"] == 0

@@ -6,6 +6,7 @@ units' parameters are prefetched into HBM while a unit runs, in forward and in b
 
 import torch
 
+from . import param_state_dict
 from .optimizer_state import _StepDriver
 from .param_views import SavedAliases, _outer_hooks, _ViewedParam
 from .transfers import _check_tier, _owns_storage
@@ -101,7 +102,7 @@ class ParameterOffload:
         self._saving = None  # the SavedAliases entered for the forward running
         self._saving_unit = None  # the unit whose forward entered it
         blocks = _unit_modules(module, units)  # first: a bad policy leaves nothing behind
-        self.records = {}  # id(param) -> _Swapped
+        self.records = {}  # id(param) -> _ViewedParam
         for name, p in module.named_parameters():
             if id(p) in self.records or not _owns_storage(p.data):
                 continue  # tied (held once) or a view into a shared buffer (left alone)
@@ -123,6 +124,8 @@ class ParameterOffload:
         for u in self.units:
             self._hooks.append(u.module.register_forward_pre_hook(self._pre_forward_of(u)))
             self._hooks.append(u.module.register_forward_hook(self._post_forward_of(u)))
+        self._loading = 0  # load_state_dict() calls running
+        self._hooks += param_state_dict.install(self)
         self.optimizer_aware = optimizer is not None
         self._grad_hooks = []
         if self.optimizer_aware:
