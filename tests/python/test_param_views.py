@@ -233,3 +233,40 @@ def test_state_dict_and_load_state_dict_while_offloaded(make_runtime, tier):
     del got
     gc.collect()
     assert rt.stats()["tensors"] == 0
+
+
+def test_saved_tensor_offload_around_viewed_parameters(make_runtime, monkeypatch):
+    """offload_saved_tensors around the forward: the activations go to its hooks, the parameters'
+    saved views stay with offload_parameters. torch 2.8+ reads the hooks on top of the stack;
+    here a reader standing in for it gives them, so that torch 1.13 runs the same path."""
+    from tiermem.torch import param_views
+    ref, ref_opt = make_model()
+    ref_losses = run(ref, ref_opt)
+    rt = make_runtime(hbm_bytes="8MiB", dram_bytes="1MiB")
+    model, opt = make_model()
+    h = tt.offload_parameters(model, rt, optimizer=opt)
+    top = []
+    monkeypatch.setattr(param_views, "_top_hooks",
+                        lambda *ignore: (top[-1].pack_hook, top[-1].unpack_hook) if top else None)
+    g = torch.Generator().manual_seed(5)
+    losses, packed = [], 0
+    for _ in range(3):
+        x = torch.randint(VOCAB, (4, SEQ), generator=g)
+        y = torch.randint(VOCAB, (4, SEQ), generator=g)
+        with rt.step():
+            with tt.offload_saved_tensors(rt, "dram", min_bytes=1024) as saved:
+                top.append(saved)
+                loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+                top.pop()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        losses.append(loss.item())
+        packed += saved.packed
+    assert losses == ref_losses
+    assert packed > 0, "no activation reached the outer hooks"
+    assert h.views > 0 and h.copies == 0
+    h.remove()
+    assert same(model, ref)
+    gc.collect()
+    assert rt.stats()["tensors"] == 0

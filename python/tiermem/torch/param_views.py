@@ -214,10 +214,14 @@ class _Outer:
         self.unpack, self.packed = unpack, packed
 
 
+# torch 2.8+: the saved-tensor hooks on top of the stack, or None.
+_top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
 def _outer_hooks():
     """(hooks, known): the saved-tensor hooks a forward starts under, (pack, unpack) or None.
     known is False when torch cannot say which (before 2.8) and some are set."""
-    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    top = _top_hooks
     if top is not None:
         try:
             return top(False), True
