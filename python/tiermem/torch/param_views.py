@@ -55,8 +55,7 @@ class _ViewState:
 
     def __init__(self, tm, stream, tier, views_):
         self.tm, self.stream, self.tier, self.dirty = tm, stream, tier, False
-        self.views = views_
-        views_.live += 1
+        self.views = views_  # counted live by _view_of once the view exists
 
     def released(self):
         tm, stream = self.tm, self.stream
@@ -90,8 +89,11 @@ def _view_of(state, ptr, nbytes, dtype, device):
     else:
         holder = (ctypes.c_char * nbytes).from_address(ptr)
         raw = torch.frombuffer(holder, dtype=torch.uint8)
+    typed = raw if dtype == torch.uint8 else raw.view(dtype)
+    # Only now: a failure above leaves the release to the caller.
+    state.views.live += 1
     weakref.finalize(holder, state.released)
-    return raw if dtype == torch.uint8 else raw.view(dtype)
+    return typed
 
 
 class _ViewedParam(_Swapped):
