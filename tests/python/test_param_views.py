@@ -79,16 +79,27 @@ def test_forward_views_the_acquired_hbm_copy(make_runtime, monkeypatch):
             return _real(self, *args, **kw)
         monkeypatch.setattr(tiermem.Tensor, name, counted)
 
+    total = sum(s.nbytes for s in h.records.values())
+    moved = [rt.stats()["bytes_moved"]]
+
     def after_step(i):
+        moved.append(rt.stats()["bytes_moved"])
         # Nothing stays acquired after the step: every copy can be moved down (an acquired
-        # one refuses with TM_ERR_BUSY).
+        # one refuses with TM_ERR_BUSY). Each step then starts with the parameters in DRAM.
         for s in h.records.values():
             s.tm.offload("dram")
+        rt.sync()
+        moved.append(rt.stats()["bytes_moved"])
 
     assert run(model, opt, rt, between=after_step) == ref_losses
     assert views_seen and all(views_seen), "a parameter of the running unit is not its HBM copy"
     assert copies == [], "parameters were copied in or out: %s" % copies[:4]
     assert h.views > 0 and h.copies == 0
+    # Each parameter byte crossed DRAM -> HBM exactly once a step (HBM holds them all: the
+    # backward and the optimizer's step find them there) and nothing was written down in it.
+    for start, end in zip(moved[0::2], moved[1::2]):
+        assert end["dram"]["hbm"] - start["dram"]["hbm"] == total
+        assert end["hbm"]["dram"] == start["hbm"]["dram"]
     h.remove()
     assert same(model, ref)
     gc.collect()
@@ -266,6 +277,11 @@ def test_saved_tensor_offload_around_viewed_parameters(make_runtime, monkeypatch
     assert losses == ref_losses
     assert packed > 0, "no activation reached the outer hooks"
     assert h.views > 0 and h.copies == 0
+    # Each parameter byte crossed DRAM -> HBM exactly once a step (HBM holds them all: the
+    # backward and the optimizer's step find them there) and nothing was written down in it.
+    for start, end in zip(moved[0::2], moved[1::2]):
+        assert end["dram"]["hbm"] - start["dram"]["hbm"] == total
+        assert end["hbm"]["dram"] == start["hbm"]["dram"]
     h.remove()
     assert same(model, ref)
     gc.collect()
