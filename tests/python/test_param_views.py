@@ -277,11 +277,6 @@ def test_saved_tensor_offload_around_viewed_parameters(make_runtime, monkeypatch
     assert losses == ref_losses
     assert packed > 0, "no activation reached the outer hooks"
     assert h.views > 0 and h.copies == 0
-    # Each parameter byte crossed DRAM -> HBM exactly once a step (HBM holds them all: the
-    # backward and the optimizer's step find them there) and nothing was written down in it.
-    for start, end in zip(moved[0::2], moved[1::2]):
-        assert end["dram"]["hbm"] - start["dram"]["hbm"] == total
-        assert end["hbm"]["dram"] == start["hbm"]["dram"]
     h.remove()
     assert same(model, ref)
     gc.collect()

@@ -101,6 +101,8 @@ class ParameterOffload:
         self._copies_only = not self.use_views
         self._saving = None  # the SavedAliases entered for the forward running
         self._saving_unit = None  # the unit whose forward entered it
+        self._viewed_bytes = 0  # bytes of the parameters in as views (their copies pinned)
+        self._hbm_bytes = runtime.info()["tier_bytes"]["hbm"]
         blocks = _unit_modules(module, units)  # first: a bad policy leaves nothing behind
         self.records = {}  # id(param) -> _ViewedParam
         for name, p in module.named_parameters():
@@ -143,12 +145,13 @@ class ParameterOffload:
             self.driver = None
 
     # Reference counts: a tied parameter is held by each unit using it.
-    def hold(self, s):
+    def hold(self, s, view=True):
         s.refs += 1
         if s.resident:
             return
-        if s.bring_in(view=not self._copies_only):
+        if s.bring_in(view=view and not self._copies_only):
             self.views += 1
+            self._viewed_bytes += s.nbytes
         else:
             self.copies += 1
         self._resident[s.address] = s
@@ -157,6 +160,8 @@ class ParameterOffload:
         s.refs = max(0, s.refs - 1)
         if s.refs == 0:
             self._resident.pop(s.address, None)
+            if s.view_ptr is not None:
+                self._viewed_bytes -= s.nbytes
             s.let_go(dirty)
 
     def _start_saving(self, unit):
@@ -193,11 +198,20 @@ class ParameterOffload:
             for s in self._order[i].records:
                 s.prefetch("hbm")
 
-    def _hold_unit(self, unit):
+    def _hold_unit(self, unit, step):
+        """Brings unit in; the unit `step` places from it (forward order) comes next. Its
+        parameters view their HBM copies when HBM holds them beside the views already in and
+        the next unit, whose prefetch then finds room; else they are copied in (into PyTorch's
+        memory, beyond HBM's budget), as FSDP double-buffers, so that the next unit's copy
+        still overlaps this one's compute."""
+        need = self._viewed_bytes + sum(s.nbytes for s in unit.records if not s.resident)
+        if unit.index is not None and 0 <= unit.index + step < len(self._order):
+            need += sum(s.nbytes for s in self._order[unit.index + step].records)
+        view = need <= self._hbm_bytes
         for s in unit.records:
             s.prefetch()  # NVMe -> DRAM for all of them first, then one by one in
         for s in unit.records:
-            self.hold(s)
+            self.hold(s, view)
 
     def _pre_forward_of(self, unit):
         def hook(module, inputs):
@@ -213,7 +227,7 @@ class ParameterOffload:
             if unit in self._kept:
                 self._kept.discard(unit)  # held since its backward: that hold is this forward's
                 return
-            self._hold_unit(unit)
+            self._hold_unit(unit, +1)
         return hook
 
     def _post_forward_of(self, unit):
@@ -247,7 +261,7 @@ class ParameterOffload:
         self._prefetch(unit, -1)  # the backward runs the units in reverse
         if unit in self._pending or unit in self._kept:
             return  # a unit whose outputs get gradients twice is brought in once
-        self._hold_unit(unit)
+        self._hold_unit(unit, -1)
         if self.optimizer_aware:
             # Let go when its last gradient came; a unit with none (frozen) still computes
             # the gradient of its input with its parameters: let go after the backward.
