@@ -96,7 +96,8 @@ def train(kind, rt=None, steps=3, **offload):
 @pytest.mark.parametrize("with_optimizer", [True, False], ids=["optimizer", "no-optimizer"])
 def test_bit_identical_by_unit(make_runtime, kind, tier, with_optimizer):
     ref_losses, ref_params, _ = train(kind)
-    # HBM below the parameters (they view their HBM copies while in): units come and go.
+    # HBM below the parameters (which view their HBM copies while in, where HBM holds two
+    # units): units come and go, and the next ones are prefetched.
     rt = make_runtime(hbm_bytes=HBM_BELOW_PARAMS[kind], dram_bytes="1MiB")
     losses, params, units = train(kind, rt, tier=tier, with_optimizer=with_optimizer)
     assert losses == ref_losses
