@@ -296,14 +296,30 @@ def make_modes(args, swap, stack):
     budget = -(-pbytes // 4 // 4096) * 4096  # a quarter of the parameters, in whole pages
     rt_params = stack(tiermem.Runtime(dram_bytes=2 * pbytes + 256 * MIB, nvme_paths=swap,
                                       nvme_bytes=args.nvme_bytes, hbm_bytes=budget))
-    big_plain = Mode("params plain", big, data, label="the same model, all parameters resident")
+    # Its plain row runs an identical model of its own: offload_parameters hooks the modules of
+    # the one it offloads, so running that one would offload in the plain row too.
+    torch.manual_seed(0)
+    big_ref = TinyGPT(vocab=1024, seq=args.seq, hidden=args.param_hidden or args.hidden, heads=8,
+                      blocks=args.blocks).to(DEVICE)
+    big_plain = Mode("params plain", big_ref, data,
+                     label="the same model (a copy), all parameters resident")
     off = Mode("params offload", big, data, runtime=rt_params,
                label="offload_parameters, parameters %.1f MiB = %.1fx the %.1f MiB HBM budget" %
                (pbytes / MIB, pbytes / budget, budget / MIB))
     off.handle = tt.offload_parameters(big, rt_params, "dram")
-    modes += [big_plain, off]
+    # The same with the parameters copied into torch's memory instead of viewing their HBM
+    # copies (views=False), on a copy of the model with its own runtime: what the views save.
+    torch.manual_seed(0)
+    big_copies = TinyGPT(vocab=1024, seq=args.seq, hidden=args.param_hidden or args.hidden,
+                         heads=8, blocks=args.blocks).to(DEVICE)
+    rt_copies = stack(tiermem.Runtime(dram_bytes=2 * pbytes + 256 * MIB, nvme_paths=swap,
+                                      nvme_bytes=args.nvme_bytes, hbm_bytes=budget))
+    copied = Mode("params copies", big_copies, data, runtime=rt_copies,
+                  label="the same, views=False: each parameter copied into torch's memory")
+    copied.handle = tt.offload_parameters(big_copies, rt_copies, "dram", views=False)
+    modes += [big_plain, off, copied]
     for m in modes:
-        m.plain = big_plain if m.model is big else plain
+        m.plain = big_plain if m.model in (big, big_copies, big_ref) else plain
     return modes, pbytes
 
 
@@ -351,6 +367,13 @@ def report(args, modes, link, nvme, pbytes):
                   (m.name, m.per_step()[0] / MIB, m.check / MIB))
     print("  params: %.1f MiB of parameters; the bound counts the bytes moved as measured" %
           (pbytes / MIB))
+    runs = args.warmup + args.rounds * args.steps
+    for m in modes:
+        h = getattr(m, "handle", None)
+        if h is not None:
+            print("  %s: a step brings %.1f parameters in as views of their HBM copies, %.1f by "
+                  "a copy (no room in HBM, or views=False)" % (m.name, h.views / runs,
+                                                              h.copies / runs))
     if CUDA:
         for m in modes:
             if m.name.startswith("params"):
@@ -366,6 +389,7 @@ def report(args, modes, link, nvme, pbytes):
                                                                  "tiermem nvme excl"))
     print("ratio params_step_over_bound %.3f" %
           (rows["params offload"][0] / rows["params offload"][1]))
+    print("info params_views_step_over_copies %.3f" % ratio("params offload", "params copies"))
 
 
 def main():

@@ -3,8 +3,8 @@ move with copy_in / copy_out on the current stream, device memory straight to an
 DRAM; the tiny GPT trains bit-identically on the GPU with each offload and all three; layouts
 come back exact; a CUDA tensor and an emulated runtime are refused, not crashed on; the
 backward's unpacks are views of HBM copies prefetched ahead, a pack does not wait for its copy,
-parameters offloaded by unit train bit-identically, and the HBM tier can draw from PyTorch's
-caching allocator..
+parameters offloaded by unit train bit-identically and view their HBM copies, and the HBM tier
+can draw from PyTorch's caching allocator.
 
 TM_TEST_REQUIRE_CUDA=1 (set by tools/gpu_check.sh) turns every such skip into a failure: on a GPU
 machine a runtime that cannot be created on CUDA is a fault, not a reason to pass."""
@@ -235,6 +235,51 @@ def test_parameters_by_unit_on_the_gpu(cuda_runtime):
             opt.zero_grad()
             losses.append(loss.item())
         if h is not None:
+            h.remove()
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    ref = run()
+    got = run(cuda_runtime())
+    assert got[0] == ref[0] and all(torch.equal(a, b) for a, b in zip(got[1], ref[1]))
+
+
+def test_parameters_view_their_hbm_copy_on_the_gpu(cuda_runtime):
+    """While a unit runs, each CUDA parameter is a tensor over the device pointer of its acquired
+    HBM copy; no copy in or out; bit-identical with plain training; nothing left acquired."""
+    def run(rt=None):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(64, 32), *[
+            torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+            for _ in range(3)]).cuda()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        h = None if rt is None else tt.offload_parameters(
+            model, rt, "dram", optimizer=opt, units={torch.nn.TransformerEncoderLayer})
+        seen = []
+        if h is not None:
+            block = model[2]
+
+            def inside(module, inputs, output):
+                for p in block.parameters():
+                    tm = h.records[id(p)].tm
+                    address = tm.acquire("hbm", "read")
+                    seen.append(p.data_ptr() == address)
+                    tm.release("hbm")
+            block.linear1.register_forward_hook(inside)
+        g = torch.Generator().manual_seed(3)
+        losses = []
+        for _ in range(3):
+            idx = torch.randint(64, (4, 8), generator=g).cuda()
+            loss = model(idx).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        if h is not None:
+            torch.cuda.synchronize()
+            for s in h.records.values():
+                s.tm.offload("dram")  # an acquired copy would refuse (TM_ERR_BUSY)
+            assert seen and all(seen) and h.views > 0 and h.copies == 0
             h.remove()
         return losses, [p.detach().clone() for p in model.parameters()]
 

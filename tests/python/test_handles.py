@@ -111,6 +111,11 @@ def test_gathered_reads_and_writes_back(make_runtime, tier):
         assert torch.equal(model.emb.weight, want["emb.weight"])
     params.remove()
     assert torch.equal(model.mid.weight, want["mid.weight"] + 1.0)
+    # What state_dict() gave inside views the parameters' copies, which stay valid (and
+    # tiermem's tensors alive) as long as it is held, as a plain model's state_dict() would.
+    assert torch.equal(got["mid.weight"], want["mid.weight"] + 1.0)
+    assert rt.stats()["tensors"] > 0
+    del got
     gc.collect()
     assert rt.stats()["tensors"] == 0
 

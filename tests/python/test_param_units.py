@@ -13,6 +13,8 @@ import torch.nn.functional as F
 import tiermem.torch as tt
 
 HIDDEN, VOCAB, SEQ = 32, 64, 8
+# HBM budgets below each model's parameters (108, 58 and 20 KiB) and above its largest unit.
+HBM_BELOW_PARAMS = {"encoder": "64KiB", "mha": "40KiB", "direct": "16KiB"}
 
 
 class AttnBlock(torch.nn.Module):
@@ -95,7 +97,10 @@ def train(kind, rt=None, steps=3, **offload):
 @pytest.mark.parametrize("with_optimizer", [True, False], ids=["optimizer", "no-optimizer"])
 def test_bit_identical_by_unit(make_runtime, kind, tier, inclusive, with_optimizer):
     ref_losses, ref_params, _ = train(kind)
-    rt = make_runtime(hbm_bytes="8MiB", dram_bytes="1MiB", dram_inclusive=inclusive)
+    # HBM below the parameters (which view their HBM copies while in, where HBM holds two
+    # units): units come and go, and the next ones are prefetched.
+    rt = make_runtime(hbm_bytes=HBM_BELOW_PARAMS[kind], dram_bytes="1MiB",
+                      dram_inclusive=inclusive)
     losses, params, units = train(kind, rt, tier=tier, with_optimizer=with_optimizer)
     assert losses == ref_losses
     assert all(torch.equal(a, b) for a, b in zip(params, ref_params))

@@ -116,7 +116,8 @@ def test_installed_package_finds_its_library(tmp_path):
     assert out.startswith(str(prefix)) and os.path.exists(out), out
     # tiermem.torch is a package: its modules are installed with it.
     for module in ("__init__", "transfers", "saved_tensors", "stash", "views", "swapped",
-                   "optimizer_state", "parameters", "allocator"):
+                   "optimizer_state", "parameters", "param_views", "param_state_dict",
+                   "allocator"):
         assert os.path.exists(os.path.join(sites[0], "tiermem", "torch", module + ".py")), module
     out = subprocess.run([sys.executable, "-c", "import tiermem.torch as tt; print(tt.__file__)"],
                          env=env, check=True, capture_output=True, text=True,

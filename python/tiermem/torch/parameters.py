@@ -6,8 +6,9 @@ units' parameters are prefetched into HBM while a unit runs, in forward and in b
 
 import torch
 
+from . import param_state_dict
 from .optimizer_state import _StepDriver
-from .swapped import _Swapped
+from .param_views import SavedAliases, _outer_hooks, _ViewedParam
 from .transfers import _check_tier, _owns_storage
 
 
@@ -84,19 +85,31 @@ def _unit_modules(module, units):
 
 class ParameterOffload:
     """Handle of offload_parameters: .gathered() (every parameter in, written back after),
-    .remove() (parameters back in ordinary tensors, hooks gone), .records, .units."""
+    .remove() (parameters back in ordinary tensors, hooks gone), .records, .units; .views
+    (parameters brought in as views of their HBM copy) and .copies (copied in instead)."""
 
-    def __init__(self, module, runtime, tier, optimizer, bucket_bytes, units=None):
+    def __init__(self, module, runtime, tier, optimizer, bucket_bytes, units=None, views=True):
         self.module = module
         self.runtime = runtime
         self.tier = tier
+        self.use_views = bool(views)
+        self.views = 0
+        self.copies = 0
+        self._resident = {}  # address of p.data's bytes -> record, the parameters in now
+        # While a forward (and its backward) runs without saved-tensor hooks of ours (torch
+        # before 2.8 under hooks it cannot read): every parameter is copied in, in place.
+        self._copies_only = not self.use_views
+        self._saving = None  # the SavedAliases entered for the forward running
+        self._saving_unit = None  # the unit whose forward entered it
+        self._viewed_bytes = 0  # bytes of the parameters in as views (their copies pinned)
+        self._hbm_bytes = runtime.info()["tier_bytes"]["hbm"]
         blocks = _unit_modules(module, units)  # first: a bad policy leaves nothing behind
-        self.records = {}  # id(param) -> _Swapped
+        self.records = {}  # id(param) -> _ViewedParam
         for name, p in module.named_parameters():
             if id(p) in self.records or not _owns_storage(p.data):
                 continue  # tied (held once) or a view into a shared buffer (left alone)
             # The Parameter itself: its version counter tells whether a step changed it.
-            self.records[id(p)] = _Swapped(runtime, p, "param", "param." + name, tier)
+            self.records[id(p)] = _ViewedParam(runtime, p, "param", "param." + name, tier)
         self.units = []
         in_block = set()
         for b in blocks:
@@ -113,6 +126,8 @@ class ParameterOffload:
         for u in self.units:
             self._hooks.append(u.module.register_forward_pre_hook(self._pre_forward_of(u)))
             self._hooks.append(u.module.register_forward_hook(self._post_forward_of(u)))
+        self._loading = 0  # load_state_dict() calls running
+        self._hooks += param_state_dict.install(self)
         self.optimizer_aware = optimizer is not None
         self._grad_hooks = []
         if self.optimizer_aware:
@@ -130,14 +145,48 @@ class ParameterOffload:
             self.driver = None
 
     # Reference counts: a tied parameter is held by each unit using it.
-    def hold(self, s):
+    def hold(self, s, view=True):
         s.refs += 1
-        s.bring_in()
+        if s.resident:
+            return
+        if s.bring_in(view=view and not self._copies_only):
+            self.views += 1
+            self._viewed_bytes += s.nbytes
+        else:
+            self.copies += 1
+        self._resident[s.address] = s
 
     def unhold(self, s, dirty=None):
         s.refs = max(0, s.refs - 1)
         if s.refs == 0:
+            self._resident.pop(s.address, None)
+            if s.view_ptr is not None:
+                self._viewed_bytes -= s.nbytes
             s.let_go(dirty)
+
+    def _start_saving(self, unit):
+        """The outermost unit's forward starts: saved views of parameters are kept as their
+        place in the parameter (SavedAliases), under the hooks already set, when torch lets
+        them be read; else this forward and its backward copy parameters in."""
+        self._saving_unit = unit
+        if not self.use_views:
+            return
+        outer, known = _outer_hooks()
+        self._copies_only = not known
+        if known:
+            saving = SavedAliases(self._resident, outer)
+            try:
+                saving.__enter__()
+            except RuntimeError:
+                self._copies_only = True  # saved-tensor hooks disabled here (torch says why)
+                return
+            self._saving = saving
+
+    def _stop_saving(self):
+        self._saving_unit = None
+        saving, self._saving = self._saving, None
+        if saving is not None:
+            saving.__exit__(None, None, None)
 
     def _prefetch(self, unit, step):
         """Starts the parameters of the unit `step` places from `unit` in forward order on
@@ -149,15 +198,28 @@ class ParameterOffload:
             for s in self._order[i].records:
                 s.prefetch("hbm")
 
-    def _hold_unit(self, unit):
+    def _hold_unit(self, unit, step):
+        """Brings unit in; the unit `step` places from it (forward order) comes next. Its
+        parameters view their HBM copies when HBM holds them beside the views already in and
+        the next unit, whose prefetch then finds room; else they are copied in (into PyTorch's
+        memory, beyond HBM's budget), as FSDP double-buffers, so that the next unit's copy
+        still overlaps this one's compute."""
+        need = self._viewed_bytes + sum(s.nbytes for s in unit.records if not s.resident)
+        if unit.index is not None and 0 <= unit.index + step < len(self._order):
+            need += sum(s.nbytes for s in self._order[unit.index + step].records)
+        view = need <= self._hbm_bytes
         for s in unit.records:
             s.prefetch()  # NVMe -> DRAM for all of them first, then one by one in
         for s in unit.records:
-            self.hold(s)
+            self.hold(s, view)
 
     def _pre_forward_of(self, unit):
         def hook(module, inputs):
             self._backward_hooked = False  # a backward that raised never ran its callback
+            if self._saving_unit is unit:
+                self._stop_saving()  # its forward raised: the post-forward hook never ran
+            if self._saving_unit is None and torch.is_grad_enabled():
+                self._start_saving(unit)
             if unit.index is None:
                 unit.index = len(self._order)
                 self._order.append(unit)
@@ -165,11 +227,13 @@ class ParameterOffload:
             if unit in self._kept:
                 self._kept.discard(unit)  # held since its backward: that hold is this forward's
                 return
-            self._hold_unit(unit)
+            self._hold_unit(unit, +1)
         return hook
 
     def _post_forward_of(self, unit):
         def hook(module, inputs, output):
+            if self._saving_unit is unit:
+                self._stop_saving()
             if not torch.is_grad_enabled():
                 for s in unit.records:
                     self.unhold(s)
@@ -197,11 +261,11 @@ class ParameterOffload:
         self._prefetch(unit, -1)  # the backward runs the units in reverse
         if unit in self._pending or unit in self._kept:
             return  # a unit whose outputs get gradients twice is brought in once
-        self._hold_unit(unit)
+        self._hold_unit(unit, -1)
         if self.optimizer_aware:
+            # Let go when its last gradient came; a unit with none (frozen) still computes
+            # the gradient of its input with its parameters: let go after the backward.
             self._pending[unit] = {id(s.tensor) for s in unit.records if s.tensor.requires_grad}
-            if not self._pending[unit]:
-                self._release_unit(unit)
         else:
             self._kept.add(unit)  # let go by its next forward, which writes back a change
 
@@ -247,6 +311,8 @@ class ParameterOffload:
 
     def remove(self):
         """Parameters back in ordinary tensors; hooks removed; tiermem's copies destroyed."""
+        if self._saving_unit is not None:
+            self._stop_saving()  # a forward that raised left its hooks set
         for h in self._hooks + self._grad_hooks:
             h.remove()
         self._hooks, self._grad_hooks = [], []
@@ -259,7 +325,7 @@ class ParameterOffload:
 
 
 def offload_parameters(module, runtime, tier="dram", optimizer=None, bucket_bytes=64 << 20,
-                       units=None):
+                       units=None, views=True):
     """ZeRO-Infinity: the module's parameter data lives in tiermem, brought in by unit (units:
     None for each block of the model's largest ModuleList, a collection of module classes, a
     callable(module) -> bool, or a collection of submodules; the root holds the rest). A
@@ -269,6 +335,11 @@ def offload_parameters(module, runtime, tier="dram", optimizer=None, bucket_byte
     optimizer.step() brings them in bucket by bucket (with their state, when
     offload_optimizer_state is used as well); without one, the backward leaves them in until the
     next forward lets each go. Tied parameters are held once; parameters that are views into a
-    shared buffer are left alone. Returns a handle (gathered(), remove())."""
+    shared buffer are left alone. While in, a parameter's data is a view of its tiermem copy in
+    HBM (views=True, the default; no copy), released when it goes out, and marked changed first
+    when it was written (the optimizer's step, or any in-place change: its version); it is
+    copied into its own memory instead when it cannot view (no room in HBM, a CPU parameter with
+    a CUDA runtime, a dtype that cannot view bytes, views=False, or torch before 2.8 under
+    saved-tensor hooks it cannot read). Returns a handle (gathered(), remove())."""
     return ParameterOffload(module, runtime, _check_tier(tier), optimizer, int(bucket_bytes),
-                            units)
+                            units, views)
