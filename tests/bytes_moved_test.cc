@@ -171,6 +171,41 @@ TEST_P(BytesMoved, TensorLargerThanDramThroughStaging) {
   TM_ASSERT_OK(tm_tensor_destroy(rt_, t));
 }
 
+// Callers' copies are counted on their one path, each successful call once, whatever tier the
+// tensor is in; a refused call counts nothing.
+TEST_P(BytesMoved, CallersCopiesCountEveryCall) {
+  Start(64ull << 20);
+  auto copied = [&](uint64_t* in, uint64_t* out) {
+    tm_stats s = TM_STATS_INIT;
+    ASSERT_EQ(tm_runtime_stats(rt_, &s), TM_OK);
+    *in = s.copied_in_bytes;
+    *out = s.copied_out_bytes;
+  };
+  const uint64_t n = 3 * 4096 + 17;
+  std::vector<uint8_t> a = RandomBytes(n, 5), back(n);
+  tm_tensor t = Make(n, TM_TIER_DRAM, "c");
+  TM_ASSERT_OK(tm_tensor_write(rt_, t, 0, a.data(), n));
+  TM_ASSERT_OK(tm_tensor_copy_in(rt_, t, 7, a.data(), n - 7, nullptr));
+  TM_ASSERT_OK(tm_tensor_offload(rt_, t, TM_TIER_NVME));
+  TM_ASSERT_OK(tm_tensor_sync(rt_, t));
+  TM_ASSERT_OK(tm_tensor_read(rt_, t, 0, back.data(), n));
+  TM_ASSERT_OK(tm_tensor_copy_out(rt_, t, 1, back.data(), 100, nullptr));
+  EXPECT_EQ(tm_tensor_read(rt_, t, n, back.data(), 1), TM_ERR_INVALID_ARGUMENT);
+  uint64_t in = 0, out = 0;
+  copied(&in, &out);
+  EXPECT_EQ(in, n + (n - 7));
+  EXPECT_EQ(out, n + 100);
+  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+  d.bytes = n;
+  d.home_tier = TM_TIER_DRAM;
+  d.name = "made";
+  tm_tensor made{0};
+  int32_t done = 0;
+  TM_ASSERT_OK(tm_tensor_create_copy_in_async(rt_, &d, a.data(), nullptr, &made, &done));
+  copied(&in, &out);
+  EXPECT_EQ(in, n + (n - 7) + n);
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, BytesMoved,
                          ::testing::Values(TM_IO_ENGINE_URING, TM_IO_ENGINE_POSIX),
                          [](const ::testing::TestParamInfo<tm_io_engine>& i) {

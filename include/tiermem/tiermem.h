@@ -293,12 +293,17 @@ typedef struct tm_stats {
   uint64_t relocations;      /**< copies slid down within HBM so that holes merge (no hole fit a
                                   request though the free bytes were there) */
   uint64_t relocation_bytes; /**< bytes of those copies (device-to-device) */
+  /* Appended in 0.6: callers' copies. */
+  uint64_t copied_in_bytes;  /**< bytes callers' copies put into tensors (tm_tensor_copy_in,
+                                  _copy_in_async, _create_copy_in_async, _write), once each
+                                  call succeeded */
+  uint64_t copied_out_bytes; /**< bytes callers' copies took out (tm_tensor_copy_out, _read) */
 } tm_stats;
 
 #define TM_STATS_INIT                                                                              \
   {                                                                                                \
     sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                                      \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                                \
   }
 
 /** What a runtime resolved when it was created. Fill with TM_INFO_INIT. */

@@ -124,7 +124,9 @@ absl::Status Runtime::CallerCopy(const char* fn, uint64_t handle, uint64_t offse
   r.device = bytes > 0 && device_->IsDevicePointer(buffer);
   MutexLock lock(&mu_);
   ReapCallerCopies(0, false);
-  return into ? CopyInto(r) : CopyFrom(r);
+  absl::Status s = into ? CopyInto(r) : CopyFrom(r);
+  if (s.ok()) (into ? counters_.copied_in_bytes : counters_.copied_out_bytes) += bytes;
+  return s;
 }
 
 absl::Status Runtime::CopyInto(const CallerCopyRequest& r) {

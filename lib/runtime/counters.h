@@ -17,6 +17,8 @@ struct Counters {
            fragmentation_evictions = 0;
   // Compaction (lib/runtime/compaction.cc).
   uint64_t relocations = 0, relocation_bytes = 0;
+  // Callers' copies (lib/runtime/caller_copy.cc, the one path of all of them).
+  uint64_t copied_in_bytes = 0, copied_out_bytes = 0;
   // Inclusive DRAM (lib/runtime/write_through.cc).
   uint64_t write_throughs = 0, write_through_bytes = 0, clean_reads = 0, clean_read_bytes = 0,
            clean_drops = 0, clean_drop_bytes = 0;
@@ -68,6 +70,8 @@ struct Counters {
     s.recompute_ns = recompute_ns;
     s.relocations = relocations;
     s.relocation_bytes = relocation_bytes;
+    s.copied_in_bytes = copied_in_bytes;
+    s.copied_out_bytes = copied_out_bytes;
   }
 };
 

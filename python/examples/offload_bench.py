@@ -78,26 +78,6 @@ class Clock:
         return [1e3 * (b - a) for a, b in zip(self.marks, self.marks[1:])]
 
 
-class TiermemCopies:
-    """Counts the bytes tiermem's package copies between the caller's memory and tiermem
-    (Tensor.copy_in / copy_out: public methods, wrapped); bytes_moved counts the rest."""
-
-    def __init__(self):
-        self.into = self.out = 0
-        cin, cout = tiermem.Tensor.copy_in, tiermem.Tensor.copy_out
-        counter = self
-
-        def copy_in(self, src_ptr, nbytes=None, offset=0, stream=None):
-            counter.into += self.nbytes - offset if nbytes is None else nbytes
-            return cin(self, src_ptr, nbytes, offset, stream)
-
-        def copy_out(self, dst_ptr, nbytes=None, offset=0, stream=None):
-            counter.out += self.nbytes - offset if nbytes is None else nbytes
-            return cout(self, dst_ptr, nbytes, offset, stream)
-
-        tiermem.Tensor.copy_in, tiermem.Tensor.copy_out = copy_in, copy_out
-
-
 class Mode:
     """One row: how to run a step, and the bytes it moved (D2H, H2D, NVMe write, NVMe read)."""
 
@@ -112,10 +92,10 @@ class Mode:
         self.check = None  # like-for-like bytes, compared with tiermem's
         self.peak = 0  # the most CUDA memory torch held during a step (GPU only)
 
-    def run(self, copies, record):
+    def run(self, record):
         x, y = self.data
         rt = self.runtime
-        before = self._counters(copies)
+        before = self._counters()
         clean_before = rt.stats()["clean_read_bytes"] if rt is not None else 0
         clock = Clock()
         sync()
@@ -148,7 +128,7 @@ class Mode:
         self.fwd.append(fwd)
         self.bwd.append(bwd)
         self.step.append(fwd + bwd)
-        after = self._counters(copies)
+        after = self._counters()
         if hooks is not None and not isinstance(hooks, tt.SavedTensorOffload):
             after = [hooks.packed_bytes, hooks.unpacked_bytes, 0, 0]
             before = [0, 0, 0, 0]
@@ -160,11 +140,14 @@ class Mode:
         if isinstance(hooks, tt.SavedTensorOffload):
             self.check = hooks.packed_bytes
 
-    def _counters(self, copies):
+    def _counters(self):
+        # The runtime counts every caller's copy (copied_in/out_bytes) on its one copy path, and
+        # bytes_moved the moves between tiers: no path of the package goes uncounted.
         if self.runtime is None:
             return [0, 0, 0, 0]
-        m = self.runtime.stats()["bytes_moved"]
-        return [copies.into + m["hbm"]["dram"], copies.out + m["dram"]["hbm"],
+        s = self.runtime.stats()
+        m = s["bytes_moved"]
+        return [s["copied_in_bytes"] + m["hbm"]["dram"], s["copied_out_bytes"] + m["dram"]["hbm"],
                 m["dram"]["nvme"], m["nvme"]["dram"]]
 
     def per_step(self):
@@ -394,7 +377,6 @@ def report(args, modes, link, nvme, pbytes):
 
 def main():
     args = parse_args()
-    copies = TiermemCopies()
     probe = (args.probe_mib or (256 if CUDA else 64)) * MIB
     opened = []
     with tempfile.TemporaryDirectory(dir=args.nvme_dir) as swap:
@@ -402,14 +384,14 @@ def main():
             modes, pbytes = make_modes(args, swap, lambda rt: opened.append(rt) or rt)
             for _ in range(args.warmup):
                 for m in modes:
-                    m.run(copies, record=False)
+                    m.run(record=False)
             link = link_gbps(probe)
             nvme = nvme_gbps(swap, probe)
             for r in range(args.rounds):
                 order = modes[r % len(modes):] + modes[:r % len(modes)]
                 for m in order:
                     for _ in range(args.steps):
-                        m.run(copies, record=True)
+                        m.run(record=True)
             report(args, modes, link, nvme, pbytes)
             for m in modes:
                 if hasattr(m, "handle"):

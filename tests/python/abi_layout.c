@@ -84,6 +84,8 @@ int main(void) {
   FIELD(tm_stats, recompute_ns);
   FIELD(tm_stats, relocations);
   FIELD(tm_stats, relocation_bytes);
+  FIELD(tm_stats, copied_in_bytes);
+  FIELD(tm_stats, copied_out_bytes);
   END();
   BEGIN(tm_info);
   FIELD(tm_info, struct_size);
