@@ -1,17 +1,20 @@
 // The job queue's order: prefetches (scheduled, or hints) go before queued offloads, one tensor's
 // jobs keep their order; and in a runtime, a scheduled prefetch does not wait behind offloads
 // nobody waits for, while an offload of a tensor the schedule uses within the prefetch depth is
-// dropped rather than written down and read back.
+// dropped rather than written down and read back; large prefetches up the link take turns in the
+// order of their uses (LinkOrder), each after the copy before it.
 #include "lib/runtime/job_queue.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "lib/runtime/link_order.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 
@@ -167,6 +170,57 @@ TEST(JobQueueRuntime, ScheduledPrefetchPassesQueuedOffloads) {
   EXPECT_EQ(Residency(rt, x) & TM_TIER_BIT(TM_TIER_NVME), 0u);
   for (tm_tensor t : slow) EXPECT_EQ(Residency(rt, t), TM_TIER_BIT(TM_TIER_DRAM));
   EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+}
+
+// A fence that passes when the test says so.
+class TestFence : public io::Fence {
+ public:
+  absl::Status Wait() override {
+    while (!passed_) std::this_thread::yield();
+    return absl::OkStatus();
+  }
+  bool Passed() override { return passed_; }
+  std::atomic<bool> passed_{false};
+};
+
+TEST(LinkOrder, EachCopyStartsAfterTheOneBeforeItUntilThatPassed) {
+  LinkOrder order;
+  EXPECT_EQ(order.Enter(5), nullptr) << "nothing in flight";
+  auto first = std::make_shared<TestFence>();
+  order.Leave(first);
+  EXPECT_EQ(order.Enter(6), first) << "the copy before is still on the link";
+  order.Leave(nullptr);  // could not be enqueued: the one before stays the last
+  EXPECT_EQ(order.Enter(7), first);
+  first->passed_ = true;
+  order.Leave(nullptr);
+  EXPECT_EQ(order.Enter(8), nullptr) << "passed: no wait on the device";
+  order.Leave(nullptr);
+}
+
+TEST(LinkOrder, TheEarliestUseGoesFirst) {
+  LinkOrder order;
+  (void)order.Enter(1);  // a prefetch enqueuing: the others wait for their turn
+  std::vector<uint64_t> went;
+  Mutex mu;
+  std::vector<std::thread> waiting;
+  for (uint64_t position : {9, 4, 6}) {
+    waiting.emplace_back([&, position] {
+      (void)order.Enter(position);
+      {
+        MutexLock lock(&mu);
+        went.push_back(position);
+      }
+      order.Leave(nullptr);
+    });
+  }
+  while (order.waiting() < 3) std::this_thread::yield();  // all three in Enter
+  {
+    MutexLock lock(&mu);
+    EXPECT_TRUE(went.empty()) << "a turn was taken while another prefetch enqueued";
+  }
+  order.Leave(nullptr);
+  for (auto& t : waiting) t.join();
+  EXPECT_EQ(went, (std::vector<uint64_t>{4, 6, 9}));
 }
 
 }  // namespace

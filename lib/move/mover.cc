@@ -78,6 +78,7 @@ absl::Status Mover::ExecuteUncounted(const MovePlan& p, std::optional<CopyTicket
       p.dst == TM_TIER_HBM ? CopyDirection::kHostToDevice : CopyDirection::kDeviceToHost;
   auto ticket = copy.Enqueue(dir, p.dst_addr, p.src_addr, p.bytes, p.after);
   if (!ticket.ok()) return Retag(ticket.status(), TM_ERR_DEVICE);
+  if (p.on_enqueued) p.on_enqueued(ticket->fence);
   if (p.stream != nullptr && dir == CopyDirection::kHostToDevice && pending != nullptr) {
     // The caller's stream waits; the host does not. A stream that cannot wait (the runtime
     // checked it before, so only a device failure) is reported, after the copy has drained.

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -32,6 +33,9 @@ struct MovePlan {
   // Must pass before the source is read: its copy's uses, the caller's stream. A copy engine
   // waits for them on the device; other paths wait on the host first.
   std::vector<io::FencePtr> after;
+  // Called with the copy's fence once a copy engine has the copy (DRAM <-> HBM only), before
+  // the host waits for it: the runtime orders the next prefetch after it (LinkOrder).
+  std::function<void(const io::FencePtr&)> on_enqueued;
 };
 
 // Where a caller's buffer is, for tm_tensor_copy_in / copy_out.

@@ -101,12 +101,27 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, const CallerStream& call
   if (!extent.ok()) return extent.status();
 
   MovePlan plan = PrepareMove(t, dst, *extent, caller);
+  // A large scheduled prefetch up the link goes in the order of the uses (LinkOrder).
+  const bool ordered = want.kind == Want::kPrefetch && dst == TM_TIER_HBM &&
+                       plan.src == TM_TIER_DRAM && plan.stream == nullptr &&
+                       plan.bytes >= LinkOrder::kMinBytes;
 
   // Execute without the lock.
   std::optional<io::CopyTicket> pending;
   mu_.Unlock();
+  bool left = false;
+  if (ordered) {
+    if (io::FencePtr before = link_order_.Enter(want.horizon); before != nullptr) {
+      plan.after.push_back(std::move(before));
+    }
+    plan.on_enqueued = [this, &left](const io::FencePtr& fence) {
+      link_order_.Leave(fence);
+      left = true;
+    };
+  }
   const Trace::Clock::time_point start = Trace::Clock::now();
   absl::Status s = mover_->Execute(plan, &pending);
+  if (ordered && !left) link_order_.Leave(nullptr);
   if (trace_->enabled() && plan.src >= 0) {
     static constexpr Trace::Track kTrack[TM_TIER_COUNT][TM_TIER_COUNT] = {
         {Trace::kAcquire, Trace::kDeviceToHost, Trace::kHbmToNvme},

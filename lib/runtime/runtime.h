@@ -25,6 +25,7 @@
 #include "lib/runtime/deferred_frees.h"
 #include "lib/runtime/failure_log.h"
 #include "lib/runtime/job_queue.h"
+#include "lib/runtime/link_order.h"
 #include "lib/runtime/room_token.h"
 #include "lib/runtime/tensor.h"
 #include "lib/tiers/tiers.h"
@@ -363,6 +364,7 @@ class Runtime {
   absl::flat_hash_map<uint64_t, uint64_t> keyed_ ABSL_GUARDED_BY(mu_);  // key -> newest handle
   uint64_t created_in_step_ ABSL_GUARDED_BY(mu_) = 0;  // tensors created in this step
   JobQueue jobs_ ABSL_GUARDED_BY(mu_);
+  LinkOrder link_order_;  // its own lock: taken without mu_
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   RoomToken room_ ABSL_GUARDED_BY(mu_);
   FailureLog failures_ ABSL_GUARDED_BY(mu_);
