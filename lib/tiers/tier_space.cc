@@ -56,7 +56,7 @@ absl::StatusOr<Extent> TierSpace::AllocatePlaced(uint64_t bytes, absl::string_vi
   if (counted()) return AllocateCounted(bytes, tensor_name, owner);
   MutexLock lock(&mu_);
   auto side = [&](uint32_t prev, uint32_t next) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    auto after = [&](uint32_t block) {
+    auto after = [&](uint32_t block) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       if (block == OffsetAllocator::kNone) return UINT64_MAX;  // the tier's end: never
       return (*frees_after)(block < owners_.size() ? owners_[block] : 0);
     };
