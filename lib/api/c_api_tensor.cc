@@ -8,8 +8,6 @@
 
 using namespace tiermem;  // NOLINT: the C entry points below implement the tm_* ABI
 
-extern "C" {
-
 namespace {
 
 // TM_OK when desc's struct_size is one this library reads.
@@ -39,6 +37,8 @@ TensorDesc ToTensorDesc(const tm_tensor_desc& desc) {
 }
 
 }  // namespace
+
+extern "C" {
 
 TM_API tm_status tm_tensor_create(tm_runtime runtime, const tm_tensor_desc* desc, tm_tensor* out) {
   if (desc == nullptr) return NullArgument("tm_tensor_create", "desc");
