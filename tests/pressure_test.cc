@@ -572,10 +572,47 @@ TEST_F(PressureApi, DroppedScheduledPrefetchIsNotRetriedInALoop) {
 }
 
 // Free bytes suffice but no hole does: one copy between two holes is evicted, not every copy.
+// Sizes 3, 4, 3, 2 MiB fill HBM; offloading the 1st and 3rd leaves 6 MiB free in two 3 MiB
+// holes. The 4 MiB copy is the only one of its bytes and longer than a hole, so it cannot slide
+// (compaction), and the 2 MiB one stays acquired (a wall); evicting the 4 MiB copy makes the room.
 TEST_F(PressureApi, FragmentedTierEvictsAWindow) {
   Open(12 * kMiB, 96 * kMiB, 0);
-  // Four 3 MiB copies fill HBM in address order; offloading the 1st and 3rd leaves 6 MiB free
-  // in two 3 MiB holes.
+  const uint64_t sizes[] = {3 * kMiB, 4 * kMiB, 3 * kMiB, 2 * kMiB};
+  std::vector<tm_tensor> t;
+  for (int i = 0; i < 4; ++i) {
+    t.push_back(Make(sizes[i], ("f" + std::to_string(i)).c_str()));
+    void* p = nullptr;
+    ASSERT_EQ(tm_tensor_acquire(rt_, t[i], TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK);
+    std::memset(p, i + 1, sizes[i]);
+    if (i < 3) {
+      ASSERT_EQ(tm_tensor_release(rt_, t[i], TM_TIER_HBM), TM_OK);
+    }
+  }
+  ASSERT_EQ(testing::OffloadNow(rt_, t[0], TM_TIER_DRAM), TM_OK);
+  ASSERT_EQ(testing::OffloadNow(rt_, t[2], TM_TIER_DRAM), TM_OK);
+  tm_tensor wide = Make(5 * kMiB, "wide");
+  void* p = nullptr;
+  ASSERT_EQ(tm_tensor_acquire(rt_, wide, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
+      << tm_last_error();
+  ASSERT_EQ(tm_tensor_release(rt_, wide, TM_TIER_HBM), TM_OK);
+  ASSERT_EQ(tm_tensor_release(rt_, t[3], TM_TIER_HBM), TM_OK);
+  const tm_stats s = Stats();
+  EXPECT_EQ(s.evictions, 1u) << "one neighbour of a hole";
+  EXPECT_EQ(s.fragmentation_evictions, 1u);
+  EXPECT_EQ(s.relocations, 0u);
+  for (int i = 0; i < 4; ++i) {
+    std::vector<uint8_t> back(sizes[i]);
+    ASSERT_EQ(tm_tensor_read(rt_, t[i], 0, back.data(), back.size()), TM_OK);
+    EXPECT_EQ(back.front(), i + 1);
+    EXPECT_EQ(back.back(), i + 1);
+  }
+}
+
+// The same split with a 3 MiB copy between the holes: sliding it down (3 MiB, device to device)
+// merges the holes and costs no more bytes than evicting it, which would write it down and read
+// it back over the link. The demand slides it instead, and evicts nothing.
+TEST_F(PressureApi, DemandSlidesACopyRatherThanEvictOneUsedAgain) {
+  Open(12 * kMiB, 96 * kMiB, 0);
   std::vector<tm_tensor> t;
   for (int i = 0; i < 4; ++i) {
     t.push_back(Make(3 * kMiB, ("f" + std::to_string(i)).c_str()));
@@ -592,14 +629,62 @@ TEST_F(PressureApi, FragmentedTierEvictsAWindow) {
       << tm_last_error();
   ASSERT_EQ(tm_tensor_release(rt_, wide, TM_TIER_HBM), TM_OK);
   const tm_stats s = Stats();
-  EXPECT_EQ(s.evictions, 1u) << "one neighbour of a hole";
-  EXPECT_EQ(s.fragmentation_evictions, 1u);
+  EXPECT_EQ(s.evictions, 0u);
+  EXPECT_EQ(s.relocations, 1u);
+  EXPECT_EQ(s.relocation_bytes, 3 * kMiB);
+  uint32_t mask = 0;
+  ASSERT_EQ(tm_tensor_residency(rt_, t[1], &mask), TM_OK);
+  EXPECT_EQ(mask, TM_TIER_BIT(TM_TIER_HBM)) << "f1 slid within HBM, not written down";
   for (int i = 0; i < 4; ++i) {
     std::vector<uint8_t> back(3 * kMiB);
     ASSERT_EQ(tm_tensor_read(rt_, t[i], 0, back.data(), back.size()), TM_OK);
-    EXPECT_EQ(back[3 * kMiB - 1], i + 1);
+    EXPECT_EQ(std::count(back.begin(), back.end(), i + 1), static_cast<long>(back.size()));
   }
 }
+
+// An offload of a tensor the schedule reads within the prefetch stages is superseded (it would
+// be read straight back) only when HBM can hold it beside everything used before that read.
+// Three 5 MiB copies in 16 MiB of HBM and a fourth in DRAM: read in the order b, a, ... the
+// offload of a is skipped (b + a fit); in the order b, c, d, a it runs (b + c + d + a do not:
+// keeping a would make d's room come from a copy needed sooner).
+class OffloadUsedSoon : public PressureApi, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(OffloadUsedSoon, IsSupersededOnlyWhenItFitsUntilItsRead) {
+  const bool fits = GetParam();
+  Open(16 * kMiB, 96 * kMiB, 2);
+  tm_tensor a = Make(5 * kMiB, "a"), b = Make(5 * kMiB, "b"), c = Make(5 * kMiB, "c");
+  for (tm_tensor h : {a, b, c}) {
+    void* p = nullptr;
+    ASSERT_EQ(tm_tensor_acquire(rt_, h, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK);
+    std::memset(p, 7, 5 * kMiB);
+    ASSERT_EQ(tm_tensor_release(rt_, h, TM_TIER_HBM), TM_OK);
+  }
+  tm_tensor d = Make(5 * kMiB, "d", TM_CLASS_OTHER, TM_TIER_DRAM);
+  std::vector<uint8_t> bytes(5 * kMiB, 9);
+  ASSERT_EQ(tm_tensor_write(rt_, d, 0, bytes.data(), bytes.size()), TM_OK);
+  const tm_tensor fitting[] = {b, a, c, d}, crowded[] = {b, c, d, a};
+  ASSERT_EQ(tm_schedule_set(rt_, fits ? fitting : crowded, nullptr, 4), TM_OK) << tm_last_error();
+  ASSERT_EQ(tm_step_begin(rt_), TM_OK);
+  ASSERT_EQ(tm_tensor_offload(rt_, a, TM_TIER_NVME), TM_OK) << tm_last_error();
+  ASSERT_EQ(tm_runtime_sync(rt_), TM_OK) << tm_last_error();
+  uint32_t mask = 0;
+  ASSERT_EQ(tm_tensor_residency(rt_, a, &mask), TM_OK);
+  if (fits) {
+    EXPECT_EQ(mask, TM_TIER_BIT(TM_TIER_HBM)) << "the offload of a was not superseded";
+  } else {
+    EXPECT_NE(mask & TM_TIER_BIT(TM_TIER_NVME), 0u) << "the offload of a did not run";
+    EXPECT_EQ(mask & TM_TIER_BIT(TM_TIER_HBM), 0u);
+  }
+  std::vector<uint8_t> back(5 * kMiB);
+  ASSERT_EQ(tm_tensor_read(rt_, a, 0, back.data(), back.size()), TM_OK);
+  EXPECT_EQ(std::count(back.begin(), back.end(), 7), static_cast<long>(back.size()));
+  ASSERT_EQ(tm_step_end(rt_), TM_OK);
+}
+
+INSTANTIATE_TEST_SUITE_P(PressureApi, OffloadUsedSoon, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Fits" : "Crowded";
+                         });
 
 // A copy smaller than its hole takes the end away from the neighbour that frees sooner, so that
 // the leftover and that neighbour later form one window. Placed at the front of each hole (the

@@ -4,6 +4,7 @@
 // the alternative, evicting a copy and reading it back, crosses the link twice or is not
 // allowed at all (a prefetch may not evict a copy used before the use it serves).
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "lib/runtime/runtime.h"
@@ -49,28 +50,44 @@ bool Runtime::SlideDown(Tensor& v, tm_tier tier, uint64_t shift) {
   return true;
 }
 
-bool Runtime::Compact(tm_tier tier, uint64_t need) {
+template <typename Slide>
+bool Runtime::CompactionPass(tm_tier tier, uint64_t need, Slide&& slide) {
   TierSpace& space = tiers_->space(tier);
   if (tier != TM_TIER_HBM || space.counted()) return false;  // DRAM holds pinned host buffers
-  bool slid = false;
   // One pass up the tier: each slide moves a hole up past a copy, where it merges with the
   // next hole, until a wall (a copy in use) stops it. Stops once a hole fits the request.
-  std::vector<TierSpace::Block> layout = space.Layout();
+  const std::vector<TierSpace::Block> layout = space.Layout();
   uint64_t hole = 0;  // bytes of the free run just before the block looked at
   for (const TierSpace::Block& b : layout) {
     if (b.free) {
       hole += b.size;
-      if (hole >= need) return slid;
+      if (hole >= need) return true;
       continue;
     }
     Tensor* v = hole == 0 ? nullptr : tensors_.Find(b.owner);
-    if (v == nullptr || !Slidable(*v, tier, hole) || !SlideDown(*v, tier, hole)) {
-      hole = 0;  // a wall
-      continue;
-    }
-    slid = true;
+    if (v == nullptr || !Slidable(*v, tier, hole) || !slide(*v, hole)) hole = 0;  // a wall
   }
+  return false;
+}
+
+bool Runtime::Compact(tm_tier tier, uint64_t need) {
+  bool slid = false;
+  CompactionPass(tier, need, [&](Tensor& v, uint64_t shift) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (!SlideDown(v, tier, shift)) return false;
+    slid = true;
+    return true;
+  });
   return slid;
+}
+
+std::optional<uint64_t> Runtime::CompactionBytes(tm_tier tier, uint64_t need) {
+  uint64_t bytes = 0;
+  const bool formed = CompactionPass(tier, need, [&](Tensor& v, uint64_t) {  // moves nothing
+    bytes += v.bytes;
+    return true;
+  });
+  if (!formed) return std::nullopt;
+  return bytes;
 }
 
 }  // namespace tiermem

@@ -31,7 +31,7 @@ void Runtime::IssuePrefetches() {
     if (!use.fill || use.tier == TM_TIER_NVME) continue;  // overwritten, or nothing to bring
     Tensor* v = FindKey(use.key);
     if (v == nullptr || v->busy()) continue;
-    if (v->queued > 0) CancelQueuedOffloads(*v);
+    if (v->queued > 0 && UsedSoon(*v)) CancelQueuedOffloads(*v);
     if (v->queued > 0) continue;  // a move of it runs, or a job waits: its order is kept
     tm_tier target = use.tier;
     if (i >= depth) {
@@ -53,9 +53,24 @@ void Runtime::IssuePrefetches() {
 
 bool Runtime::UsedSoon(const Tensor& t) {
   const uint32_t depth = config_.prefetch_depth;
-  if (depth == 0 || !schedule_.replaying()) return false;
+  if (depth == 0 || !schedule_.replaying() || FindKey(t.key) != &t) return false;
+  // Used within the prefetch stages, and the tier of that use can hold it until then beside
+  // everything used before it (each tensor counted once): then a write down now would only be
+  // read back. When they do not all fit, something must leave before that use, and the copy
+  // used last among them (this one) is the one to go (Belady): its offload runs. Keeping it
+  // would make a demand evict a copy needed sooner.
+  absl::flat_hash_map<std::pair<uint64_t, int>, bool> seen;
+  uint64_t working_set[TM_TIER_NVME] = {};  // by tier of use: HBM, DRAM
   for (const auto& [position, use] : schedule_.Upcoming(2 * static_cast<size_t>(depth))) {
-    if (use.key == t.key && use.fill) return FindKey(use.key) == &t;
+    if (use.tier == TM_TIER_NVME || !seen.emplace(std::pair{use.key, use.tier}, true).second) {
+      continue;
+    }
+    const Tensor* v = FindKey(use.key);
+    const TierSpace& space = tiers_->space(use.tier);
+    working_set[use.tier] += space.Rounded(v != nullptr ? v->bytes : use.bytes);
+    if (use.key != t.key) continue;
+    if (!use.fill) return false;  // overwritten first: its bytes are not needed
+    return working_set[use.tier] <= space.capacity();
   }
   return false;
 }

@@ -147,6 +147,12 @@ absl::Status Dropped(const Tensor& t, tm_tier tier, DropReason reason, absl::str
                                                      t.name, tm_tier_name(tier), message));
 }
 
+// Whether a window evicts a copy with a next use: EvictionCost weighs only those above their
+// bytes (x2 when dirty).
+bool UsedAgain(const EvictionWindow& w) {
+  return w.cost > 1.001 * static_cast<double>(w.evicted_bytes + w.dirty_bytes);
+}
+
 }  // namespace
 
 absl::Status Runtime::AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t need,
@@ -275,6 +281,7 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
     if (victims) {
       // Free bytes sufficed, no hole did: the window clears contiguity, not bytes.
       const bool fragmented = !backing_short && plan.free_bytes >= need;
+      if (fragmented && SlidRatherThanEvict(plan, tier, need, st)) continue;
       if (auto s = EvictWindow(plan, tier, want, fragmented, why); !s.ok()) return s;
       continue;
     }
@@ -301,6 +308,17 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
     }
     return OutOfRoom(e.status(), plan, space.capacity());
   }
+}
+
+bool Runtime::SlidRatherThanEvict(const EvictionPlan& plan, tm_tier tier, uint64_t need,
+                                  AllocateState& st) {
+  // The window evicts copies used again, which would cross the link twice to come back (once,
+  // a clean one): sliding copies together at device speed (once per request) is cheaper when
+  // it moves no more bytes than the window would evict.
+  if (st.compacted || !UsedAgain(*plan.window)) return false;
+  st.compacted = true;
+  const std::optional<uint64_t> slide = CompactionBytes(tier, need);
+  return slide.has_value() && *slide <= plan.window->evicted_bytes && Compact(tier, need);
 }
 
 void Runtime::CancelPrefetches(tm_tier tier) {

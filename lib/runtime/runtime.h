@@ -293,8 +293,21 @@ class Runtime {
   // Compaction (compaction.cc): slides copies nobody holds down into the holes before them
   // until a hole of `need` bytes forms; true when any copy moved.
   bool Compact(tm_tier tier, uint64_t need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With free bytes enough but split: compacts instead of evicting plan's window when that
+  // window takes copies used again and the slide moves no more bytes; true when it did.
+  bool SlidRatherThanEvict(const EvictionPlan& plan, tm_tier tier, uint64_t need, AllocateState& st)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The bytes Compact would slide to form that hole, moving nothing; nullopt when it would not
+  // form one.
+  std::optional<uint64_t> CompactionBytes(tm_tier tier, uint64_t need)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Slidable(Tensor& v, tm_tier tier, uint64_t shift) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool SlideDown(Tensor& v, tm_tier tier, uint64_t shift) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Compact's pass over the layout; slide(v, shift) moves one copy (false: it stays, a wall).
+  // True when a hole of `need` bytes forms.
+  template <typename Slide>
+  bool CompactionPass(tm_tier tier, uint64_t need, Slide&& slide)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How soon the memory of `owner`'s copy in `tier` is free again (lower: sooner), for placing
   // a new extent beside it (TierSpace::Allocate).
   uint64_t FreesAfter(uint64_t owner, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -311,7 +324,9 @@ class Runtime {
   void IssuePrefetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops t's offloads still queued (not a running one): t is used within 2 x the depth.
   void CancelQueuedOffloads(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the schedule reads t within 2 x the prefetch depth (the uses IssuePrefetches sees).
+  // Whether the schedule reads t within 2 x the prefetch depth (the uses IssuePrefetches sees)
+  // and the tier of that read holds it until then beside everything used before it: then its
+  // offload is superseded (dropped or skipped); otherwise the offload runs.
   bool UsedSoon(const Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes a use of t for the schedule and the LRU order, then prefetches ahead.
   void NoteUse(Tensor& t, tm_tier tier, bool fill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
