@@ -13,10 +13,10 @@ import contextlib
 import ctypes
 import itertools
 import os
-import re
 import threading
 
 from . import _capi
+from ._sizes import allocator_callbacks, parse_size
 
 __all__ = ["Runtime", "Tensor", "TiermemError", "parse_size", "version", "library_path"]
 
@@ -62,39 +62,6 @@ def _check(status, call):
     if status != _capi.OK:
         msg = _lib.tm_last_error()
         raise TiermemError(status, msg.decode(errors="replace") if msg else "", call)
-
-
-# As lib/config/config.cc reads sizes: binary units only, no decimal point.
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40}
-
-
-def _fits_uint64(n, what):
-    """ctypes would wrap a larger value silently (2**64 to 0, "unset")."""
-    if n >= 1 << 64:
-        raise ValueError("%s: %d bytes does not fit in 64 bits" % (what, n))
-    return n
-
-
-def parse_size(value, what="size"):
-    """An int, or a string such as "64MiB", "2G", "4096" (units are powers of 1024, as in the
-    TIERMEM_* variables): bytes as an int."""
-    if isinstance(value, bool):
-        raise TypeError("%s: expected a size, got %r" % (what, value))
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError("%s: %d is negative" % (what, value))
-        return _fits_uint64(value, what)
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]+)\s*([a-zA-Z]*)\s*", value)
-        if m and m.group(2).lower() in _UNITS:
-            return _fits_uint64(int(m.group(1)) * _UNITS[m.group(2).lower()], what)
-        if value.strip().endswith("%"):
-            raise ValueError("%s: %r: a percentage of the tier is only accepted in the TIERMEM_* "
-                             "variable, not as a keyword" % (what, value))
-        raise ValueError("%s: %r is not a size (examples: 4096, \"64MiB\", \"2G\")" %
-                         (what, value))
-    raise TypeError("%s: expected an int or a string, got %s" % (what, type(value).__name__))
 
 
 def _tier(tier):
@@ -272,29 +239,6 @@ _SETTINGS = ("device", "cuda_device", "hbm_bytes", "dram_bytes", "nvme_paths", "
              "trace", "checksum", "local_rank", "local_world_size", "device_alloc", "device_free")
 
 
-def _allocator_callbacks(alloc, free):
-    """The C callbacks over Python callables alloc(nbytes, device, stream) -> address (an int;
-    0 or None when it cannot) and free(address, nbytes, device, stream). An exception counts as
-    a failed allocation (free's is ignored): it must not cross into the library's threads."""
-    if not callable(alloc) or not callable(free):
-        raise TypeError("device_alloc and device_free: expected two callables, got %s and %s" %
-                        (type(alloc).__name__, type(free).__name__))
-
-    def c_alloc(user, nbytes, device, stream):
-        try:
-            return int(alloc(int(nbytes), int(device), stream or None) or 0) or None
-        except BaseException:  # noqa: B902 (nothing may unwind through the C caller)
-            return None
-
-    def c_free(user, ptr, nbytes, device, stream):
-        try:
-            free(int(ptr), int(nbytes), int(device), stream or None)
-        except BaseException:  # noqa: B902
-            pass
-
-    return _capi.DEVICE_ALLOC(c_alloc), _capi.DEVICE_FREE(c_free)
-
-
 class Runtime:
     """A tiermem runtime. Keyword settings are named like tm_config's fields; anything left
     unset comes from the TIERMEM_* environment variables, then the defaults
@@ -311,7 +255,7 @@ class Runtime:
         # The callbacks live as long as the runtime (tiermem calls them until it is destroyed).
         self._allocator = None
         if alloc is not None or free is not None:
-            self._allocator = _allocator_callbacks(alloc, free)
+            self._allocator = allocator_callbacks(alloc, free)
             cfg.device_alloc, cfg.device_free = self._allocator
         for key, value in settings.items():
             if value is None:
