@@ -2,30 +2,25 @@
 // and --tune (tune.h); a table for humans or JSON (docs/probe.md).
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "io/host_memory.h"
 #include "lib/base/status.h"
 #include "lib/config/config.h"
 #include "lib/runtime/runtime.h"
-#include "lib/trace/trace.h"
 #include "tools/io_sweep.h"
 #include "tools/probe_dram.h"
 #include "tools/probe_measure.h"
+#include "tools/probe_print.h"
 #include "tools/tune.h"
 
 namespace tiermem {
@@ -70,261 +65,6 @@ int Fail(const absl::Status& s) {
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-void PrintInfo(const Runtime& rt) {
-  const RuntimeInfo& info = rt.info();
-  const Config& c = rt.config();
-  std::printf("device      %s\n", info.device.c_str());
-  tm_stats s = const_cast<Runtime&>(rt).Stats();
-  std::printf("tiers       hbm %s, dram %s, nvme %s\n",
-              HumanBytes(s.tiers[TM_TIER_HBM].capacity).c_str(),
-              HumanBytes(s.tiers[TM_TIER_DRAM].capacity).c_str(),
-              HumanBytes(s.tiers[TM_TIER_NVME].capacity).c_str());
-  if (info.numa_node >= 0) {
-    std::printf("numa        DRAM tier bound to node %d of %d\n", info.numa_node, info.numa_nodes);
-  } else {
-    std::printf("numa        DRAM tier not bound (%d node(s))\n", info.numa_nodes);
-  }
-  std::printf("io engine   %s, block %s, queue depth %u, %u thread(s), %s buffers, %s files\n",
-              info.io_engine.c_str(), HumanBytes(c.io_block_size).c_str(), c.io_queue_depth,
-              c.io_threads, info.io_buffers_registered ? "registered" : "unregistered",
-              info.io_files_registered ? "registered" : "unregistered");
-  std::printf("staging     %u slots of %s in the DRAM pool (HBM <-> NVMe moves)\n",
-              info.staging_slots, HumanBytes(info.staging_chunk).c_str());
-  for (const auto& p : info.nvme) {
-    std::printf("nvme path   %s: %s, alignment %u (%s), %s reserved\n", p.dir.c_str(),
-                p.direct ? "O_DIRECT" : "buffered (O_DIRECT refused)", p.alignment,
-                p.alignment_source.c_str(), HumanBytes(p.bytes).c_str());
-  }
-}
-
-struct Findings {
-  std::vector<Measurement> bw;
-  std::vector<CopyMeasurement> copies;
-  std::optional<DramMeasurement> dram;
-  std::vector<SweepTarget> sweep;
-  std::optional<DemoResult> demo;
-  std::optional<TuneResult> tune;
-  std::string tune_file;
-  double seconds = 0;
-};
-
-void PrintSweep(const SweepTarget& t) {
-  std::printf("\nnvme sweep  %s (%s, %s per run, %u thread(s), median of 3): write / read GB/s\n",
-              t.name.c_str(), t.engine.c_str(), HumanBytes(t.bytes).c_str(),
-              t.points.empty() ? 0 : t.points[0].threads);
-  std::vector<uint32_t> blocks, depths;
-  for (const IoPoint& p : t.points) {
-    if (std::find(blocks.begin(), blocks.end(), p.block_size) == blocks.end())
-      blocks.push_back(p.block_size);
-    if (std::find(depths.begin(), depths.end(), p.queue_depth) == depths.end())
-      depths.push_back(p.queue_depth);
-  }
-  std::printf("  %-8s", "block");
-  for (uint32_t q : depths) std::printf("  %13s", absl::StrFormat("qd %u", q).c_str());
-  std::printf("\n");
-  for (uint32_t b : blocks) {
-    std::printf("  %-8s", HumanBytes(b).c_str());
-    for (uint32_t q : depths) {
-      std::string cell = "-";
-      for (const IoPoint& p : t.points) {
-        if (p.block_size == b && p.queue_depth == q) {
-          cell = absl::StrFormat("%.2f / %.2f", p.write_gbps, p.read_gbps);
-        }
-      }
-      std::printf("  %13s", cell.c_str());
-    }
-    std::printf("\n");
-  }
-  if (const IoPoint* best = Best(t)) {
-    std::printf("  best     block %s, queue depth %u: write %.2f, read %.2f GB/s\n",
-                HumanBytes(best->block_size).c_str(), best->queue_depth, best->write_gbps,
-                best->read_gbps);
-  }
-}
-
-void PrintTune(const TuneResult& r, const std::string& file) {
-  std::printf("\ntune        %.0f s%s, engine %s\n", r.seconds,
-              r.budget_exhausted ? " (budget reached: search cut short)" : "", r.engine.c_str());
-  for (const IoPoint& p : r.io_tried) {
-    std::printf("  tried     block %-7s qd %-4u threads %-2u  write %6.2f  read %6.2f GB/s\n",
-                HumanBytes(p.block_size).c_str(), p.queue_depth, p.threads, p.write_gbps,
-                p.read_gbps);
-  }
-  std::printf("  I/O       defaults block %s qd %u threads %u: %.2f / %.2f GB/s\n",
-              HumanBytes(r.io_default.block_size).c_str(), r.io_default.queue_depth,
-              r.io_default.threads, r.io_default.write_gbps, r.io_default.read_gbps);
-  std::printf("  I/O       tuned    block %s qd %u threads %u: %.2f / %.2f GB/s (%.2fx)%s\n",
-              HumanBytes(r.io_tuned.block_size).c_str(), r.io_tuned.queue_depth, r.io_tuned.threads,
-              r.io_tuned.write_gbps, r.io_tuned.read_gbps,
-              r.io_default.combined_gbps() > 0
-                  ? r.io_tuned.combined_gbps() / r.io_default.combined_gbps()
-                  : 0.0,
-              r.io_kept_default ? ", defaults kept" : "");
-  std::printf("  prefetch  step workload, %.2f ms compute per forward layer:", r.compute_ms);
-  for (const auto& [d, sec] : r.depth_tried) std::printf(" depth %u %.1f ms;", d, sec * 1e3);
-  std::printf(" chosen %u (default %u)\n", r.depth_tuned, r.depth_default);
-  if (r.depth_rejected != 0) {
-    std::printf("  prefetch  depth %u looked faster but lost a recheck against %u\n",
-                r.depth_rejected, r.depth_default);
-  }
-  std::printf("  wrote     %s\n  use it    export TIERMEM_ENV_FILE=%s\n", file.c_str(),
-              file.c_str());
-}
-
-void PrintHuman(Runtime& rt, const Findings& f) {
-  PrintInfo(rt);
-  const RuntimeInfo& info = rt.info();
-  if (!info.no_gpu.empty()) {
-    std::printf("gpu         none used (%s): HBM figures are the emulated device's\n",
-                info.no_gpu.c_str());
-  }
-  if (!f.copies.empty() || f.dram.has_value()) std::printf("\n");
-  if (f.dram.has_value()) std::printf("%s", DramRow(*f.dram).c_str());
-  for (const CopyMeasurement& m : f.copies) {
-    std::printf("copy        %-4s -> %-4s %-9s %8.2f GB/s   (%s, %s, median of %d)\n", m.from, m.to,
-                m.host_memory, m.gbps, HumanBytes(m.bytes).c_str(),
-                info.device_kind == "cuda" ? "CUDA events" : "wall clock", m.repeats);
-  }
-  for (const SweepTarget& t : f.sweep) PrintSweep(t);
-  if (!f.bw.empty()) std::printf("\n");
-  for (const Measurement& m : f.bw) {
-    std::printf(
-        "runtime     %-4s -> %-4s %7.2f GB/s   (%s through offload / acquire, median of 3)\n",
-        m.from, m.to, m.gbps, HumanBytes(m.bytes).c_str());
-  }
-  if (f.tune.has_value()) PrintTune(*f.tune, f.tune_file);
-  if (f.demo.has_value()) {
-    const DemoResult& d = *f.demo;
-    const tm_stats& s = d.stats;
-    std::printf("\ndemo        %d tensors of %s (%s) through an HBM budget of %s\n", d.tensors,
-                HumanBytes(d.tensor_bytes).c_str(), HumanBytes(d.tensor_bytes * d.tensors).c_str(),
-                HumanBytes(d.hbm_budget).c_str());
-    std::printf("demo        %d offloads to NVMe; %d/%d tensors came back bit-exact in %.2f s\n",
-                d.offloads, d.verified, d.tensors, d.seconds);
-    std::printf("moved       hbm->dram %s, dram->nvme %s, nvme->dram %s, dram->hbm %s\n",
-                HumanBytes(s.bytes_moved[TM_TIER_HBM][TM_TIER_DRAM]).c_str(),
-                HumanBytes(s.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME]).c_str(),
-                HumanBytes(s.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM]).c_str(),
-                HumanBytes(s.bytes_moved[TM_TIER_DRAM][TM_TIER_HBM]).c_str());
-    std::printf("peak        hbm %s of %s, dram %s, nvme %s\n",
-                HumanBytes(s.tiers[TM_TIER_HBM].peak).c_str(),
-                HumanBytes(s.tiers[TM_TIER_HBM].capacity).c_str(),
-                HumanBytes(s.tiers[TM_TIER_DRAM].peak).c_str(),
-                HumanBytes(s.tiers[TM_TIER_NVME].peak).c_str());
-  }
-  std::printf("\nprobe took %.1f s\n", f.seconds);
-}
-
-std::string JsonPoint(const IoPoint& p) {
-  return absl::StrFormat(
-      "{\"block_size\": %u, \"queue_depth\": %u, \"threads\": %u, "
-      "\"write_gbps\": %.4f, \"read_gbps\": %.4f}",
-      p.block_size, p.queue_depth, p.threads, p.write_gbps, p.read_gbps);
-}
-
-void PrintJson(Runtime& rt, const Findings& f) {
-  const RuntimeInfo& info = rt.info();
-  const Config& c = rt.config();
-  tm_stats s = rt.Stats();
-  std::printf("{\n  \"schema\": \"tiermem-probe/1\",\n  \"tiermem_version\": \"%s\",\n",
-              tm_version_string());
-  std::printf("  \"seconds\": %.3f,\n", f.seconds);
-  std::printf("  \"device\": {\"kind\": \"%s\", \"description\": \"%s\"},\n",
-              info.device_kind.c_str(), JsonEscape(info.device).c_str());
-  std::printf("  \"gpu\": {\"present\": %s, \"reason\": \"%s\"},\n",
-              info.device_kind == "cuda" ? "true" : "false", JsonEscape(info.no_gpu).c_str());
-  std::printf("  \"tiers\": {\"hbm_bytes\": %llu, \"dram_bytes\": %llu, \"nvme_bytes\": %llu},\n",
-              static_cast<unsigned long long>(s.tiers[TM_TIER_HBM].capacity),
-              static_cast<unsigned long long>(s.tiers[TM_TIER_DRAM].capacity),
-              static_cast<unsigned long long>(s.tiers[TM_TIER_NVME].capacity));
-  std::printf("  \"numa\": {\"node\": %d, \"nodes\": %d},\n", info.numa_node, info.numa_nodes);
-  std::printf(
-      "  \"io\": {\"engine\": \"%s\", \"block_size\": %u, \"queue_depth\": %u, "
-      "\"threads\": %u, \"buffers_registered\": %s, \"files_registered\": %s},\n",
-      info.io_engine.c_str(), c.io_block_size, c.io_queue_depth, c.io_threads,
-      info.io_buffers_registered ? "true" : "false", info.io_files_registered ? "true" : "false");
-  std::printf("  \"staging\": {\"slot_bytes\": %llu, \"slots\": %u},\n",
-              static_cast<unsigned long long>(info.staging_chunk), info.staging_slots);
-  std::printf("  \"nvme_paths\": [");
-  for (size_t i = 0; i < info.nvme.size(); ++i) {
-    const auto& p = info.nvme[i];
-    std::printf(
-        "%s\n    {\"path\": \"%s\", \"direct\": %s, \"alignment\": %u, "
-        "\"alignment_source\": \"%s\", \"bytes\": %llu}",
-        i ? "," : "", JsonEscape(p.dir).c_str(), p.direct ? "true" : "false", p.alignment,
-        p.alignment_source.c_str(), static_cast<unsigned long long>(p.bytes));
-  }
-  std::printf("],\n  \"copies\": [");
-  for (size_t i = 0; i < f.copies.size(); ++i) {
-    const CopyMeasurement& m = f.copies[i];
-    std::printf(
-        "%s\n    {\"from\": \"%s\", \"to\": \"%s\", \"host_memory\": \"%s\", "
-        "\"bytes\": %llu, \"repeats\": %d, \"timer\": \"%s\", \"gbps\": %.4f}",
-        i ? "," : "", m.from, m.to, m.host_memory, static_cast<unsigned long long>(m.bytes),
-        m.repeats, info.device_kind == "cuda" ? "cuda-events" : "wall-clock", m.gbps);
-  }
-  std::printf("],\n  \"io_sweep\": [");
-  for (size_t i = 0; i < f.sweep.size(); ++i) {
-    const SweepTarget& t = f.sweep[i];
-    std::string paths;
-    for (const auto& p : t.paths) {
-      absl::StrAppend(&paths, paths.empty() ? "" : ", ", "\"", JsonEscape(p), "\"");
-    }
-    std::printf(
-        "%s\n    {\"target\": \"%s\", \"paths\": [%s], \"engine\": \"%s\", \"bytes\": %llu,"
-        "\n     \"points\": [",
-        i ? "," : "", JsonEscape(t.name).c_str(), paths.c_str(), t.engine.c_str(),
-        static_cast<unsigned long long>(t.bytes));
-    for (size_t j = 0; j < t.points.size(); ++j) {
-      std::printf("%s\n       %s", j ? "," : "", JsonPoint(t.points[j]).c_str());
-    }
-    std::printf("]");
-    if (const IoPoint* best = Best(t))
-      std::printf(",\n     \"best\": %s", JsonPoint(*best).c_str());
-    std::printf("}");
-  }
-  std::printf("],\n  \"bandwidth\": [");
-  for (size_t i = 0; i < f.bw.size(); ++i) {
-    std::printf(
-        "%s\n    {\"from\": \"%s\", \"to\": \"%s\", \"bytes\": %llu, \"block_size\": %u, "
-        "\"queue_depth\": %u, \"gbps\": %.4f}",
-        i ? "," : "", f.bw[i].from, f.bw[i].to, static_cast<unsigned long long>(f.bw[i].bytes),
-        c.io_block_size, c.io_queue_depth, f.bw[i].gbps);
-  }
-  std::printf("]");
-  if (f.dram.has_value()) std::printf(",\n  %s", DramJson(*f.dram).c_str());
-  if (f.tune.has_value()) {
-    const TuneResult& r = *f.tune;
-    std::printf(
-        ",\n  \"tune\": {\"file\": \"%s\", \"seconds\": %.3f, \"budget_exhausted\": %s, "
-        "\"engine\": \"%s\",\n    \"io_default\": %s,\n    \"io_tuned\": %s,\n"
-        "    \"io_kept_default\": %s, \"compute_ms\": %.4f, \"prefetch_depth_default\": %u, "
-        "\"prefetch_depth\": %u, \"prefetch_depth_rejected\": %u,\n    \"io_tried\": [",
-        JsonEscape(f.tune_file).c_str(), r.seconds, r.budget_exhausted ? "true" : "false",
-        r.engine.c_str(), JsonPoint(r.io_default).c_str(), JsonPoint(r.io_tuned).c_str(),
-        r.io_kept_default ? "true" : "false", r.compute_ms, r.depth_default, r.depth_tuned,
-        r.depth_rejected);
-    for (size_t i = 0; i < r.io_tried.size(); ++i) {
-      std::printf("%s\n      %s", i ? "," : "", JsonPoint(r.io_tried[i]).c_str());
-    }
-    std::printf("],\n    \"prefetch_tried\": [");
-    for (size_t i = 0; i < r.depth_tried.size(); ++i) {
-      std::printf("%s{\"depth\": %u, \"step_seconds\": %.6f}", i ? ", " : "",
-                  r.depth_tried[i].first, r.depth_tried[i].second);
-    }
-    std::printf("]}");
-  }
-  if (f.demo.has_value()) {
-    const DemoResult& d = *f.demo;
-    std::printf(
-        ",\n  \"demo\": {\"tensors\": %d, \"tensor_bytes\": %llu, \"hbm_budget\": %llu, "
-        "\"offloads\": %d, \"verified\": %d, \"seconds\": %.4f}",
-        d.tensors, static_cast<unsigned long long>(d.tensor_bytes),
-        static_cast<unsigned long long>(d.hbm_budget), d.offloads, d.verified, d.seconds);
-  }
-  std::printf("\n}\n");
-}
-
 // "128KiB,1MiB" -> sizes; "1,4,16" -> counts. Empty optional on a bad list.
 std::optional<std::vector<uint32_t>> ParseList(const char* flag, const char* text, bool sizes) {
   std::vector<uint32_t> out;
@@ -351,41 +91,47 @@ int Usage2(const char* msg) {
   return 2;
 }
 
-int Main(int argc, char** argv) {
-  const auto start = Clock::now();
+// What the command line asked for.
+struct ProbeOptions {
   bool config_only = false, bench = true, sweep = true, demo = true, json = false, tune = false;
   bool sweep_only = false;
   uint64_t bench_bytes = 256ull << 20;
   int repeats = 5;
-  SweepOptions so;
-  TuneOptions to;
+  SweepOptions sweep_options;
+  TuneOptions tune_options;
   std::string tune_out = "tiermem.env";
+};
+
+// Reads the flags into *o; an exit code when the run ends here (help, or a bad flag).
+std::optional<int> ParseArgs(int argc, char** argv, ProbeOptions* o) {
+  SweepOptions& so = o->sweep_options;
+  TuneOptions& to = o->tune_options;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     const bool has_value = i + 1 < argc;
     if (a == "--config") {
-      config_only = true;
+      o->config_only = true;
     } else if (a == "--json") {
-      json = true;
+      o->json = true;
     } else if (a == "--no-bench") {
-      bench = false;
+      o->bench = false;
     } else if (a == "--no-sweep") {
-      sweep = false;
+      o->sweep = false;
     } else if (a == "--sweep-full") {
       so.full_per_path = true;
     } else if (a == "--sweep-only") {
-      sweep_only = true;
-      demo = false;
+      o->sweep_only = true;
+      o->demo = false;
     } else if (a == "--no-demo") {
-      demo = false;
+      o->demo = false;
     } else if (a == "--tune") {
-      tune = true;
+      o->tune = true;
     } else if ((a == "--bench-bytes" || a == "--sweep-bytes" || a == "--tune-bytes") && has_value) {
       auto s = ParseSize(a, argv[++i]);
       if (!s.ok() || s->percent > 0 || s->bytes < (1u << 20) || s->bytes > (64ull << 30)) {
         return Usage2((a + " needs a size from 1MiB to 64GiB, such as 256MiB").c_str());
       }
-      (a == "--bench-bytes"   ? bench_bytes
+      (a == "--bench-bytes"   ? o->bench_bytes
        : a == "--sweep-bytes" ? so.bytes
                               : to.io_bytes) = s->bytes / (1 << 20) * (1 << 20);
     } else if (a == "--sweep-blocks" && has_value) {
@@ -401,7 +147,7 @@ int Main(int argc, char** argv) {
     } else if (a == "--repeats" && has_value) {
       auto v = ParseUnsigned("--repeats", argv[++i]);
       if (!v.ok() || *v < 1 || *v > 1000) return Usage2("--repeats needs a count from 1 to 1000");
-      repeats = static_cast<int>(*v);
+      o->repeats = static_cast<int>(*v);
     } else if (a == "--tune-budget" && has_value) {
       double v = 0;
       if (!absl::SimpleAtod(argv[++i], &v) || !(v >= 1 && v <= 86400)) {
@@ -409,8 +155,8 @@ int Main(int argc, char** argv) {
       }
       to.budget_seconds = v;
     } else if (a == "--tune-out" && has_value) {
-      tune_out = argv[++i];
-      if (tune_out.empty()) return Usage2("--tune-out needs a file name");
+      o->tune_out = argv[++i];
+      if (o->tune_out.empty()) return Usage2("--tune-out needs a file name");
     } else if (a == "--help" || a == "-h") {
       Usage();
       return 0;
@@ -420,9 +166,79 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
+  return std::nullopt;
+}
+
+// --tune: the search, its env file written and loaded back as the runtime will load it.
+absl::Status RunTune(const Config& cfg, const ProbeOptions& o, Findings& f) {
+  // The tuner runs alone: its measurements need the machine to themselves.
+  auto r = Tune(cfg, o.tune_options, [](const std::string& s) { Progress(s); });
+  if (!r.ok()) return r.status();
+  f.tune = *r;
+  char abs[4096];
+  f.tune_file = o.tune_out[0] == '/' || getcwd(abs, sizeof abs) == nullptr
+                    ? o.tune_out
+                    : std::string(abs) + "/" + o.tune_out;
+  std::FILE* out = std::fopen(f.tune_file.c_str(), "w");
+  const std::string text = EnvFileText(*r, cfg, f.tune_file);
+  if (out == nullptr || std::fputs(text.c_str(), out) < 0 || std::fclose(out) != 0) {
+    return Error(TM_ERR_IO,
+                 absl::StrFormat("cannot write %s: %s", f.tune_file, std::strerror(errno)));
+  }
+  const std::string written = f.tune_file;
+  auto check = LoadConfig({},
+                          [&written](const char* name) -> std::optional<std::string> {
+                            if (std::string_view(name) == "TIERMEM_ENV_FILE") return written;
+                            return std::nullopt;
+                          },
+                          {});
+  if (!check.ok()) return Error(TM_ERR_INTERNAL, check.status().message());
+  for (const char* v : {"TIERMEM_IO_BLOCK_SIZE", "TIERMEM_IO_QUEUE_DEPTH", "TIERMEM_IO_THREADS",
+                        "TIERMEM_PREFETCH_DEPTH", "TIERMEM_NVME_GBPS"}) {
+    if (std::getenv(v) != nullptr) {
+      std::fprintf(stderr, "tiermem-probe: %s is set in the environment and wins over %s\n", v,
+                   f.tune_file.c_str());
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The measurements and the demo the flags leave in.
+absl::Status Measure(Runtime& rt, const Config& cfg, const ProbeOptions& o, Findings& f) {
+  if (o.bench && !o.sweep_only) {
+    Progress("measuring dram: triad");
+    auto dram = DramTriad(o.bench_bytes, o.repeats);
+    if (!dram.ok()) return dram.status();
+    f.dram = *dram;
+    auto copies = Copies(rt, o.bench_bytes, o.repeats);
+    if (!copies.ok()) return copies.status();
+    f.copies = std::move(*copies);
+  }
+  if ((o.bench && o.sweep) || o.sweep_only) {
+    auto s = Sweep(cfg, o.sweep_options);
+    if (!s.ok()) return s.status();
+    f.sweep = std::move(*s);
+  }
+  if (o.bench && !o.sweep_only) {
+    auto m = Bench(rt, o.bench_bytes);
+    if (!m.ok()) return m.status();
+    f.bw = std::move(*m);
+  }
+  if (o.demo) {
+    auto d = Demo();
+    if (!d.ok()) return d.status();
+    f.demo = *d;
+  }
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  const auto start = Clock::now();
+  ProbeOptions o;
+  if (std::optional<int> exit = ParseArgs(argc, argv, &o); exit.has_value()) return *exit;
   auto cfg = LoadConfig({}, ProcessEnvironment(), ProcessTiermemVariables());
   if (!cfg.ok()) return Fail(Error(TM_ERR_CONFIG, cfg.status().message()));
-  if (!json) std::printf("tiermem-probe %s\n", tm_version_string());
+  if (!o.json) std::printf("tiermem-probe %s\n", tm_version_string());
   // The probe measures the tiers, not inclusive DRAM's hits: with a clean DRAM copy kept, the
   // "nvme -> dram" acquire would be a no-op reported at 100+ TB/s. --config still prints the
   // setting as configured.
@@ -430,73 +246,18 @@ int Main(int argc, char** argv) {
   measured.dram_inclusive = false;
   auto rt = Runtime::Create(measured);
   if (!rt.ok()) return Fail(rt.status());
-  if (config_only) {
+  if (o.config_only) {
     for (const auto& e : (*rt)->config().entries) {
       std::printf("%-24s %-16s (%s)\n", e.name.c_str(), e.value.c_str(), e.source.c_str());
     }
     return 0;
   }
   Findings f;
-  if (tune) {
-    // The tuner runs alone: its measurements need the machine to themselves.
-    auto r = Tune(*cfg, to, [](const std::string& s) { Progress(s); });
-    if (!r.ok()) return Fail(r.status());
-    f.tune = *r;
-    char abs[4096];
-    f.tune_file = tune_out[0] == '/' || getcwd(abs, sizeof abs) == nullptr
-                      ? tune_out
-                      : std::string(abs) + "/" + tune_out;
-    std::FILE* out = std::fopen(f.tune_file.c_str(), "w");
-    const std::string text = EnvFileText(*r, *cfg, f.tune_file);
-    if (out == nullptr || std::fputs(text.c_str(), out) < 0 || std::fclose(out) != 0) {
-      return Fail(Error(TM_ERR_IO,
-                        absl::StrFormat("cannot write %s: %s", f.tune_file, std::strerror(errno))));
-    }
-    // The file must load as the runtime will load it.
-    const std::string written = f.tune_file;
-    auto check = LoadConfig({},
-                            [&written](const char* name) -> std::optional<std::string> {
-                              if (std::string_view(name) == "TIERMEM_ENV_FILE") return written;
-                              return std::nullopt;
-                            },
-                            {});
-    if (!check.ok()) return Fail(Error(TM_ERR_INTERNAL, check.status().message()));
-    for (const char* v : {"TIERMEM_IO_BLOCK_SIZE", "TIERMEM_IO_QUEUE_DEPTH", "TIERMEM_IO_THREADS",
-                          "TIERMEM_PREFETCH_DEPTH", "TIERMEM_NVME_GBPS"}) {
-      if (std::getenv(v) != nullptr) {
-        std::fprintf(stderr, "tiermem-probe: %s is set in the environment and wins over %s\n", v,
-                     f.tune_file.c_str());
-      }
-    }
-  } else {
-    if (bench && !sweep_only) {
-      Progress("measuring dram: triad");
-      auto dram = DramTriad(bench_bytes, repeats);
-      if (!dram.ok()) return Fail(dram.status());
-      f.dram = *dram;
-      auto copies = Copies(**rt, bench_bytes, repeats);
-      if (!copies.ok()) return Fail(copies.status());
-      f.copies = std::move(*copies);
-    }
-    if ((bench && sweep) || sweep_only) {
-      auto s = Sweep(*cfg, so);
-      if (!s.ok()) return Fail(s.status());
-      f.sweep = std::move(*s);
-    }
-    if (bench && !sweep_only) {
-      auto m = Bench(**rt, bench_bytes);
-      if (!m.ok()) return Fail(m.status());
-      f.bw = std::move(*m);
-    }
-    if (demo) {
-      auto d = Demo();
-      if (!d.ok()) return Fail(d.status());
-      f.demo = *d;
-    }
-  }
+  const absl::Status s = o.tune ? RunTune(*cfg, o, f) : Measure(**rt, *cfg, o, f);
+  if (!s.ok()) return Fail(s);
   ProgressDone();
   f.seconds = Seconds(Clock::now() - start);
-  if (json) {
+  if (o.json) {
     PrintJson(**rt, f);
   } else {
     PrintHuman(**rt, f);

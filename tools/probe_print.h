@@ -1,0 +1,31 @@
+// tiermem-probe's report: what it found, as a table for humans or as JSON (docs/probe.md).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lib/runtime/runtime.h"
+#include "tools/io_sweep.h"
+#include "tools/probe_dram.h"
+#include "tools/probe_measure.h"
+#include "tools/tune.h"
+
+namespace tiermem {
+
+// Everything one run of tiermem-probe measured (each part absent when skipped).
+struct Findings {
+  std::vector<Measurement> bw;
+  std::vector<CopyMeasurement> copies;
+  std::optional<DramMeasurement> dram;
+  std::vector<SweepTarget> sweep;
+  std::optional<DemoResult> demo;
+  std::optional<TuneResult> tune;
+  std::string tune_file;
+  double seconds = 0;
+};
+
+void PrintHuman(Runtime& rt, const Findings& f);
+void PrintJson(Runtime& rt, const Findings& f);
+
+}  // namespace tiermem
