@@ -39,7 +39,6 @@ void PrintInfo(const Runtime& rt) {
   }
 }
 
-
 void PrintSweep(const SweepTarget& t) {
   std::printf("\nnvme sweep  %s (%s, %s per run, %u thread(s), median of 3): write / read GB/s\n",
               t.name.c_str(), t.engine.c_str(), HumanBytes(t.bytes).c_str(),
