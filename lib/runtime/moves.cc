@@ -217,8 +217,22 @@ absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
   // Inclusive DRAM: with a DRAM copy valid, the move below writes NVMe from it (the nearest).
   bool made = false;
   const bool keep_dram = tier == TM_TIER_NVME && KeepCleanDramCopy(t, &made);
+  // DRAM holds the bytes now: HBM's copy is freed before the NVMe write rather than after it,
+  // so that the prefetches and demands waiting for HBM room get it a write's time sooner. A
+  // failed write then leaves the tensor valid in DRAM. (Unless an acquire in HBM waits for
+  // this offload: that copy stays, below.)
+  bool freed_hbm = false;
+  if (keep_dram && t.copy(TM_TIER_DRAM).valid() && t.copy(TM_TIER_HBM).valid() &&
+      !wanted_in_hbm_.contains(t.handle)) {
+    FreeCopy(t, TM_TIER_HBM);
+    freed_hbm = true;
+    IssuePrefetches();
+    changed_.SignalAll();
+  }
   if (auto s = MakeValid(t, tier, {}, Demand()); !s.ok()) {
-    if (made && t.copy(TM_TIER_DRAM).state == CopyState::kValid) FreeCopy(t, TM_TIER_DRAM);
+    if (made && !freed_hbm && t.copy(TM_TIER_DRAM).state == CopyState::kValid) {
+      FreeCopy(t, TM_TIER_DRAM);
+    }
     return s;
   }
   // An acquire in HBM has waited for this offload: NVMe holds the bytes now, so HBM's copy is
