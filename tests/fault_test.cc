@@ -51,7 +51,7 @@ class Faults : public ::testing::TestWithParam<IoEngineKind> {
     rt_.reset();
     io::SetFaultInjector(nullptr);
   }
-  std::unique_ptr<Runtime> Make(IoEngineKind engine) {
+  std::unique_ptr<Runtime> Make(IoEngineKind engine, bool inclusive = false) {
     ConfigOverrides o;
     o.device = DeviceKind::kEmulated;
     o.hbm_bytes = SizeSetting{64ull << 20, 0};
@@ -62,9 +62,9 @@ class Faults : public ::testing::TestWithParam<IoEngineKind> {
     o.io_block_size = 256 << 10;
     auto cfg = LoadConfig(o, [](const char*) { return std::nullopt; }, {});
     EXPECT_TRUE(cfg.ok()) << cfg.status();
-    // Exclusive tiers: these faults strike NVMe itself, which inclusive DRAM's clean copies
-    // would otherwise stand in for (tests/inclusive_test.cc covers those).
-    if (cfg.ok()) cfg->dram_inclusive = false;
+    // Exclusive tiers unless asked: these faults strike NVMe itself, which inclusive DRAM's clean
+    // copies would otherwise stand in for (tests/inclusive_test.cc covers those).
+    if (cfg.ok()) cfg->dram_inclusive = inclusive;
     auto rt = Runtime::Create(*cfg);
     EXPECT_TRUE(rt.ok()) << rt.status();
     return rt.ok() ? std::move(*rt) : nullptr;
@@ -112,6 +112,30 @@ TEST_P(Faults, EioOnOffloadKeepsTheTensorWhereItWas) {
   ASSERT_TRUE(rt_->Sync(h).ok());
   EXPECT_EQ(*rt_->Residency(h), TM_TIER_BIT(TM_TIER_NVME));
   ExpectContent(h, n, 1);
+}
+
+// With inclusive DRAM the offload copies HBM to DRAM and frees HBM before it writes NVMe (so
+// that the room is free sooner): a failed write leaves the tensor valid in DRAM, its bytes whole,
+// the error reported, and nothing on NVMe.
+TEST_P(Faults, EioOnInclusiveOffloadLeavesTheTensorValidInDram) {
+  rt_ = Make(GetParam(), /*inclusive=*/true);
+  ASSERT_NE(rt_, nullptr);
+  const uint64_t n = (3 << 20) + 5;
+  uint64_t h = Tensor(n, 2, TM_TIER_HBM);
+  injector_.fail_errno = EIO;
+  injector_.fail_writes = 1;
+  ASSERT_TRUE(rt_->Offload(h, TM_TIER_NVME).ok()) << "queued at once";
+  absl::Status s = rt_->Sync(h);
+  EXPECT_EQ(ToTmStatus(s), TM_ERR_IO) << s;
+  EXPECT_NE(s.message().find("victim"), absl::string_view::npos) << s;
+  EXPECT_EQ(*rt_->Residency(h), TM_TIER_BIT(TM_TIER_DRAM));
+  EXPECT_EQ(rt_->Stats().tiers[TM_TIER_NVME].used, 0u) << "the failed destination was freed";
+  ExpectContent(h, n, 2);
+  injector_.fail_writes = -1;
+  ASSERT_TRUE(rt_->Offload(h, TM_TIER_NVME).ok());
+  ASSERT_TRUE(rt_->Sync(h).ok());
+  EXPECT_NE(*rt_->Residency(h) & TM_TIER_BIT(TM_TIER_NVME), 0u);
+  ExpectContent(h, n, 2);
 }
 
 TEST_P(Faults, EioOnAcquireFromNvme) {
