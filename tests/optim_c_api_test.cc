@@ -71,6 +71,51 @@ TEST(OptimCApi, IsaCanBeForcedDown) {
 }
 
 // Buckets in tensors (one in DRAM, others homed on NVMe) step as the same spans in host memory.
+// Element counts near 2^64, where 12 or 16 bytes per element wrap around: each is refused by
+// name before anything is read or stepped, in a bucket alone and in the second group of a
+// group step, and a group with buckets NULL but a count is refused too.
+TEST(OptimCApi, CountsNear2To64AreRefusedBeforeAnyStep) {
+  TempDir dir;
+  tm_config cfg = SmallConfig(dir.path());
+  tm_runtime rt{0};
+  ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_OK) << LastError();
+  tm_adam_config c = TM_ADAM_CONFIG_INIT;
+  c.threads = 1;
+  tm_adam adam{0};
+  ASSERT_EQ(tm_adam_create(rt, &c, &adam), TM_OK) << LastError();
+  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+  d.bytes = 12 * 64;
+  d.cls = TM_CLASS_OPTIMIZER_STATE;
+  d.home_tier = TM_TIER_DRAM;
+  tm_tensor t{0};
+  ASSERT_EQ(tm_tensor_create(rt, &d, &t), TM_OK) << LastError();
+  std::vector<float> state(3 * 64, 1.0f), grad(64, 0.5f);
+  ASSERT_EQ(tm_tensor_write(rt, t, 0, state.data(), d.bytes), TM_OK) << LastError();
+  const tm_adam_bucket good = {t, 64, grad.data(), TM_DTYPE_F32, nullptr, TM_DTYPE_F32};
+  for (uint64_t count : {UINT64_MAX, UINT64_MAX / 12 + 1, (uint64_t{1} << 62) + 1}) {
+    tm_adam_bucket huge = good;
+    huge.count = count;
+    size_t done = 99;
+    EXPECT_EQ(tm_adam_step_buckets(adam, 1, 1.0f, &huge, 1, &done), TM_ERR_INVALID_ARGUMENT)
+        << count;
+    EXPECT_NE(LastError().find("count"), std::string::npos) << LastError();
+    EXPECT_EQ(done, 0u);
+    tm_adam_group groups[2] = {{nullptr, 1, &good, 1}, {nullptr, 1, &huge, 1}};
+    EXPECT_EQ(tm_adam_step_groups(adam, 1.0f, groups, 2, &done), TM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(LastError().find("group 1"), std::string::npos) << LastError();
+    EXPECT_EQ(done, 0u);
+  }
+  tm_adam_group no_buckets = {nullptr, 1, nullptr, 3};
+  size_t done = 99;
+  EXPECT_EQ(tm_adam_step_groups(adam, 1.0f, &no_buckets, 1, &done), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("buckets"), std::string::npos) << LastError();
+  std::vector<float> back(3 * 64);
+  ASSERT_EQ(tm_tensor_read(rt, t, 0, back.data(), d.bytes), TM_OK);
+  EXPECT_EQ(back, state) << "a refused step changed the state";
+  ASSERT_EQ(tm_adam_destroy(adam), TM_OK);
+  ASSERT_EQ(tm_runtime_destroy(rt), TM_OK);
+}
+
 TEST(OptimCApi, TensorBucketsMatchHostSpans) {
   TempDir dir;
   tm_config cfg = SmallConfig(dir.path());

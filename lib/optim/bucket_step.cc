@@ -79,6 +79,7 @@ class Step {
         grad_scale_(grad_scale),
         groups_(groups) {
     for (size_t g = 0; g < groups.size(); ++g) {
+      if (groups[g].buckets == nullptr) continue;  // with a count: refused by Check
       for (size_t i = 0; i < groups[g].count; ++i) {
         buckets_.push_back(groups[g].buckets[i]);
         group_of_.push_back(g);
