@@ -16,7 +16,7 @@ import os
 import threading
 
 from . import _capi
-from ._sizes import allocator_callbacks, parse_size
+from ._sizes import allocator_callbacks, config_field, parse_size, u64
 
 __all__ = ["Runtime", "Tensor", "TiermemError", "parse_size", "version", "library_path"]
 
@@ -90,8 +90,8 @@ def _choice(table, value, field):
                          (field, value, ", ".join(k for k in table if k != "default"))) from None
 
 
-def _ptr(p):
-    return None if p is None else ctypes.c_void_p(int(p))
+def _ptr(p, what="address"):
+    return None if p is None else ctypes.c_void_p(u64(p, what))
 
 
 class Tensor:
@@ -151,17 +151,29 @@ class Tensor:
                                "tensor %r was destroyed" % self.name)
         return self._h
 
+    def _span(self, offset, nbytes, call):
+        """(offset, nbytes) checked as uint64_t; nbytes None: to the tensor's end."""
+        offset = u64(offset, call + ": offset")
+        if nbytes is None:
+            if offset > self.nbytes:
+                raise ValueError("%s: offset %d is past the end of tensor %r (%d bytes)" %
+                                 (call, offset, self.name, self.nbytes))
+            return offset, self.nbytes - offset
+        return offset, u64(nbytes, call + ": nbytes")
+
     def copy_in(self, src_ptr, nbytes=None, offset=0, stream=None):
         """Copies nbytes from address src_ptr (host or device) into the tensor at offset.
         stream: a cudaStream_t as an int, or None. Returns once enqueued (see sync())."""
-        n = self.nbytes - offset if nbytes is None else nbytes
-        self._call("tm_tensor_copy_in", offset, _ptr(src_ptr), n, _ptr(stream))
+        offset, n = self._span(offset, nbytes, "copy_in")
+        self._call("tm_tensor_copy_in", offset, _ptr(src_ptr, "copy_in: src_ptr"), n,
+                   _ptr(stream, "copy_in: stream"))
 
     def copy_in_async(self, src_ptr, nbytes=None, offset=0, stream=None):
         """As copy_in, but the stream does not wait for the copy: src must stay unchanged until
         copy_done() is True (or sync() returns)."""
-        n = self.nbytes - offset if nbytes is None else nbytes
-        self._call("tm_tensor_copy_in_async", offset, _ptr(src_ptr), n, _ptr(stream))
+        offset, n = self._span(offset, nbytes, "copy_in_async")
+        self._call("tm_tensor_copy_in_async", offset, _ptr(src_ptr, "copy_in_async: src_ptr"), n,
+                   _ptr(stream, "copy_in_async: stream"))
 
     def copy_done(self):
         """True when none of the tensor's copies to or from callers' memory is in flight
@@ -190,17 +202,22 @@ class Tensor:
     def copy_out(self, dst_ptr, nbytes=None, offset=0, stream=None):
         """Copies nbytes of the tensor at offset to address dst_ptr. Without a stream the bytes
         are there once sync() returns."""
-        n = self.nbytes - offset if nbytes is None else nbytes
-        self._call("tm_tensor_copy_out", offset, _ptr(dst_ptr), n, _ptr(stream))
+        offset, n = self._span(offset, nbytes, "copy_out")
+        self._call("tm_tensor_copy_out", offset, _ptr(dst_ptr, "copy_out: dst_ptr"), n,
+                   _ptr(stream, "copy_out: stream"))
 
     def write(self, data, offset=0):
         """Writes a bytes-like object (synchronously)."""
+        offset = u64(offset, "write: offset")
         buf = (ctypes.c_char * len(data)).from_buffer_copy(data)
         self._call("tm_tensor_write", offset, ctypes.cast(buf, ctypes.c_void_p), len(data))
 
     def read(self, nbytes=None, offset=0):
         """Reads nbytes (default: to the end) into a new bytes object."""
-        n = self.nbytes - offset if nbytes is None else nbytes
+        offset, n = self._span(offset, nbytes, "read")
+        if n > self.nbytes:  # past the end whatever the offset: said before allocating n bytes
+            raise ValueError("read: nbytes %d is more than tensor %r holds (%d bytes)" %
+                             (n, self.name, self.nbytes))
         buf = ctypes.create_string_buffer(n)
         self._call("tm_tensor_read", offset, ctypes.cast(buf, ctypes.c_void_p), n)
         return buf.raw
@@ -277,14 +294,15 @@ class Runtime:
             elif key == "numa_node":
                 value = {"auto": _capi.NUMA_AUTO, "off": _capi.NUMA_OFF}.get(value, value)
             elif key == "nvme_paths":
-                if not isinstance(value, str):
-                    value = ":".join(os.fspath(p) for p in value)
-                value = value.encode()
+                if isinstance(value, (str, bytes, os.PathLike)):
+                    value = os.fsencode(value)
+                else:
+                    value = b":".join(os.fsencode(p) for p in value)
                 self._keep.append(value)
             elif key == "trace":
-                value = os.fspath(value).encode()
+                value = os.fsencode(value)
                 self._keep.append(value)
-            setattr(cfg, key, value)
+            setattr(cfg, key, config_field(cfg, key, value))
         rt = _capi.Runtime()
         _check(_lib.tm_runtime_create(ctypes.byref(cfg), ctypes.byref(rt)), "tm_runtime_create")
         self._rt = rt

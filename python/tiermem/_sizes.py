@@ -1,6 +1,8 @@
 """What the Python side checks before it reaches the C API: sizes as the TIERMEM_* variables
 write them, and the device allocator callbacks over Python callables."""
 
+import ctypes
+import operator
 import re
 
 from . import _capi
@@ -59,3 +61,42 @@ def allocator_callbacks(alloc, free):
             pass
 
     return _capi.DEVICE_ALLOC(c_alloc), _capi.DEVICE_FREE(c_free)
+
+
+def u64(value, what):
+    """An int that ctypes passes as a uint64_t unchanged: ctypes would wrap 2**64 + 4 to 4, or
+    -1 to 2**64 - 1, silently (an offset, a byte count, an address)."""
+    if isinstance(value, bool):
+        raise TypeError("%s: expected an int, got %r" % (what, value))
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError("%s: expected an int, got %s" % (what, type(value).__name__)) from None
+    if n < 0:
+        raise ValueError("%s: %d is negative" % (what, n))
+    return _fits_uint64(n, what)
+
+
+_INT_RANGES = {ctypes.c_uint32: (0, (1 << 32) - 1), ctypes.c_int32: (-(1 << 31), (1 << 31) - 1),
+               ctypes.c_uint64: (0, (1 << 64) - 1)}
+
+
+def config_field(structure, key, value):
+    """value checked against the ctypes type of structure's field key, which would otherwise
+    wrap an int (2**32 to 0, "unset") or cut a string at a NUL, silently."""
+    ctype = dict(structure._fields_)[key]
+    if ctype in _INT_RANGES:
+        if isinstance(value, bool):
+            raise TypeError("%s: expected an int, got %r" % (key, value))
+        try:
+            n = operator.index(value)
+        except TypeError:
+            raise TypeError("%s: expected an int, got %s" % (key, type(value).__name__)) from None
+        lo, hi = _INT_RANGES[ctype]
+        if not lo <= n <= hi:
+            raise ValueError("%s: %d is out of range (%d to %d)" % (key, n, lo, hi))
+        return n
+    if ctype is ctypes.c_char_p and b"\0" in value:
+        raise ValueError("%s: %r contains a NUL byte" % (key, value))
+    return value
+
