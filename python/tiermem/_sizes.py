@@ -63,15 +63,20 @@ def allocator_callbacks(alloc, free):
     return _capi.DEVICE_ALLOC(c_alloc), _capi.DEVICE_FREE(c_free)
 
 
-def u64(value, what):
-    """An int that ctypes passes as a uint64_t unchanged: ctypes would wrap 2**64 + 4 to 4, or
-    -1 to 2**64 - 1, silently (an offset, a byte count, an address)."""
+def _as_int(value, what):
+    """An int (numpy's too, through __index__), never a bool or a float."""
     if isinstance(value, bool):
         raise TypeError("%s: expected an int, got %r" % (what, value))
     try:
-        n = operator.index(value)
+        return operator.index(value)
     except TypeError:
         raise TypeError("%s: expected an int, got %s" % (what, type(value).__name__)) from None
+
+
+def u64(value, what):
+    """An int that ctypes passes as a uint64_t unchanged: ctypes would wrap 2**64 + 4 to 4, or
+    -1 to 2**64 - 1, silently (an offset, a byte count, an address)."""
+    n = _as_int(value, what)
     if n < 0:
         raise ValueError("%s: %d is negative" % (what, n))
     return _fits_uint64(n, what)
@@ -86,12 +91,7 @@ def config_field(structure, key, value):
     wrap an int (2**32 to 0, "unset") or cut a string at a NUL, silently."""
     ctype = dict(structure._fields_)[key]
     if ctype in _INT_RANGES:
-        if isinstance(value, bool):
-            raise TypeError("%s: expected an int, got %r" % (key, value))
-        try:
-            n = operator.index(value)
-        except TypeError:
-            raise TypeError("%s: expected an int, got %s" % (key, type(value).__name__)) from None
+        n = _as_int(value, key)
         lo, hi = _INT_RANGES[ctype]
         if not lo <= n <= hi:
             raise ValueError("%s: %d is out of range (%d to %d)" % (key, n, lo, hi))
