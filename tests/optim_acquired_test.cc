@@ -91,8 +91,8 @@ TEST(OptimAcquired, AcquiredStateIsRefusedAndLeftAsItWas) {
     ASSERT_EQ(tm_adam_step_buckets(adam, 1, 1.0f, &bucket, 1, &done), TM_OK) << LastError();
     EXPECT_EQ(done, 1u);
     float* s = state.data();
-    tm_adam_span span = {s,       s + kN,  s + 2 * kN,   nullptr, grad.data(),
-                         TM_DTYPE_F32, nullptr, TM_DTYPE_F32, kN};
+    tm_adam_span span = {s,       s + kN,       s + 2 * kN, nullptr, grad.data(), TM_DTYPE_F32,
+                         nullptr, TM_DTYPE_F32, kN};
     ASSERT_EQ(tm_adam_step(host, 1, 1.0f, &span, 1), TM_OK) << LastError();
     ASSERT_EQ(tm_tensor_read(rt, t, 0, back.data(), d.bytes), TM_OK) << LastError();
     EXPECT_EQ(back, state) << "the step after the release";
