@@ -245,7 +245,8 @@ TEST(Budgets, ImpossibleBudgetsFailAtCreateNamingTheValue) {
     tm_status expected;
     std::string value;
   };
-  const std::string two = dir.path() + ":" + dir.path();
+  TempDir other;  // on the same file system: the same directory twice is refused
+  const std::string two = dir.path() + ":" + other.path();
   const Case cases[] = {
       {"TIERMEM_NVME_BYTES", 0, UINT64_MAX, 0, dir.path(), TM_ERR_CONFIG, "18446744073709551615"},
       {"TIERMEM_NVME_BYTES", 0, 16777215ull << 40, 0, dir.path(), TM_ERR_CONFIG,

@@ -7,6 +7,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -63,12 +64,19 @@ absl::StatusOr<SizeSetting> ParseSize(absl::string_view what, absl::string_view 
   absl::string_view t = absl::StripAsciiWhitespace(text);
   SizeSetting s;
   if (absl::ConsumeSuffix(&t, "%")) {
-    double p = 0;
-    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(t), &p) || !std::isfinite(p) || p <= 0 ||
-        p > 100) {
-      return Bad(what, text, "a percentage must be in (0, 100]");
+    // Whole percents, as documented (no decimal point, no exponent): give a finer budget as a
+    // size.
+    t = absl::StripAsciiWhitespace(t);
+    uint64_t p = 0;
+    const bool digits = !t.empty() && std::all_of(t.begin(), t.end(), [](char ch) {
+      return absl::ascii_isdigit(static_cast<unsigned char>(ch));
+    });
+    if (!digits || !absl::SimpleAtoi(t, &p) || p == 0 || p > 100) {
+      return Bad(what, text,
+                 "a percentage must be a whole number from 1 to 100 (no decimal point; give a "
+                 "finer budget as a size)");
     }
-    s.percent = p;
+    s.percent = static_cast<double>(p);
     return s;
   }
   size_t digits = 0;

@@ -66,6 +66,23 @@ absl::StatusOr<std::string> ReadEnvFileText(const std::string& path) {
   return text;
 }
 
+// The value without a trailing comment: as in shell, a `#` after whitespace starts one, but not
+// inside quotes (a quoted value's comment may follow its closing quote) and not within a word
+// (`A=1#2` is "1#2").
+absl::string_view WithoutComment(absl::string_view value) {
+  size_t from = 0;
+  if (!value.empty() && (value.front() == '"' || value.front() == '\'')) {
+    from = value.find(value.front(), 1);
+    if (from == absl::string_view::npos) return value;  // unbalanced: refused by the caller
+  }
+  for (size_t i = from + 1; i < value.size(); ++i) {
+    if (value[i] == '#' && absl::ascii_isspace(static_cast<unsigned char>(value[i - 1]))) {
+      return absl::StripTrailingAsciiWhitespace(value.substr(0, i));
+    }
+  }
+  return value;
+}
+
 }  // namespace
 
 absl::StatusOr<EnvFile> ParseEnvFile(const std::string& path) {
@@ -92,7 +109,7 @@ absl::StatusOr<EnvFile> ParseEnvFile(const std::string& path) {
     const size_t eq = line.find('=');
     if (eq == absl::string_view::npos) return line_error("expected [export ]TIERMEM_NAME=VALUE");
     absl::string_view name = line.substr(0, eq);
-    absl::string_view value = line.substr(eq + 1);
+    absl::string_view value = WithoutComment(line.substr(eq + 1));
     bool name_ok = absl::StartsWith(name, "TIERMEM_") && name.size() > 8;
     for (char ch : name)
       name_ok = name_ok && (absl::ascii_isupper(ch) || absl::ascii_isdigit(ch) || ch == '_');

@@ -449,7 +449,7 @@ void ProcessRows(std::vector<Setting>& rows) {
   {
     Setting s;
     s.name = "TIERMEM_EMU_LINK_GBPS";
-    s.values = "GB/s, 0-1e6";
+    s.values = "GB/s, 0 or 1e-6-1e6";
     s.default_doc = "`0` (no cap)";
     s.summary = "For the emulated device: caps each direction of the emulated link,";
     s.default_value = [](const EnvLookup&) { return Fixed("0"); };
@@ -458,6 +458,9 @@ void ProcessRows(std::vector<Setting>& rows) {
       if (!absl::SimpleAtod(absl::StripAsciiWhitespace(t), &v) || !std::isfinite(v) || v < 0 ||
           v > 1e6) {
         return Bad("TIERMEM_EMU_LINK_GBPS", t, "expected GB/s from 0 (no cap) to 1e6");
+      }
+      if (v > 0 && v < 1e-6) {  // a copy's time at such a rate overflows the clock: no cap
+        return Bad("TIERMEM_EMU_LINK_GBPS", t, "below the least rate, 1e-6 GB/s; 0 is no cap");
       }
       c.emu_link_gbps = v;
       return absl::OkStatus();

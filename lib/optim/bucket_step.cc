@@ -166,6 +166,12 @@ absl::Status Step::Check() {
       return Error(TM_ERR_INVALID_ARGUMENT,
                    absl::StrFormat("%s: its state is %s's too", Name(i), Name(it->second)));
     }
+    // A state a caller holds acquired would change under its pointer (DRAM state is stepped in
+    // place), or its holder's writes would be lost to the new version: refused before anything
+    // moves. (The swap refuses it too, but only after the step's reads and writes.)
+    if (absl::Status s = tensors_.CheckUnacquired(buckets_[i].state.bits); !s.ok()) {
+      return InBucket(s, Name(i), "state (release it before the step)");
+    }
     auto mask = tensors_.Residency(buckets_[i].state.bits);
     if (!mask.ok()) return InBucket(mask.status(), Name(i), "state");
     // State with an NVMe copy lives on NVMe (a DRAM copy beside it is a clean copy: inclusive

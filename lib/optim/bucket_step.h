@@ -31,6 +31,8 @@ class StateTensors {
   virtual absl::Status Prefetch(uint64_t tensor, tm_tier tier) = 0;
   virtual absl::StatusOr<void*> Acquire(uint64_t tensor, tm_tier tier, tm_access access) = 0;
   virtual absl::Status Release(uint64_t tensor, tm_tier tier) = 0;
+  // TM_ERR_BUSY naming the tensor while a caller holds it acquired (Runtime::CheckUnacquired).
+  virtual absl::Status CheckUnacquired(uint64_t tensor) = 0;
   virtual absl::Status Offload(uint64_t tensor, tm_tier tier) = 0;
   virtual absl::Status Sync(uint64_t tensor) = 0;
   // A tensor of `bytes` homed on NVMe, of class optimizer state (a shadow version).

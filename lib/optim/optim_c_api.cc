@@ -141,6 +141,9 @@ class HandleStateTensors : public StateTensors {
   absl::Status Release(uint64_t t, tm_tier tier) override {
     return FromC(tm_tensor_release(rt_, {t}, tier));
   }
+  absl::Status CheckUnacquired(uint64_t t) override {
+    return FromC(WithRuntime(rt_, [&](Runtime& r) { return r.CheckUnacquired(t); }));
+  }
   absl::Status Offload(uint64_t t, tm_tier tier) override {
     return FromC(tm_tensor_offload(rt_, {t}, tier));
   }

@@ -104,6 +104,10 @@ class Runtime {
   // none: a commit of versions written aside (the CPU Adam's shadow state). TM_ERR_BUSY while
   // one is acquired or landing; waits for their queued moves. (swap_contents.cc)
   absl::Status SwapContents(const std::vector<std::pair<uint64_t, uint64_t>>& pairs);
+  // TM_ERR_BUSY naming the tensor while a caller holds it acquired (in any tier): the CPU Adam's
+  // check before it changes a state tensor, so that no state changes under its holder's
+  // pointer. (swap_contents.cc)
+  absl::Status CheckUnacquired(uint64_t handle);
   absl::StatusOr<uint32_t> Residency(uint64_t handle);
   // Steps and the schedule (see Schedule).
   absl::Status StepBegin();

@@ -235,18 +235,23 @@ absl::Status Runtime::InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm)
   const int world = config_.local_world_size;
   // Whole stripes over every path, so that the tier rounds nothing up past the share.
   const uint64_t stripes = static_cast<uint64_t>(config_.io_block_size) * config_.nvme_paths.size();
-  const uint64_t nvme_bytes = st.nvme_bytes =
+  // Rounded down, as the other budgets are: the tier never takes more than it was given.
+  // (NvmeTier::Create rounds the same way, and names the budget as given in its errors.)
+  const uint64_t given =
       RankShare(config_.nvme_bytes, NvmeNodeBytes(config_.nvme_paths), world, stripes);
+  const uint64_t nvme_bytes = st.nvme_bytes = stripes > 0 ? given - given % stripes : given;
   if (nvme_bytes == 0) {
     return Error(TM_ERR_CONFIG,
                  absl::StrFormat("TIERMEM_NVME_BYTES=%s resolves to 0 bytes (the file systems of "
                                  "TIERMEM_NVME_PATHS hold %llu bytes, shared by %d rank(s), in "
-                                 "whole stripes of %llu bytes)",
+                                 "whole stripes of %llu bytes: TIERMEM_IO_BLOCK_SIZE times the "
+                                 "paths); the least budget is %llu bytes",
                                  config_.nvme_bytes.ToString(),
                                  static_cast<unsigned long long>(NvmeNodeBytes(config_.nvme_paths)),
-                                 world, static_cast<unsigned long long>(stripes)));
+                                 world, static_cast<unsigned long long>(stripes),
+                                 static_cast<unsigned long long>(stripes)));
   }
-  auto nvme = NvmeTier::Create(config_.nvme_paths, nvme_bytes, config_.io_block_size);
+  auto nvme = NvmeTier::Create(config_.nvme_paths, given, config_.io_block_size);
   if (!nvme.ok()) return nvme.status();
 
   const uint64_t granule = std::max<uint64_t>(4096, (*nvme)->alignment());

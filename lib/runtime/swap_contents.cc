@@ -82,4 +82,11 @@ absl::Status Runtime::SwapContents(const std::vector<std::pair<uint64_t, uint64_
   return absl::OkStatus();
 }
 
+absl::Status Runtime::CheckUnacquired(uint64_t handle) {
+  MutexLock lock(&mu_);
+  auto t = Find(handle);
+  if (!t.ok()) return t.status();
+  return CheckOthersUnpinned(**t, -1);
+}
+
 }  // namespace tiermem

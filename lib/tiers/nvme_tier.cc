@@ -2,10 +2,15 @@
 // checks around each transfer.
 #include "lib/tiers/nvme_tier.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,25 +19,58 @@
 
 namespace tiermem {
 
+namespace {
+
+// Two entries naming one directory (again, through a symlink, `.` or `..`) would put two swap
+// files on one file system where the striping counts on separate drives, and count its space
+// twice: refused, naming both. A path that cannot be looked up is left to SwapFile::Create,
+// which names its error.
+absl::Status CheckDistinctDirectories(const std::vector<std::string>& paths) {
+  std::vector<std::pair<dev_t, ino_t>> ids(paths.size());
+  std::vector<bool> known(paths.size(), false);
+  for (size_t i = 0; i < paths.size(); ++i) {
+    struct stat st = {};
+    if (stat(paths[i].c_str(), &st) != 0) continue;
+    ids[i] = {st.st_dev, st.st_ino};
+    known[i] = true;
+    for (size_t j = 0; j < i; ++j) {
+      if (known[j] && ids[j] == ids[i]) {
+        return Error(TM_ERR_CONFIG,
+                     absl::StrFormat("TIERMEM_NVME_PATHS: \"%s\" is the same directory as \"%s\" "
+                                     "(given twice): list each directory once",
+                                     paths[i], paths[j]));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Create(const std::vector<std::string>& paths,
                                                            uint64_t bytes, uint32_t stripe) {
   if (paths.empty()) return Error(TM_ERR_CONFIG, "TIERMEM_NVME_PATHS names no directory");
   std::unique_ptr<NvmeTier> t(new NvmeTier());
   t->stripe_ = stripe;
   const uint64_t n = paths.size();
-  // Every file holds the same whole number of stripes. A budget whose share does not fit in
-  // one file's offsets (2^63 - 1), or whose rounding wraps, can never be reserved: a
-  // configuration error, not a full disk.
+  // Every file holds the same whole number of stripes: the budget is rounded down to them (as
+  // the other tiers round down to their granules; the runtime refuses one below a stripe per
+  // path first). A share that does not fit in one file's offsets (2^63 - 1) can never be
+  // reserved: a configuration error, not a full disk.
   const auto row = CheckedMul(n, stripe);
-  const auto per_file =
-      row.has_value() ? CheckedMul(DivideRoundingUp(bytes, *row), stripe) : std::nullopt;
+  const auto per_file = row.has_value() ? CheckedMul(bytes / *row, stripe) : std::nullopt;
   if (!per_file.has_value() || *per_file > kMaxFileBytes || !CheckedMul(*per_file, n).has_value()) {
+    // Said with the share that broke the limit, so the message never contradicts the limit.
     return Error(TM_ERR_CONFIG,
-                 absl::StrFormat("TIERMEM_NVME_BYTES=%llu is beyond what a file system can hold "
-                                 "(%llu path(s), at most 2^63 - 1 bytes each)",
+                 absl::StrFormat("TIERMEM_NVME_BYTES=%llu is beyond what a file system can hold: "
+                                 "its share per path (%llu path(s), in whole stripes of %u bytes) "
+                                 "is %s, above the largest file, 2^63 - 1 bytes",
                                  static_cast<unsigned long long>(bytes),
-                                 static_cast<unsigned long long>(n)));
+                                 static_cast<unsigned long long>(n), stripe,
+                                 per_file.has_value() ? absl::StrCat(*per_file, " bytes")
+                                                      : std::string("beyond 2^64 bytes")));
   }
+  if (absl::Status s = CheckDistinctDirectories(paths); !s.ok()) return s;
   for (const std::string& dir : paths) {
     auto f = io::SwapFile::Create(dir, *per_file);
     if (!f.ok()) {

@@ -132,7 +132,8 @@ def test_library_error_surfaces_and_training_state_is_intact(nvme_dir):
     """An offload that cannot find room raises TiermemError as the context exits; the model, its
     gradients and the runtime stay usable."""
     rt = tiermem.Runtime(device="emulated", hbm_bytes="1MiB", dram_bytes="256KiB",
-                         nvme_paths=str(nvme_dir), nvme_bytes="256KiB", log_level="error")
+                         nvme_paths=str(nvme_dir), nvme_bytes="256KiB", io_block_size="64KiB",
+                         log_level="error")
     try:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(),
