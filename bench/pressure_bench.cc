@@ -20,12 +20,16 @@
 // activations of 12-40 MiB, all different.
 //   pressure_bench [--layers N] [--compute-ms T] [--link-gbps G] [--steps S]
 //                  [--hbm-layers 2,3,4] [--depths 0,1,2,4,8] [--inclusive on,off]
-//                  [--repeats R] [--sizes mixed|large]
+//                  [--repeats R] [--sizes mixed|large] [--hbm-allocator slab|caching]
+// --hbm-allocator caching: HBM copies from a caching allocator through tm_config.device_alloc
+// (the path tiermem.torch takes with PyTorch's allocator on a GPU) rather than tiermem's slab.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,6 +69,35 @@ uint64_t ParamBytes(int l) {
 }
 uint64_t ActBytes(int l) { return g_act_mib[l % 8] * kMiB + 513 * static_cast<uint64_t>(l + 1); }
 
+// --hbm-allocator caching: HBM copies come from a framework's allocator (tm_config.device_alloc)
+// instead of tiermem's slab, as tiermem.torch does with PyTorch's caching allocator on a GPU.
+// This one stands in for it on the emulated device: freed blocks are kept by size and handed out
+// again (each step asks for the same sizes), touched once when first made. The slab places every
+// copy in one address range, where a request needs a hole of its size; here there is no
+// adjacency, so the two side by side show what contiguity in the slab costs.
+bool g_caching_allocator = false;
+std::mutex g_cache_mu;
+std::multimap<size_t, void*>* g_cache = new std::multimap<size_t, void*>;  // never freed
+
+void* CachingAlloc(void*, size_t bytes, int32_t, void*) {
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    if (auto it = g_cache->find(bytes); it != g_cache->end()) {
+      void* p = it->second;
+      g_cache->erase(it);
+      return p;
+    }
+  }
+  void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  if (p != nullptr) std::memset(p, 0, bytes);
+  return p;
+}
+
+void CachingFree(void*, void* p, size_t bytes, int32_t, void*) {
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  g_cache->emplace(bytes, p);
+}
+
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 #define BENCH_RETURN_IF_ERROR(expr) \
@@ -76,6 +109,10 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 absl::StatusOr<std::unique_ptr<Runtime>> Make(const Options& o, uint64_t hbm, int depth,
                                               bool inclusive) {
   ConfigOverrides c;
+  if (g_caching_allocator) {
+    c.device_allocator.alloc = CachingAlloc;
+    c.device_allocator.free = CachingFree;
+  }
   c.device = DeviceKind::kEmulated;
   c.emu_link_gbps = o.link_gbps;
   c.hbm_bytes = SizeSetting{hbm, 0};
@@ -367,6 +404,12 @@ int Main(int argc, char** argv) {
       }
       g_param_mib = v == "large" ? kLargeParamMib : kMixedParamMib;
       g_act_mib = v == "large" ? kLargeActMib : kMixedActMib;
+    } else if (k == "--hbm-allocator") {
+      if (v != "slab" && v != "caching") {
+        std::fprintf(stderr, "pressure_bench: --hbm-allocator takes slab or caching\n");
+        return 2;
+      }
+      g_caching_allocator = v == "caching";
     } else if (!absl::SimpleAtod(v, &d)) {
       std::fprintf(stderr, "pressure_bench: bad value %s for %s\n", v.c_str(), k.c_str());
       return 2;
@@ -402,8 +445,9 @@ int Main(int argc, char** argv) {
   const bool large = g_param_mib == kLargeParamMib;
   std::printf(
       "pressure_bench: %d layers, parameters %s MiB on NVMe, activations %s MiB offloaded to "
-      "NVMe (all sizes odd); median step of %d interleaved run(s)\n",
-      o.layers, large ? "12-40" : "6-14", large ? "12-38" : "4-10", o.repeats);
+      "NVMe (all sizes odd); HBM from %s; median step of %d interleaved run(s)\n",
+      o.layers, large ? "12-40" : "6-14", large ? "12-38" : "4-10",
+      g_caching_allocator ? "a caching allocator (device_alloc)" : "tiermem's slab", o.repeats);
   std::printf(
       "  compute %.1f ms/step; link %.1f GB/s each way; NVMe (measured, runtime path) "
       "write %.2f, read %.2f GB/s\n\n",
