@@ -20,9 +20,11 @@
 // activations of 12-40 MiB, all different.
 //   pressure_bench [--layers N] [--compute-ms T] [--link-gbps G] [--steps S]
 //                  [--hbm-layers 2,3,4] [--depths 0,1,2,4,8] [--inclusive on,off]
-//                  [--repeats R] [--sizes mixed|large] [--hbm-allocator slab|caching]
-// --hbm-allocator caching: HBM copies from a caching allocator through tm_config.device_alloc
-// (the path tiermem.torch takes with PyTorch's allocator on a GPU) rather than tiermem's slab.
+//                  [--repeats R] [--sizes mixed|large]
+//                  [--hbm-allocator slab|mapped|caching]
+// --hbm-allocator: HBM in one slab (the default, TIERMEM_HBM_LAYOUT=slab), in chunks mapped copy
+// by copy (TIERMEM_HBM_LAYOUT=mapped), or from a caching allocator through tm_config.device_alloc
+// (the path tiermem.torch takes with PyTorch's allocator on a GPU).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -30,6 +32,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,6 +79,7 @@ uint64_t ActBytes(int l) { return g_act_mib[l % 8] * kMiB + 513 * static_cast<ui
 // copy in one address range, where a request needs a hole of its size; here there is no
 // adjacency, so the two side by side show what contiguity in the slab costs.
 bool g_caching_allocator = false;
+std::optional<HbmLayout> g_layout;  // --hbm-allocator slab or mapped; unset: the environment's
 std::mutex g_cache_mu;
 std::multimap<size_t, void*>* g_cache = new std::multimap<size_t, void*>;  // never freed
 
@@ -113,6 +117,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Make(const Options& o, uint64_t hbm, in
     c.device_allocator.alloc = CachingAlloc;
     c.device_allocator.free = CachingFree;
   }
+  c.hbm_layout = g_layout;
   c.device = DeviceKind::kEmulated;
   c.emu_link_gbps = o.link_gbps;
   c.hbm_bytes = SizeSetting{hbm, 0};
@@ -405,11 +410,14 @@ int Main(int argc, char** argv) {
       g_param_mib = v == "large" ? kLargeParamMib : kMixedParamMib;
       g_act_mib = v == "large" ? kLargeActMib : kMixedActMib;
     } else if (k == "--hbm-allocator") {
-      if (v != "slab" && v != "caching") {
-        std::fprintf(stderr, "pressure_bench: --hbm-allocator takes slab or caching\n");
+      if (v != "slab" && v != "mapped" && v != "caching") {
+        std::fprintf(stderr, "pressure_bench: --hbm-allocator takes slab, mapped or caching\n");
         return 2;
       }
       g_caching_allocator = v == "caching";
+      if (v == "slab" || v == "mapped") {
+        g_layout = v == "slab" ? HbmLayout::kSlab : HbmLayout::kMapped;
+      }
     } else if (!absl::SimpleAtod(v, &d)) {
       std::fprintf(stderr, "pressure_bench: bad value %s for %s\n", v.c_str(), k.c_str());
       return 2;
@@ -440,14 +448,17 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "pressure_bench: %s\n", std::string(s.message()).c_str());
     return 1;
   }
+  const std::string layout =
+      g_caching_allocator
+          ? "a caching allocator (device_alloc)"
+          : "tiermem's " + (*probe)->config().Value("TIERMEM_HBM_LAYOUT").value_or("?") + " layout";
   probe->reset();
   const double compute = o.layers * o.compute_ms * 3 / 1e3;
   const bool large = g_param_mib == kLargeParamMib;
   std::printf(
       "pressure_bench: %d layers, parameters %s MiB on NVMe, activations %s MiB offloaded to "
       "NVMe (all sizes odd); HBM from %s; median step of %d interleaved run(s)\n",
-      o.layers, large ? "12-40" : "6-14", large ? "12-38" : "4-10",
-      g_caching_allocator ? "a caching allocator (device_alloc)" : "tiermem's slab", o.repeats);
+      o.layers, large ? "12-40" : "6-14", large ? "12-38" : "4-10", layout.c_str(), o.repeats);
   std::printf(
       "  compute %.1f ms/step; link %.1f GB/s each way; NVMe (measured, runtime path) "
       "write %.2f, read %.2f GB/s\n\n",

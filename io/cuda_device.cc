@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "io/cuda_chunks.h"
 #include "io/sync.h"
 
 namespace tiermem::io {
@@ -72,29 +73,6 @@ absl::Status CudaError(cudaError_t err, const char* what) {
     cudaError_t tm_cuda_err_ = (call);                                      \
     if (tm_cuda_err_ != cudaSuccess) return CudaError(tm_cuda_err_, #call); \
   } while (0)
-
-// Makes `device` current for a scope and restores the caller's device after.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) {
-      status_ = cudaSetDevice(device);
-      changed_ = status_ == cudaSuccess && previous_ >= 0;
-    }
-  }
-  ~DeviceGuard() {
-    if (changed_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-  cudaError_t status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  bool changed_ = false;
-  cudaError_t status_ = cudaSuccess;
-};
 
 #define TM_CUDA_GUARD(device)    \
   DeviceGuard tm_guard_(device); \
@@ -289,6 +267,10 @@ class CudaDevice final : public Device {
   void FreeSlab(void* slab, uint64_t) override {
     DeviceGuard guard(device_);
     cudaFree(slab);
+  }
+  absl::StatusOr<std::unique_ptr<ChunkMapper>> CreateChunkMapper(uint64_t bytes,
+                                                                 uint64_t range_multiple) override {
+    return CreateCudaChunkMapper(device_, bytes, range_multiple);
   }
   absl::Status RegisterHost(void* addr, uint64_t bytes) override {
     TM_CUDA_GUARD(device_);

@@ -15,6 +15,29 @@
 
 namespace tiermem::io {
 
+// Device memory as equal physical chunks and one reserved address range much larger than
+// them: a chunk can be placed at any chunk-aligned offset of the range, so that the pages of one
+// copy need not be neighbours in physical memory (the CUDA driver's virtual memory management;
+// on the emulated device, huge pages moved with mremap). A chunk is at one place at a time.
+// Not thread-safe: its owner locks.
+class ChunkMapper {
+ public:
+  virtual ~ChunkMapper() = default;
+  // Bytes per chunk: the device's mapping granularity.
+  virtual uint64_t chunk_bytes() const = 0;
+  // Physical chunks.
+  virtual uint64_t chunks() const = 0;
+  // The reserved range: range_bytes() from base(), a multiple of chunk_bytes().
+  virtual char* base() const = 0;
+  virtual uint64_t range_bytes() const = 0;
+  // Maps `count` chunks, by index, side by side from base() + offset, readable and writable by
+  // the device (and by the host on the emulated device). The chunks must not be mapped. Nothing
+  // is left mapped on failure.
+  virtual absl::Status Map(uint64_t offset, const uint64_t* chunks, uint64_t count) = 0;
+  // Unmaps what one Map call mapped at base() + offset; the range stays reserved.
+  virtual void Unmap(uint64_t offset, const uint64_t* chunks, uint64_t count) = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -35,6 +58,16 @@ class Device {
   // One large device allocation, sub-allocated by the HBM tier. ResourceExhausted when short.
   virtual absl::StatusOr<void*> AllocateSlab(uint64_t bytes) = 0;
   virtual void FreeSlab(void* slab, uint64_t bytes) = 0;
+  // `bytes` of device memory as chunks (rounded down to whole chunks), with a range of
+  // `range_multiple` times as many chunks to map them in. Unimplemented when the device cannot
+  // map memory in pieces; InvalidArgument when `bytes` is below one chunk; ResourceExhausted when
+  // short.
+  virtual absl::StatusOr<std::unique_ptr<ChunkMapper>> CreateChunkMapper(uint64_t bytes,
+                                                                         uint64_t range_multiple) {
+    (void)bytes;
+    (void)range_multiple;
+    return absl::UnimplementedError("this device cannot map memory in chunks");
+  }
   // Pins host memory for DMA (cudaHostRegister); a no-op for the emulated device.
   virtual absl::Status RegisterHost(void* addr, uint64_t bytes) = 0;
   virtual void UnregisterHost(void* addr) = 0;

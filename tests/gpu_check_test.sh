@@ -26,7 +26,7 @@ good_run() {
   local d="$1"
   mkdir -p "$d"
   echo "NVIDIA H200, 143771 MiB, 580.159.04" >"$d/gpu.txt"
-  for t in cuda_test copy_test round_trip_test; do gtest_log 5 0 >"$d/gtest.$t.log"; echo 0 >"$d/gtest.$t.rc"; done
+  for t in cuda_test mapped_arena_test cuda_test_mapped copy_test round_trip_test; do gtest_log 5 0 >"$d/gtest.$t.log"; echo 0 >"$d/gtest.$t.rc"; done
   gtest_log 3 1 "needs two GPUs" >"$d/gtest.cuda_test.log"
   printf 'dram -> hbm  55.30 GB/s\nhbm  -> dram 55.20 GB/s\n' >"$d/ref.txt"
   printf 'device      cuda (NVIDIA H200)\nruntime  dram -> hbm   54.10 GB/s\nruntime  hbm  -> dram  53.90 GB/s\n' >"$d/probe.txt"

@@ -359,6 +359,9 @@ class PressureApi : public ::testing::Test {
     EXPECT_EQ(tm_runtime_stats(rt_, &s), TM_OK);
     return s;
   }
+  // TIERMEM_HBM_LAYOUT for the runtime Open creates next ("slab", "mapped").
+  void UseLayout(const char* layout) { env_.Set("TIERMEM_HBM_LAYOUT", layout); }
+  testing::ScopedEnv env_;
   TempDir dir_;
   tm_runtime rt_{};
 };
@@ -611,6 +614,7 @@ class SplitHbm : public PressureApi {
 // than a hole, so it cannot slide (compaction), and the 2 MiB one stays acquired (a wall);
 // evicting the 4 MiB copy makes the room.
 TEST_F(SplitHbm, FragmentedTierEvictsAWindow) {
+  UseLayout("slab");
   Run({3 * kMiB, 4 * kMiB, 3 * kMiB, 2 * kMiB}, true);
   const tm_stats s = Stats();
   EXPECT_EQ(s.evictions, 1u) << "one neighbour of a hole";
@@ -622,11 +626,42 @@ TEST_F(SplitHbm, FragmentedTierEvictsAWindow) {
 // device) merges them and costs no more bytes than evicting it, which would write it down and
 // read it back over the link. The demand slides it instead, and evicts nothing.
 TEST_F(SplitHbm, DemandSlidesACopyRatherThanEvictOneUsedAgain) {
+  UseLayout("slab");
   Run({3 * kMiB, 3 * kMiB, 3 * kMiB, 3 * kMiB}, false);
   const tm_stats s = Stats();
   EXPECT_EQ(s.evictions, 0u);
   EXPECT_EQ(s.relocations, 1u);
   EXPECT_EQ(s.relocation_bytes, 3 * kMiB);
+}
+
+// A split with HBM mapped in chunks of 2 MiB: copies of 2, 4, 2 and 2 MiB, the first and third
+// then written down, leave 6 MiB free in three holes of 2 MiB (a slab would have to evict or
+// slide to place 5 MiB). Mapped, the 5 MiB request (three chunks) takes the free chunks as they
+// are: nothing is evicted and nothing slides, the last copy acquired or not.
+TEST_F(SplitHbm, MappedLayoutNeedsNoWindow) {
+  for (const char* layout : {"slab", "mapped"}) {
+    for (bool keep_last : {true, false}) {
+      SCOPED_TRACE(std::string(layout) + (keep_last ? ", last copy acquired" : ", all released"));
+      UseLayout(layout);
+      Run({2 * kMiB, 4 * kMiB, 2 * kMiB, 2 * kMiB}, keep_last);
+      char shown[16] = {};
+      ASSERT_EQ(tm_runtime_config_value(rt_, "TIERMEM_HBM_LAYOUT", shown, sizeof shown, nullptr),
+                TM_OK);
+      EXPECT_STREQ(shown, layout);
+      const tm_stats s = Stats();
+      if (std::string(layout) == "slab") {
+        // The control: the same requests need a window in a slab.
+        EXPECT_GT(s.evictions + s.relocations, 0u);
+      } else {
+        EXPECT_EQ(s.evictions, 0u);
+        EXPECT_EQ(s.fragmentation_evictions, 0u);
+        EXPECT_EQ(s.relocations, 0u);
+      }
+      tm_runtime_destroy(rt_);
+      rt_ = tm_runtime{};
+      t_.clear();
+    }
+  }
 }
 
 // An offload of a tensor the schedule reads within the prefetch stages is superseded (it would
@@ -704,9 +739,14 @@ TEST_F(PressureApi, LeftoverOfAHoleStaysNextToTheCopyEvictionTakes) {
 }
 
 // Compaction: 8 MiB free in two holes split by a copy that the schedule uses first, so that a
-// prefetch may not evict it (do no harm) and no window exists. The copy slides down (device to
-// device) and the holes merge; the prefetch lands, and the slid copy's bytes are intact.
-TEST_F(PressureApi, PrefetchSlidesACopyToMergeTwoHoles) {
+// prefetch may not evict it (do no harm) and no window exists. In a slab, the copy slides down
+// (device to device) and the holes merge; mapped in chunks, nothing has to. Either way the
+// prefetch lands, and the copy's bytes are intact.
+class SplitPrefetch : public PressureApi, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(SplitPrefetch, LandsBetweenCopiesInUse) {
+  const bool slab = std::string(GetParam()) == "slab";
+  UseLayout(GetParam());
   Open(16 * kMiB, 96 * kMiB, 2);
   auto write = [&](tm_tensor h, int value, bool keep) {
     void* p = nullptr;
@@ -738,8 +778,9 @@ TEST_F(PressureApi, PrefetchSlidesACopyToMergeTwoHoles) {
   ASSERT_EQ(tm_tensor_residency(rt_, x, &mask), TM_OK);
   EXPECT_NE(mask & TM_TIER_BIT(TM_TIER_HBM), 0u) << "the prefetch of x was dropped";
   const tm_stats s = Stats();
-  EXPECT_EQ(s.relocations, 1u);
-  EXPECT_EQ(s.relocation_bytes, 4 * kMiB);
+  // Mapped in chunks, x takes the two holes as they are: nothing needs to slide.
+  EXPECT_EQ(s.relocations, slab ? 1u : 0u);
+  EXPECT_EQ(s.relocation_bytes, slab ? 4 * kMiB : 0u);
   EXPECT_EQ(s.evictions, 0u);
   ASSERT_EQ(tm_tensor_residency(rt_, d, &mask), TM_OK);
   EXPECT_EQ(mask, TM_TIER_BIT(TM_TIER_HBM)) << "d slid within HBM, not evicted";
@@ -749,6 +790,11 @@ TEST_F(PressureApi, PrefetchSlidesACopyToMergeTwoHoles) {
   ASSERT_EQ(tm_tensor_release(rt_, a, TM_TIER_HBM), TM_OK);
   ASSERT_EQ(tm_step_end(rt_), TM_OK);
 }
+
+INSTANTIATE_TEST_SUITE_P(PressureApi, SplitPrefetch, ::testing::Values("slab", "mapped"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
 
 TEST_F(PressureApi, RuntimeInfoOnTheEmulatedDevice) {
   Open(32 * kMiB, 64 * kMiB, 3);

@@ -36,7 +36,7 @@ if [ -n "${OUT:-}" ] && [ -z "${GPU_CHECK_TEED:-}" ] && [ "$mode" != bundle ]; t
 fi
 
 # stream_test is not here: it runs on the emulated device, so it proves nothing about the GPU.
-targets=(tiermem cuda_test copy_test round_trip_test tiermem-probe cuda_memcpy_ref python_abi_layout)
+targets=(tiermem cuda_test mapped_arena_test copy_test round_trip_test tiermem-probe cuda_memcpy_ref python_abi_layout)
 [ -f "$root/bench/optim_bench.cc" ] && targets+=(optim_bench)
 start=$SECONDS
 log() { printf 'gpu_check: %s\n' "$*" >&2; }
@@ -59,7 +59,7 @@ case "$mode" in
   bundle)
     build || exit 1
     rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
-    for t in cuda_test copy_test round_trip_test; do cp "$bin/tests/$t" "$dir/bin/"; done
+    for t in cuda_test mapped_arena_test copy_test round_trip_test; do cp "$bin/tests/$t" "$dir/bin/"; done
     cp "$bin/tools/tiermem-probe" "$bin/bench/cuda_memcpy_ref" \
       "$bin/tests/python/python_abi_layout" "$dir/bin/"
     if [ -x "$bin/bench/optim_bench" ]; then cp "$bin/bench/optim_bench" "$dir/bin/"; fi
@@ -110,6 +110,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 
 log "CUDA tests; copy_in/copy_out and round trips on the GPU"
 record gtest.cuda_test timeout 240 "$(exe cuda_test)" --gtest_color=no
+# HBM mapped in chunks (cuMemCreate/cuMemMap): the arena on the GPU, and the runtime's tests on it.
+record gtest.mapped_arena_test timeout 240 "$(exe mapped_arena_test)" --gtest_color=no
+record gtest.cuda_test_mapped timeout 240 env TIERMEM_HBM_LAYOUT=mapped "$(exe cuda_test)" \
+  --gtest_color=no --gtest_filter='CudaRuntime.*:Cuda.RuntimeRoundTrip'
 record gtest.copy_test timeout 240 env TIERMEM_TEST_DEVICE=cuda TIERMEM_NVME_PATHS="$work" \
   "$(exe copy_test)" --gtest_color=no
 record gtest.round_trip_test timeout 240 env TIERMEM_TEST_DEVICE=cuda \

@@ -7,7 +7,9 @@
 #
 # DIR holds, as gpu_check.sh writes them (NAME.rc: the exit status of what wrote NAME.log):
 #   gpu.txt                       nvidia-smi's line for the GPU
-#   gtest.NAME.log, .rc           cuda_test, copy_test, round_trip_test (all required)
+#   gtest.NAME.log, .rc           cuda_test, mapped_arena_test, cuda_test_mapped (the runtime's
+#                                 CUDA tests with TIERMEM_HBM_LAYOUT=mapped), copy_test,
+#                                 round_trip_test (all required)
 #   ref.txt, probe.txt, .rc       bench/cuda_memcpy_ref and tiermem-probe's copy rows
 #   python.txt                    "torch VERSION", "cuda True|False", "pytest VERSION|missing"
 #   pytest.cuda.log, .rc          tests/python/test_cuda.py -v -rsxX, TM_TEST_REQUIRE_CUDA=1
@@ -24,7 +26,7 @@
 set -uo pipefail
 
 dir="${1:-}"
-[ -n "$dir" ] && [ -d "$dir" ] || { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ -n "$dir" ] && [ -d "$dir" ] || { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 # Skips allowed on a one-GPU machine, each with why. A skip whose reason matches none fails.
 ALLOWED_SKIPS=(
@@ -74,7 +76,7 @@ note "gpu   $(cat "$dir/gpu.txt" 2>/dev/null || echo '(no gpu.txt: nvidia-smi ga
 
 # GoogleTest suites on the GPU.
 gpu_tests=0
-for name in cuda_test copy_test round_trip_test; do
+for name in cuda_test mapped_arena_test cuda_test_mapped copy_test round_trip_test; do
   log="$dir/gtest.$name.log"
   if [ ! -f "$log" ]; then fail "$name: did not run (no log)"; continue; fi
   rc=$(rc_of "gtest.$name")

@@ -21,6 +21,9 @@ enum class NumaMode { kAuto, kOff, kNode };
 enum class LogLevel { kError = 1, kWarn = 2, kInfo = 3, kDebug = 4 };
 // Tensor class -> home tier presets (TIERMEM_PLACEMENT).
 enum class Placement { kNone, kZeroOffload, kZeroInfinity, kActivations };
+// How the HBM tier lays out its copies when no framework allocator is given
+// (TIERMEM_HBM_LAYOUT): one slab sub-allocated by offset, or chunks mapped copy by copy.
+enum class HbmLayout { kSlab, kMapped };
 // Integrity of the NVMe tier (TIERMEM_CHECKSUM).
 enum class ChecksumKind { kOff, kXxh3 };
 
@@ -48,6 +51,9 @@ struct ConfigOverrides {
   std::optional<DeviceKind> device;
   std::optional<int> cuda_device;
   std::optional<SizeSetting> hbm_bytes, dram_bytes, nvme_bytes;
+  // No tm_config field: set in code by benches and tests.
+  std::optional<HbmLayout> hbm_layout;
+  std::optional<bool> dram_inclusive;
   std::optional<std::string> nvme_paths;
   std::optional<IoEngineKind> io_engine;
   std::optional<uint32_t> io_block_size, io_queue_depth, io_threads;
@@ -91,6 +97,7 @@ struct Config {
   ChecksumKind checksum = ChecksumKind::kOff;  // sums of what is written to NVMe, checked on read
   // An offload to NVMe keeps a clean DRAM copy while DRAM has room (TIERMEM_DRAM_INCLUSIVE).
   bool dram_inclusive = true;
+  HbmLayout hbm_layout = HbmLayout::kSlab;  // TIERMEM_HBM_LAYOUT
   // Bandwidths per direction in GB/s that price a recompute against the round trip it saves
   // (TIERMEM_LINK_GBPS, TIERMEM_NVME_GBPS; lib/config/settings_bandwidth.cc); 0: the default.
   double link_gbps = 0;

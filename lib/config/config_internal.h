@@ -47,6 +47,9 @@ constexpr Choice<Placement> kPlacementChoices[] = {{"none", Placement::kNone},
                                                    {"zero-offload", Placement::kZeroOffload},
                                                    {"zero-infinity", Placement::kZeroInfinity},
                                                    {"activations", Placement::kActivations}};
+constexpr Choice<bool> kOnOff[] = {{"on", true}, {"off", false}};
+constexpr Choice<HbmLayout> kLayoutChoices[] = {{"slab", HbmLayout::kSlab},
+                                                {"mapped", HbmLayout::kMapped}};
 constexpr Choice<ChecksumKind> kChecksumChoices[] = {{"off", ChecksumKind::kOff},
                                                      {"xxh3", ChecksumKind::kXxh3}};
 constexpr Choice<LogLevel> kLogChoices[] = {{"error", LogLevel::kError},

@@ -216,6 +216,9 @@ void DeviceRows(std::vector<Setting>& rows) {
                          "what is free less a headroom",
                          "Budget of the HBM tier:", false, &Config::hbm_bytes,
                          &ConfigOverrides::hbm_bytes, "auto"));
+  rows.push_back(ChoiceRow("TIERMEM_HBM_LAYOUT", "slab",
+                           "How the HBM tier lays out copies when no framework allocator is given:",
+                           &Config::hbm_layout, &ConfigOverrides::hbm_layout, kLayoutChoices));
   rows.push_back(SizeRow("TIERMEM_DRAM_BYTES", "size or %", "2GiB", "`2GiB`",
                          "Budget of the pinned DRAM tier:", false, &Config::dram_bytes,
                          &ConfigOverrides::dram_bytes));
@@ -346,21 +349,11 @@ void PolicyRows(std::vector<Setting>& rows) {
                          &Config::trace, &ConfigOverrides::trace, CheckTracePath));
   rows.push_back(ChoiceRow("TIERMEM_CHECKSUM", "off", "Integrity of the NVMe tier.",
                            &Config::checksum, &ConfigOverrides::checksum, kChecksumChoices));
-  // Environment only (no tm_config field): a switch for measuring and for falling back.
-  static constexpr Choice<bool> kOnOff[] = {{"on", true}, {"off", false}};
-  Setting s;
-  s.name = "TIERMEM_DRAM_INCLUSIVE";
-  s.values = ChoiceValues(kOnOff);
-  s.default_doc = "`on`";
-  s.summary = "Whether an offload to NVMe keeps a clean DRAM copy while DRAM has room.";
-  s.default_value = [](const EnvLookup&) { return Fixed("on"); };
-  s.parse = [](absl::string_view t, Config& c) -> absl::Status {
-    auto v = ParseChoice("TIERMEM_DRAM_INCLUSIVE", t, kOnOff);
-    if (v.ok()) c.dram_inclusive = *v;
-    return v.status();
-  };
-  s.format = [](const Config& c) { return std::string(ChoiceName(kOnOff, c.dram_inclusive)); };
-  rows.push_back(std::move(s));
+  // No tm_config field (environment, or ConfigOverrides in code): a switch for measuring.
+  rows.push_back(
+      ChoiceRow("TIERMEM_DRAM_INCLUSIVE", "on",
+                "Whether an offload to NVMe keeps a clean DRAM copy while DRAM has room.",
+                &Config::dram_inclusive, &ConfigOverrides::dram_inclusive, kOnOff));
 }
 
 // Ranks on a node.

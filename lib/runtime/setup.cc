@@ -215,8 +215,8 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> Runtime::InitHbm(Setup& st) {
                                  config_.hbm_bytes.ToString(), hbm_sharers));
   }
   SetEntry(config_, "TIERMEM_HBM_BYTES", SizeSetting{hbm_bytes, 0}.ToString());
-  auto hbm =
-      MemoryTier::CreateHbm(*device_, hbm_bytes, config_.device_allocator, info_.cuda_device);
+  auto hbm = MemoryTier::CreateHbm(*device_, hbm_bytes, config_.device_allocator, info_.cuda_device,
+                                   config_.hbm_layout);
   if (!hbm.ok()) return hbm.status();
   if ((*hbm)->space().capacity() == 0) {
     // Below the tier's granule nothing could ever be placed: said now, as for a DRAM budget of

@@ -1,5 +1,5 @@
-// Setting up and tearing down the HBM slab (or the framework's allocator) and the pinned DRAM
-// region.
+// Setting up and tearing down the HBM slab (or its mapped chunks, or the framework's allocator)
+// and the pinned DRAM region.
 #include "lib/tiers/memory_tier.h"
 
 #include "absl/strings/str_format.h"
@@ -10,7 +10,8 @@ namespace tiermem {
 absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateHbm(io::Device& device,
                                                                   uint64_t bytes,
                                                                   const DeviceAllocatorHooks& hooks,
-                                                                  int device_ordinal) {
+                                                                  int device_ordinal,
+                                                                  HbmLayout layout) {
   if (bytes == 0) return Error(TM_ERR_CONFIG, "TIERMEM_HBM_BYTES resolves to 0 bytes");
   if (hooks.set()) {
     // No slab: the framework's allocator (a caching allocator) holds the GPU's memory, and
@@ -35,6 +36,7 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateHbm(io::Device& de
     return std::unique_ptr<MemoryTier>(
         new MemoryTier(TM_TIER_HBM, device, bytes, 256, std::move(backing)));
   }
+  if (layout == HbmLayout::kMapped) return CreateMapped(device, bytes);
   std::unique_ptr<MemoryTier> t(new MemoryTier(TM_TIER_HBM, device, bytes, 256));
   auto slab = device.AllocateSlab(bytes);
   if (!slab.ok()) {
@@ -45,6 +47,34 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateHbm(io::Device& de
   t->base_ = static_cast<char*>(*slab);
   t->slab_bytes_ = bytes;
   t->mapped_ = bytes;
+  return t;
+}
+
+absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateMapped(io::Device& device,
+                                                                     uint64_t bytes) {
+  auto arena = MappedArena::Create(device, bytes);
+  if (!arena.ok()) {
+    const absl::Status& s = arena.status();
+    tm_status code = absl::IsResourceExhausted(s)                             ? TM_ERR_OUT_OF_MEMORY
+                     : absl::IsUnimplemented(s) || absl::IsInvalidArgument(s) ? TM_ERR_CONFIG
+                                                                              : TM_ERR_DEVICE;
+    return Error(code, absl::StrFormat("TIERMEM_HBM_LAYOUT=mapped (TIERMEM_HBM_BYTES=%s): %s",
+                                       HumanBytes(bytes), s.message()));
+  }
+  std::shared_ptr<MappedArena> a = std::move(*arena);
+  TierBacking backing;
+  backing.allocate = [a](uint64_t n, absl::string_view tensor) -> absl::StatusOr<void*> {
+    auto p = a->Allocate(n);
+    if (!p.ok()) {
+      return Error(TM_ERR_OUT_OF_MEMORY,
+                   absl::StrFormat("tensor \"%s\": %s", tensor, p.status().message()));
+    }
+    return *p;
+  };
+  backing.free = [a](void* p, uint64_t) { a->Free(p); };
+  std::unique_ptr<MemoryTier> t(
+      new MemoryTier(TM_TIER_HBM, device, a->capacity(), a->chunk_bytes(), std::move(backing)));
+  t->arena_ = std::move(a);
   return t;
 }
 

@@ -11,18 +11,21 @@
 #include "io/host_memory.h"
 #include "io/numa.h"
 #include "lib/config/config.h"
+#include "lib/tiers/mapped_arena.h"
 #include "lib/tiers/tier_space.h"
 
 namespace tiermem {
 
 class MemoryTier {
  public:
-  // A slab of `bytes` of device memory; or, when `hooks` are set, no slab: each copy's memory
+  // `bytes` of device memory laid out as `layout` says: a slab sub-allocated by offset, or chunks
+  // mapped copy by copy (a MappedArena: a counted TierSpace whose granule is the chunk). When
+  // `hooks` are set, the layout does not apply: each copy's memory
   // comes from hooks.alloc (with `device_ordinal`: the CUDA ordinal, -1 for the emulated
   // device) and goes back with hooks.free, `bytes` staying the budget (a counted TierSpace).
   static absl::StatusOr<std::unique_ptr<MemoryTier>> CreateHbm(
       io::Device& device, uint64_t bytes, const DeviceAllocatorHooks& hooks = {},
-      int device_ordinal = -1);
+      int device_ordinal = -1, HbmLayout layout = HbmLayout::kSlab);
   // `bytes` of host memory bound to `numa_node` (-1: unbound), pinned with the device.
   // `granule` is the O_DIRECT alignment that every copy must keep. The last `reserved` bytes
   // are not sub-allocated: they are the staging pool's (see reserved()).
@@ -49,6 +52,8 @@ class MemoryTier {
   int numa_node() const { return numa_node_; }
 
  private:
+  static absl::StatusOr<std::unique_ptr<MemoryTier>> CreateMapped(io::Device& device,
+                                                                  uint64_t bytes);
   MemoryTier(tm_tier tier, io::Device& device, uint64_t capacity, uint64_t granule)
       : device_(device), space_(tier, capacity, granule) {}
   MemoryTier(tm_tier tier, io::Device& device, uint64_t capacity, uint64_t granule,
@@ -62,6 +67,8 @@ class MemoryTier {
   uint64_t reserved_ = 0;                 // DRAM: the staging tail
   uint64_t slab_bytes_ = 0;               // HBM: the device slab
   std::unique_ptr<io::HostRegion> host_;  // DRAM: the host region
+  // HBM mapped in chunks; shared with the space's backing, which frees into it last.
+  std::shared_ptr<MappedArena> arena_;
   bool registered_ = false;
   int numa_node_ = -1;
 };

@@ -1,0 +1,190 @@
+// HBM mapped in chunks (lib/tiers/mapped_arena.h, TIERMEM_HBM_LAYOUT=mapped): a request is met
+// whenever its chunks are free, wherever they lie, and every copy keeps its own bytes while
+// others come and go over the same chunks. On the emulated device always; on a GPU when there
+// is one (skipped, with the reason, without).
+#include "lib/tiers/mapped_arena.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "io/device.h"
+#include "test_util.h"
+#include "tiermem/tiermem.h"
+
+namespace tiermem {
+namespace {
+
+class Arena : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (std::string(GetParam()) == "cuda") {
+      if (!io::CudaBackendCompiled()) GTEST_SKIP() << "this build has no CUDA backend";
+      auto d = io::CreateCudaDevice(0);
+      if (!d.ok()) GTEST_SKIP() << "no usable GPU: " << d.status().message();
+      device_ = std::move(*d);
+    } else {
+      device_ = io::CreateEmulatedDevice({});
+    }
+    // The chunk size is the device's: learned from an arena of a few MiB.
+    auto probe = MappedArena::Create(*device_, 16 << 20);
+    if (absl::IsUnimplemented(probe.status())) {
+      GTEST_SKIP() << "the device cannot map chunks: " << probe.status().message();
+    }
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    chunk_ = (*probe)->chunk_bytes();
+  }
+  std::unique_ptr<MappedArena> Make(uint64_t chunks) {
+    auto a = MappedArena::Create(*device_, chunks * chunk_);
+    EXPECT_TRUE(a.ok()) << a.status();
+    if (!a.ok()) return nullptr;
+    EXPECT_EQ((*a)->capacity(), chunks * chunk_);
+    EXPECT_EQ((*a)->free_chunks(), chunks);
+    return std::move(*a);
+  }
+  // Fills `bytes` at `p` with `value` through the device's copy engine, as the runtime does.
+  void Put(void* p, uint64_t bytes, uint8_t value) {
+    std::vector<uint8_t> host(bytes, value);
+    ASSERT_TRUE(device_->RegisterHost(host.data(), bytes).ok());
+    auto s = device_->copy_engine().Copy(io::CopyDirection::kHostToDevice, p, host.data(), bytes);
+    device_->UnregisterHost(host.data());
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  // How many of the `bytes` at `p` are not `value`.
+  uint64_t Wrong(const void* p, uint64_t bytes, uint8_t value) {
+    std::vector<uint8_t> host(bytes, static_cast<uint8_t>(~value));
+    EXPECT_TRUE(device_->RegisterHost(host.data(), bytes).ok());
+    auto s = device_->copy_engine().Copy(io::CopyDirection::kDeviceToHost, host.data(), p, bytes);
+    device_->UnregisterHost(host.data());
+    EXPECT_TRUE(s.ok()) << s;
+    return bytes - static_cast<uint64_t>(std::count(host.begin(), host.end(), value));
+  }
+  std::unique_ptr<io::Device> device_;
+  uint64_t chunk_ = 0;
+};
+
+// Four copies of two chunks fill eight; with the first and third freed, a copy of four chunks
+// fits in their two holes, where a slab would need one hole of four. The copies left keep
+// their bytes, and the new one holds its own.
+TEST_P(Arena, FillsHolesThatCopiesInUseSplit) {
+  auto arena = Make(8);
+  ASSERT_NE(arena, nullptr);
+  std::vector<void*> p;
+  for (uint8_t i = 0; i < 4; ++i) {
+    auto m = arena->Allocate(2 * chunk_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    p.push_back(*m);
+    Put(*m, 2 * chunk_, static_cast<uint8_t>(i + 1));
+  }
+  auto full = arena->Allocate(chunk_);
+  EXPECT_TRUE(absl::IsResourceExhausted(full.status())) << full.status();
+  EXPECT_EQ(arena->free_chunks(), 0u);
+  arena->Free(p[0]);
+  arena->Free(p[2]);
+  EXPECT_EQ(arena->free_chunks(), 4u);
+  auto wide = arena->Allocate(4 * chunk_);
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_EQ(arena->free_chunks(), 0u);
+  Put(*wide, 4 * chunk_, 9);
+  EXPECT_TRUE(device_->IsDevicePointer(*wide));
+  EXPECT_TRUE(device_->IsDevicePointer(static_cast<char*>(*wide) + 4 * chunk_ - 1));
+  EXPECT_EQ(Wrong(p[1], 2 * chunk_, 2), 0u);
+  EXPECT_EQ(Wrong(p[3], 2 * chunk_, 4), 0u);
+  EXPECT_EQ(Wrong(*wide, 4 * chunk_, 9), 0u);
+}
+
+TEST_P(Arena, RefusesSizesThatAreNotWholeChunks) {
+  auto arena = Make(4);
+  ASSERT_NE(arena, nullptr);
+  EXPECT_TRUE(absl::IsInvalidArgument(arena->Allocate(0).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(arena->Allocate(chunk_ + 1).status()));
+  EXPECT_TRUE(absl::IsResourceExhausted(arena->Allocate(5 * chunk_).status()));
+  EXPECT_EQ(arena->free_chunks(), 4u) << "a refused request took chunks";
+  auto below = MappedArena::Create(*device_, chunk_ - 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(below.status())) << below.status();
+}
+
+// Copies of random sizes come and go over the same chunks for a while: every live copy keeps
+// the bytes written to it, and the arena ends with every chunk free. Copies still mapped when
+// an arena goes are unmapped with it (the sanitizer builds check that nothing leaks).
+TEST_P(Arena, ChurnKeepsEveryCopysBytes) {
+  auto arena = Make(32);
+  ASSERT_NE(arena, nullptr);
+  std::mt19937 rng(7);
+  struct Live {
+    uint64_t bytes;
+    uint8_t value;
+  };
+  std::map<void*, Live> live;
+  uint8_t next = 1;
+  for (int op = 0; op < 300; ++op) {
+    const bool alloc = live.empty() || rng() % 3 != 0;
+    if (alloc) {
+      const uint64_t bytes = (1 + rng() % 6) * chunk_;
+      auto m = arena->Allocate(bytes);
+      if (!m.ok()) {
+        ASSERT_TRUE(absl::IsResourceExhausted(m.status())) << m.status();
+        continue;
+      }
+      live[*m] = Live{bytes, next};
+      Put(*m, bytes, next);
+      next = static_cast<uint8_t>(next % 250 + 1);
+    } else {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      ASSERT_EQ(Wrong(it->first, it->second.bytes, it->second.value), 0u) << "op " << op;
+      arena->Free(it->first);
+      live.erase(it);
+    }
+  }
+  uint64_t used = 0;
+  for (const auto& [p, l] : live) {
+    EXPECT_EQ(Wrong(p, l.bytes, l.value), 0u);
+    used += l.bytes / chunk_;
+  }
+  EXPECT_EQ(arena->free_chunks(), 32 - used);
+  if (live.size() > 1) arena->Free(live.begin()->first);  // the rest go with the arena
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, Arena, ::testing::Values("emulated", "cuda"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
+
+// TIERMEM_HBM_LAYOUT through the C API: `slab` unless set; `mapped` takes the budget in whole
+// chunks and refuses a budget below one, naming the setting.
+TEST(HbmLayout, ChosenByTheSettingWithItsLimits) {
+  testing::TempDir dir;
+  auto create = [&](uint64_t hbm, std::optional<std::string> setting, uint64_t* capacity) {
+    testing::ScopedEnv env("TIERMEM_HBM_LAYOUT", setting);
+    tm_config c = testing::SmallConfig(dir.path());
+    c.hbm_bytes = hbm;
+    tm_runtime rt{};
+    if (tm_runtime_create(&c, &rt) != TM_OK) return std::string("error: ") + tm_last_error();
+    char buf[32] = {};
+    EXPECT_EQ(tm_runtime_config_value(rt, "TIERMEM_HBM_LAYOUT", buf, sizeof buf, nullptr), TM_OK);
+    tm_stats s = TM_STATS_INIT;
+    EXPECT_EQ(tm_runtime_stats(rt, &s), TM_OK);
+    *capacity = s.tiers[TM_TIER_HBM].capacity;
+    tm_runtime_destroy(rt);
+    return std::string(buf);
+  };
+  uint64_t capacity = 0;
+  EXPECT_EQ(create((64 << 20) + 4096, std::nullopt, &capacity), "slab");
+  EXPECT_EQ(capacity, (64u << 20) + 4096);
+  EXPECT_EQ(create((64 << 20) + 4096, "mapped", &capacity), "mapped");
+  EXPECT_EQ(capacity, 64u << 20) << "rounded down to whole chunks";
+  const std::string below = create(1 << 20, "mapped", &capacity);
+  EXPECT_NE(below.find("TIERMEM_HBM_LAYOUT=mapped"), std::string::npos) << below;
+  EXPECT_NE(below.find("below one chunk"), std::string::npos) << below;
+  const std::string bad = create(64 << 20, "chunked", &capacity);
+  EXPECT_NE(bad.find("TIERMEM_HBM_LAYOUT"), std::string::npos) << bad;
+}
+
+}  // namespace
+}  // namespace tiermem
