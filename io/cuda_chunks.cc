@@ -43,13 +43,12 @@ absl::Status Find(const char* symbol, F& f) {
 
 absl::StatusOr<Driver> LoadDriver() {
   Driver d;
-  for (absl::Status s : {Find("cuMemGetAllocationGranularity", d.granularity),
-                         Find("cuMemCreate", d.create), Find("cuMemRelease", d.release),
-                         Find("cuMemAddressReserve", d.reserve),
-                         Find("cuMemAddressFree", d.address_free), Find("cuMemMap", d.map),
-                         Find("cuMemUnmap", d.unmap), Find("cuMemSetAccess", d.set_access),
-                         Find("cuDeviceGetAttribute", d.attribute),
-                         Find("cuGetErrorName", d.error_name)}) {
+  for (absl::Status s :
+       {Find("cuMemGetAllocationGranularity", d.granularity), Find("cuMemCreate", d.create),
+        Find("cuMemRelease", d.release), Find("cuMemAddressReserve", d.reserve),
+        Find("cuMemAddressFree", d.address_free), Find("cuMemMap", d.map),
+        Find("cuMemUnmap", d.unmap), Find("cuMemSetAccess", d.set_access),
+        Find("cuDeviceGetAttribute", d.attribute), Find("cuGetErrorName", d.error_name)}) {
     if (!s.ok()) return s;
   }
   return d;
@@ -99,7 +98,8 @@ class CudaChunkMapper final : public ChunkMapper {
   uint64_t range_bytes() const override { return range_; }
 
   absl::Status Map(uint64_t offset, const uint64_t* chunks, uint64_t count) override {
-    if (offset % chunk_ != 0 || count == 0 || offset > range_ || count > (range_ - offset) / chunk_) {
+    if (offset % chunk_ != 0 || count == 0 || offset > range_ ||
+        count > (range_ - offset) / chunk_) {
       return absl::InvalidArgumentError("CUDA: a mapping outside the range");
     }
     DeviceGuard guard(device_);
@@ -175,9 +175,9 @@ absl::StatusOr<std::unique_ptr<ChunkMapper>> CreateCudaChunkMapper(int device, u
   }
   const uint64_t chunks = bytes / granularity;
   if (chunks == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%llu bytes is below one chunk (%zu bytes)", static_cast<unsigned long long>(bytes),
-        granularity));
+    return absl::InvalidArgumentError(absl::StrFormat("%llu bytes is below one chunk (%zu bytes)",
+                                                      static_cast<unsigned long long>(bytes),
+                                                      granularity));
   }
   if (range_multiple == 0 || chunks > UINT64_MAX / granularity / range_multiple) {
     return absl::ResourceExhaustedError("the address range to reserve is too large");

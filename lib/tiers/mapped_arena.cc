@@ -9,7 +9,7 @@
 namespace tiermem {
 
 absl::StatusOr<std::unique_ptr<MappedArena>> MappedArena::Create(io::Device& device,
-                                                                  uint64_t bytes) {
+                                                                 uint64_t bytes) {
   auto mapper = device.CreateChunkMapper(bytes, kRangeMultiple);
   if (!mapper.ok()) return mapper.status();
   return std::unique_ptr<MappedArena>(new MappedArena(std::move(*mapper)));
@@ -43,10 +43,9 @@ uint64_t MappedArena::free_chunks() const {
 
 absl::StatusOr<void*> MappedArena::Allocate(uint64_t bytes) {
   if (bytes == 0 || bytes % chunk_ != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("mapped HBM: %llu bytes is not a whole number of %llu-byte chunks",
-                        static_cast<unsigned long long>(bytes),
-                        static_cast<unsigned long long>(chunk_)));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "mapped HBM: %llu bytes is not a whole number of %llu-byte chunks",
+        static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(chunk_)));
   }
   const uint64_t count = bytes / chunk_;
   MutexLock lock(&mu_);
