@@ -345,6 +345,47 @@ TEST_F(RecomputeTest, CallbackMayUseOtherTensors) {
   EXPECT_EQ(tm_tensor_release(rt_, a, TM_TIER_HBM), TM_OK);
 }
 
+// A callback that calls tiermem with its own tensor is refused at once (TM_ERR_BUSY, naming the
+// tensor) instead of waiting for itself forever; it then rebuilds as it should, and the
+// operation that asked for the bytes succeeds.
+struct SelfUse {
+  tm_runtime rt{0};
+  uint64_t seed = 0;
+  std::vector<tm_status> seen;
+  std::string message;
+};
+
+tm_status RebuildUsingItself(void* user, tm_tensor self, tm_tier tier, void* dst, uint64_t bytes,
+                             void* stream) {
+  auto* u = static_cast<SelfUse*>(user);
+  std::vector<uint8_t> buf(bytes);
+  u->seen.push_back(tm_tensor_read(u->rt, self, 0, buf.data(), bytes));
+  u->message = tm_last_error();
+  void* p = nullptr;
+  u->seen.push_back(tm_tensor_acquire(u->rt, self, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &p));
+  u->seen.push_back(tm_tensor_write(u->rt, self, 0, buf.data(), bytes));
+  u->seen.push_back(tm_tensor_sync(u->rt, self));
+  u->seen.push_back(tm_tensor_destroy(u->rt, self));
+  Rebuild r{u->seed};
+  return RebuildBytes(&r, self, tier, dst, bytes, stream);
+}
+
+TEST_F(RecomputeTest, CallbackUsingItsOwnTensorIsRefusedNotDeadlocked) {
+  tm_tensor a = Make("act", 23);
+  SelfUse u;
+  u.rt = rt_;
+  u.seed = 23;
+  ASSERT_EQ(tm_tensor_set_recompute(rt_, a, RebuildUsingItself, &u, 1e-6), TM_OK)
+      << tm_last_error();
+  Pressure();
+  ASSERT_EQ(Residency(a), 0u);
+  EXPECT_EQ(ReadAll(a), RandomBytes(kBytes, 23));
+  EXPECT_EQ(u.seen, std::vector<tm_status>(5, TM_ERR_BUSY));
+  EXPECT_NE(u.message.find("\"act\""), std::string::npos) << u.message;
+  EXPECT_NE(u.message.find("recompute callback"), std::string::npos) << u.message;
+  EXPECT_EQ(Stats().recomputes, 1u);
+}
+
 // The trace shows the drop and the rebuild on their own tracks.
 TEST_F(RecomputeTest, TraceHasTheDropAndTheRebuild) {
   ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);

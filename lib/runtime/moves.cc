@@ -54,6 +54,7 @@ absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle, bool land) {
     auto t = Find(handle);  // again after every wait: it may have been destroyed meanwhile
     if (!t.ok()) return t.status();
     Tensor& tensor = **t;
+    if (auto s = NotBusyByThisThread(tensor); !s.ok()) return s;
     if (tensor.busy()) {
       changed_.Wait(&mu_);
       continue;
@@ -64,6 +65,17 @@ absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle, bool land) {
     }
     return &tensor;
   }
+}
+
+absl::Status Runtime::NotBusyByThisThread(const Tensor& t) {
+  if (t.busy_by != std::this_thread::get_id()) return absl::OkStatus();
+  // Busy by this very thread, which is in a call out of the runtime (a recompute callback
+  // rebuilding this tensor) and came back in with it: waiting would wait for itself.
+  return Error(TM_ERR_BUSY,
+               absl::StrFormat("tensor \"%s\" is being rebuilt by its recompute callback on this "
+                               "thread: the callback may use other tensors, never its own (it "
+                               "would wait for itself)",
+                               t.name));
 }
 
 void Runtime::FreeCopy(Tensor& t, tm_tier tier) {

@@ -201,6 +201,7 @@ absl::Status Runtime::Sync(uint64_t handle) {
   for (;;) {
     auto found = Find(handle);
     if (!found.ok()) return found.status();
+    if (auto s = NotBusyByThisThread(**found); !s.ok()) return s;
     if ((*found)->queued == 0 && !(*found)->busy()) break;
     changed_.Wait(&mu_);
   }

@@ -180,8 +180,12 @@ class Runtime {
   // (if any) has landed: the caller may then change it. May release and retake the lock.
   // With land == false the landing copy may still be in flight (a reader orders itself after
   // its ticket instead).
+  // TM_ERR_BUSY when the tensor is busy by this very thread (see NotBusyByThisThread).
   absl::StatusOr<Tensor*> Claim(uint64_t handle, bool land = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // TM_ERR_BUSY, naming the tensor, when it is busy by the calling thread: a callback of this
+  // thread (a recompute rebuilding it) called back in with it, and waiting would never end.
+  static absl::Status NotBusyByThisThread(const Tensor& t);
   // Runs `f` without the lock while the tensor is busy (by this thread).
   template <typename F>
   absl::Status Unlocked(Tensor& t, F&& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
