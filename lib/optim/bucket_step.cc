@@ -88,7 +88,10 @@ class Step {
     count_ = buckets_.size();
     on_nvme_.assign(count_, false);
   }
-  ~Step() { ReleasePinned(); }
+  ~Step() {
+    ReleasePinned();
+    for (uint64_t t : held_) tensors_.Unhold(t);
+  }
 
   absl::Status Check();
   absl::Status PinDramState();
@@ -119,6 +122,7 @@ class Step {
   std::vector<AdamSpan> dram_spans_;  // DRAM state, acquired for writing, stepped at commit
   std::vector<size_t> dram_group_;    // by position in dram_spans_: its group
   std::vector<uint64_t> pinned_;
+  std::vector<uint64_t> held_;     // states held for the step (StateTensors::Hold)
   std::vector<size_t> nvme_;       // buckets stepped into shadows, in order
   std::vector<size_t> staged_at_;  // by position in nvme_: offset in versions_.staged_out
   std::vector<std::pair<uint64_t, uint64_t>> swaps_;  // (state, shadow) written
@@ -168,10 +172,12 @@ absl::Status Step::Check() {
     }
     // A state a caller holds acquired would change under its pointer (DRAM state is stepped in
     // place), or its holder's writes would be lost to the new version: refused before anything
-    // moves. (The swap refuses it too, but only after the step's reads and writes.)
-    if (absl::Status s = tensors_.CheckUnacquired(buckets_[i].state.bits); !s.ok()) {
+    // moves. (The swap refuses it too, but only after the step's reads and writes.) Held from
+    // here to the end of the step: a write by another thread meanwhile is refused, not lost.
+    if (absl::Status s = tensors_.Hold(buckets_[i].state.bits); !s.ok()) {
       return InBucket(s, Name(i), "state (release it before the step)");
     }
+    held_.push_back(buckets_[i].state.bits);
     auto mask = tensors_.Residency(buckets_[i].state.bits);
     if (!mask.ok()) return InBucket(mask.status(), Name(i), "state");
     // State with an NVMe copy lives on NVMe (a DRAM copy beside it is a clean copy: inclusive

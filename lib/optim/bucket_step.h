@@ -31,8 +31,11 @@ class StateTensors {
   virtual absl::Status Prefetch(uint64_t tensor, tm_tier tier) = 0;
   virtual absl::StatusOr<void*> Acquire(uint64_t tensor, tm_tier tier, tm_access access) = 0;
   virtual absl::Status Release(uint64_t tensor, tm_tier tier) = 0;
-  // TM_ERR_BUSY naming the tensor while a caller holds it acquired (Runtime::CheckUnacquired).
-  virtual absl::Status CheckUnacquired(uint64_t tensor) = 0;
+  // Holds a state tensor for the step (Runtime::HoldForStep): TM_ERR_BUSY naming the tensor
+  // while a caller holds it acquired or another step holds it; until Unhold, other threads'
+  // writes to it are refused.
+  virtual absl::Status Hold(uint64_t tensor) = 0;
+  virtual void Unhold(uint64_t tensor) = 0;
   virtual absl::Status Offload(uint64_t tensor, tm_tier tier) = 0;
   virtual absl::Status Sync(uint64_t tensor) = 0;
   // A tensor of `bytes` homed on NVMe, of class optimizer state (a shadow version).

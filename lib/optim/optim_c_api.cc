@@ -141,8 +141,14 @@ class HandleStateTensors : public StateTensors {
   absl::Status Release(uint64_t t, tm_tier tier) override {
     return FromC(tm_tensor_release(rt_, {t}, tier));
   }
-  absl::Status CheckUnacquired(uint64_t t) override {
-    return FromC(WithRuntime(rt_, [&](Runtime& r) { return r.CheckUnacquired(t); }));
+  absl::Status Hold(uint64_t t) override {
+    return FromC(WithRuntime(rt_, [&](Runtime& r) { return r.HoldForStep(t); }));
+  }
+  void Unhold(uint64_t t) override {
+    (void)WithRuntime(rt_, [&](Runtime& r) {
+      r.UnholdForStep(t);
+      return absl::OkStatus();
+    });
   }
   absl::Status Offload(uint64_t t, tm_tier tier) override {
     return FromC(tm_tensor_offload(rt_, {t}, tier));

@@ -134,6 +134,7 @@ absl::Status Runtime::CopyInto(const CallerCopyRequest& r) {
   auto claimed = Claim(r.handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
+  if (auto s = CheckNotHeld(t, "write it"); !s.ok()) return s;
   if (auto s = CheckCallerCopy(t, r.offset, r.bytes, r.fn, true, r.wait); !s.ok() || r.bytes == 0) {
     return s;
   }

@@ -123,6 +123,7 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   Tensor& t = **claimed;
   const bool writes = access != TM_ACCESS_READ;
   if (writes) {
+    if (auto s = CheckNotHeld(t, "acquire it for writing"); !s.ok()) return s;
     if (auto s = CheckOthersUnpinned(t, tier); !s.ok())
       return WithContext(s, "cannot acquire for writing");
   }

@@ -107,7 +107,12 @@ class Runtime {
   // TM_ERR_BUSY naming the tensor while a caller holds it acquired (in any tier): the CPU Adam's
   // check before it changes a state tensor, so that no state changes under its holder's
   // pointer. (swap_contents.cc)
-  absl::Status CheckUnacquired(uint64_t handle);
+  // An Adam step's hold on its state tensor: TM_ERR_BUSY (nothing held) while a caller holds
+  // it acquired or another step holds it; then, until UnholdForStep from the same thread, writes
+  // by other threads (tm_tensor_write, copy_in, an acquire for writing) get TM_ERR_BUSY instead
+  // of being lost to the step's commit.
+  absl::Status HoldForStep(uint64_t handle);
+  void UnholdForStep(uint64_t handle);
   absl::StatusOr<uint32_t> Residency(uint64_t handle);
   // Steps and the schedule (see Schedule).
   absl::Status StepBegin();
@@ -186,6 +191,9 @@ class Runtime {
   // TM_ERR_BUSY, naming the tensor, when it is busy by the calling thread: a callback of this
   // thread (a recompute rebuilding it) called back in with it, and waiting would never end.
   static absl::Status NotBusyByThisThread(const Tensor& t);
+  // TM_ERR_BUSY, naming the tensor and `what` was refused, while a step on another thread
+  // holds it (HoldForStep).
+  static absl::Status CheckNotHeld(const Tensor& t, absl::string_view what);
   // Runs `f` without the lock while the tensor is busy (by this thread).
   template <typename F>
   absl::Status Unlocked(Tensor& t, F&& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -82,11 +82,32 @@ absl::Status Runtime::SwapContents(const std::vector<std::pair<uint64_t, uint64_
   return absl::OkStatus();
 }
 
-absl::Status Runtime::CheckUnacquired(uint64_t handle) {
+absl::Status Runtime::HoldForStep(uint64_t handle) {
   MutexLock lock(&mu_);
   auto t = Find(handle);
   if (!t.ok()) return t.status();
-  return CheckOthersUnpinned(**t, -1);
+  if (auto s = CheckNotHeld(**t, "hold it for another step"); !s.ok()) return s;
+  if (auto s = CheckOthersUnpinned(**t, -1); !s.ok()) return s;
+  (*t)->held_by_step = std::this_thread::get_id();
+  return absl::OkStatus();
+}
+
+void Runtime::UnholdForStep(uint64_t handle) {
+  MutexLock lock(&mu_);
+  Tensor* t = tensors_.Find(handle);
+  if (t != nullptr && t->held_by_step == std::this_thread::get_id()) {
+    t->held_by_step = std::thread::id{};
+  }
+}
+
+absl::Status Runtime::CheckNotHeld(const Tensor& t, absl::string_view what) {
+  if (t.held_by_step == std::thread::id{} || t.held_by_step == std::this_thread::get_id()) {
+    return absl::OkStatus();
+  }
+  return Error(TM_ERR_BUSY,
+               absl::StrFormat("tensor \"%s\" is the state of an Adam step running on another "
+                               "thread: cannot %s until the step returns",
+                               t.name, what));
 }
 
 }  // namespace tiermem

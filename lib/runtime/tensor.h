@@ -90,6 +90,9 @@ struct Tensor {
   // flight that will finish: a demand may wait for it).
   std::thread::id busy_by{};
   bool busy() const { return busy_by != std::thread::id{}; }
+  // The thread of an Adam step that holds this tensor as its state (Runtime::HoldForStep);
+  // empty when none. Writes by other threads are refused until the step lets go.
+  std::thread::id held_by_step{};
   // Asynchronous moves queued and not yet finished.
   uint32_t queued = 0;
   // The ticket of the kLanding copy (in `landing_tier`): a copy ordered on a caller's stream or
