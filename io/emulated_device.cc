@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
@@ -346,7 +347,7 @@ class EmulatedChunkMapper final : public ChunkMapper {
       return absl::InvalidArgumentError("emulated device: a mapping outside the range");
     }
     for (uint64_t i = 0; i < count; ++i) {
-      if (chunks[i] >= chunks_ || !Move(park_ + chunks[i] * kChunk, base_ + offset + i * kChunk)) {
+      if (chunks[i] >= chunks_ || !Place(chunks[i], base_ + offset + i * kChunk)) {
         absl::Status s = chunks[i] >= chunks_
                              ? absl::InvalidArgumentError("emulated device: no such chunk")
                              : Failed("moving a chunk into place");
@@ -358,13 +359,32 @@ class EmulatedChunkMapper final : public ChunkMapper {
   }
   void Unmap(uint64_t offset, const uint64_t* chunks, uint64_t count) override {
     for (uint64_t i = 0; i < count; ++i) {
-      Move(base_ + offset + i * kChunk, park_ + chunks[i] * kChunk);
+      char* at = base_ + offset + i * kChunk;
+      if (Move(at, park_ + chunks[i] * kChunk)) continue;
+      // The kernel refused the move (the process is at vm.max_map_count): the park keeps only a
+      // reservation where the chunk belongs. Its pages are dropped here, so the budget holds,
+      // and its next placement maps fresh memory instead of moving that reservation in. What
+      // stays at `at` holds no pages; the next copy placed there replaces it.
+      madvise(at, kChunk, MADV_DONTNEED);
+      lost_[chunks[i]] = true;
     }
   }
 
  private:
   EmulatedChunkMapper(uint64_t chunks, uint64_t range_multiple)
-      : chunks_(chunks), range_(chunks * kChunk * range_multiple) {}
+      : chunks_(chunks), range_(chunks * kChunk * range_multiple), lost_(chunks, false) {}
+  // Puts chunk `c` at `to`: its pages moved from the park, or fresh memory for a chunk whose
+  // move back to the park was refused (lost_).
+  bool Place(uint64_t c, char* to) {
+    if (!lost_[c]) return Move(park_ + c * kChunk, to);
+    if (mmap(to, kChunk, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
+      return false;
+    }
+    madvise(to, kChunk, MADV_HUGEPAGE);
+    lost_[c] = false;
+    return true;
+  }
   // Moves one chunk's mapping from `from` to `to` (a reserved hole), and reserves `from` again.
   static bool Move(char* from, char* to) {
     if (mremap(from, kChunk, kChunk, MREMAP_MAYMOVE | MREMAP_FIXED, to) == MAP_FAILED) {
@@ -385,6 +405,8 @@ class EmulatedChunkMapper final : public ChunkMapper {
   uint64_t reserved_ = 0;
   char* park_ = nullptr;
   char* base_ = nullptr;
+  // Chunks whose park slot is only a reservation; the arena's lock orders Map and Unmap.
+  std::vector<bool> lost_;
   std::function<void(void*)> forget_;
 };
 
