@@ -13,8 +13,10 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -311,6 +313,7 @@ class EmulatedChunkMapper final : public ChunkMapper {
                           static_cast<unsigned long long>(range_multiple),
                           static_cast<unsigned long long>(chunks * kChunk)));
     }
+    if (auto s = CheckMappingsLeft(chunks); !s.ok()) return s;
     std::unique_ptr<EmulatedChunkMapper> m(new EmulatedChunkMapper(chunks, range_multiple));
     // One reservation for both, one chunk over so that both start 2 MiB aligned (huge pages).
     m->reserved_ = chunks * kChunk * (range_multiple + 1) + kChunk;
@@ -373,6 +376,27 @@ class EmulatedChunkMapper final : public ChunkMapper {
  private:
   EmulatedChunkMapper(uint64_t chunks, uint64_t range_multiple)
       : chunks_(chunks), range_(chunks * kChunk * range_multiple), lost_(chunks, false) {}
+  // Each chunk is a mapping of its own once copies come and go: free ones split the park and
+  // copies split the range, each side by reservations between them, up to three mappings per
+  // chunk. A process at vm.max_map_count fails every mmap (malloc's, a thread stack's), not only
+  // this tier's moves: a budget whose worst case does not fit in what is left is refused.
+  static absl::Status CheckMappingsLeft(uint64_t chunks) {
+    uint64_t max_maps = 0, in_use = 0;
+    std::ifstream("/proc/sys/vm/max_map_count") >> max_maps;
+    std::ifstream maps("/proc/self/maps");
+    for (std::string line; std::getline(maps, line);) ++in_use;
+    if (max_maps == 0 || (in_use < max_maps && chunks <= (max_maps - in_use) / 3)) {
+      return absl::OkStatus();
+    }
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "emulated device: %llu chunks of 2 MiB can take up to %llu memory mappings as copies "
+        "come and go, and vm.max_map_count (%llu) leaves this process %llu: lower the budget to "
+        "at most %llu MiB or raise vm.max_map_count",
+        static_cast<unsigned long long>(chunks), static_cast<unsigned long long>(3 * chunks),
+        static_cast<unsigned long long>(max_maps),
+        static_cast<unsigned long long>(in_use < max_maps ? max_maps - in_use : 0),
+        static_cast<unsigned long long>(in_use < max_maps ? (max_maps - in_use) / 3 * 2 : 0)));
+  }
   // Puts chunk `c` at `to`: its pages moved from the park, or fresh memory for a chunk whose
   // move back to the park was refused (lost_).
   bool Place(uint64_t c, char* to) {

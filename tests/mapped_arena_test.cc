@@ -247,5 +247,19 @@ TEST(EmulatedChunks, StayMemoryWhenTheProcessRunsOutOfMappings) {
   (*arena)->Free(p);
 }
 
+// A budget whose chunks could take more mappings than the process has left is refused at
+// start-up, naming the limit, instead of failing moves (and every other mmap) later.
+TEST(EmulatedChunks, RefuseABudgetBeyondTheMappingsLeft) {
+  uint64_t max_maps = 0;
+  std::ifstream("/proc/sys/vm/max_map_count") >> max_maps;
+  if (max_maps == 0 || max_maps > (1u << 20)) {
+    GTEST_SKIP() << "vm.max_map_count is " << max_maps << ": the budget would be too large";
+  }
+  auto device = io::CreateEmulatedDevice({});
+  auto arena = MappedArena::Create(*device, (max_maps / 3 + 1) * (uint64_t{2} << 20));
+  ASSERT_TRUE(absl::IsResourceExhausted(arena.status())) << arena.status();
+  EXPECT_NE(arena.status().message().find("vm.max_map_count"), std::string::npos) << arena.status();
+}
+
 }  // namespace
 }  // namespace tiermem
