@@ -15,11 +15,14 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "io/device.h"
+#include "io/emulated_chunks.h"
 #include "io/sync.h"
 
 namespace tiermem::io {
@@ -287,107 +290,6 @@ class EmulatedCopyEngine final : public CopyEngine {
   Lane lanes_[kLanes];
 };
 
-// The emulated device's chunks: 2 MiB of anonymous memory each, a GPU's granularity, kept in a
-// parking range (chunk i at park + i * 2 MiB) while unmapped, and moved with mremap to where a
-// copy needs it and back. A move carries the pages and their page tables (one entry per huge
-// page where the kernel backs the chunk with one), so no byte is copied and nothing is faulted
-// in again. Every hole a move leaves is reserved again at once: the ranges stay this mapper's.
-class EmulatedChunkMapper final : public ChunkMapper {
- public:
-  static constexpr uint64_t kChunk = uint64_t{2} << 20;
-
-  static absl::StatusOr<std::unique_ptr<EmulatedChunkMapper>> Create(uint64_t bytes,
-                                                                     uint64_t range_multiple) {
-    const uint64_t chunks = bytes / kChunk;
-    if (chunks == 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "emulated device: %llu bytes is below one chunk (%llu bytes)",
-          static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(kChunk)));
-    }
-    if (range_multiple == 0 || chunks > (uint64_t{1} << 46) / kChunk / (range_multiple + 1)) {
-      return absl::ResourceExhaustedError(
-          absl::StrFormat("emulated device: a range of %llu x %llu bytes is too large to reserve",
-                          static_cast<unsigned long long>(range_multiple),
-                          static_cast<unsigned long long>(chunks * kChunk)));
-    }
-    std::unique_ptr<EmulatedChunkMapper> m(new EmulatedChunkMapper(chunks, range_multiple));
-    // One reservation for both, one chunk over so that both start 2 MiB aligned (huge pages).
-    m->reserved_ = chunks * kChunk * (range_multiple + 1) + kChunk;
-    void* p =
-        mmap(nullptr, m->reserved_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) return Failed("reserving the address range");
-    m->reservation_ = static_cast<char*>(p);
-    const uintptr_t at = reinterpret_cast<uintptr_t>(p);
-    m->park_ = reinterpret_cast<char*>((at + kChunk - 1) / kChunk * kChunk);
-    m->base_ = m->park_ + chunks * kChunk;
-    // Chunks are untouched until first used, as a slab's pages are.
-    if (mmap(m->park_, chunks * kChunk, PROT_READ | PROT_WRITE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
-      return Failed("mapping the chunks");
-    }
-    madvise(m->park_, chunks * kChunk, MADV_HUGEPAGE);  // a hint: without it, 4 KiB pages
-    return m;
-  }
-  ~EmulatedChunkMapper() override {
-    if (forget_) forget_(base_);
-    if (reservation_ != nullptr) munmap(reservation_, reserved_);
-  }
-  // Runs when the mapper goes, to drop its range from the device's memory.
-  void set_forget(std::function<void(void*)> f) { forget_ = std::move(f); }
-
-  uint64_t chunk_bytes() const override { return kChunk; }
-  uint64_t chunks() const override { return chunks_; }
-  char* base() const override { return base_; }
-  uint64_t range_bytes() const override { return range_; }
-
-  absl::Status Map(uint64_t offset, const uint64_t* chunks, uint64_t count) override {
-    if (offset % kChunk != 0 || count == 0 || offset > range_ ||
-        count > (range_ - offset) / kChunk) {
-      return absl::InvalidArgumentError("emulated device: a mapping outside the range");
-    }
-    for (uint64_t i = 0; i < count; ++i) {
-      if (chunks[i] >= chunks_ || !Move(park_ + chunks[i] * kChunk, base_ + offset + i * kChunk)) {
-        absl::Status s = chunks[i] >= chunks_
-                             ? absl::InvalidArgumentError("emulated device: no such chunk")
-                             : Failed("moving a chunk into place");
-        Unmap(offset, chunks, i);
-        return s;
-      }
-    }
-    return absl::OkStatus();
-  }
-  void Unmap(uint64_t offset, const uint64_t* chunks, uint64_t count) override {
-    for (uint64_t i = 0; i < count; ++i) {
-      Move(base_ + offset + i * kChunk, park_ + chunks[i] * kChunk);
-    }
-  }
-
- private:
-  EmulatedChunkMapper(uint64_t chunks, uint64_t range_multiple)
-      : chunks_(chunks), range_(chunks * kChunk * range_multiple) {}
-  // Moves one chunk's mapping from `from` to `to` (a reserved hole), and reserves `from` again.
-  static bool Move(char* from, char* to) {
-    if (mremap(from, kChunk, kChunk, MREMAP_MAYMOVE | MREMAP_FIXED, to) == MAP_FAILED) {
-      return false;
-    }
-    mmap(from, kChunk, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-    return true;
-  }
-  static absl::Status Failed(const char* what) {
-    const int err = errno;
-    std::string msg = absl::StrFormat("emulated device: %s: %s", what, std::strerror(err));
-    return err == ENOMEM ? absl::ResourceExhaustedError(msg) : absl::InternalError(msg);
-  }
-
-  const uint64_t chunks_;
-  const uint64_t range_;
-  char* reservation_ = nullptr;  // park and range, reserved_ bytes
-  uint64_t reserved_ = 0;
-  char* park_ = nullptr;
-  char* base_ = nullptr;
-  std::function<void(void*)> forget_;
-};
-
 class EmulatedDevice final : public Device {
  public:
   explicit EmulatedDevice(const EmulatedDeviceOptions& o)
@@ -432,17 +334,14 @@ class EmulatedDevice final : public Device {
   }
   absl::StatusOr<std::unique_ptr<ChunkMapper>> CreateChunkMapper(uint64_t bytes,
                                                                  uint64_t range_multiple) override {
-    auto m = EmulatedChunkMapper::Create(bytes, range_multiple);
-    if (!m.ok()) return m.status();
-    {
-      MutexLock lock(&mu_);
-      slabs_[(*m)->base()] = (*m)->range_bytes();  // the whole range is device memory
-    }
-    (*m)->set_forget([this](void* base) {
+    auto m = CreateEmulatedChunkMapper(bytes, range_multiple, [this](void* base) {
       MutexLock lock(&mu_);
       slabs_.erase(base);
     });
-    return std::unique_ptr<ChunkMapper>(std::move(*m));
+    if (!m.ok()) return m.status();
+    MutexLock lock(&mu_);
+    slabs_[(*m)->base()] = (*m)->range_bytes();  // the whole range is device memory
+    return std::move(*m);
   }
   bool IsDevicePointer(const void* p) override {
     MutexLock lock(&mu_);

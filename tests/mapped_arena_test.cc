@@ -5,8 +5,13 @@
 #include "lib/tiers/mapped_arena.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <random>
@@ -184,6 +189,76 @@ TEST(HbmLayout, ChosenByTheSettingWithItsLimits) {
   EXPECT_NE(below.find("below one chunk"), std::string::npos) << below;
   const std::string bad = create(64 << 20, "chunked", &capacity);
   EXPECT_NE(bad.find("TIERMEM_HBM_LAYOUT"), std::string::npos) << bad;
+}
+
+// The emulated device's chunks are memory mappings, and a process has only vm.max_map_count of
+// them. This one's mappings are used up (a read-only region split page by page until the
+// kernel refuses) while a copy is freed, so its chunks cannot move back to where they are kept.
+// They must still be memory when a later copy takes them, not an inaccessible reservation.
+std::string Permissions(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(maps, line)) {
+    uintptr_t begin = 0, end = 0;
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &begin, &end, perms) == 3 && begin <= at &&
+        at < end) {
+      return perms;
+    }
+  }
+  return "unmapped";
+}
+
+TEST(EmulatedChunks, StayMemoryWhenTheProcessRunsOutOfMappings) {
+  uint64_t max_maps = 0;
+  std::ifstream("/proc/sys/vm/max_map_count") >> max_maps;
+  if (max_maps == 0 || max_maps > (1u << 20)) {
+    GTEST_SKIP() << "vm.max_map_count is " << max_maps << ": too many mappings to use up here";
+  }
+  auto device = io::CreateEmulatedDevice({});
+  auto arena = MappedArena::Create(*device, 4 * (uint64_t{2} << 20));
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  const uint64_t chunk = (*arena)->chunk_bytes();
+  auto first = (*arena)->Allocate(2 * chunk);
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::memset(*first, 0x11, 2 * chunk);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t pages = 2 * max_maps + 16;
+  char* region = static_cast<char*>(
+      mmap(nullptr, pages * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+  ASSERT_NE(region, MAP_FAILED);
+  bool used_up = false;
+  for (size_t i = 1; i < pages && !used_up; i += 2) {
+    used_up = mprotect(region + i * page, page, PROT_NONE) != 0;
+  }
+  (*arena)->Free(*first);  // nothing allocates between the mprotects and here
+  munmap(region, pages * page);
+  ASSERT_TRUE(used_up) << "the kernel took " << pages << " mappings";
+  EXPECT_EQ((*arena)->free_chunks(), 4u);
+  auto second = (*arena)->Allocate(4 * chunk);
+  ASSERT_TRUE(second.ok()) << second.status();
+  char* p = static_cast<char*>(*second);
+  for (uint64_t c = 0; c < 4; ++c) {
+    ASSERT_EQ(Permissions(p + c * chunk), "rw-p") << "chunk " << c << " of the second copy";
+  }
+  std::memset(p, 0x22, 4 * chunk);
+  EXPECT_EQ(std::count(p, p + 4 * chunk, 0x22), static_cast<long>(4 * chunk));
+  (*arena)->Free(p);
+}
+
+// A budget whose chunks could take more mappings than the process has left is refused at
+// start-up, naming the limit, instead of failing moves (and every other mmap) later.
+TEST(EmulatedChunks, RefuseABudgetBeyondTheMappingsLeft) {
+  uint64_t max_maps = 0;
+  std::ifstream("/proc/sys/vm/max_map_count") >> max_maps;
+  if (max_maps == 0 || max_maps > (1u << 20)) {
+    GTEST_SKIP() << "vm.max_map_count is " << max_maps << ": the budget would be too large";
+  }
+  auto device = io::CreateEmulatedDevice({});
+  auto arena = MappedArena::Create(*device, (max_maps / 3 + 1) * (uint64_t{2} << 20));
+  ASSERT_TRUE(absl::IsResourceExhausted(arena.status())) << arena.status();
+  EXPECT_NE(arena.status().message().find("vm.max_map_count"), std::string::npos) << arena.status();
 }
 
 }  // namespace
