@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "lib/base/status.h"
+#include "lib/tiers/mapped_arena.h"
 
 namespace tiermem {
 
@@ -58,9 +59,10 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateMapped(io::Device&
     tm_status code = absl::IsResourceExhausted(s)                             ? TM_ERR_OUT_OF_MEMORY
                      : absl::IsUnimplemented(s) || absl::IsInvalidArgument(s) ? TM_ERR_CONFIG
                                                                               : TM_ERR_DEVICE;
-    return Error(code, absl::StrFormat("TIERMEM_HBM_LAYOUT=mapped (TIERMEM_HBM_BYTES=%s): %s",
-                                       HumanBytes(bytes), s.message()));
+    return Error(code, absl::StrFormat("TIERMEM_HBM_LAYOUT=mapped (TIERMEM_HBM_BYTES=%llu): %s",
+                                       static_cast<unsigned long long>(bytes), s.message()));
   }
+  // Owned by the backing's two functions: the space frees its last extents into it.
   std::shared_ptr<MappedArena> a = std::move(*arena);
   TierBacking backing;
   backing.allocate = [a](uint64_t n, absl::string_view tensor) -> absl::StatusOr<void*> {
@@ -72,10 +74,8 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateMapped(io::Device&
     return *p;
   };
   backing.free = [a](void* p, uint64_t) { a->Free(p); };
-  std::unique_ptr<MemoryTier> t(
+  return std::unique_ptr<MemoryTier>(
       new MemoryTier(TM_TIER_HBM, device, a->capacity(), a->chunk_bytes(), std::move(backing)));
-  t->arena_ = std::move(a);
-  return t;
 }
 
 absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateDram(io::Device& device,

@@ -11,7 +11,6 @@
 #include "io/host_memory.h"
 #include "io/numa.h"
 #include "lib/config/config.h"
-#include "lib/tiers/mapped_arena.h"
 #include "lib/tiers/tier_space.h"
 
 namespace tiermem {
@@ -67,8 +66,6 @@ class MemoryTier {
   uint64_t reserved_ = 0;                 // DRAM: the staging tail
   uint64_t slab_bytes_ = 0;               // HBM: the device slab
   std::unique_ptr<io::HostRegion> host_;  // DRAM: the host region
-  // HBM mapped in chunks; shared with the space's backing, which frees into it last.
-  std::shared_ptr<MappedArena> arena_;
   bool registered_ = false;
   int numa_node_ = -1;
 };
