@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -27,6 +28,56 @@ bool DirectIoWorks(int fd, uint32_t align) {
             pread(fd, buf, align, 0) == static_cast<ssize_t>(align);
   std::free(buf);
   return ok;
+}
+
+// An unnamed file in `dir`, opened with O_DIRECT when the file system takes it (*direct):
+// nothing is left behind, whatever way the process ends.
+absl::StatusOr<int> OpenUnnamed(const std::string& dir, bool* direct) {
+  int fd = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC | O_DIRECT, 0600);
+  *direct = fd >= 0;
+  if (fd < 0 && errno == EINVAL) {
+    fd = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  }
+  if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+    // No O_TMPFILE here: a named file, unlinked at once, is the next best thing.
+    std::string templ = dir + "/.tiermem-swap-XXXXXX";
+    std::vector<char> name(templ.begin(), templ.end());
+    name.push_back('\0');
+    fd = mkostemp(name.data(), O_CLOEXEC);
+    if (fd >= 0) {
+      unlink(name.data());
+      fchmod(fd, 0600);
+      *direct = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_DIRECT) == 0;
+    }
+  }
+  if (fd < 0) {
+    int err = errno;
+    return ErrnoStatus(err, absl::StrFormat("cannot create a swap file in \"%s\"", dir));
+  }
+  return fd;
+}
+
+// Reserves `bytes` of the file's blocks ahead (or only sizes it, where fallocate is not
+// supported). Whatever errno the file system picks for "that much will not fit" (ENOSPC,
+// EDQUOT; EFBIG beyond its largest file; EINVAL from some for sizes near 2^63), the caller
+// hears one thing: the space cannot be reserved.
+absl::Status Reserve(int fd, uint64_t bytes, const std::string& dir) {
+  auto cannot_reserve = [&](int err, const char* how) {
+    absl::Status s =
+        ErrnoStatus(err, absl::StrFormat("cannot %s %llu bytes for the swap file in \"%s\"", how,
+                                         static_cast<unsigned long long>(bytes), dir));
+    if (err == ENOSPC || err == EDQUOT || err == EFBIG || err == EINVAL) {
+      return absl::ResourceExhaustedError(s.message());
+    }
+    return s;
+  };
+  if (fallocate(fd, 0, 0, static_cast<off_t>(bytes)) == 0) return absl::OkStatus();
+  const int err = errno;
+  if (err != EOPNOTSUPP) return cannot_reserve(err, "reserve");
+  Log(LogSeverity::kInfo, "%s does not support fallocate; space is not reserved ahead",
+      dir.c_str());
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return cannot_reserve(errno, "size");
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -50,59 +101,19 @@ absl::StatusOr<std::unique_ptr<SwapFile>> SwapFile::Create(const std::string& di
   f->dir_ = dir;
   f->size_ = bytes;
 
-  // An unnamed file: nothing is left behind, whatever way the process ends.
-  int fd = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC | O_DIRECT, 0600);
-  bool direct = fd >= 0;
-  if (fd < 0 && errno == EINVAL) {
-    fd = open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  }
-  if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
-    // No O_TMPFILE here: a named file, unlinked at once, is the next best thing.
-    std::string templ = dir + "/.tiermem-swap-XXXXXX";
-    std::vector<char> name(templ.begin(), templ.end());
-    name.push_back('\0');
-    fd = mkostemp(name.data(), O_CLOEXEC);
-    if (fd >= 0) {
-      unlink(name.data());
-      fchmod(fd, 0600);
-      direct = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_DIRECT) == 0;
-    }
-  }
-  if (fd < 0) {
-    int err = errno;
-    return ErrnoStatus(err, absl::StrFormat("cannot create a swap file in \"%s\"", dir));
-  }
-  f->fd_ = fd;
+  bool direct = false;
+  absl::StatusOr<int> fd = OpenUnnamed(dir, &direct);
+  if (!fd.ok()) return fd.status();
+  f->fd_ = *fd;
 
   if (bytes > 0) {
-    // Whatever errno the file system picks for "that much will not fit" (ENOSPC, EDQUOT; EFBIG
-    // beyond its largest file; EINVAL from some for sizes near 2^63), the caller hears one thing:
-    // the space cannot be reserved.
-    auto cannot_reserve = [&](int err, const char* how) {
-      absl::Status s =
-          ErrnoStatus(err, absl::StrFormat("cannot %s %llu bytes for the swap file in \"%s\"", how,
-                                           static_cast<unsigned long long>(bytes), dir));
-      if (err == ENOSPC || err == EDQUOT || err == EFBIG || err == EINVAL) {
-        return absl::ResourceExhaustedError(s.message());
-      }
-      return s;
-    };
-    if (fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0) {
-      int err = errno;
-      if (err == EOPNOTSUPP) {
-        Log(LogSeverity::kInfo, "%s does not support fallocate; space is not reserved ahead",
-            dir.c_str());
-        if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return cannot_reserve(errno, "size");
-      } else {
-        return cannot_reserve(err, "reserve");
-      }
-    }
+    if (absl::Status s = Reserve(*fd, bytes, dir); !s.ok()) return s;
   }
 
   if (direct) {
-    f->alignment_ = ProbeDirectIoAlignment(fd, &f->alignment_source_);
-    if (bytes >= f->alignment_ && !DirectIoWorks(fd, f->alignment_)) {
-      direct = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_DIRECT) != 0;
+    f->alignment_ = ProbeDirectIoAlignment(*fd, &f->alignment_source_);
+    if (bytes >= f->alignment_ && !DirectIoWorks(*fd, f->alignment_)) {
+      direct = fcntl(*fd, F_SETFL, fcntl(*fd, F_GETFL) & ~O_DIRECT) != 0;
     }
   }
   f->direct_ = direct;

@@ -3,9 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "lib/tiers/tier_space.h"
 
 namespace tiermem {
 namespace {
@@ -213,6 +217,33 @@ TEST(OffsetAllocator, SideChooserPlacesTheRequestAtEitherEnd) {
   ASSERT_TRUE(exact);
   EXPECT_EQ(exact->offset, 4 * 4096u);
   EXPECT_EQ(seen_prev, 12345u);
+}
+
+}  // namespace
+}  // namespace tiermem
+
+namespace tiermem {
+namespace {
+
+TEST(HumanBytes, ShowsTheExactCountWhenFourDigitsWouldRound) {
+  EXPECT_EQ(HumanBytes(1000), "1000 B");
+  EXPECT_EQ(HumanBytes(4095), "3.999 KiB (4095 B)");
+  EXPECT_EQ(HumanBytes(64 << 20), "64 MiB");
+  EXPECT_EQ(HumanBytes(3 << 29), "1.5 GiB");
+  EXPECT_EQ(HumanBytes((2 << 20) - 1), "2 MiB (2097151 B)");
+  EXPECT_EQ(HumanBytes((2 << 20) + 1), "2 MiB (2097153 B)");
+  EXPECT_EQ(HumanBytes(UINT64_MAX), "16 EiB (18446744073709551615 B)");
+}
+
+// A request one byte over the free room must not read as "needs 2 MiB; 2 MiB are free".
+TEST(TierSpace, FullMessageTellsNeedAndFreeApart) {
+  TierSpace space(TM_TIER_DRAM, 4 << 20, 1);
+  ASSERT_TRUE(space.Allocate(2 << 20, "a").ok());
+  auto s = space.Allocate((2 << 20) + 1, "b");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(std::string(s.status().message()).find("needs 2 MiB (2097153 B); 2 MiB of 4 MiB"),
+            std::string::npos)
+      << s.status().message();
 }
 
 }  // namespace

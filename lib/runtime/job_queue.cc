@@ -94,8 +94,9 @@ void Runtime::MoverLoop() {
 
 absl::Status Runtime::RunJob(Tensor& t, const Job& job) {
   if (job.kind == JobKind::kOffload) {
-    // Acquired again since the offload was queued, or (while it waited for a mover or the
-    // room token) now used within the prefetch stages: the newer use supersedes it.
+    // Acquired again since the offload was queued and still held (one released by now does
+    // not count: the offload runs, as asked), or (while it waited for a mover or the room
+    // token) now used within the prefetch stages: the newer use supersedes it.
     if (!CheckAboveUnpinned(t, job.tier).ok() || UsedSoon(t)) return absl::OkStatus();
     return OffloadClaimed(t, job.tier);
   }

@@ -141,7 +141,8 @@ class TierSpace {
   uint64_t counted_peak_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Formats a byte count for messages: "64 MiB", "1.5 GiB", "4095 B".
+// Formats a byte count for messages: "64 MiB", "1.5 GiB", "1000 B"; a count that four
+// significant digits would round is followed by its exact value: "2 MiB (2097151 B)".
 std::string HumanBytes(uint64_t bytes);
 
 }  // namespace tiermem
