@@ -63,8 +63,8 @@ class InclusiveClient : public ::testing::TestWithParam<bool> {
   // Bytes as read back: whole tensor, compared with `want`.
   void ExpectBytes(tm_tensor t, const std::vector<uint8_t>& want, const std::string& what) {
     std::vector<uint8_t> got(want.size(), 0xAB);
-    ASSERT_EQ(tm_tensor_read(rt_, t, 0, got.data(), got.size()), TM_OK) << what << ": "
-                                                                        << tm_last_error();
+    ASSERT_EQ(tm_tensor_read(rt_, t, 0, got.data(), got.size()), TM_OK)
+        << what << ": " << tm_last_error();
     EXPECT_TRUE(got == want) << what << ": wrong bytes (residency " << Residency(t) << ")";
   }
   // A DRAM-homed tensor of the whole DRAM room, written: every other DRAM copy must leave.
