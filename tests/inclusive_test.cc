@@ -337,6 +337,33 @@ TEST(InclusiveTest, NoFreeRoomKeepsNoCopyAndEvictsNothing) {
   EXPECT_EQ(ReadAll(*rt, h, n), bytes);
 }
 
+// The counters say what was written through: offloading again a tensor that NVMe already holds
+// (its clean DRAM copy kept) writes nothing, and counts nothing.
+TEST(InclusiveTest, OffloadOfWhatNvmeHoldsCountsNoWriteThrough) {
+  TempDir dir;
+  auto rt = MakeRuntime(dir.path(), 32 * kMiB, 32 * kMiB, true);
+  ASSERT_NE(rt, nullptr);
+  const uint64_t n = kMiB + 3;
+  const std::vector<uint8_t> bytes = RandomBytes(n, 11);
+  const uint64_t h = NewTensor(*rt, "w", n, TM_TIER_HBM);
+  ASSERT_TRUE(rt->Write(h, 0, bytes.data(), n).ok());
+  ASSERT_TRUE(rt->Offload(h, TM_TIER_NVME).ok());
+  ASSERT_TRUE(rt->Sync(h).ok());
+  ASSERT_EQ(*rt->Residency(h), kDram | kNvme);
+  const tm_stats once = rt->Stats();
+  EXPECT_EQ(once.write_throughs, 1u);
+  EXPECT_EQ(once.write_through_bytes, n);
+  ASSERT_TRUE(rt->Offload(h, TM_TIER_NVME).ok());
+  ASSERT_TRUE(rt->Sync(h).ok());
+  const tm_stats twice = rt->Stats();
+  EXPECT_EQ(twice.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME],
+            once.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME]);
+  EXPECT_EQ(twice.write_throughs, 1u);
+  EXPECT_EQ(twice.write_through_bytes, n);
+  EXPECT_EQ(*rt->Residency(h), kDram | kNvme);
+  EXPECT_EQ(ReadAll(*rt, h, n), bytes);
+}
+
 // kill -9 while write-throughs are in flight: every tensor whose offload had synced is on NVMe,
 // bit-exact, though its DRAM copy (and the process) is gone. A child process writes through
 // tensors, reports each synced one (handle's extent) on a pipe, then keeps offloading without

@@ -272,7 +272,7 @@ typedef struct tm_stats {
   uint64_t fragmentation_evictions; /**< evictions made because no hole fit, though the
                                          free bytes sufficed */
   /* Appended in 0.4: inclusive DRAM (TIERMEM_DRAM_INCLUSIVE). */
-  uint64_t write_throughs;      /**< offloads to NVMe that kept a clean DRAM copy */
+  uint64_t write_throughs;      /**< offloads that wrote NVMe and kept a clean DRAM copy */
   uint64_t write_through_bytes; /**< bytes of those offloads */
   uint64_t clean_reads;         /**< moves to HBM and copies out to callers served by a DRAM
                                      copy a write-through (or read-through) kept, instead of

@@ -227,6 +227,8 @@ absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
   if (!t.materialized()) return absl::OkStatus();  // zeros need no space anywhere
   if (auto s = CheckAboveUnpinned(t, tier); !s.ok()) return s;
   // Inclusive DRAM: with a DRAM copy valid, the move below writes NVMe from it (the nearest).
+  // Counted as a write-through only when it writes: NVMe may hold the bytes already.
+  const bool writes = !t.copy(tier).valid();
   bool made = false;
   const bool keep_dram = tier == TM_TIER_NVME && KeepCleanDramCopy(t, &made);
   // DRAM holds the bytes now: HBM's copy is freed before the NVMe write rather than after it,
@@ -258,8 +260,10 @@ absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
   }
   if (keep_dram && t.copy(TM_TIER_DRAM).valid()) {
     t.copy(TM_TIER_DRAM).kept_clean = true;
-    ++counters_.write_throughs;
-    counters_.write_through_bytes += t.bytes;
+    if (writes) {
+      ++counters_.write_throughs;
+      counters_.write_through_bytes += t.bytes;
+    }
   }
   return absl::OkStatus();
 }
