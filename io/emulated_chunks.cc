@@ -75,27 +75,39 @@ class EmulatedChunkMapper final : public ChunkMapper {
         count > (range_ - offset) / kChunk) {
       return absl::InvalidArgumentError("emulated device: a mapping outside the range");
     }
-    for (uint64_t i = 0; i < count; ++i) {
-      if (chunks[i] >= chunks_ || !Place(chunks[i], base_ + offset + i * kChunk)) {
-        absl::Status s = chunks[i] >= chunks_
+    for (uint64_t i = 0; i < count;) {
+      const uint64_t n = Run(chunks + i, count - i);
+      if (chunks[i] >= chunks_ || chunks[i + n - 1] >= chunks_ ||
+          !Place(chunks[i], n, base_ + offset + i * kChunk)) {
+        absl::Status s = chunks[i] >= chunks_ || chunks[i + n - 1] >= chunks_
                              ? absl::InvalidArgumentError("emulated device: no such chunk")
                              : Failed("moving a chunk into place");
         Unmap(offset, chunks, i);
         return s;
       }
+      i += n;
     }
     return absl::OkStatus();
   }
   void Unmap(uint64_t offset, const uint64_t* chunks, uint64_t count) override {
-    for (uint64_t i = 0; i < count; ++i) {
+    for (uint64_t i = 0; i < count;) {
+      const uint64_t n = Run(chunks + i, count - i);
       char* at = base_ + offset + i * kChunk;
-      if (Move(at, park_ + chunks[i] * kChunk)) continue;
-      // The kernel refused the move (the process is at vm.max_map_count): the park keeps only a
-      // reservation where the chunk belongs. Its pages are dropped here, so the budget holds,
-      // and its next placement maps fresh memory instead of moving that reservation in. What
-      // stays at `at` holds no pages; the next copy placed there replaces it.
-      madvise(at, kChunk, MADV_DONTNEED);
-      lost_[chunks[i]] = true;
+      if (Move(at, park_ + chunks[i] * kChunk, n * kChunk)) {
+        i += n;
+        continue;
+      }
+      // One chunk at a time when the run could not move whole (its pages span two mappings).
+      for (uint64_t j = 0; j < n; ++j) {
+        if (Move(at + j * kChunk, park_ + chunks[i + j] * kChunk, kChunk)) continue;
+        // The kernel refused the move (the process is at vm.max_map_count): the park keeps only
+        // a reservation where the chunk belongs. Its pages are dropped here, so the budget
+        // holds, and its next placement maps fresh memory instead of moving that reservation
+        // in. What stays at `at` holds no pages; the next copy placed there replaces it.
+        madvise(at + j * kChunk, kChunk, MADV_DONTNEED);
+        lost_[chunks[i + j]] = true;
+      }
+      i += n;
     }
   }
 
@@ -123,24 +135,50 @@ class EmulatedChunkMapper final : public ChunkMapper {
         static_cast<unsigned long long>(in_use < max_maps ? max_maps - in_use : 0),
         static_cast<unsigned long long>(in_use < max_maps ? (max_maps - in_use) / 3 * 2 : 0)));
   }
-  // Puts chunk `c` at `to`: its pages moved from the park, or fresh memory for a chunk whose
-  // move back to the park was refused (lost_).
-  bool Place(uint64_t c, char* to) {
-    if (!lost_[c]) return Move(park_ + c * kChunk, to);
-    if (mmap(to, kChunk, PROT_READ | PROT_WRITE,
+  // How many of `chunks` (count > 0) from the first are consecutive, all in the park or all lost
+  // alike: one run, moved by one mremap (one flush of the TLBs instead of one per chunk).
+  uint64_t Run(const uint64_t* chunks, uint64_t count) const {
+    uint64_t n = 1;
+    while (n < count && chunks[n] == chunks[0] + n && chunks[n] < chunks_ && chunks[0] < chunks_ &&
+           lost_[chunks[n]] == lost_[chunks[0]]) {
+      ++n;
+    }
+    return n;
+  }
+  // Puts the `n` consecutive chunks from `c` at `to`: their pages moved from the park, or fresh
+  // memory for chunks whose move back to the park was refused (lost_). A run the kernel will not
+  // move whole (its park pages span two mappings) moves a chunk at a time; on failure, what
+  // moved is moved back and nothing is left at `to`.
+  bool Place(uint64_t c, uint64_t n, char* to) {
+    if (!lost_[c]) {
+      if (Move(park_ + c * kChunk, to, n * kChunk)) return true;
+      for (uint64_t j = 0; j < n; ++j) {
+        if (Move(park_ + (c + j) * kChunk, to + j * kChunk, kChunk)) continue;
+        for (uint64_t k = 0; k < j; ++k) {
+          if (!Move(to + k * kChunk, park_ + (c + k) * kChunk, kChunk)) {
+            madvise(to + k * kChunk, kChunk, MADV_DONTNEED);
+            lost_[c + k] = true;
+          }
+        }
+        return false;
+      }
+      return true;
+    }
+    if (mmap(to, n * kChunk, PROT_READ | PROT_WRITE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
       return false;
     }
-    madvise(to, kChunk, MADV_HUGEPAGE);
-    lost_[c] = false;
+    madvise(to, n * kChunk, MADV_HUGEPAGE);
+    for (uint64_t j = 0; j < n; ++j) lost_[c + j] = false;
     return true;
   }
-  // Moves one chunk's mapping from `from` to `to` (a reserved hole), and reserves `from` again.
-  static bool Move(char* from, char* to) {
-    if (mremap(from, kChunk, kChunk, MREMAP_MAYMOVE | MREMAP_FIXED, to) == MAP_FAILED) {
+  // Moves `bytes` of mapping (one mapping, whole chunks) from `from` to `to` (a reserved hole),
+  // and reserves `from` again.
+  static bool Move(char* from, char* to, uint64_t bytes) {
+    if (mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, to) == MAP_FAILED) {
       return false;
     }
-    mmap(from, kChunk, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    mmap(from, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     return true;
   }
   static absl::Status Failed(const char* what) {
