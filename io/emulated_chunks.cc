@@ -20,7 +20,7 @@ namespace {
 // parking range (chunk i at park + i * 2 MiB) while unmapped, and moved with mremap to where a
 // copy needs it and back. A move carries the pages and their page tables (one entry per huge
 // page where the kernel backs the chunk with one), so no byte is copied and nothing is faulted
-// in again. Every hole a move leaves is reserved again at once: the ranges stay this mapper's.
+// in again. A move never leaves a hole (MREMAP_DONTUNMAP): the ranges stay this mapper's.
 class EmulatedChunkMapper final : public ChunkMapper {
  public:
   static constexpr uint64_t kChunk = uint64_t{2} << 20;
@@ -172,13 +172,17 @@ class EmulatedChunkMapper final : public ChunkMapper {
     for (uint64_t j = 0; j < n; ++j) lost_[c + j] = false;
     return true;
   }
-  // Moves `bytes` of mapping (one mapping, whole chunks) from `from` to `to` (a reserved hole),
-  // and reserves `from` again.
+  // Moves `bytes` of mapping (one mapping, whole chunks) from `from` to `to` (a reserved hole).
+  // MREMAP_DONTUNMAP leaves `from` mapped, with no pages: no moment where it is a hole that
+  // another mmap of the process could take (and a later move here would then overwrite). It is
+  // made inaccessible again; should the kernel refuse that (at vm.max_map_count), it stays a
+  // mapping without pages that nothing reads.
   static bool Move(char* from, char* to, uint64_t bytes) {
-    if (mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, to) == MAP_FAILED) {
+    if (mremap(from, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to) ==
+        MAP_FAILED) {
       return false;
     }
-    mmap(from, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    mprotect(from, bytes, PROT_NONE);
     return true;
   }
   static absl::Status Failed(const char* what) {
