@@ -29,8 +29,14 @@ using testing::TempDir;
 
 class Errors : public ::testing::Test {
  protected:
+  static constexpr uint64_t kBig = 16 << 20;  // two thirds of HBM and of DRAM, a quarter of NVMe
   void SetUp() override {
-    tm_config cfg = SmallConfig(dir_.path());  // HBM 96 MiB, DRAM 96 MiB, NVMe 256 MiB
+    // A quarter of SmallConfig's budgets (HBM 24 MiB, DRAM 24 MiB, NVMe 64 MiB), filled by
+    // tensors of kBig bytes: the same layouts at a quarter of the bytes to write and check.
+    tm_config cfg = SmallConfig(dir_.path());
+    cfg.hbm_bytes = 24ull << 20;
+    cfg.dram_bytes = 24ull << 20;
+    cfg.nvme_bytes = 4 * kBig;
     ASSERT_EQ(tm_runtime_create(&cfg, &rt_), TM_OK) << tm_last_error();
   }
   void TearDown() override { EXPECT_EQ(tm_runtime_destroy(rt_), TM_OK); }
@@ -61,15 +67,15 @@ class Errors : public ::testing::Test {
 };
 
 TEST_F(Errors, HbmBudgetExhaustedWithEverythingPinned) {
-  tm_tensor a = Make(64 << 20, "a", 1);
+  tm_tensor a = Make(kBig, "a", 1);
   void* pa = nullptr;
   TM_ASSERT_OK(tm_tensor_acquire(rt_, a, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &pa));
   tm_tensor_desc d = TM_TENSOR_DESC_INIT;
-  d.bytes = 64 << 20;
+  d.bytes = kBig;
   d.name = "b";
   tm_tensor b;
   TM_ASSERT_OK(tm_tensor_create(rt_, &d, &b));
-  auto data = RandomBytes(64 << 20, 2);
+  auto data = RandomBytes(kBig, 2);
   ASSERT_EQ(tm_tensor_write(rt_, b, 0, data.data(), data.size()), TM_ERR_OUT_OF_MEMORY);
   std::string msg = tm_last_error();
   EXPECT_NE(msg.find("hbm"), std::string::npos) << msg;
@@ -80,57 +86,57 @@ TEST_F(Errors, HbmBudgetExhaustedWithEverythingPinned) {
             TM_ERR_OUT_OF_MEMORY);
   EXPECT_EQ(p, nullptr);
   EXPECT_EQ(Residency(b), 0u);
-  ExpectContent(a, 64 << 20, 1);
+  ExpectContent(a, kBig, 1);
   // Released, `a` can be evicted (written down to DRAM: it is its only copy).
   TM_ASSERT_OK(tm_tensor_release(rt_, a, TM_TIER_HBM));
   TM_ASSERT_OK(tm_tensor_write(rt_, b, 0, data.data(), data.size()));
   EXPECT_EQ(Residency(a), TM_TIER_BIT(TM_TIER_DRAM));
-  ExpectContent(a, 64 << 20, 1);
-  ExpectContent(b, 64 << 20, 2);
+  ExpectContent(a, kBig, 1);
+  ExpectContent(b, kBig, 2);
   tm_stats st = TM_STATS_INIT;
   TM_ASSERT_OK(tm_runtime_stats(rt_, &st));
   EXPECT_EQ(st.evictions, 1u);
-  EXPECT_EQ(st.eviction_bytes, 64u << 20);
+  EXPECT_EQ(st.eviction_bytes, kBig);
 }
 
 TEST_F(Errors, DramBudgetExhaustedOnOffload) {
-  tm_tensor a = Make(64 << 20, "a", 1);
+  tm_tensor a = Make(kBig, "a", 1);
   TM_ASSERT_OK(OffloadNow(rt_, a, TM_TIER_DRAM));
   void* pa = nullptr;
   TM_ASSERT_OK(tm_tensor_acquire(rt_, a, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &pa));
-  tm_tensor b = Make(64 << 20, "b", 2);
+  tm_tensor b = Make(kBig, "b", 2);
   EXPECT_EQ(OffloadNow(rt_, b, TM_TIER_DRAM), TM_ERR_OUT_OF_MEMORY);
   EXPECT_NE(std::string(tm_last_error()).find("dram"), std::string::npos) << tm_last_error();
   EXPECT_EQ(Residency(b), TM_TIER_BIT(TM_TIER_HBM))
       << "a failed move must leave the tensor where it was";
-  ExpectContent(b, 64 << 20, 2);
+  ExpectContent(b, kBig, 2);
   // HBM -> NVMe needs no DRAM copy: it streams through the staging pool, so a full DRAM tier
   // does not stop it.
   TM_ASSERT_OK(OffloadNow(rt_, b, TM_TIER_NVME));
   EXPECT_EQ(Residency(b), TM_TIER_BIT(TM_TIER_NVME));
-  ExpectContent(b, 64 << 20, 2);
+  ExpectContent(b, kBig, 2);
   // Released, `a` makes room: written down to NVMe, then b fits.
   TM_ASSERT_OK(tm_tensor_release(rt_, a, TM_TIER_DRAM));
   TM_ASSERT_OK(OffloadNow(rt_, b, TM_TIER_DRAM));
-  ExpectContent(a, 64 << 20, 1);
-  ExpectContent(b, 64 << 20, 2);
+  ExpectContent(a, kBig, 1);
+  ExpectContent(b, kBig, 2);
   EXPECT_TRUE(Residency(a) & TM_TIER_BIT(TM_TIER_NVME));
 }
 
 TEST_F(Errors, NvmeBudgetExhausted) {
   std::vector<tm_tensor> ts;
   for (int i = 0; i < 4; ++i) {
-    ts.push_back(Make(64 << 20, "fill", 10 + i));
+    ts.push_back(Make(kBig, "fill", 10 + i));
     TM_ASSERT_OK(OffloadNow(rt_, ts.back(), TM_TIER_NVME));
   }
-  tm_tensor last = Make(64 << 20, "one-too-many", 20);
+  tm_tensor last = Make(kBig, "one-too-many", 20);
   EXPECT_EQ(OffloadNow(rt_, last, TM_TIER_NVME), TM_ERR_NO_SPACE);
   std::string msg = tm_last_error();
   EXPECT_NE(msg.find("nvme"), std::string::npos) << msg;
   EXPECT_NE(msg.find("one-too-many"), std::string::npos) << msg;
   EXPECT_EQ(Residency(last), TM_TIER_BIT(TM_TIER_HBM));
-  ExpectContent(last, 64 << 20, 20);
-  for (int i = 0; i < 4; ++i) ExpectContent(ts[i], 64 << 20, 10 + i);
+  ExpectContent(last, kBig, 20);
+  for (int i = 0; i < 4; ++i) ExpectContent(ts[i], kBig, 10 + i);
   tm_stats s = TM_STATS_INIT;
   TM_ASSERT_OK(tm_runtime_stats(rt_, &s));
   EXPECT_EQ(s.tiers[TM_TIER_DRAM].used, 0u) << "the staging copy of the failed move leaked";

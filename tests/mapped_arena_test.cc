@@ -25,21 +25,11 @@
 namespace tiermem {
 namespace {
 
-// Under a sanitizer the runtime's own allocator maps and unmaps memory too (ThreadSanitizer
-// aborts when an unmap of its own is refused), so the process cannot be taken to the limit; and
-// every byte copied is checked, so the churn runs fewer operations.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using tiermem::testing::kSanitized;
 
+// Under a sanitizer (kSanitized) the runtime's own allocator maps and unmaps memory too
+// (ThreadSanitizer aborts when an unmap of its own is refused), so the process cannot be taken
+// to vm.max_map_count; and every byte copied is checked, so the churn runs fewer operations.
 class Arena : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
