@@ -70,14 +70,15 @@ thread_safety_check() {
 # The test builds keep line tables only (-g1): a failure's or a report's stack still names file
 # and line, and each build compiles about a fifth faster than with full debug information
 # (pressure_test.cc: 16.2 -> 12.7 s). (The demo configures build/ with CMake's defaults, so a
-# build/ configured by a test run keeps -g1 until the cache is cleared.) The ASan build
-# optimizes at -O1, as AddressSanitizer's own documentation advises: its test files compile in
-# a quarter less time (config_test 28.6 -> 18.5 s) and its slowest tests run no slower
-# (stress_test 31.8 -> 31.5 s, errors_test 21.2 -> 17.5 s).
+# build/ configured by a test run keeps -g1 until the cache is cleared.) The sanitized builds
+# optimize at -O1, as the sanitizers' documentation allows: their test files compile in a
+# sixth to a third less time (ASan config_test 28.6 -> 18.5 s, TSan pressure_test 12.5 -> 10.0 s)
+# and their slowest tests run no slower (ASan stress_test 31.8 -> 31.5 s; TSan errors_test,
+# inclusive_client_test, Pressure.NoDemand* within each other's spread, two runs each).
 line_tables=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
              -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
-asan_flags=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
-            -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG")
+sanitized_flags=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
+                 -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG")
 
 case "$mode" in
   demo) install_missing "${packages[@]}" ;;
@@ -92,12 +93,12 @@ case "$mode" in
   test)
     configure_and_build "$build" "${line_tables[@]}"
     run_tests "$build" "release, -Werror"
-    configure_and_build "$build-asan" -DTIERMEM_SANITIZE=ON -DTIERMEM_BUILD_BENCH=OFF "${asan_flags[@]}"
+    configure_and_build "$build-asan" -DTIERMEM_SANITIZE=ON -DTIERMEM_BUILD_BENCH=OFF "${sanitized_flags[@]}"
     # A sanitizer report fails the test that triggered it.
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       run_tests "$build-asan" "ASan+UBSan"
-    configure_and_build "$build-tsan" -DTIERMEM_TSAN=ON -DTIERMEM_BUILD_BENCH=OFF "${line_tables[@]}"
+    configure_and_build "$build-tsan" -DTIERMEM_TSAN=ON -DTIERMEM_BUILD_BENCH=OFF "${sanitized_flags[@]}"
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_tests "$build-tsan" "TSan"
     thread_safety_check
     if [ "$fuzz_seconds" != 0 ]; then
