@@ -11,11 +11,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "lib/config/config.h"
+#include "lib/runtime/runtime.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 
@@ -384,6 +388,64 @@ TEST_P(MappedClient, OutOfMappingsRefusesCleanlyAndLosesNothing) {
     EXPECT_EQ(tm_tensor_destroy(rt_, t[i]), TM_OK);
   }
   ExpectWholeBudgetPlaceable();
+}
+
+// A copy acquired for writing is acquired again, for writing, in the same tier (two users of
+// one tensor, each with its acquire and its release): the C API allows it (the copy stays in
+// flux until its last release) and so does a release build, but the copy-state check of debug
+// and sanitizer builds aborted the process on it (PinWrite of a copy already writing). Checks
+// are switched on here, in a child, so that the plain build sees the abort too.
+TEST_P(MappedClient, AcquiresForWritingNestInOneTier) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string layout = GetParam();
+  const std::string dir = dir_.path();
+  auto nest = [&]() -> int {
+    tiermem::SetTransitionChecks(true);
+    tiermem::ConfigOverrides o;
+    o.device = tiermem::DeviceKind::kEmulated;
+    o.hbm_bytes = tiermem::SizeSetting{8 * kChunk, 0};
+    o.dram_bytes = tiermem::SizeSetting{64 * kMiB, 0};
+    o.nvme_bytes = tiermem::SizeSetting{64 * kMiB, 0};
+    o.nvme_paths = dir;
+    o.log_level = tiermem::LogLevel::kError;
+    auto env = [&](const char* name) -> std::optional<std::string> {
+      if (std::string(name) == "TIERMEM_HBM_LAYOUT") return layout;
+      return std::nullopt;
+    };
+    auto config = tiermem::LoadConfig(o, env, {});
+    if (!config.ok()) return 2;
+    auto rt = tiermem::Runtime::Create(*config);
+    if (!rt.ok()) return 3;
+    const tm_access writes[] = {TM_ACCESS_WRITE, TM_ACCESS_READ_WRITE};
+    int wrong = 0;
+    for (tm_tier tier : {TM_TIER_HBM, TM_TIER_DRAM}) {
+      for (tm_access first : writes) {
+        for (tm_access second : writes) {
+          tiermem::TensorDesc d;
+          d.bytes = kChunk + 1;
+          d.home_tier = TM_TIER_HBM;
+          d.name = "nested";
+          auto h = (*rt)->CreateTensor(d);
+          if (!h.ok()) return 4;
+          std::vector<uint8_t> want = RandomBytes(kChunk + 1, 7);
+          auto p1 = (*rt)->Acquire(*h, tier, first, nullptr);
+          auto p2 = (*rt)->Acquire(*h, tier, second, nullptr);  // aborted here
+          if (!p1.ok() || !p2.ok() || *p1 != *p2) return 5;
+          std::memcpy(*p2, want.data(), want.size());
+          wrong += !(*rt)->Release(*h, tier).ok();
+          // Still acquired for writing once: no other copy may be made from it.
+          const tm_tier other = tier == TM_TIER_HBM ? TM_TIER_DRAM : TM_TIER_HBM;
+          wrong += (*rt)->Acquire(*h, other, TM_ACCESS_READ, nullptr).status().ok();
+          wrong += !(*rt)->Release(*h, tier).ok();
+          std::vector<uint8_t> got(want.size());
+          wrong += !(*rt)->Read(*h, 0, got.data(), got.size()).ok() || got != want;
+          wrong += !(*rt)->DestroyTensor(*h).ok();
+        }
+      }
+    }
+    return wrong == 0 ? 0 : 6;
+  };
+  EXPECT_EXIT(std::exit(nest()), ::testing::ExitedWithCode(0), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MappedClient, ::testing::Values("slab", "mapped"),
