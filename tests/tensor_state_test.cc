@@ -38,6 +38,8 @@ TEST_F(TensorState, TheDocumentedTransitionsPass) {
   t_.BeginFill(TM_TIER_HBM, e);  // a fresh reservation for a write acquire
   t_.PinWrite(TM_TIER_HBM);
   EXPECT_EQ(t_.copy(TM_TIER_HBM).state, CopyState::kWriting);
+  t_.PinWrite(TM_TIER_HBM);  // acquired for writing again in the same tier
+  EXPECT_EQ(t_.copy(TM_TIER_HBM).state, CopyState::kWriting);
 }
 
 using TensorStateDeathTest = TensorState;

@@ -1,4 +1,5 @@
 // The asynchronous moves: offloads and prefetches queued, and the mover threads that run them.
+#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -58,6 +59,12 @@ absl::Status Runtime::Offload(uint64_t handle, tm_tier tier) {
 
 void Runtime::MoverLoop() {
   device_->BindThread();
+  // Takes this thread's malloc arena now, while the process can still map one: glibc makes a
+  // thread's arena at its first allocation, and when that mmap is refused (a process at
+  // vm.max_map_count) every allocation of the thread fails, and a std::bad_alloc on a mover
+  // would end the process instead of failing a move.
+  void* volatile arena_probe = std::malloc(1);
+  std::free(arena_probe);
   MutexLock lock(&mu_);
   for (;;) {
     std::optional<Job> next;

@@ -27,6 +27,8 @@ namespace tiermem {
 //                                       as it was
 //   kValid   --PinWrite-->    kWriting  acquired for writing: its bytes are in flux
 //   kFilling --PinWrite-->    kWriting  reserved for a whole overwrite (acquire for writing)
+//   kWriting --PinWrite-->    kWriting  acquired for writing again in the same tier (pins count
+//                                       the acquires; the last release ends the write)
 //   kWriting --UnpinWrite-->  kValid    the last release of the writing acquire
 //   kValid   --Land(ticket)-> kLanding  valid in a caller's stream order (a stream-ordered acquire,
 //                                       a tm_tensor_copy_in), not yet on the host's
@@ -129,7 +131,7 @@ struct Tensor {
     dropped = false;
   }
   void PinWrite(tm_tier t) {
-    Expect(t, "PinWrite", {CopyState::kValid, CopyState::kFilling});
+    Expect(t, "PinWrite", {CopyState::kValid, CopyState::kFilling, CopyState::kWriting});
     copies[t].state = CopyState::kWriting;
     dropped = false;  // overwritten whole: nothing to rebuild
   }
