@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <random>
@@ -26,6 +26,7 @@
 
 namespace {
 
+using tiermem::testing::kSanitized;
 using tiermem::testing::RandomBytes;
 using tiermem::testing::ScopedEnv;
 using tiermem::testing::TempDir;
@@ -108,8 +109,7 @@ TEST_P(MappedClient, PlacesACopyBetweenPinnedChunks) {
   }
   std::vector<void*> pinned(8, nullptr);
   for (int i = 1; i < 8; i += 2) {
-    ASSERT_EQ(tm_tensor_acquire(rt_, t[i], TM_TIER_HBM, TM_ACCESS_READ, nullptr, &pinned[i]),
-              TM_OK)
+    ASSERT_EQ(tm_tensor_acquire(rt_, t[i], TM_TIER_HBM, TM_ACCESS_READ, nullptr, &pinned[i]), TM_OK)
         << tm_last_error();
   }
   tm_tensor x = Make("x", 3 * kChunk - 1);
@@ -290,20 +290,8 @@ TEST_P(MappedClient, RandomChurnOfOddSizesKeepsEveryByte) {
   ExpectWholeBudgetPlaceable();
 }
 
-// Under a sanitizer its runtime maps memory of its own, so the process cannot be taken to
-// vm.max_map_count (tests/mapped_arena_test.cc does the same; the plain build runs this).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
-
+// Under a sanitizer (kSanitized) its runtime maps memory of its own, so the process cannot be
+// taken to vm.max_map_count (tests/mapped_arena_test.cc does the same; the plain build runs this).
 // The process runs out of memory mappings (a read-only region split page by page until the
 // kernel refuses) while copies come and go: each call then either succeeds with the right bytes
 // or is refused with a message, and once the mappings are back every byte and every chunk is.
