@@ -217,15 +217,9 @@ std::string Permissions(const void* p) {
 }
 
 TEST(EmulatedChunks, StayMemoryWhenTheProcessRunsOutOfMappings) {
-  if (kSanitized) {
-    GTEST_SKIP() << "a sanitizer's runtime needs memory mappings of its own: the process cannot "
-                    "be taken to vm.max_map_count under it (the plain build runs this)";
-  }
-  uint64_t max_maps = 0;
-  std::ifstream("/proc/sys/vm/max_map_count") >> max_maps;
-  if (max_maps == 0 || max_maps > (1u << 20)) {
-    GTEST_SKIP() << "vm.max_map_count is " << max_maps << ": too many mappings to use up here";
-  }
+  std::string why;
+  const uint64_t max_maps = tiermem::testing::MappingsToUseUp(&why);
+  if (max_maps == 0) GTEST_SKIP() << why;
   auto device = io::CreateEmulatedDevice({});
   auto arena = MappedArena::Create(*device, 4 * (uint64_t{2} << 20));
   ASSERT_TRUE(arena.ok()) << arena.status();

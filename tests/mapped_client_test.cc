@@ -290,21 +290,13 @@ TEST_P(MappedClient, RandomChurnOfOddSizesKeepsEveryByte) {
   ExpectWholeBudgetPlaceable();
 }
 
-// Under a sanitizer (kSanitized) its runtime maps memory of its own, so the process cannot be
-// taken to vm.max_map_count (tests/mapped_arena_test.cc does the same; the plain build runs this).
 // The process runs out of memory mappings (a read-only region split page by page until the
 // kernel refuses) while copies come and go: each call then either succeeds with the right bytes
 // or is refused with a message, and once the mappings are back every byte and every chunk is.
 TEST_P(MappedClient, OutOfMappingsRefusesCleanlyAndLosesNothing) {
-  if (kSanitized) {
-    GTEST_SKIP() << "a sanitizer's runtime needs memory mappings of its own: the process cannot "
-                    "be taken to vm.max_map_count under it (the plain build runs this)";
-  }
-  uint64_t max_maps = 0;
-  std::ifstream("/proc/sys/vm/max_map_count") >> max_maps;
-  if (max_maps == 0 || max_maps > (1u << 20)) {
-    GTEST_SKIP() << "vm.max_map_count is " << max_maps << ": too many mappings to use up here";
-  }
+  std::string why;
+  const uint64_t max_maps = tiermem::testing::MappingsToUseUp(&why);
+  if (max_maps == 0) GTEST_SKIP() << why;
   Start(4 * kChunk, 64 * kMiB);
   const uint64_t sizes[] = {2 * kChunk - 7, kChunk + 1, 1};
   std::vector<tm_tensor> t;

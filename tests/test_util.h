@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <fstream>
 #include <optional>
 #include <random>
 #include <string>
@@ -33,6 +34,25 @@ inline constexpr bool kSanitized = false;
 #else
 inline constexpr bool kSanitized = false;
 #endif
+
+// The process's vm.max_map_count when a test may use it up (split a region page by page until
+// the kernel refuses); 0, with the reason in *why, when it may not: a sanitizer's runtime needs
+// mappings of its own, and a huge limit would take too long to reach.
+inline uint64_t MappingsToUseUp(std::string* why) {
+  if (kSanitized) {
+    *why =
+        "a sanitizer's runtime needs memory mappings of its own: the process cannot be taken "
+        "to vm.max_map_count under it (the plain build runs this)";
+    return 0;
+  }
+  uint64_t max_maps = 0;
+  std::ifstream("/proc/sys/vm/max_map_count") >> max_maps;
+  if (max_maps == 0 || max_maps > (1u << 20)) {
+    *why = "vm.max_map_count is " + std::to_string(max_maps) + ": too many mappings to use up here";
+    return 0;
+  }
+  return max_maps;
+}
 
 // Tests allocate and free buffers of tens of MiB again and again (RandomBytes, read-backs). glibc
 // serves each from a fresh mmap and unmaps it when freed, so every page is faulted in anew, and on
