@@ -22,7 +22,7 @@ done
 
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DTIERMEM_FUZZ=ON \
-  -DTIERMEM_BUILD_BENCH=OFF -DTIERMEM_WITH_CUDA=OFF >/dev/null
+  -DTIERMEM_BUILD_BENCH=OFF -DTIERMEM_WITH_CUDA=OFF -DTIERMEM_UNITY_BUILD=ON >/dev/null
 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 
 failed=()
