@@ -319,6 +319,37 @@ TEST(Budgets, ImpossibleBudgetsFromTheEnvironment) {
   }
 }
 
+// An HBM budget is named in messages where the caller set it: a budget from tm_config.hbm_bytes
+// was reported as TIERMEM_HBM_BYTES=..., a variable the caller never set. Each way a budget can
+// be refused at create (below the slab's granule, a slab no machine has, below one mapped
+// chunk), from the struct and from the environment.
+TEST(Budgets, HbmBudgetIsNamedWhereItWasSet) {
+  TempDir dir;
+  struct Case {
+    const char* layout;
+    uint64_t bytes;
+    const char* env;
+  };
+  for (const Case& c : {Case{"slab", 100, "100"}, Case{"slab", uint64_t{1} << 61, "2097152T"},
+                        Case{"mapped", 1 << 20, "1MiB"}}) {
+    testing::ScopedEnv layout("TIERMEM_HBM_LAYOUT", c.layout);
+    tm_config cfg = SmallConfig(dir.path());
+    cfg.hbm_bytes = c.bytes;
+    tm_runtime rt{};
+    ASSERT_NE(tm_runtime_create(&cfg, &rt), TM_OK) << c.layout << " " << c.bytes;
+    std::string msg = tm_last_error();
+    EXPECT_NE(msg.find("tm_config.hbm_bytes="), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("TIERMEM_HBM_BYTES"), std::string::npos) << msg;
+
+    testing::ScopedEnv budget("TIERMEM_HBM_BYTES", c.env);
+    cfg.hbm_bytes = 0;
+    ASSERT_NE(tm_runtime_create(&cfg, &rt), TM_OK) << c.layout << " " << c.env;
+    msg = tm_last_error();
+    EXPECT_NE(msg.find("TIERMEM_HBM_BYTES="), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("tm_config"), std::string::npos) << msg;
+  }
+}
+
 // TIERMEM_TRACE is opened at create, beside its final path, and renamed into place at destroy.
 class TracePaths : public ::testing::Test {
  protected:

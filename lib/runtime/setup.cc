@@ -209,22 +209,23 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> Runtime::InitHbm(Setup& st) {
     const uint64_t base = hbm_sharers > 1 ? device_->physical_bytes() : device_->free_bytes();
     hbm_bytes = RankShare(config_.hbm_bytes, base, hbm_sharers, 4096);
   }
+  // Named as the caller set it: tm_config.hbm_bytes is not found in the environment.
+  const std::string budget = config_.SettingName("TIERMEM_HBM_BYTES", "hbm_bytes");
   if (hbm_bytes == 0) {
-    return Error(TM_ERR_CONFIG,
-                 absl::StrFormat("TIERMEM_HBM_BYTES=%s resolves to 0 bytes (shared by %d rank(s))",
-                                 config_.hbm_bytes.ToString(), hbm_sharers));
+    return Error(TM_ERR_CONFIG, absl::StrFormat("%s=%s resolves to 0 bytes (shared by %d rank(s))",
+                                                budget, config_.hbm_bytes.ToString(), hbm_sharers));
   }
   SetEntry(config_, "TIERMEM_HBM_BYTES", SizeSetting{hbm_bytes, 0}.ToString());
   auto hbm = MemoryTier::CreateHbm(*device_, hbm_bytes, config_.device_allocator, info_.cuda_device,
-                                   config_.hbm_layout);
+                                   config_.hbm_layout, budget);
   if (!hbm.ok()) return hbm.status();
   if ((*hbm)->space().capacity() == 0) {
     // Below the tier's granule nothing could ever be placed: said now, as for a DRAM budget of
     // 0, not at the first acquire.
     return Error(TM_ERR_CONFIG,
-                 absl::StrFormat("TIERMEM_HBM_BYTES=%llu is below the HBM tier's granule (%llu "
+                 absl::StrFormat("%s=%llu is below the HBM tier's granule (%llu "
                                  "bytes): no tensor could ever be placed there",
-                                 static_cast<unsigned long long>(hbm_bytes),
+                                 budget, static_cast<unsigned long long>(hbm_bytes),
                                  static_cast<unsigned long long>((*hbm)->space().granule())));
   }
 
