@@ -99,6 +99,26 @@ TEST_F(Errors, HbmBudgetExhaustedWithEverythingPinned) {
   EXPECT_EQ(st.eviction_bytes, kBig);
 }
 
+// A tensor larger than the whole HBM tier: one sentence naming what it needs and what the tier
+// holds. It read doubled ("... can never fit: the hbm tier is full: ... needs 40 MiB; ...").
+TEST_F(Errors, TensorLargerThanTheTierSaysSoOnce) {
+  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+  d.bytes = 40ull << 20;
+  d.name = "huge";
+  tm_tensor t;
+  TM_ASSERT_OK(tm_tensor_create(rt_, &d, &t));
+  void* p = nullptr;
+  ASSERT_EQ(tm_tensor_acquire(rt_, t, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p),
+            TM_ERR_OUT_OF_MEMORY);
+  const std::string msg = tm_last_error();
+  EXPECT_NE(msg.find("tensor \"huge\" needs 40 MiB, more than the whole hbm tier (24 MiB)"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find("is full"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("mapped"), std::string::npos) << "the slab layout has no chunks: " << msg;
+  TM_ASSERT_OK(tm_tensor_destroy(rt_, t));
+}
+
 TEST_F(Errors, DramBudgetExhaustedOnOffload) {
   tm_tensor a = Make(kBig, "a", 1);
   TM_ASSERT_OK(OffloadNow(rt_, a, TM_TIER_DRAM));

@@ -127,7 +127,16 @@ TEST_P(MappedClient, PlacesACopyBetweenPinnedChunks) {
     EXPECT_EQ(s.relocations, 0u);
   } else {
     ASSERT_EQ(st, TM_ERR_OUT_OF_MEMORY);
-    EXPECT_NE(std::string(tm_last_error()).find("\"x\""), std::string::npos) << tm_last_error();
+    const std::string msg = tm_last_error();
+    EXPECT_NE(msg.find("\"x\""), std::string::npos) << msg;
+    // 8 MiB would be free with c0, c2, c4 and c6 evicted, 6 MiB more than enough: what keeps
+    // x out is that the pinned copies split them (it said "cannot fit even with every unpinned
+    // copy evicted", as though the bytes were short).
+    EXPECT_NE(msg.find("would free 8 MiB of 16 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("pinned) copies split them"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("largest hole between pinned copies would be 2 MiB"), std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.find("cannot fit even"), std::string::npos) << msg;
     xb.assign(xb.size(), 0);  // never written
   }
   for (int i = 1; i < 8; i += 2) {
@@ -138,6 +147,40 @@ TEST_P(MappedClient, PlacesACopyBetweenPinnedChunks) {
   ExpectBytes(x, xb, "x");
   for (int i = 0; i < 8; ++i) EXPECT_EQ(tm_tensor_destroy(rt_, t[i]), TM_OK);
   EXPECT_EQ(tm_tensor_destroy(rt_, x), TM_OK);
+  ExpectWholeBudgetPlaceable();
+}
+
+// Mapped gives every copy whole chunks: a 3 MiB tensor takes 4 MiB, so two of them do not fit
+// an 8 MiB budget beside a pinned 1 MiB one, though 7 MiB would. The out-of-memory message says
+// so (it said only what was pinned, and the sizes did not add up); the slab says nothing of
+// chunks. A tensor over the whole budget says it too.
+TEST_P(MappedClient, OutOfMemorySaysCopiesTakeWholeChunks) {
+  Start(4 * kChunk, 64 * kMiB);
+  tm_tensor a = Make("a", kMiB), b = Make("b", 3 * kMiB), c = Make("c", 3 * kMiB);
+  void* p[3] = {};
+  ASSERT_EQ(tm_tensor_acquire(rt_, a, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p[0]), TM_OK)
+      << tm_last_error();
+  ASSERT_EQ(tm_tensor_acquire(rt_, b, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p[1]), TM_OK)
+      << tm_last_error();
+  const tm_status st = tm_tensor_acquire(rt_, c, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p[2]);
+  if (Mapped()) {
+    ASSERT_EQ(st, TM_ERR_OUT_OF_MEMORY);
+    const std::string msg = tm_last_error();
+    EXPECT_NE(msg.find("whole chunks of 2 MiB: its 3 MiB take 4 MiB"), std::string::npos) << msg;
+  } else {
+    ASSERT_EQ(st, TM_OK) << tm_last_error();
+    EXPECT_EQ(tm_tensor_release(rt_, c, TM_TIER_HBM), TM_OK);
+  }
+  EXPECT_EQ(tm_tensor_release(rt_, a, TM_TIER_HBM), TM_OK);
+  EXPECT_EQ(tm_tensor_release(rt_, b, TM_TIER_HBM), TM_OK);
+  tm_tensor huge = Make("huge", 4 * kChunk + 1);
+  void* q = nullptr;
+  ASSERT_EQ(tm_tensor_acquire(rt_, huge, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &q),
+            TM_ERR_OUT_OF_MEMORY);
+  const std::string msg = tm_last_error();
+  EXPECT_NE(msg.find("more than the whole hbm tier (8 MiB)"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("whole chunks") != std::string::npos, Mapped()) << msg;
+  for (tm_tensor t : {a, b, c, huge}) EXPECT_EQ(tm_tensor_destroy(rt_, t), TM_OK);
   ExpectWholeBudgetPlaceable();
 }
 
