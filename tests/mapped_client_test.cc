@@ -361,7 +361,7 @@ TEST_P(MappedClient, OutOfMappingsRefusesCleanlyAndLosesNothing) {
   for (size_t i = 1; i < pages && !used_up; i += 2) {
     used_up = mprotect(region + i * page, page, PROT_NONE) != 0;
   }
-  int refused = 0, wrong = 0, bad_refusals = 0;
+  int refused = 0, wrong = 0, bad_refusals = 0, unnamed = 0;
   for (int round = 0; round < 30; ++round) {
     const int i = round % 3;
     tm_status s = TM_OK;
@@ -392,12 +392,17 @@ TEST_P(MappedClient, OutOfMappingsRefusesCleanlyAndLosesNothing) {
     if (s != TM_OK) {
       ++refused;
       bad_refusals += s != TM_ERR_OUT_OF_MEMORY || tm_last_error()[0] == '\0';
+      // Named, with its value: "Cannot allocate memory" alone did not point at it.
+      unnamed +=
+          std::string(tm_last_error())
+              .find("vm.max_map_count (" + std::to_string(max_maps) + ")") == std::string::npos;
     }
   }
   munmap(region, pages * page);
   ASSERT_TRUE(used_up) << "the kernel took " << pages << " mappings";
   EXPECT_EQ(wrong, 0) << "calls that succeeded with wrong bytes";
   EXPECT_EQ(bad_refusals, 0) << "refusals other than TM_ERR_OUT_OF_MEMORY with a message";
+  EXPECT_EQ(unnamed, 0) << "refusals that do not name vm.max_map_count and its value";
   if (Mapped()) {
     EXPECT_GT(refused, 0) << "no call needed a mapping: the case tested nothing";
   }
