@@ -6,14 +6,17 @@
 // just left, under random churn of odd sizes in a budget of a few chunks, and while the process
 // has no memory mapping left to give (all through the C API). One more, through the runtime
 // with copy-state checks on: a copy acquired for writing twice in one tier.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <string>
@@ -182,6 +185,41 @@ TEST_P(MappedClient, OutOfMemorySaysCopiesTakeWholeChunks) {
   EXPECT_EQ(msg.find("whole chunks") != std::string::npos, Mapped()) << msg;
   for (tm_tensor t : {a, b, c, huge}) EXPECT_EQ(tm_tensor_destroy(rt_, t), TM_OK);
   ExpectWholeBudgetPlaceable();
+}
+
+// Mapped counts the budget in whole chunks: 5 MiB gives a tier of 4 MiB. It did so without a
+// word; one warning at create now says so, naming the budget as the caller set it. The slab
+// keeps every byte and says nothing.
+TEST_P(MappedClient, BudgetRoundedDownToChunksIsLoggedOnce) {
+  TempDir logs;
+  const std::string path = logs.path() + "/stderr";
+  const int file = open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0600);
+  ASSERT_GE(file, 0);
+  const int saved = dup(STDERR_FILENO);
+  ASSERT_GE(saved, 0);
+  ASSERT_GE(dup2(file, STDERR_FILENO), 0);
+  env_.Set("TIERMEM_HBM_LAYOUT", GetParam());
+  tm_config c = TM_CONFIG_INIT;
+  c.device = TM_DEVICE_EMULATED;
+  c.hbm_bytes = 5 * kMiB;
+  c.dram_bytes = 64 * kMiB;
+  c.nvme_bytes = 256 * kMiB;
+  c.nvme_paths = dir_.path().c_str();
+  c.log_level = TM_LOG_WARN;
+  const tm_status st = tm_runtime_create(&c, &rt_);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  close(file);
+  ASSERT_EQ(st, TM_OK) << tm_last_error();
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string line =
+      "warn: TIERMEM_HBM_LAYOUT=mapped: tm_config.hbm_bytes=5 MiB is not a whole number of 2 MiB "
+      "chunks; the HBM tier holds 4 MiB (rounded down)";
+  size_t count = 0;
+  for (size_t at = text.find(line); at != std::string::npos; at = text.find(line, at + 1)) ++count;
+  EXPECT_EQ(count, Mapped() ? 1u : 0u) << text;
+  EXPECT_EQ(Stats().tiers[TM_TIER_HBM].capacity, Mapped() ? 4 * kMiB : 5 * kMiB);
 }
 
 // Chunks another tensor just left hold its bytes; a new tensor placed on them reads as zeros

@@ -228,6 +228,19 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> Runtime::InitHbm(Setup& st) {
                                  budget, static_cast<unsigned long long>(hbm_bytes),
                                  static_cast<unsigned long long>((*hbm)->space().granule())));
   }
+  // The mapped layout counts the budget in whole chunks, rounded down: said once, here, or the
+  // tier is smaller than asked for without a word. A warning for a size the caller gave; a
+  // share of the device rarely falls on a chunk, and that is only worth an info line.
+  const uint64_t capacity = (*hbm)->space().capacity();
+  if (config_.hbm_layout == HbmLayout::kMapped && !config_.device_allocator.set() &&
+      capacity < hbm_bytes) {
+    const bool given = config_.hbm_bytes.percent == 0 && config_.hbm_bytes.bytes != 0;
+    Log(given ? LogSeverity::kWarn : LogSeverity::kInfo,
+        "TIERMEM_HBM_LAYOUT=mapped: %s=%s is not a whole number of %s chunks; the HBM tier holds "
+        "%s (rounded down)",
+        budget.c_str(), HumanBytes(hbm_bytes).c_str(),
+        HumanBytes((*hbm)->space().granule()).c_str(), HumanBytes(capacity).c_str());
+  }
 
   return std::move(*hbm);
 }
