@@ -7,9 +7,12 @@
 
 #include <cuda.h>
 
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "io/log.h"
 
 namespace tiermem::io {
 namespace {
@@ -114,25 +117,42 @@ class CudaChunkMapper final : public ChunkMapper {
       if (r != CUDA_SUCCESS) break;
     }
     if (r != CUDA_SUCCESS) {
-      if (done > 0) d_.unmap(base_ + offset, done * chunk_);
-      return Failed(r, "cuMemMap");
+      absl::Status s = Failed(r, "cuMemMap");
+      if (done > 0) s = Undone(std::move(s), offset, done);
+      return s;
     }
     CUmemAccessDesc access = {};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = device_;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     if (r = d_.set_access(base_ + offset, count * chunk_, &access, 1); r != CUDA_SUCCESS) {
-      d_.unmap(base_ + offset, count * chunk_);
-      return Failed(r, "cuMemSetAccess");
+      return Undone(Failed(r, "cuMemSetAccess"), offset, count);
     }
     return absl::OkStatus();
   }
   void Unmap(uint64_t offset, const uint64_t*, uint64_t count) override {
     DeviceGuard guard(device_);
-    d_.unmap(base_ + offset, count * chunk_);
+    // Nothing to return to: the caller frees the range either way. A chunk left mapped there
+    // makes a later cuMemMap at that offset fail, so the cause is logged where it happened.
+    if (CUresult r = d_.unmap(base_ + offset, count * chunk_); r != CUDA_SUCCESS) {
+      Log(LogSeverity::kError, "%s",
+          std::string(Failed(r, absl::StrFormat("cuMemUnmap of %llu bytes at offset %llu",
+                                                static_cast<unsigned long long>(count * chunk_),
+                                                static_cast<unsigned long long>(offset)))
+                          .message())
+              .c_str());
+    }
   }
 
  private:
+  // `failed` after unmapping the first `count` chunks a failed Map had mapped at `offset`, with
+  // cuMemUnmap's error added when that failed too (the range then still holds them).
+  absl::Status Undone(absl::Status failed, uint64_t offset, uint64_t count) const {
+    const CUresult r = d_.unmap(base_ + offset, count * chunk_);
+    if (r == CUDA_SUCCESS) return failed;
+    return absl::Status(failed.code(), absl::StrFormat("%s; then %s", failed.message(),
+                                                       Failed(r, "cuMemUnmap").message()));
+  }
   absl::Status Failed(CUresult r, absl::string_view what) const {
     const char* name = nullptr;
     if (d_.error_name(r, &name) != CUDA_SUCCESS || name == nullptr) name = "unknown error";

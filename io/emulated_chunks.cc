@@ -81,7 +81,7 @@ class EmulatedChunkMapper final : public ChunkMapper {
           !Place(chunks[i], n, base_ + offset + i * kChunk)) {
         absl::Status s = chunks[i] >= chunks_ || chunks[i + n - 1] >= chunks_
                              ? absl::InvalidArgumentError("emulated device: no such chunk")
-                             : Failed("moving a chunk into place");
+                             : OutOfMappings(Failed("moving a chunk into place"));
         Unmap(offset, chunks, i);
         return s;
       }
@@ -114,15 +114,36 @@ class EmulatedChunkMapper final : public ChunkMapper {
  private:
   EmulatedChunkMapper(uint64_t chunks, uint64_t range_multiple)
       : chunks_(chunks), range_(chunks * kChunk * range_multiple), lost_(chunks, false) {}
+  // The mappings this process holds and its vm.max_map_count (0 when unreadable).
+  static void CountMappings(uint64_t& in_use, uint64_t& max_maps) {
+    max_maps = 0;
+    in_use = 0;
+    std::ifstream("/proc/sys/vm/max_map_count") >> max_maps;
+    std::ifstream maps("/proc/self/maps");
+    for (std::string line; std::getline(maps, line);) ++in_use;
+  }
+  // A move refused for memory (ENOMEM) is most often a process out of memory mappings, which
+  // the caller would not guess from "Cannot allocate memory": the limit is named, with its value.
+  static absl::Status OutOfMappings(absl::Status s) {
+    if (!absl::IsResourceExhausted(s)) return s;
+    uint64_t in_use = 0, max_maps = 0;
+    CountMappings(in_use, max_maps);
+    const std::string limit =
+        max_maps == 0
+            ? std::string("vm.max_map_count")
+            : absl::StrFormat("vm.max_map_count (%llu)", static_cast<unsigned long long>(max_maps));
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s (the process holds %llu memory mappings: at %s the kernel refuses every new one; "
+        "raise vm.max_map_count or lower the HBM budget)",
+        s.message(), static_cast<unsigned long long>(in_use), limit));
+  }
   // Each chunk is a mapping of its own once copies come and go: free ones split the park and
   // copies split the range, each side by reservations between them, up to three mappings per
   // chunk. A process at vm.max_map_count fails every mmap (malloc's, a thread stack's), not only
   // this tier's moves: a budget whose worst case does not fit in what is left is refused.
   static absl::Status CheckMappingsLeft(uint64_t chunks) {
     uint64_t max_maps = 0, in_use = 0;
-    std::ifstream("/proc/sys/vm/max_map_count") >> max_maps;
-    std::ifstream maps("/proc/self/maps");
-    for (std::string line; std::getline(maps, line);) ++in_use;
+    CountMappings(in_use, max_maps);
     if (max_maps == 0 || (in_use < max_maps && chunks <= (max_maps - in_use) / 3)) {
       return absl::OkStatus();
     }

@@ -99,6 +99,26 @@ TEST_F(Errors, HbmBudgetExhaustedWithEverythingPinned) {
   EXPECT_EQ(st.eviction_bytes, kBig);
 }
 
+// A tensor larger than the whole HBM tier: one sentence naming what it needs and what the tier
+// holds. It read doubled ("... can never fit: the hbm tier is full: ... needs 40 MiB; ...").
+TEST_F(Errors, TensorLargerThanTheTierSaysSoOnce) {
+  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+  d.bytes = 40ull << 20;
+  d.name = "huge";
+  tm_tensor t;
+  TM_ASSERT_OK(tm_tensor_create(rt_, &d, &t));
+  void* p = nullptr;
+  ASSERT_EQ(tm_tensor_acquire(rt_, t, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p),
+            TM_ERR_OUT_OF_MEMORY);
+  const std::string msg = tm_last_error();
+  EXPECT_NE(msg.find("tensor \"huge\" needs 40 MiB, more than the whole hbm tier (24 MiB)"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find("is full"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("mapped"), std::string::npos) << "the slab layout has no chunks: " << msg;
+  TM_ASSERT_OK(tm_tensor_destroy(rt_, t));
+}
+
 TEST_F(Errors, DramBudgetExhaustedOnOffload) {
   tm_tensor a = Make(kBig, "a", 1);
   TM_ASSERT_OK(OffloadNow(rt_, a, TM_TIER_DRAM));
@@ -316,6 +336,37 @@ TEST(Budgets, ImpossibleBudgetsFromTheEnvironment) {
     EXPECT_EQ(st, c.expected) << c.variable << "=" << c.value << ": " << msg;
     EXPECT_NE(msg.find(c.variable), std::string::npos) << msg;
     if (st == TM_OK) tm_runtime_destroy(rt);
+  }
+}
+
+// An HBM budget is named in messages where the caller set it: a budget from tm_config.hbm_bytes
+// was reported as TIERMEM_HBM_BYTES=..., a variable the caller never set. Each way a budget can
+// be refused at create (below the slab's granule, a slab no machine has, below one mapped
+// chunk), from the struct and from the environment.
+TEST(Budgets, HbmBudgetIsNamedWhereItWasSet) {
+  TempDir dir;
+  struct Case {
+    const char* layout;
+    uint64_t bytes;
+    const char* env;
+  };
+  for (const Case& c : {Case{"slab", 100, "100"}, Case{"slab", uint64_t{1} << 61, "2097152T"},
+                        Case{"mapped", 1 << 20, "1MiB"}}) {
+    testing::ScopedEnv layout("TIERMEM_HBM_LAYOUT", c.layout);
+    tm_config cfg = SmallConfig(dir.path());
+    cfg.hbm_bytes = c.bytes;
+    tm_runtime rt{};
+    ASSERT_NE(tm_runtime_create(&cfg, &rt), TM_OK) << c.layout << " " << c.bytes;
+    std::string msg = tm_last_error();
+    EXPECT_NE(msg.find("tm_config.hbm_bytes="), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("TIERMEM_HBM_BYTES"), std::string::npos) << msg;
+
+    testing::ScopedEnv budget("TIERMEM_HBM_BYTES", c.env);
+    cfg.hbm_bytes = 0;
+    ASSERT_NE(tm_runtime_create(&cfg, &rt), TM_OK) << c.layout << " " << c.env;
+    msg = tm_last_error();
+    EXPECT_NE(msg.find("TIERMEM_HBM_BYTES="), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("tm_config"), std::string::npos) << msg;
   }
 }
 

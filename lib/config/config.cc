@@ -142,6 +142,13 @@ std::optional<std::string> Config::Value(absl::string_view name) const {
   return std::nullopt;
 }
 
+std::string Config::SettingName(absl::string_view name, absl::string_view field) const {
+  for (const auto& e : entries) {
+    if (e.name == name && e.source == "config") return absl::StrCat("tm_config.", field);
+  }
+  return std::string(name);
+}
+
 EnvLookup ProcessEnvironment() {
   return [](const char* name) -> std::optional<std::string> {
     const char* v = std::getenv(name);

@@ -117,6 +117,10 @@ struct Config {
 
   // The effective value of `name` as text, or nullopt for an unknown name.
   std::optional<std::string> Value(absl::string_view name) const;
+  // How a message names the setting `name`: "tm_config.<field>" when its value came from the
+  // tm_config struct (source "config"), else the variable itself, so that a caller who never set
+  // the variable is not sent looking for it.
+  std::string SettingName(absl::string_view name, absl::string_view field) const;
 };
 
 // The variables of a TIERMEM_ENV_FILE: lines "[export ]TIERMEM_NAME=VALUE", '#' comments and

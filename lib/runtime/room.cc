@@ -192,7 +192,37 @@ absl::Status Runtime::EvictWindow(const EvictionPlan& plan, tm_tier tier, Want w
   return absl::OkStatus();
 }
 
-absl::Status Runtime::OutOfRoom(const absl::Status& failed, EvictionPlan& plan, uint64_t capacity) {
+std::string Runtime::ChunkRounding(tm_tier tier, uint64_t bytes) {
+  // The framework's allocator is counted too, with a granule of 256: only mapped chunks count.
+  if (tier != TM_TIER_HBM || config_.hbm_layout != HbmLayout::kMapped ||
+      config_.device_allocator.set()) {
+    return "";
+  }
+  const uint64_t chunk = tiers_->space(tier).granule();
+  const uint64_t rounded = bytes > UINT64_MAX - chunk ? bytes : (bytes + chunk - 1) / chunk * chunk;
+  if (rounded == bytes) {
+    return absl::StrFormat(" (TIERMEM_HBM_LAYOUT=mapped gives every copy whole chunks of %s)",
+                           HumanBytes(chunk));
+  }
+  return absl::StrFormat(
+      " (TIERMEM_HBM_LAYOUT=mapped gives every copy whole chunks of %s: its %s take %s)",
+      HumanBytes(chunk), HumanBytes(bytes), HumanBytes(rounded));
+}
+
+absl::Status Runtime::NeverFits(const absl::Status& failed, const Tensor& t, tm_tier tier) {
+  const uint64_t capacity = tiers_->space(tier).capacity();
+  return Error(ToTmStatus(failed),
+               absl::StrFormat("tensor \"%s\" needs %s, more than the whole %s tier (%s): it can "
+                               "never fit there%s",
+                               t.name, HumanBytes(t.bytes), tm_tier_name(tier),
+                               HumanBytes(capacity), ChunkRounding(tier, t.bytes)));
+}
+
+absl::Status Runtime::OutOfRoom(const absl::Status& failed, EvictionPlan& plan, const Tensor& t,
+                                tm_tier tier) {
+  TierSpace& space = tiers_->space(tier);
+  const uint64_t capacity = space.capacity();
+  const uint64_t need = space.Rounded(t.bytes);
   uint64_t pinned = 0;
   std::string by;
   std::sort(plan.pinned.begin(), plan.pinned.end(),
@@ -204,11 +234,28 @@ absl::Status Runtime::OutOfRoom(const absl::Status& failed, EvictionPlan& plan, 
                             HumanBytes(plan.pinned[i].second));
   }
   if (plan.pinned.size() > 4) absl::StrAppendFormat(&by, " and %zu more", plan.pinned.size() - 4);
+  // A slab needs one hole: the bytes that evicting every unpinned copy would free may suffice
+  // and still lie in pieces between the pinned ones. The largest piece says by how much.
+  uint64_t largest = 0;
+  for (size_t i = 0, run = 0; i < plan.slots.size(); ++i) {
+    run = plan.slots[i].kind == EvictionSlot::Kind::kWall ? 0 : run + plan.slots[i].size;
+    largest = std::max<uint64_t>(largest, run);
+  }
+  if (!space.counted() && plan.reclaimable >= need && largest < need) {
+    return Error(
+        ToTmStatus(failed),
+        absl::StrFormat("%s; evicting every unpinned copy would free %s of %s, enough "
+                        "bytes, but acquired (pinned) copies split them: the largest "
+                        "hole between pinned copies would be %s, and a copy in the slab "
+                        "layout needs one hole; %s are pinned%s%s",
+                        failed.message(), HumanBytes(plan.reclaimable), HumanBytes(capacity),
+                        HumanBytes(largest), HumanBytes(pinned), by.empty() ? "" : ": ", by));
+  }
   return Error(ToTmStatus(failed),
                absl::StrFormat("%s; it cannot fit even with every unpinned copy evicted: %s of %s "
-                               "are held by acquired (pinned) copies%s%s",
+                               "are held by acquired (pinned) copies%s%s%s",
                                failed.message(), HumanBytes(pinned), HumanBytes(capacity),
-                               by.empty() ? "" : ": ", by));
+                               by.empty() ? "" : ": ", by, ChunkRounding(tier, t.bytes)));
 }
 
 // One Allocate's bookkeeping: whether it registered as a demand wanting room, and waited.
@@ -262,8 +309,7 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
         (e.ok() || tier == TM_TIER_NVME || !absl::IsResourceExhausted(e.status()))) {
       return e;
     }
-    if (need == 0)
-      return WithContext(e.status(), "it is larger than the whole tier and can never fit");
+    if (need == 0) return NeverFits(e.status(), t, tier);
     if (!want.evicts) return Dropped(t, tier, DropReason::kNoRoom, "it takes only free room", why);
     if (want.kind == Want::kDemand && !st.wanting) {
       st.wanting = true;
@@ -306,7 +352,7 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
       changed_.WaitWithTimeout(&mu_, absl::Milliseconds(20));
       continue;
     }
-    return OutOfRoom(e.status(), plan, space.capacity());
+    return OutOfRoom(e.status(), plan, t, tier);
   }
 }
 

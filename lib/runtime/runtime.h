@@ -301,8 +301,14 @@ class Runtime {
   struct EvictionPlan;
   absl::Status EvictWindow(const EvictionPlan& plan, tm_tier tier, Want want, bool fragmented,
                            DropReason* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The error of a demand that cannot fit even with every unpinned copy evicted.
-  static absl::Status OutOfRoom(const absl::Status& failed, EvictionPlan& plan, uint64_t capacity);
+  // The error of a demand for `t` that cannot fit even with every unpinned copy evicted.
+  absl::Status OutOfRoom(const absl::Status& failed, EvictionPlan& plan, const Tensor& t,
+                         tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The error of a request for `t` larger than the whole of `tier`.
+  absl::Status NeverFits(const absl::Status& failed, const Tensor& t, tm_tier tier);
+  // For an out-of-memory message in `tier`: that the mapped HBM layout gives copies whole chunks,
+  // and what that makes of a request of `bytes` (2.1 MiB take 4 MiB); "" in other layouts.
+  std::string ChunkRounding(tm_tier tier, uint64_t bytes);
   // What eviction could do for a request of `need` bytes in `tier` (see Allocate).
   EvictionPlan PlanEviction(const Tensor& t, tm_tier tier, Want want, uint64_t need)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

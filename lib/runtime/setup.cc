@@ -209,23 +209,37 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> Runtime::InitHbm(Setup& st) {
     const uint64_t base = hbm_sharers > 1 ? device_->physical_bytes() : device_->free_bytes();
     hbm_bytes = RankShare(config_.hbm_bytes, base, hbm_sharers, 4096);
   }
+  // Named as the caller set it: tm_config.hbm_bytes is not found in the environment.
+  const std::string budget = config_.SettingName("TIERMEM_HBM_BYTES", "hbm_bytes");
   if (hbm_bytes == 0) {
-    return Error(TM_ERR_CONFIG,
-                 absl::StrFormat("TIERMEM_HBM_BYTES=%s resolves to 0 bytes (shared by %d rank(s))",
-                                 config_.hbm_bytes.ToString(), hbm_sharers));
+    return Error(TM_ERR_CONFIG, absl::StrFormat("%s=%s resolves to 0 bytes (shared by %d rank(s))",
+                                                budget, config_.hbm_bytes.ToString(), hbm_sharers));
   }
   SetEntry(config_, "TIERMEM_HBM_BYTES", SizeSetting{hbm_bytes, 0}.ToString());
   auto hbm = MemoryTier::CreateHbm(*device_, hbm_bytes, config_.device_allocator, info_.cuda_device,
-                                   config_.hbm_layout);
+                                   config_.hbm_layout, budget);
   if (!hbm.ok()) return hbm.status();
   if ((*hbm)->space().capacity() == 0) {
     // Below the tier's granule nothing could ever be placed: said now, as for a DRAM budget of
     // 0, not at the first acquire.
     return Error(TM_ERR_CONFIG,
-                 absl::StrFormat("TIERMEM_HBM_BYTES=%llu is below the HBM tier's granule (%llu "
+                 absl::StrFormat("%s=%llu is below the HBM tier's granule (%llu "
                                  "bytes): no tensor could ever be placed there",
-                                 static_cast<unsigned long long>(hbm_bytes),
+                                 budget, static_cast<unsigned long long>(hbm_bytes),
                                  static_cast<unsigned long long>((*hbm)->space().granule())));
+  }
+  // The mapped layout counts the budget in whole chunks, rounded down: said once, here, or the
+  // tier is smaller than asked for without a word. A warning for a size the caller gave; a
+  // share of the device rarely falls on a chunk, and that is only worth an info line.
+  const uint64_t capacity = (*hbm)->space().capacity();
+  if (config_.hbm_layout == HbmLayout::kMapped && !config_.device_allocator.set() &&
+      capacity < hbm_bytes) {
+    const bool given = config_.hbm_bytes.percent == 0 && config_.hbm_bytes.bytes != 0;
+    Log(given ? LogSeverity::kWarn : LogSeverity::kInfo,
+        "TIERMEM_HBM_LAYOUT=mapped: %s=%s is not a whole number of %s chunks; the HBM tier holds "
+        "%s (rounded down)",
+        budget.c_str(), HumanBytes(hbm_bytes).c_str(),
+        HumanBytes((*hbm)->space().granule()).c_str(), HumanBytes(capacity).c_str());
   }
 
   return std::move(*hbm);

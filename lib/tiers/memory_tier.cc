@@ -8,12 +8,12 @@
 
 namespace tiermem {
 
-absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateHbm(io::Device& device,
-                                                                  uint64_t bytes,
-                                                                  const DeviceAllocatorHooks& hooks,
-                                                                  int device_ordinal,
-                                                                  HbmLayout layout) {
-  if (bytes == 0) return Error(TM_ERR_CONFIG, "TIERMEM_HBM_BYTES resolves to 0 bytes");
+absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateHbm(
+    io::Device& device, uint64_t bytes, const DeviceAllocatorHooks& hooks, int device_ordinal,
+    HbmLayout layout, absl::string_view budget_name) {
+  if (bytes == 0) {
+    return Error(TM_ERR_CONFIG, absl::StrFormat("%s resolves to 0 bytes", budget_name));
+  }
   if (hooks.set()) {
     // No slab: the framework's allocator (a caching allocator) holds the GPU's memory, and
     // tiermem borrows from it copy by copy, within its budget. No stream is known where space
@@ -37,12 +37,12 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateHbm(io::Device& de
     return std::unique_ptr<MemoryTier>(
         new MemoryTier(TM_TIER_HBM, device, bytes, 256, std::move(backing)));
   }
-  if (layout == HbmLayout::kMapped) return CreateMapped(device, bytes);
+  if (layout == HbmLayout::kMapped) return CreateMapped(device, bytes, budget_name);
   std::unique_ptr<MemoryTier> t(new MemoryTier(TM_TIER_HBM, device, bytes, 256));
   auto slab = device.AllocateSlab(bytes);
   if (!slab.ok()) {
     return Error(absl::IsResourceExhausted(slab.status()) ? TM_ERR_OUT_OF_MEMORY : TM_ERR_DEVICE,
-                 absl::StrFormat("allocating the HBM tier (TIERMEM_HBM_BYTES=%s): %s",
+                 absl::StrFormat("allocating the HBM tier (%s=%s): %s", budget_name,
                                  HumanBytes(bytes), slab.status().message()));
   }
   t->base_ = static_cast<char*>(*slab);
@@ -51,15 +51,15 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateHbm(io::Device& de
   return t;
 }
 
-absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateMapped(io::Device& device,
-                                                                     uint64_t bytes) {
+absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateMapped(
+    io::Device& device, uint64_t bytes, absl::string_view budget_name) {
   auto arena = MappedArena::Create(device, bytes);
   if (!arena.ok()) {
     const absl::Status& s = arena.status();
     tm_status code = absl::IsResourceExhausted(s)                             ? TM_ERR_OUT_OF_MEMORY
                      : absl::IsUnimplemented(s) || absl::IsInvalidArgument(s) ? TM_ERR_CONFIG
                                                                               : TM_ERR_DEVICE;
-    return Error(code, absl::StrFormat("TIERMEM_HBM_LAYOUT=mapped (TIERMEM_HBM_BYTES=%llu): %s",
+    return Error(code, absl::StrFormat("TIERMEM_HBM_LAYOUT=mapped (%s=%llu): %s", budget_name,
                                        static_cast<unsigned long long>(bytes), s.message()));
   }
   // Owned by the backing's two functions: the space frees its last extents into it.

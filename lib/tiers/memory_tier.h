@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "io/device.h"
 #include "io/host_memory.h"
 #include "io/numa.h"
@@ -22,9 +23,11 @@ class MemoryTier {
   // `hooks` are set, the layout does not apply: each copy's memory
   // comes from hooks.alloc (with `device_ordinal`: the CUDA ordinal, -1 for the emulated
   // device) and goes back with hooks.free, `bytes` staying the budget (a counted TierSpace).
+  // `budget_name` names the budget in messages: where it was set (Config::SettingName).
   static absl::StatusOr<std::unique_ptr<MemoryTier>> CreateHbm(
       io::Device& device, uint64_t bytes, const DeviceAllocatorHooks& hooks = {},
-      int device_ordinal = -1, HbmLayout layout = HbmLayout::kSlab);
+      int device_ordinal = -1, HbmLayout layout = HbmLayout::kSlab,
+      absl::string_view budget_name = "TIERMEM_HBM_BYTES");
   // `bytes` of host memory bound to `numa_node` (-1: unbound), pinned with the device.
   // `granule` is the O_DIRECT alignment that every copy must keep. The last `reserved` bytes
   // are not sub-allocated: they are the staging pool's (see reserved()).
@@ -52,7 +55,8 @@ class MemoryTier {
 
  private:
   static absl::StatusOr<std::unique_ptr<MemoryTier>> CreateMapped(io::Device& device,
-                                                                  uint64_t bytes);
+                                                                  uint64_t bytes,
+                                                                  absl::string_view budget_name);
   MemoryTier(tm_tier tier, io::Device& device, uint64_t capacity, uint64_t granule)
       : device_(device), space_(tier, capacity, granule) {}
   MemoryTier(tm_tier tier, io::Device& device, uint64_t capacity, uint64_t granule,
