@@ -76,7 +76,7 @@ TEST(ConfigEdges, NvmeBudgetRoundsDownAndBelowOneStripeIsRefused) {
   for (uint64_t bytes : {uint64_t{1}, (uint64_t{1} << 20) - 1}) {
     cfg.nvme_bytes = bytes;
     ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_ERR_CONFIG) << bytes << " was rounded up";
-    EXPECT_NE(LastError().find("TIERMEM_NVME_BYTES"), std::string::npos) << LastError();
+    EXPECT_NE(LastError().find("tm_config.nvme_bytes="), std::string::npos) << LastError();
     EXPECT_NE(LastError().find("least budget is 1048576 bytes"), std::string::npos) << LastError();
   }
   cfg.nvme_bytes = (uint64_t{3} << 20) + 4095;

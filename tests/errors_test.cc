@@ -261,7 +261,8 @@ TEST(BufferedNvme, RuntimeRoundTripWhereODirectIsRefused) {
 // offload crashed; the NVMe tier reserved nothing yet reported success. Each is now a clear
 // error at create: TM_ERR_CONFIG for a size no file system or address space can hold (naming
 // the variable and the value), TM_ERR_NO_SPACE for one the file system refuses to reserve,
-// whatever errno it chose (EFBIG, EINVAL).
+// whatever errno it chose (EFBIG, EINVAL). Set through tm_config, the budget is named as the
+// struct's field (it was named as the variable, which the caller never set).
 TEST(Budgets, ImpossibleBudgetsFailAtCreateNamingTheValue) {
   TempDir dir;
   struct Case {
@@ -274,16 +275,18 @@ TEST(Budgets, ImpossibleBudgetsFailAtCreateNamingTheValue) {
   TempDir other;  // on the same file system: the same directory twice is refused
   const std::string two = dir.path() + ":" + other.path();
   const Case cases[] = {
-      {"TIERMEM_NVME_BYTES", 0, UINT64_MAX, 0, dir.path(), TM_ERR_CONFIG, "18446744073709551615"},
-      {"TIERMEM_NVME_BYTES", 0, 16777215ull << 40, 0, dir.path(), TM_ERR_CONFIG,
+      {"tm_config.nvme_bytes=", 0, UINT64_MAX, 0, dir.path(), TM_ERR_CONFIG,
+       "18446744073709551615"},
+      {"tm_config.nvme_bytes=", 0, 16777215ull << 40, 0, dir.path(), TM_ERR_CONFIG,
        std::to_string(16777215ull << 40)},
-      {"TIERMEM_NVME_BYTES", 0, 1000000ull << 40, 0, dir.path(), TM_ERR_NO_SPACE,
+      {"tm_config.nvme_bytes=", 0, 1000000ull << 40, 0, dir.path(), TM_ERR_NO_SPACE,
        std::to_string(1000000ull << 40)},
       // Each of two files just under 2^63 bytes: the kernel's EFBIG or EINVAL is NO_SPACE too.
-      {"TIERMEM_NVME_BYTES", 0, 16777215ull << 40, 0, two, TM_ERR_NO_SPACE,
+      {"tm_config.nvme_bytes=", 0, 16777215ull << 40, 0, two, TM_ERR_NO_SPACE,
        std::to_string(16777215ull << 40)},
-      {"TIERMEM_DRAM_BYTES", UINT64_MAX, 0, 0, dir.path(), TM_ERR_CONFIG, "18446744073709551615"},
-      {"TIERMEM_DRAM_BYTES", UINT64_MAX - (1 << 20), 0, 0, dir.path(), TM_ERR_CONFIG,
+      {"tm_config.dram_bytes=", UINT64_MAX, 0, 0, dir.path(), TM_ERR_CONFIG,
+       "18446744073709551615"},
+      {"tm_config.dram_bytes=", UINT64_MAX - (1 << 20), 0, 0, dir.path(), TM_ERR_CONFIG,
        std::to_string(UINT64_MAX - (1 << 20))},
   };
   for (const Case& c : cases) {
@@ -293,9 +296,12 @@ TEST(Budgets, ImpossibleBudgetsFailAtCreateNamingTheValue) {
     tm_runtime rt{};
     tm_status st = tm_runtime_create(&cfg, &rt);
     std::string msg = tm_last_error();
-    EXPECT_EQ(st, c.expected) << c.variable << "=" << c.value << ": " << tm_status_string(st)
-                              << ": " << msg;
+    EXPECT_EQ(st, c.expected) << c.variable << c.value << ": " << tm_status_string(st) << ": "
+                              << msg;
     EXPECT_NE(msg.find(c.variable), std::string::npos) << msg;
+    // Set through the struct: the variable of the same meaning was never set.
+    EXPECT_EQ(msg.find("TIERMEM_NVME_BYTES"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("TIERMEM_DRAM_BYTES"), std::string::npos) << msg;
     EXPECT_NE(msg.find(c.value), std::string::npos) << msg;
     EXPECT_EQ(rt.bits, 0u);
     EXPECT_EQ(dir.Entries(), 0) << "a failed create left a file behind";

@@ -460,6 +460,30 @@ TEST_P(MappedClient, OutOfMappingsRefusesCleanlyAndLosesNothing) {
   ExpectWholeBudgetPlaceable();
 }
 
+// A second acquire of a copy already held for writing in the same tier finds it in place: a hit,
+// as for a held valid copy. It was counted as a miss (with its time as a stall), since only a
+// kValid copy counted as in place.
+TEST_P(MappedClient, NestedAcquireOfAHeldWritingCopyIsAHit) {
+  Start(8 * kChunk, 64 * kMiB);
+  for (tm_tier tier : {TM_TIER_HBM, TM_TIER_DRAM}) {
+    tm_tensor t = Make("held", kChunk + 1);
+    void* p1 = nullptr;
+    void* p2 = nullptr;
+    ASSERT_EQ(tm_tensor_acquire(rt_, t, tier, TM_ACCESS_WRITE, nullptr, &p1), TM_OK)
+        << tm_last_error();
+    const tm_stats before = Stats();
+    ASSERT_EQ(tm_tensor_acquire(rt_, t, tier, TM_ACCESS_READ_WRITE, nullptr, &p2), TM_OK)
+        << tm_last_error();
+    EXPECT_EQ(p1, p2);
+    const tm_stats after = Stats();
+    EXPECT_EQ(after.acquire_misses, before.acquire_misses) << tm_tier_name(tier);
+    EXPECT_EQ(after.acquire_hits, before.acquire_hits + 1) << tm_tier_name(tier);
+    EXPECT_EQ(tm_tensor_release(rt_, t, tier), TM_OK);
+    EXPECT_EQ(tm_tensor_release(rt_, t, tier), TM_OK);
+    EXPECT_EQ(tm_tensor_destroy(rt_, t), TM_OK);
+  }
+}
+
 // A copy acquired for writing is acquired again, for writing, in the same tier (two users of
 // one tensor, each with its acquire and its release): the C API allows it (the copy stays in
 // flux until its last release) and so does a release build, but the copy-state check of debug

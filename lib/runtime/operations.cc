@@ -86,6 +86,15 @@ absl::StatusOr<uint64_t> Runtime::TensorBytes(uint64_t handle) {
   return (*t)->bytes;
 }
 
+namespace {
+// An acquire finds the copy in `tier` in place: valid, or held for writing there (a nested
+// acquire), with nothing of the tensor moving.
+bool InPlace(const Tensor& t, tm_tier tier) {
+  const CopyState state = t.copy(tier).state;
+  return (state == CopyState::kValid || state == CopyState::kWriting) && !t.busy();
+}
+}  // namespace
+
 absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access access,
                                        void* stream) {
   if (tier != TM_TIER_HBM && tier != TM_TIER_DRAM) {
@@ -110,8 +119,7 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   // A hit: the copy is in place and nothing of the tensor is moving. Only a miss may need room,
   // and takes the room token before claiming the tensor.
   Tensor* first = tensors_.Find(handle);
-  const bool hit =
-      first != nullptr && first->copy(tier).state == CopyState::kValid && !first->busy();
+  const bool hit = first != nullptr && InPlace(*first, tier);
   std::optional<RoomScope> room;
   if (!hit) room.emplace(*this);
   // Busy (an offload writing it down, say): said, so that the offload leaves its HBM copy.

@@ -254,40 +254,42 @@ absl::Status Runtime::InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm)
   const uint64_t given =
       RankShare(config_.nvme_bytes, NvmeNodeBytes(config_.nvme_paths), world, stripes);
   const uint64_t nvme_bytes = st.nvme_bytes = stripes > 0 ? given - given % stripes : given;
+  // The budgets are named as the caller set them (see InitHbm).
+  const std::string nvme_budget = config_.SettingName("TIERMEM_NVME_BYTES", "nvme_bytes");
+  const std::string dram_budget = config_.SettingName("TIERMEM_DRAM_BYTES", "dram_bytes");
   if (nvme_bytes == 0) {
     return Error(TM_ERR_CONFIG,
-                 absl::StrFormat("TIERMEM_NVME_BYTES=%s resolves to 0 bytes (the file systems of "
+                 absl::StrFormat("%s=%s resolves to 0 bytes (the file systems of "
                                  "TIERMEM_NVME_PATHS hold %llu bytes, shared by %d rank(s), in "
                                  "whole stripes of %llu bytes: TIERMEM_IO_BLOCK_SIZE times the "
                                  "paths); the least budget is %llu bytes",
-                                 config_.nvme_bytes.ToString(),
+                                 nvme_budget, config_.nvme_bytes.ToString(),
                                  static_cast<unsigned long long>(NvmeNodeBytes(config_.nvme_paths)),
                                  world, static_cast<unsigned long long>(stripes),
                                  static_cast<unsigned long long>(stripes)));
   }
-  auto nvme = NvmeTier::Create(config_.nvme_paths, given, config_.io_block_size);
+  auto nvme = NvmeTier::Create(config_.nvme_paths, given, config_.io_block_size, nvme_budget);
   if (!nvme.ok()) return nvme.status();
 
   const uint64_t granule = std::max<uint64_t>(4096, (*nvme)->alignment());
   const uint64_t dram_bytes = st.dram_bytes =
       RankShare(config_.dram_bytes, PhysicalRam(), world, granule);
   if (dram_bytes == 0) {
-    return Error(TM_ERR_CONFIG,
-                 absl::StrFormat("TIERMEM_DRAM_BYTES=%s resolves to 0 bytes (shared by %d rank(s))",
-                                 config_.dram_bytes.ToString(), world));
+    return Error(TM_ERR_CONFIG, absl::StrFormat("%s=%s resolves to 0 bytes (shared by %d rank(s))",
+                                                dram_budget, config_.dram_bytes.ToString(), world));
   }
   // HBM <-> NVMe moves are staged in pinned slots at the end of the DRAM pool.
   const StagingRing::Shape shape = st.shape = StagingRing::ShapeFor(
       dram_bytes, std::max<uint64_t>(4ull << 20, config_.io_block_size), granule);
   auto dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, st.node, granule,
-                                     shape.bytes());
+                                     shape.bytes(), dram_budget);
   if (!dram.ok() && ToTmStatus(dram.status()) != TM_ERR_CONFIG && config_.numa == NumaMode::kAuto &&
       st.node >= 0) {
     Log(LogSeverity::kWarn, "%s; the DRAM tier is left unbound",
         std::string(dram.status().message()).c_str());
     st.node = -1;
     dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, st.node, granule,
-                                  shape.bytes());
+                                  shape.bytes(), dram_budget);
   }
   if (!dram.ok()) return dram.status();
   tiers_ = std::make_unique<Tiers>(std::move(hbm), std::move(*dram), std::move(*nvme));

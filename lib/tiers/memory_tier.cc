@@ -78,16 +78,15 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateMapped(
       new MemoryTier(TM_TIER_HBM, device, a->capacity(), a->chunk_bytes(), std::move(backing)));
 }
 
-absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateDram(io::Device& device,
-                                                                   const io::Topology* topo,
-                                                                   uint64_t bytes, int numa_node,
-                                                                   uint64_t granule,
-                                                                   uint64_t reserved) {
-  if (bytes == 0) return Error(TM_ERR_CONFIG, "TIERMEM_DRAM_BYTES resolves to 0 bytes");
+absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateDram(
+    io::Device& device, const io::Topology* topo, uint64_t bytes, int numa_node, uint64_t granule,
+    uint64_t reserved, absl::string_view budget_name) {
+  if (bytes == 0)
+    return Error(TM_ERR_CONFIG, absl::StrFormat("%s resolves to 0 bytes", budget_name));
   if (reserved >= bytes) {
-    return Error(TM_ERR_CONFIG, absl::StrFormat("TIERMEM_DRAM_BYTES=%s leaves no room beside the "
-                                                "%s staging pool",
-                                                HumanBytes(bytes), HumanBytes(reserved)));
+    return Error(TM_ERR_CONFIG,
+                 absl::StrFormat("%s=%s leaves no room beside the %s staging pool", budget_name,
+                                 HumanBytes(bytes), HumanBytes(reserved)));
   }
   std::unique_ptr<MemoryTier> t(
       new MemoryTier(TM_TIER_DRAM, device, (bytes - reserved) / granule * granule, granule));
@@ -95,9 +94,9 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateDram(io::Device& d
   if (!region.ok()) {
     tm_status code =
         absl::IsInvalidArgument(region.status()) ? TM_ERR_CONFIG : TM_ERR_OUT_OF_MEMORY;
-    return Error(
-        code, absl::StrFormat("TIERMEM_DRAM_BYTES=%llu: %s", static_cast<unsigned long long>(bytes),
-                              region.status().message()));
+    return Error(code,
+                 absl::StrFormat("%s=%llu: %s", budget_name, static_cast<unsigned long long>(bytes),
+                                 region.status().message()));
   }
   t->host_ = std::move(*region);
   t->base_ = static_cast<char*>(t->host_->data());

@@ -30,12 +30,11 @@ class MemoryTier {
       absl::string_view budget_name = "TIERMEM_HBM_BYTES");
   // `bytes` of host memory bound to `numa_node` (-1: unbound), pinned with the device.
   // `granule` is the O_DIRECT alignment that every copy must keep. The last `reserved` bytes
-  // are not sub-allocated: they are the staging pool's (see reserved()).
-  static absl::StatusOr<std::unique_ptr<MemoryTier>> CreateDram(io::Device& device,
-                                                                const io::Topology* topo,
-                                                                uint64_t bytes, int numa_node,
-                                                                uint64_t granule,
-                                                                uint64_t reserved);
+  // are not sub-allocated: they are the staging pool's (see reserved()). `budget_name` as for
+  // CreateHbm.
+  static absl::StatusOr<std::unique_ptr<MemoryTier>> CreateDram(
+      io::Device& device, const io::Topology* topo, uint64_t bytes, int numa_node, uint64_t granule,
+      uint64_t reserved, absl::string_view budget_name = "TIERMEM_DRAM_BYTES");
   ~MemoryTier();
   MemoryTier(const MemoryTier&) = delete;
   MemoryTier& operator=(const MemoryTier&) = delete;

@@ -48,7 +48,8 @@ absl::Status CheckDistinctDirectories(const std::vector<std::string>& paths) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Create(const std::vector<std::string>& paths,
-                                                           uint64_t bytes, uint32_t stripe) {
+                                                           uint64_t bytes, uint32_t stripe,
+                                                           absl::string_view budget_name) {
   if (paths.empty()) return Error(TM_ERR_CONFIG, "TIERMEM_NVME_PATHS names no directory");
   std::unique_ptr<NvmeTier> t(new NvmeTier());
   t->stripe_ = stripe;
@@ -62,10 +63,10 @@ absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Create(const std::vector<std
   if (!per_file.has_value() || *per_file > kMaxFileBytes || !CheckedMul(*per_file, n).has_value()) {
     // Said with the share that broke the limit, so the message never contradicts the limit.
     return Error(TM_ERR_CONFIG,
-                 absl::StrFormat("TIERMEM_NVME_BYTES=%llu is beyond what a file system can hold: "
+                 absl::StrFormat("%s=%llu is beyond what a file system can hold: "
                                  "its share per path (%llu path(s), in whole stripes of %u bytes) "
                                  "is %s, above the largest file, 2^63 - 1 bytes",
-                                 static_cast<unsigned long long>(bytes),
+                                 budget_name, static_cast<unsigned long long>(bytes),
                                  static_cast<unsigned long long>(n), stripe,
                                  per_file.has_value() ? absl::StrCat(*per_file, " bytes")
                                                       : std::string("beyond 2^64 bytes")));
@@ -77,7 +78,7 @@ absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Create(const std::vector<std
       const absl::Status& s = f.status();
       if (absl::IsResourceExhausted(s)) {
         return Error(TM_ERR_NO_SPACE,
-                     absl::StrFormat("TIERMEM_NVME_BYTES=%llu over TIERMEM_NVME_PATHS: %s",
+                     absl::StrFormat("%s=%llu over TIERMEM_NVME_PATHS: %s", budget_name,
                                      static_cast<unsigned long long>(bytes), s.message()));
       }
       tm_status code = (absl::IsNotFound(s) || absl::IsFailedPrecondition(s) ||
