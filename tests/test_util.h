@@ -105,7 +105,10 @@ class TempDir {
     buf.push_back('\0');
     if (mkdtemp(buf.data()) != nullptr) path_ = buf.data();
   }
-  ~TempDir() {
+  ~TempDir() { Remove(); }
+  // Removes the directory now: for a death test's child, which ends in exit() and so never
+  // runs the destructor of its fixture's TempDir.
+  void Remove() {
     if (path_.empty()) return;
     if (DIR* d = opendir(path_.c_str())) {
       while (dirent* e = readdir(d)) {
@@ -115,6 +118,7 @@ class TempDir {
       closedir(d);
     }
     rmdir(path_.c_str());
+    path_.clear();
   }
   const std::string& path() const { return path_; }
   // Entries other than . and ..
