@@ -1,6 +1,7 @@
 // The schedule: Belady eviction against LRU on a cyclic schedule larger than HBM (by count of
 // misses), relearning a departed step, the prefetch knobs doing what the docs say, placement
-// presets, and the trace file parsed as JSON with its transfer and stall events.
+// presets, and the trace file parsed as JSON with its transfer and stall events, its NVMe tracks
+// summing to bytes_moved.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -251,6 +253,61 @@ TEST_F(Scheduled, TraceIsJsonWithTransfersAndStalls) {
   EXPECT_NE(text.find("\"cat\":\"stall\""), std::string::npos);
   EXPECT_NE(text.find("\"nvme->hbm (staged)\""), std::string::npos) << "a named track";
   EXPECT_NE(text.find("\"name\":\"w3\""), std::string::npos);
+}
+
+// Every NVMe byte that bytes_moved counts is on the trace's NVMe tracks, whichever path moved it:
+// moves (staged or through DRAM), and the caller copies' own staged reads and writes (a whole
+// write, a partial one that reads the chunks it covers in part, a read).
+TEST_F(Scheduled, TraceNvmeTracksMatchBytesMoved) {
+  const std::string path = dir_.path() + "/trace.json";
+  tm_config c = Config();
+  c.trace = path.c_str();
+  tm_runtime rt;
+  ASSERT_EQ(tm_runtime_create(&c, &rt), TM_OK);
+  Create(rt, 4, 4 * kMiB, TM_TIER_NVME);  // whole writes of tensors on NVMe only
+  std::vector<unsigned char> out(4 * kMiB);
+  ASSERT_EQ(tm_tensor_write(rt, tensors_[0], 3 * kMiB + 5, out.data(), 1000), TM_OK);
+  ASSERT_EQ(tm_tensor_read(rt, tensors_[1], 0, out.data(), out.size()), TM_OK);
+  Pass(rt, false);                                  // NVMe -> HBM
+  for (tm_tensor t : {tensors_[2], tensors_[3]}) {  // changed in HBM, then offloaded
+    void* p = nullptr;
+    ASSERT_EQ(tm_tensor_acquire(rt, t, TM_TIER_HBM, TM_ACCESS_READ_WRITE, nullptr, &p), TM_OK);
+    ASSERT_EQ(tm_tensor_release(rt, t, TM_TIER_HBM), TM_OK);
+  }
+  ASSERT_EQ(tm_tensor_offload(rt, tensors_[2], TM_TIER_DRAM), TM_OK);
+  ASSERT_EQ(tm_tensor_offload(rt, tensors_[2], TM_TIER_NVME), TM_OK);  // through DRAM
+  ASSERT_EQ(tm_tensor_offload(rt, tensors_[3], TM_TIER_NVME), TM_OK);
+  ASSERT_EQ(tm_runtime_sync(rt), TM_OK);
+  tm_stats st = TM_STATS_INIT;
+  ASSERT_EQ(tm_runtime_stats(rt, &st), TM_OK);
+  ASSERT_EQ(tm_runtime_destroy(rt), TM_OK);
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << path;
+  std::map<int, std::string> track;
+  std::map<std::string, uint64_t> bytes;
+  for (std::string line; std::getline(f, line);) {
+    int tid = 0;
+    const size_t at = line.find("\"tid\":");
+    if (at == std::string::npos || std::sscanf(line.c_str() + at, "\"tid\":%d", &tid) != 1)
+      continue;
+    if (line.find("\"thread_name\"") != std::string::npos) {
+      const size_t n = line.find("{\"name\":\"");
+      ASSERT_NE(n, std::string::npos) << line;
+      track[tid] = line.substr(n + 9, line.find('"', n + 9) - (n + 9));
+      continue;
+    }
+    unsigned long long b = 0;
+    const size_t a = line.find("\"bytes\":");
+    if (a != std::string::npos && std::sscanf(line.c_str() + a, "\"bytes\":%llu", &b) == 1) {
+      bytes[track[tid]] += b;
+    }
+  }
+  EXPECT_GT(bytes["nvme write"], 4 * 4 * kMiB);  // the writes, the partial one, the offloads
+  EXPECT_GT(bytes["nvme read"], 4 * kMiB);       // the read, the partial write's chunk
+  EXPECT_EQ(bytes["nvme write"] + bytes["hbm->nvme (staged)"],
+            st.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME]);
+  EXPECT_EQ(bytes["nvme read"] + bytes["nvme->hbm (staged)"],
+            st.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM]);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ absl::Status Mover::Io(const Extent& e, uint64_t offset, char* buffer, uint64_t 
 }
 
 absl::Status Mover::CountedIo(const Extent& e, uint64_t offset, char* buffer, uint64_t n,
-                              bool write) {
+                              bool write, NvmeTally* tally) {
   // The caller copies' own NVMe legs: the staging slot is DRAM, so each chunk crosses the
   // DRAM <-> NVMe boundary (no MovePlan passes through Count for them).
   absl::Status s = Io(e, offset, buffer, n, write);
@@ -37,6 +37,7 @@ absl::Status Mover::CountedIo(const Extent& e, uint64_t offset, char* buffer, ui
     std::atomic<uint64_t>& to =
         write ? moved_[TM_TIER_DRAM][TM_TIER_NVME] : moved_[TM_TIER_NVME][TM_TIER_DRAM];
     to += n;
+    (write ? tally->written : tally->read) += n;
   }
   return s;
 }
@@ -61,16 +62,17 @@ absl::Status Mover::ExecuteUncounted(const MovePlan& p, std::optional<CopyTicket
         std::memset(p.dst_addr, 0, p.dst_extent.size);
         return absl::OkStatus();
       default:
-        return StagedWrite(Extent{}, p.dst_extent, p.bytes, 0, CallerBuffer{}, 0, false);
+        return StagedWrite(Extent{}, p.dst_extent, p.bytes, 0, CallerBuffer{}, 0, nullptr);
     }
   }
   const tm_tier src = static_cast<tm_tier>(p.src);
   if (src == TM_TIER_NVME && p.dst == TM_TIER_HBM) {
-    return StagedRead(p.src_extent, p.bytes, 0, CallerBuffer{p.dst_addr, true, {}}, p.bytes, false);
+    return StagedRead(p.src_extent, p.bytes, 0, CallerBuffer{p.dst_addr, true, {}}, p.bytes,
+                      nullptr);
   }
   if (src == TM_TIER_HBM && p.dst == TM_TIER_NVME) {
     return StagedWrite(Extent{}, p.dst_extent, p.bytes, 0, CallerBuffer{p.src_addr, true, {}},
-                       p.bytes, false);
+                       p.bytes, nullptr);
   }
   if (src == TM_TIER_NVME) return Io(p.src_extent, 0, p.dst_addr, p.bytes, false);
   if (p.dst == TM_TIER_NVME) return Io(p.dst_extent, 0, p.src_addr, p.bytes, true);
@@ -95,7 +97,7 @@ absl::Status Mover::ExecuteUncounted(const MovePlan& p, std::optional<CopyTicket
 // NVMe -> staging -> dst: chunk k+1 is read into one slot while chunk k is copied out of the
 // other (a device destination; into host memory the copy is a memcpy here).
 absl::Status Mover::StagedRead(const Extent& e, uint64_t bytes, uint64_t offset,
-                               const CallerBuffer& dst, uint64_t n, bool count) {
+                               const CallerBuffer& dst, uint64_t n, NvmeTally* tally) {
   if (!dst.device) {  // the host copies: what the destination waits for passes first
     if (auto s = Retag(io::WaitAll(dst.after), TM_ERR_DEVICE); !s.ok()) return s;
   }
@@ -113,8 +115,9 @@ absl::Status Mover::StagedRead(const Extent& e, uint64_t bytes, uint64_t offset,
       if (!status.ok()) break;
     }
     const uint64_t start = k * chunk;
-    status = count ? CountedIo(e, start, slots[slot], std::min(chunk, bytes - start), false)
-                   : Io(e, start, slots[slot], std::min(chunk, bytes - start), false);
+    const uint64_t len = std::min(chunk, bytes - start);
+    status = tally != nullptr ? CountedIo(e, start, slots[slot], len, false, tally)
+                              : Io(e, start, slots[slot], len, false);
     if (!status.ok()) break;
     const uint64_t from = std::max(start, offset);
     const uint64_t to = std::min(start + chunk, offset + n);
@@ -141,9 +144,11 @@ absl::Status Mover::StagedRead(const Extent& e, uint64_t bytes, uint64_t offset,
 // src -> staging -> NVMe: chunk k+1 is copied into one slot while chunk k is written from the
 // other. A chunk that src covers only in part is read from `old` (or zeroed) first.
 absl::Status Mover::StagedWrite(const Extent& old, const Extent& fresh, uint64_t bytes,
-                                uint64_t offset, const CallerBuffer& src, uint64_t n, bool count) {
+                                uint64_t offset, const CallerBuffer& src, uint64_t n,
+                                NvmeTally* tally) {
   auto io = [&](const Extent& e, uint64_t at, char* buffer, uint64_t len, bool write) {
-    return count ? CountedIo(e, at, buffer, len, write) : Io(e, at, buffer, len, write);
+    return tally != nullptr ? CountedIo(e, at, buffer, len, write, tally)
+                            : Io(e, at, buffer, len, write);
   };
   if (auto s = Retag(io::WaitAll(src.after), TM_ERR_DEVICE); !s.ok()) return s;
   io::CopyEngine& copy = device_.copy_engine();
@@ -191,13 +196,14 @@ absl::Status Mover::StagedWrite(const Extent& old, const Extent& fresh, uint64_t
 }
 
 absl::Status Mover::ReadNvmeTo(const Extent& e, uint64_t bytes, uint64_t offset,
-                               const CallerBuffer& dst, uint64_t n) {
-  return StagedRead(e, bytes, offset, dst, n, /*count=*/true);
+                               const CallerBuffer& dst, uint64_t n, NvmeTally* tally) {
+  return StagedRead(e, bytes, offset, dst, n, tally);
 }
 
 absl::Status Mover::WriteNvmeFrom(const Extent& old, const Extent& fresh, uint64_t bytes,
-                                  uint64_t offset, const CallerBuffer& src, uint64_t n) {
-  return StagedWrite(old, fresh, bytes, offset, src, n, /*count=*/true);
+                                  uint64_t offset, const CallerBuffer& src, uint64_t n,
+                                  NvmeTally* tally) {
+  return StagedWrite(old, fresh, bytes, offset, src, n, tally);
 }
 
 CopyDirection Mover::Direction(tm_tier tier, bool caller_device, bool into_tier) {

@@ -39,6 +39,13 @@ struct MovePlan {
 };
 
 // Where a caller's buffer is, for tm_tensor_copy_in / copy_out.
+// The NVMe bytes one caller copy read and wrote (a partial write reads the chunks it covers only
+// in part): what moved() gained from it, for the trace.
+struct NvmeTally {
+  uint64_t read = 0;
+  uint64_t written = 0;
+};
+
 struct CallerBuffer {
   char* addr = nullptr;
   bool device = false;              // device memory (crosses the link)
@@ -59,13 +66,14 @@ class Mover {
   // a caller's buffer (host or device memory), pipelined through two staging slots. Returns
   // when every copy is done.
   absl::Status ReadNvmeTo(const Extent& e, uint64_t bytes, uint64_t offset, const CallerBuffer& dst,
-                          uint64_t n);
+                          uint64_t n, NvmeTally* tally);
   // Without the lock: makes `fresh` (an NVMe extent) hold the tensor's bytes with
   // [offset, offset+n) replaced from a caller's buffer (host or device memory); the rest comes
   // from `old` (an NVMe extent), or is zero when `old` is empty. Pipelined through two staging
   // slots. `old` is left untouched, so a failure loses nothing.
   absl::Status WriteNvmeFrom(const Extent& old, const Extent& fresh, uint64_t bytes,
-                             uint64_t offset, const CallerBuffer& src, uint64_t n);
+                             uint64_t offset, const CallerBuffer& src, uint64_t n,
+                             NvmeTally* tally);
   // The direction of a copy between a tier's memory and a caller's buffer.
   static io::CopyDirection Direction(tm_tier tier, bool caller_device, bool into_tier);
 
@@ -77,14 +85,16 @@ class Mover {
 
  private:
   // The two staged loops every NVMe path goes through (see ReadNvmeTo and WriteNvmeFrom). With
-  // `count`, the NVMe legs add to moved_ (a caller copy; a MovePlan is counted by Count).
+  // a `tally`, the NVMe legs add to moved_ and to it (a caller copy; a MovePlan is counted by
+  // Count).
   absl::Status StagedRead(const Extent& e, uint64_t bytes, uint64_t offset, const CallerBuffer& dst,
-                          uint64_t n, bool count);
+                          uint64_t n, NvmeTally* tally);
   absl::Status StagedWrite(const Extent& old, const Extent& fresh, uint64_t bytes, uint64_t offset,
-                           const CallerBuffer& src, uint64_t n, bool count);
+                           const CallerBuffer& src, uint64_t n, NvmeTally* tally);
   absl::Status Io(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write);
   // Io that adds its bytes to moved_ when it succeeds: for the caller copies to and from NVMe.
-  absl::Status CountedIo(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write);
+  absl::Status CountedIo(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write,
+                         NvmeTally* tally);
 
   absl::Status ExecuteUncounted(const MovePlan& p, std::optional<io::CopyTicket>* pending);
   void Count(const MovePlan& p);

@@ -58,6 +58,17 @@ absl::Status CheckCallerCopy(const Tensor& t, uint64_t offset, uint64_t bytes, c
   return absl::OkStatus();
 }
 
+// A caller copy's NVMe legs on the trace's NVMe tracks, as moved() counted them: the staging
+// slot is DRAM, so they are the "nvme read" and "nvme write" of a move through DRAM. Both span
+// the whole copy (its reads and writes interleave chunk by chunk).
+void TraceCallerNvme(Trace& trace, const std::string& name, const NvmeTally& tally,
+                     Trace::Clock::time_point start) {
+  if (!trace.enabled()) return;
+  const Trace::Clock::time_point end = Trace::Clock::now();
+  if (tally.read > 0) trace.Add(Trace::kNvmeRead, name, start, end, tally.read);
+  if (tally.written > 0) trace.Add(Trace::kNvmeWrite, name, start, end, tally.written);
+}
+
 }  // namespace
 
 // One copy between a caller's buffer and a tensor, as each entry point asks for it.
@@ -199,8 +210,12 @@ absl::Status Runtime::RewriteOnNvme(Tensor& t, const CallerCopyRequest& r, Calle
   const Extent old = t.copy(TM_TIER_NVME).valid() ? t.copy(TM_TIER_NVME).extent : Extent{};
   for (io::FencePtr& f : PendingUses(t, TM_TIER_NVME)) buffer.after.push_back(std::move(f));
   const uint64_t size = t.bytes;
-  absl::Status s = Unlocked(
-      t, [&] { return mover_->WriteNvmeFrom(old, *fresh, size, r.offset, buffer, r.bytes); });
+  NvmeTally tally;
+  const Trace::Clock::time_point start = Trace::Clock::now();
+  absl::Status s = Unlocked(t, [&] {
+    return mover_->WriteNvmeFrom(old, *fresh, size, r.offset, buffer, r.bytes, &tally);
+  });
+  TraceCallerNvme(*trace_, t.name, tally, start);
   if (!s.ok()) {
     Extent done = *fresh;
     tiers_->space(TM_TIER_NVME).Free(done);
@@ -269,8 +284,11 @@ absl::Status Runtime::CopyFrom(const CallerCopyRequest& r) {
     // a prefetch to DRAM ahead of it leaves only the last copy.
     const Extent e = t.copy(TM_TIER_NVME).extent;
     const uint64_t size = t.bytes;
+    NvmeTally tally;
+    const Trace::Clock::time_point start = Trace::Clock::now();
     absl::Status s =
-        Unlocked(t, [&] { return mover_->ReadNvmeTo(e, size, r.offset, buffer, r.bytes); });
+        Unlocked(t, [&] { return mover_->ReadNvmeTo(e, size, r.offset, buffer, r.bytes, &tally); });
+    TraceCallerNvme(*trace_, t.name, tally, start);
     if (!s.ok()) {
       return WithContext(s, absl::StrFormat("%s: reading tensor \"%s\" from NVMe", r.fn, t.name));
     }
