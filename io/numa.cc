@@ -43,6 +43,11 @@ int Topology::NodeCount() const {
   return n > 0 ? n : 1;
 }
 
+bool Topology::HasNode(int node) const {
+  return node >= 0 &&
+         hwloc_get_numanode_obj_by_os_index(handle_->topo, static_cast<unsigned>(node)) != nullptr;
+}
+
 int Topology::NodeOfPciDevice(const std::string& bus_id) const {
   hwloc_obj_t dev = hwloc_get_pcidev_by_busidstring(handle_->topo, bus_id.c_str());
   if (dev == nullptr) return -1;

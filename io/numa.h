@@ -18,6 +18,8 @@ class Topology {
   Topology& operator=(const Topology&) = delete;
 
   int NodeCount() const;
+  // Whether the machine has the NUMA node with this OS index.
+  bool HasNode(int node) const;
   // Node local to a PCI device ("0000:17:00.0"), or -1 when unknown.
   int NodeOfPciDevice(const std::string& bus_id) const;
   // Node of the CPU the calling thread runs on, or -1.

@@ -86,7 +86,7 @@ TEST_F(ApiArgs, RuntimeCreateAndDestroy) {
   bad = SmallConfig(dir_.path());
   bad.numa_node = 4000;
   EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
-  EXPECT_NE(std::string(tm_last_error()).find("TIERMEM_NUMA"), std::string::npos)
+  EXPECT_NE(std::string(tm_last_error()).find("tm_config.numa_node=4000"), std::string::npos)
       << tm_last_error();
   bad = SmallConfig(dir_.path());
   bad.log_level = static_cast<tm_log_level>(9);
@@ -94,7 +94,7 @@ TEST_F(ApiArgs, RuntimeCreateAndDestroy) {
   bad = SmallConfig(dir_.path());
   bad.io_block_size = 1000;
   EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
-  EXPECT_NE(std::string(tm_last_error()).find("TIERMEM_IO_BLOCK_SIZE"), std::string::npos);
+  EXPECT_NE(std::string(tm_last_error()).find("tm_config.io_block_size"), std::string::npos);
   bad = SmallConfig(dir_.path());
   bad.cuda_device = -5;
   EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
@@ -108,7 +108,7 @@ TEST_F(ApiArgs, RuntimeCreateAndDestroy) {
   EXPECT_STATUS(TM_OK, tm_runtime_destroy(old_rt));
   old.struct_size = sizeof old;
   EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&old, &old_rt));
-  EXPECT_NE(std::string(tm_last_error()).find("TIERMEM_IO_THREADS"), std::string::npos);
+  EXPECT_NE(std::string(tm_last_error()).find("tm_config.io_threads"), std::string::npos);
 
   EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_destroy(zero_rt_));
   EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_destroy(tm_runtime{0xdeadbeef12345678ull}));

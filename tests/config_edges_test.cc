@@ -51,7 +51,7 @@ TEST(ConfigEdges, EmuLinkRateSoSmallItsTimeOverflowsIsRefused) {
   cfg.emu_link_gbps = 1e-300;
   tm_runtime rt{0};
   ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_ERR_CONFIG);
-  EXPECT_NE(LastError().find("TIERMEM_EMU_LINK_GBPS"), std::string::npos) << LastError();
+  EXPECT_NE(LastError().find("tm_config.emu_link_gbps"), std::string::npos) << LastError();
 }
 
 TEST(ConfigEdges, DecimalPercentagesAreRefusedByName) {
@@ -122,7 +122,7 @@ TEST(ConfigEdges, NvmeDirectoryListedTwiceIsRefused) {
     cfg.nvme_paths = paths.c_str();
     tm_runtime rt{0};
     ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_ERR_CONFIG) << paths;
-    EXPECT_NE(LastError().find("TIERMEM_NVME_PATHS"), std::string::npos) << LastError();
+    EXPECT_NE(LastError().find("tm_config.nvme_paths"), std::string::npos) << LastError();
     EXPECT_NE(LastError().find("given twice"), std::string::npos) << LastError();
   }
   const std::string two = dir.path() + ":" + other.path();

@@ -306,12 +306,16 @@ TEST(Budgets, ImpossibleBudgetsFailAtCreateNamingTheValue) {
     EXPECT_EQ(rt.bits, 0u);
     EXPECT_EQ(dir.Entries(), 0) << "a failed create left a file behind";
   }
-  // Sizes that parse but no machine has: a clear error, never TM_OK, never a crash.
-  for (uint64_t bytes : {uint64_t{1} << 61, UINT64_MAX - 4095}) {
+  // Sizes that parse but no machine has: a clear error, never TM_OK, never a crash. An HBM
+  // budget beyond the device's memory is a setting no run can meet: TM_ERR_CONFIG, as a DRAM
+  // budget beyond an address space is (once TM_ERR_OUT_OF_MEMORY).
+  for (uint64_t bytes : {uint64_t{1} << 61, UINT64_MAX - 4095, UINT64_MAX}) {
     tm_config cfg = SmallConfig(dir.path());
     cfg.hbm_bytes = bytes;
     tm_runtime rt{};
-    EXPECT_NE(tm_runtime_create(&cfg, &rt), TM_OK) << "hbm " << bytes;
+    EXPECT_EQ(tm_runtime_create(&cfg, &rt), TM_ERR_CONFIG) << "hbm " << bytes;
+    EXPECT_NE(std::string(tm_last_error()).find("more than the device has"), std::string::npos)
+        << tm_last_error();
     cfg = SmallConfig(dir.path());
     cfg.dram_bytes = bytes;
     EXPECT_NE(tm_runtime_create(&cfg, &rt), TM_OK) << "dram " << bytes;
@@ -376,6 +380,38 @@ TEST(Budgets, HbmBudgetIsNamedWhereItWasSet) {
   }
 }
 
+// Every bad value set through tm_config is named as its field, never as the TIERMEM_* variable the
+// caller did not set: once only the budgets were.
+TEST(Budgets, EveryConfigFieldIsNamedAsAField) {
+  TempDir dir;
+  struct Case {
+    const char* field;
+    void (*set)(tm_config&);
+  };
+  const Case cases[] = {
+      {"emu_link_gbps", [](tm_config& c) { c.emu_link_gbps = -1; }},
+      {"nvme_paths", [](tm_config& c) { c.nvme_paths = "relative/dir"; }},
+      {"nvme_paths", [](tm_config& c) { c.nvme_paths = "/nonexistent/tiermem-dir"; }},
+      {"io_block_size", [](tm_config& c) { c.io_block_size = 3000; }},
+      {"io_queue_depth", [](tm_config& c) { c.io_queue_depth = 5000; }},
+      {"io_threads", [](tm_config& c) { c.io_threads = 65; }},
+      {"prefetch_depth", [](tm_config& c) { c.prefetch_depth = 2000; }},
+      {"trace", [](tm_config& c) { c.trace = "/tmp/bad%x"; }},
+      {"trace", [](tm_config& c) { c.trace = "/nonexistent/tiermem-dir/t.json"; }},
+      {"numa_node", [](tm_config& c) { c.numa_node = 4096; }},
+      {"local_rank", [](tm_config& c) { c.local_rank = 3, c.local_world_size = 2; }},
+  };
+  for (const Case& c : cases) {
+    tm_config cfg = SmallConfig(dir.path());
+    c.set(cfg);
+    tm_runtime rt{};
+    ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_ERR_CONFIG) << c.field;
+    const std::string msg = tm_last_error();
+    EXPECT_EQ(msg.rfind(std::string("tm_config.") + c.field, 0), 0u) << msg;
+    EXPECT_EQ(msg.find("TIERMEM_"), std::string::npos) << msg;
+  }
+}
+
 // TIERMEM_TRACE is opened at create, beside its final path, and renamed into place at destroy.
 class TracePaths : public ::testing::Test {
  protected:
@@ -415,7 +451,7 @@ TEST_F(TracePaths, UnwritablePathsFailCreateNamingThem) {
   for (const std::string& bad : {std::string("/proc/tiermem-trace.json"),
                                  dir_.path() + "/missing/trace.json", dir_.path()}) {
     ASSERT_EQ(Create(bad), TM_ERR_CONFIG) << bad;
-    EXPECT_NE(std::string(tm_last_error()).find("TIERMEM_TRACE=" + bad), std::string::npos)
+    EXPECT_NE(std::string(tm_last_error()).find("tm_config.trace=" + bad), std::string::npos)
         << tm_last_error();
   }
   // A FIFO (which once hung destroy) and a device are refused, never opened or replaced.

@@ -432,7 +432,7 @@ TEST(LocalRanks, ConfigFieldsThroughTheCApi) {
   TM_ASSERT_OK(tm_runtime_destroy(rt));
   cfg.local_rank = 2;
   ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_ERR_CONFIG);
-  EXPECT_NE(std::string(tm_last_error()).find("TIERMEM_LOCAL_WORLD_SIZE=2 (config)"),
+  EXPECT_NE(std::string(tm_last_error()).find("tm_config.local_world_size=2 (config)"),
             std::string::npos)
       << tm_last_error();
   // Alone (nothing set): rank 0 of 1.

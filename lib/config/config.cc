@@ -142,9 +142,16 @@ std::optional<std::string> Config::Value(absl::string_view name) const {
   return std::nullopt;
 }
 
-std::string Config::SettingName(absl::string_view name, absl::string_view field) const {
+std::string ConfigField(absl::string_view name) {
+  if (name == "TIERMEM_NUMA") return "numa_node";
+  absl::ConsumePrefix(&name, "TIERMEM_");
+  return absl::AsciiStrToLower(name);
+}
+
+std::string Config::SettingName(absl::string_view name) const {
   for (const auto& e : entries) {
-    if (e.name == name && e.source == "config") return absl::StrCat("tm_config.", field);
+    if (e.name == name && e.source == "config")
+      return absl::StrCat("tm_config.", ConfigField(name));
   }
   return std::string(name);
 }
@@ -202,6 +209,13 @@ absl::StatusOr<Config> LoadConfig(const ConfigOverrides& o, const EnvLookup& env
     }
     if (text.has_value()) {
       if (auto st = s.parse(*text, c); !st.ok()) {
+        // A value from tm_config is named as its field: the caller may never have set the
+        // variable the parser names.
+        absl::string_view message = st.message();
+        if (source == "config" && absl::ConsumePrefix(&message, s.name)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("tm_config.", ConfigField(s.name), message));
+        }
         if (where.empty()) return st;
         return absl::InvalidArgumentError(absl::StrCat(where, st.message()));
       }

@@ -120,7 +120,7 @@ struct Config {
   // How a message names the setting `name`: "tm_config.<field>" when its value came from the
   // tm_config struct (source "config"), else the variable itself, so that a caller who never set
   // the variable is not sent looking for it.
-  std::string SettingName(absl::string_view name, absl::string_view field) const;
+  std::string SettingName(absl::string_view name) const;
 };
 
 // The variables of a TIERMEM_ENV_FILE: lines "[export ]TIERMEM_NAME=VALUE", '#' comments and
@@ -172,6 +172,10 @@ struct Setting {
   // Read from the environment only (never from a TIERMEM_ENV_FILE).
   bool environment_only = false;
 };
+
+// The tm_config field that sets the variable `name`: the name without TIERMEM_, in lower case
+// (TIERMEM_NUMA: numa_node).
+std::string ConfigField(absl::string_view name);
 
 // Every setting, in documentation order.
 const std::vector<Setting>& Settings();

@@ -184,9 +184,9 @@ absl::Status CheckLocalRanks(const EnvLookup& env, Config& c) {
   if (c.local_rank < c.local_world_size) return absl::OkStatus();
   if (world_given) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "TIERMEM_LOCAL_RANK=%d (%s) is not below TIERMEM_LOCAL_WORLD_SIZE=%d (%s): local ranks "
-        "count from 0 to the local world size - 1",
-        c.local_rank, rank->source, c.local_world_size, world->source));
+        "%s=%d (%s) is not below %s=%d (%s): local ranks count from 0 to the local world size - 1",
+        c.SettingName("TIERMEM_LOCAL_RANK"), c.local_rank, rank->source,
+        c.SettingName("TIERMEM_LOCAL_WORLD_SIZE"), c.local_world_size, world->source));
   }
   if (world->source != "default") {
     // A rank given explicitly beyond the launcher's world size.

@@ -176,9 +176,14 @@ absl::Status Runtime::InitNuma(Setup& st) {
   }
   int& node = st.node;
   if (config_.numa == NumaMode::kNode) {
+    const std::string what = config_.SettingName("TIERMEM_NUMA");
     if (topology_ == nullptr) {
       return Error(TM_ERR_CONFIG,
-                   absl::StrFormat("TIERMEM_NUMA=%d: the topology is unknown", config_.numa_node));
+                   absl::StrFormat("%s=%d: the topology is unknown", what, config_.numa_node));
+    }
+    if (!topology_->HasNode(config_.numa_node)) {
+      return Error(TM_ERR_CONFIG, absl::StrFormat("%s=%d: no such NUMA node (this machine has %d)",
+                                                  what, config_.numa_node, topology_->NodeCount()));
     }
     node = config_.numa_node;
   } else if (config_.numa == NumaMode::kAuto && topology_ != nullptr) {
@@ -210,7 +215,7 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> Runtime::InitHbm(Setup& st) {
     hbm_bytes = RankShare(config_.hbm_bytes, base, hbm_sharers, 4096);
   }
   // Named as the caller set it: tm_config.hbm_bytes is not found in the environment.
-  const std::string budget = config_.SettingName("TIERMEM_HBM_BYTES", "hbm_bytes");
+  const std::string budget = config_.SettingName("TIERMEM_HBM_BYTES");
   if (hbm_bytes == 0) {
     return Error(TM_ERR_CONFIG, absl::StrFormat("%s=%s resolves to 0 bytes (shared by %d rank(s))",
                                                 budget, config_.hbm_bytes.ToString(), hbm_sharers));
@@ -255,8 +260,8 @@ absl::Status Runtime::InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm)
       RankShare(config_.nvme_bytes, NvmeNodeBytes(config_.nvme_paths), world, stripes);
   const uint64_t nvme_bytes = st.nvme_bytes = stripes > 0 ? given - given % stripes : given;
   // The budgets are named as the caller set them (see InitHbm).
-  const std::string nvme_budget = config_.SettingName("TIERMEM_NVME_BYTES", "nvme_bytes");
-  const std::string dram_budget = config_.SettingName("TIERMEM_DRAM_BYTES", "dram_bytes");
+  const std::string nvme_budget = config_.SettingName("TIERMEM_NVME_BYTES");
+  const std::string dram_budget = config_.SettingName("TIERMEM_DRAM_BYTES");
   if (nvme_bytes == 0) {
     return Error(TM_ERR_CONFIG,
                  absl::StrFormat("%s=%s resolves to 0 bytes (the file systems of "
@@ -268,7 +273,9 @@ absl::Status Runtime::InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm)
                                  world, static_cast<unsigned long long>(stripes),
                                  static_cast<unsigned long long>(stripes)));
   }
-  auto nvme = NvmeTier::Create(config_.nvme_paths, given, config_.io_block_size, nvme_budget);
+  auto nvme = NvmeTier::Create(config_.nvme_paths, given, config_.io_block_size,
+                               {nvme_budget, config_.SettingName("TIERMEM_NVME_PATHS"),
+                                config_.SettingName("TIERMEM_IO_BLOCK_SIZE")});
   if (!nvme.ok()) return nvme.status();
 
   const uint64_t granule = std::max<uint64_t>(4096, (*nvme)->alignment());
@@ -285,11 +292,16 @@ absl::Status Runtime::InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm)
                                      shape.bytes(), dram_budget);
   if (!dram.ok() && ToTmStatus(dram.status()) != TM_ERR_CONFIG && config_.numa == NumaMode::kAuto &&
       st.node >= 0) {
-    Log(LogSeverity::kWarn, "%s; the DRAM tier is left unbound",
-        std::string(dram.status().message()).c_str());
-    st.node = -1;
-    dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, st.node, granule,
-                                  shape.bytes(), dram_budget);
+    // Unbound, then: warned about only when that works (when it fails too, its error is the one
+    // that says why, without a warning that the tier went on).
+    auto unbound = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, -1, granule,
+                                          shape.bytes(), dram_budget);
+    if (unbound.ok()) {
+      Log(LogSeverity::kWarn, "%s; the DRAM tier is left unbound",
+          std::string(dram.status().message()).c_str());
+      st.node = -1;
+    }
+    dram = std::move(unbound);
   }
   if (!dram.ok()) return dram.status();
   tiers_ = std::make_unique<Tiers>(std::move(hbm), std::move(*dram), std::move(*nvme));
@@ -338,7 +350,7 @@ absl::Status Runtime::InitEngines(Setup& st) {
   }
   mover_ = std::make_unique<Mover>(*tiers_, *device_, *io_, *staging_);
   // Opened now, not at destroy: a path that cannot be written fails create (TM_ERR_CONFIG).
-  auto trace = Trace::Open(config_.trace, config_.local_rank);
+  auto trace = Trace::Open(config_.trace, config_.local_rank, config_.SettingName("TIERMEM_TRACE"));
   if (!trace.ok()) return trace.status();
   trace_ = std::move(*trace);
   prefetch_limit_ = config_.prefetch_bytes.bytes == 0 && config_.prefetch_bytes.percent == 0

@@ -37,6 +37,13 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateHbm(
     return std::unique_ptr<MemoryTier>(
         new MemoryTier(TM_TIER_HBM, device, bytes, 256, std::move(backing)));
   }
+  // More than the device has at all is a setting no run can meet (as a DRAM budget beyond what
+  // an address space holds), not memory that others hold now.
+  if (bytes > device.physical_bytes()) {
+    return Error(TM_ERR_CONFIG,
+                 absl::StrFormat("%s=%s is more than the device has (%s)", budget_name,
+                                 HumanBytes(bytes), HumanBytes(device.physical_bytes())));
+  }
   if (layout == HbmLayout::kMapped) return CreateMapped(device, bytes, budget_name);
   std::unique_ptr<MemoryTier> t(new MemoryTier(TM_TIER_HBM, device, bytes, 256));
   auto slab = device.AllocateSlab(bytes);

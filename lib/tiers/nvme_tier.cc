@@ -25,7 +25,8 @@ namespace {
 // files on one file system where the striping counts on separate drives, and count its space
 // twice: refused, naming both. A path that cannot be looked up is left to SwapFile::Create,
 // which names its error.
-absl::Status CheckDistinctDirectories(const std::vector<std::string>& paths) {
+absl::Status CheckDistinctDirectories(const std::vector<std::string>& paths,
+                                      const std::string& what) {
   std::vector<std::pair<dev_t, ino_t>> ids(paths.size());
   std::vector<bool> known(paths.size(), false);
   for (size_t i = 0; i < paths.size(); ++i) {
@@ -35,10 +36,9 @@ absl::Status CheckDistinctDirectories(const std::vector<std::string>& paths) {
     known[i] = true;
     for (size_t j = 0; j < i; ++j) {
       if (known[j] && ids[j] == ids[i]) {
-        return Error(TM_ERR_CONFIG,
-                     absl::StrFormat("TIERMEM_NVME_PATHS: \"%s\" is the same directory as \"%s\" "
-                                     "(given twice): list each directory once",
-                                     paths[i], paths[j]));
+        return Error(TM_ERR_CONFIG, absl::StrFormat("%s: \"%s\" is the same directory as \"%s\" "
+                                                    "(given twice): list each directory once",
+                                                    what, paths[i], paths[j]));
       }
     }
   }
@@ -49,8 +49,9 @@ absl::Status CheckDistinctDirectories(const std::vector<std::string>& paths) {
 
 absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Create(const std::vector<std::string>& paths,
                                                            uint64_t bytes, uint32_t stripe,
-                                                           absl::string_view budget_name) {
-  if (paths.empty()) return Error(TM_ERR_CONFIG, "TIERMEM_NVME_PATHS names no directory");
+                                                           const NvmeSettingNames& names) {
+  const std::string& budget_name = names.budget;
+  if (paths.empty()) return Error(TM_ERR_CONFIG, names.paths + " names no directory");
   std::unique_ptr<NvmeTier> t(new NvmeTier());
   t->stripe_ = stripe;
   const uint64_t n = paths.size();
@@ -71,30 +72,29 @@ absl::StatusOr<std::unique_ptr<NvmeTier>> NvmeTier::Create(const std::vector<std
                                  per_file.has_value() ? absl::StrCat(*per_file, " bytes")
                                                       : std::string("beyond 2^64 bytes")));
   }
-  if (absl::Status s = CheckDistinctDirectories(paths); !s.ok()) return s;
+  if (absl::Status s = CheckDistinctDirectories(paths, names.paths); !s.ok()) return s;
   for (const std::string& dir : paths) {
     auto f = io::SwapFile::Create(dir, *per_file);
     if (!f.ok()) {
       const absl::Status& s = f.status();
       if (absl::IsResourceExhausted(s)) {
-        return Error(TM_ERR_NO_SPACE,
-                     absl::StrFormat("%s=%llu over TIERMEM_NVME_PATHS: %s", budget_name,
-                                     static_cast<unsigned long long>(bytes), s.message()));
+        return Error(TM_ERR_NO_SPACE, absl::StrFormat("%s=%llu over %s: %s", budget_name,
+                                                      static_cast<unsigned long long>(bytes),
+                                                      names.paths, s.message()));
       }
       tm_status code = (absl::IsNotFound(s) || absl::IsFailedPrecondition(s) ||
                         absl::IsPermissionDenied(s) || absl::IsInvalidArgument(s))
                            ? TM_ERR_CONFIG
                            : TM_ERR_IO;
-      return Error(code, absl::StrFormat("TIERMEM_NVME_PATHS: %s", s.message()));
+      return Error(code, absl::StrFormat("%s: %s", names.paths, s.message()));
     }
     if ((*f)->alignment() > t->alignment_) t->alignment_ = (*f)->alignment();
     t->files_.push_back(std::move(*f));
   }
   if (t->alignment_ > stripe) {
-    return Error(TM_ERR_CONFIG,
-                 absl::StrFormat("TIERMEM_IO_BLOCK_SIZE=%u is smaller than the O_DIRECT alignment "
-                                 "%u of the NVMe paths",
-                                 stripe, t->alignment_));
+    return Error(TM_ERR_CONFIG, absl::StrFormat("%s=%u is smaller than the O_DIRECT alignment "
+                                                "%u of the NVMe paths",
+                                                names.stripe, stripe, t->alignment_));
   }
   t->space_ = std::make_unique<TierSpace>(TM_TIER_NVME, *per_file * n, t->alignment_);
   return t;

@@ -15,15 +15,22 @@
 
 namespace tiermem {
 
+// How NvmeTier's messages name its settings.
+struct NvmeSettingNames {
+  std::string budget = "TIERMEM_NVME_BYTES";
+  std::string paths = "TIERMEM_NVME_PATHS";
+  std::string stripe = "TIERMEM_IO_BLOCK_SIZE";
+};
+
 class NvmeTier {
  public:
   // `bytes` is the budget over all paths; `stripe` (a power of two >= 4 KiB) the unit placed on
   // one file before moving to the next. TM_ERR_NO_SPACE when a file system cannot reserve its
-  // share, TM_ERR_CONFIG for a bad directory. `budget_name` names the budget in messages: where
-  // it was set (Config::SettingName).
-  static absl::StatusOr<std::unique_ptr<NvmeTier>> Create(
-      const std::vector<std::string>& paths, uint64_t bytes, uint32_t stripe,
-      absl::string_view budget_name = "TIERMEM_NVME_BYTES");
+  // share, TM_ERR_CONFIG for a bad directory. `names` name the settings in messages: where they
+  // were set (Config::SettingName).
+  static absl::StatusOr<std::unique_ptr<NvmeTier>> Create(const std::vector<std::string>& paths,
+                                                          uint64_t bytes, uint32_t stripe,
+                                                          const NvmeSettingNames& names = {});
 
   TierSpace& space() { return *space_; }
   const TierSpace& space() const { return *space_; }

@@ -140,12 +140,14 @@ std::string ExpandTracePath(absl::string_view path, int64_t pid, int local_rank)
 
 Trace::Trace() : origin_(Clock::now()) {}
 
-absl::StatusOr<std::unique_ptr<Trace>> Trace::Open(const std::string& path, int local_rank) {
+absl::StatusOr<std::unique_ptr<Trace>> Trace::Open(const std::string& path, int local_rank,
+                                                   absl::string_view setting) {
   std::unique_ptr<Trace> t(new Trace());
   if (path.empty()) return t;
+  t->setting_ = std::string(setting);
   t->path_ = ExpandTracePath(path, getpid(), local_rank);
   auto bad = [&](absl::string_view why) {
-    return Error(TM_ERR_CONFIG, absl::StrFormat("TIERMEM_TRACE=%s: %s", t->path_, why));
+    return Error(TM_ERR_CONFIG, absl::StrFormat("%s=%s: %s", t->setting_, t->path_, why));
   };
   if (auto why = Unreplaceable(t->path_); !why.empty()) return bad(why);
   struct stat st = {};
@@ -243,19 +245,19 @@ absl::Status Trace::Write() {
   if (!written || !closed) {
     unlink(temp_path_.c_str());
     return Error(TM_ERR_IO,
-                 absl::StrFormat("TIERMEM_TRACE=%s: cannot write %s: %s", path_, temp_path_,
+                 absl::StrFormat("%s=%s: cannot write %s: %s", setting_, path_, temp_path_,
                                  ErrnoText(written ? close_err : write_err)));
   }
   // rename replaces what is at path_ (a symlink itself, not its target) in one step; what
   // appeared there since create is checked again.
   if (auto why = Unreplaceable(path_); !why.empty()) {
     unlink(temp_path_.c_str());
-    return Error(TM_ERR_IO, absl::StrFormat("TIERMEM_TRACE=%s: %s", path_, why));
+    return Error(TM_ERR_IO, absl::StrFormat("%s=%s: %s", setting_, path_, why));
   }
   if (rename(temp_path_.c_str(), path_.c_str()) != 0) {
     const int err = errno;
     unlink(temp_path_.c_str());
-    return Error(TM_ERR_IO, absl::StrFormat("TIERMEM_TRACE=%s: cannot rename %s into place: %s",
+    return Error(TM_ERR_IO, absl::StrFormat("%s=%s: cannot rename %s into place: %s", setting_,
                                             path_, temp_path_, ErrnoText(err)));
   }
   return absl::OkStatus();

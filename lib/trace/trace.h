@@ -55,7 +55,10 @@ class Trace {
   // file beside it (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600), renamed over `path` by Write, so
   // nothing at `path` is ever opened: a regular file or symlink there is replaced (the link,
   // not its target), a directory, FIFO or device refused; and no reader sees half a trace.
-  static absl::StatusOr<std::unique_ptr<Trace>> Open(const std::string& path, int local_rank);
+  // `setting` names the path in messages (where it was set: Config::SettingName). A process
+  // killed before Write leaves its hidden file (.NAME.PID-N.tmp) behind.
+  static absl::StatusOr<std::unique_ptr<Trace>> Open(const std::string& path, int local_rank,
+                                                     absl::string_view setting = "TIERMEM_TRACE");
   // Removes the unfinished file when Write never ran.
   ~Trace();
   Trace(const Trace&) = delete;
@@ -77,6 +80,7 @@ class Trace {
     uint64_t bytes;
   };
   static constexpr size_t kMaxEvents = 1 << 20;
+  std::string setting_;    // how messages name the path
   std::string path_;       // where the trace ends up
   std::string temp_path_;  // where it is written until then
   int fd_ = -1;            // temp_path_, open for writing
