@@ -162,6 +162,34 @@ TEST(InclusiveTest, MoveUpReadsTheCleanCopyBitExact) {
   }
 }
 
+// An acquire in DRAM (the CPU optimizer's way to its state) of a copy a write-through kept reads
+// no NVMe, and counts as a clean read once: the acquires after it hit the copy exclusive tiers
+// would have read in too.
+TEST(InclusiveTest, DramAcquireOfTheCleanCopyCountsOnce) {
+  for (bool inclusive : {true, false}) {
+    SCOPED_TRACE(inclusive ? "inclusive" : "exclusive");
+    TempDir dir;
+    auto rt = MakeRuntime(dir.path(), 32 * kMiB, 32 * kMiB, inclusive);
+    ASSERT_NE(rt, nullptr);
+    const uint64_t n = kMiB + 17;
+    const std::vector<uint8_t> bytes = RandomBytes(n, 3);
+    const uint64_t h = NewTensor(*rt, "exp_avg", n, TM_TIER_DRAM);
+    ASSERT_TRUE(rt->Write(h, 0, bytes.data(), n).ok());
+    ASSERT_TRUE(rt->Offload(h, TM_TIER_NVME).ok());
+    ASSERT_TRUE(rt->Sync(h).ok());
+    for (int i = 0; i < 3; ++i) {
+      auto p = rt->Acquire(h, TM_TIER_DRAM, TM_ACCESS_READ, nullptr);
+      ASSERT_TRUE(p.ok()) << p.status();
+      EXPECT_EQ(std::memcmp(*p, bytes.data(), n), 0);
+      ASSERT_TRUE(rt->Release(h, TM_TIER_DRAM).ok());
+    }
+    const tm_stats st = rt->Stats();
+    EXPECT_EQ(st.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM], inclusive ? 0u : n);
+    EXPECT_EQ(st.clean_reads, inclusive ? 1u : 0u);
+    EXPECT_EQ(st.clean_read_bytes, inclusive ? n : 0u);
+  }
+}
+
 // Read-through: a prefetch of an NVMe tensor to HBM goes through DRAM and keeps that copy, so
 // that the tensor's next move up reads DRAM, bit-exact; exclusive tiers read NVMe again.
 TEST(InclusiveTest, PrefetchFromNvmeReadsThroughDram) {

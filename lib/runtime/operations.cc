@@ -155,6 +155,7 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
     });
     if (!s.ok()) return s;
   }
+  if (tier == TM_TIER_DRAM && access != TM_ACCESS_WRITE) NoteCleanDramAcquire(t, start);
   if (writes) {
     DropOthers(t, tier);
     t.PinWrite(tier);

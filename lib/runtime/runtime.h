@@ -248,6 +248,9 @@ class Runtime {
   // that was a clean DRAM copy read instead of NVMe (write_through.cc).
   void NoteCleanRead(const Tensor& t, int src, uint64_t bytes, Trace::Clock::time_point start)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for an acquire in DRAM for reading, the first after the copy was kept.
+  void NoteCleanDramAcquire(Tensor& t, Trace::Clock::time_point start)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // TM_ERR_BUSY when a copy other than `keep` is pinned (it would have to be freed).
   absl::Status CheckOthersUnpinned(const Tensor& t, int keep) const;
   // TM_ERR_BUSY when a copy above `tier` is pinned.

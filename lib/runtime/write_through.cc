@@ -60,6 +60,13 @@ bool Runtime::ReadThroughDram(Tensor& t, Want want) {
   return MakeValid(t, TM_TIER_DRAM, {}, down, &why).ok();
 }
 
+void Runtime::NoteCleanDramAcquire(Tensor& t, Trace::Clock::time_point start) {
+  // Read in DRAM from a copy inclusive DRAM kept: the read of NVMe that exclusive tiers make
+  // here is saved. Once: exclusive tiers keep the copy they read for later acquires too.
+  NoteCleanRead(t, TM_TIER_DRAM, t.bytes, start);
+  t.copy(TM_TIER_DRAM).kept_clean = false;
+}
+
 void Runtime::NoteCleanRead(const Tensor& t, int src, uint64_t bytes,
                             Trace::Clock::time_point start) {
   // A DRAM copy is clean when NVMe holds the same bytes. Only one kept by a write-through (or by
