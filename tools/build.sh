@@ -88,6 +88,10 @@ unity=(-DTIERMEM_UNITY_BUILD=ON)
 # The release test build compiles the test programs at -O1 (TIERMEM_TEST_OPTIMIZE), the library at
 # -O2: GoogleTest files compile in about 30% less time.
 test_optimize=(-DTIERMEM_TEST_OPTIMIZE=-O1)
+# The three test builds compile the test programs with one shared precompiled header
+# (TIERMEM_TEST_PCH: GoogleTest, Abseil's status, the common standard headers). The release
+# build's test programs took 168 s of user CPU instead of 236 s.
+pch=(-DTIERMEM_TEST_PCH=ON)
 
 case "$mode" in
   demo) install_missing "${packages[@]}" ;;
@@ -100,16 +104,16 @@ case "$mode" in
     "$build/tools/tiermem-probe"
     ;;
   test)
-    configure_and_build "$build" "${line_tables[@]}" "${unity[@]}" "${test_optimize[@]}"
+    configure_and_build "$build" "${line_tables[@]}" "${unity[@]}" "${test_optimize[@]}" "${pch[@]}"
     run_tests "$build" "release, -Werror"
     configure_and_build "$build-asan" -DTIERMEM_SANITIZE=ON -DTIERMEM_BUILD_BENCH=OFF "${sanitized_flags[@]}" \
-      "${unity[@]}"
+      "${unity[@]}" "${pch[@]}"
     # A sanitizer report fails the test that triggered it.
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       run_tests "$build-asan" "ASan+UBSan"
     configure_and_build "$build-tsan" -DTIERMEM_TSAN=ON -DTIERMEM_BUILD_BENCH=OFF "${sanitized_flags[@]}" \
-      "${unity[@]}"
+      "${unity[@]}" "${pch[@]}"
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_tests "$build-tsan" "TSan"
     thread_safety_check
     if [ "$fuzz_seconds" != 0 ]; then
