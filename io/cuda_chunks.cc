@@ -70,9 +70,16 @@ class CudaChunkMapper final : public ChunkMapper {
   CudaChunkMapper(const Driver& d, int device, uint64_t chunk)
       : d_(d), device_(device), chunk_(chunk) {}
   ~CudaChunkMapper() override {
+    // The arena has unmapped every chunk (MappedArena's destructor). A failure here leaks device
+    // memory or address space until the process exits: logged, since a destructor cannot
+    // return it.
     DeviceGuard guard(device_);
-    if (base_ != 0) d_.address_free(base_, range_);
-    for (CUmemGenericAllocationHandle h : handles_) d_.release(h);
+    auto said = [&](CUresult r, const char* what) {
+      if (r != CUDA_SUCCESS)
+        Log(LogSeverity::kError, "%s", std::string(Failed(r, what).message()).c_str());
+    };
+    if (base_ != 0) said(d_.address_free(base_, range_), "cuMemAddressFree");
+    for (CUmemGenericAllocationHandle h : handles_) said(d_.release(h), "cuMemRelease");
   }
 
   absl::Status Init(uint64_t chunks, uint64_t range_multiple) {
