@@ -22,7 +22,9 @@ def delta(after, before):
     moved = {(a, b): after["bytes_moved"][a][b] - before["bytes_moved"][a][b]
              for a in ("hbm", "dram", "nvme") for b in ("hbm", "dram", "nvme")}
     return dict(acquires=after["acquires"] - before["acquires"],
-                hits=after["acquire_hits"] - before["acquire_hits"], moved=moved)
+                hits=after["acquire_hits"] - before["acquire_hits"],
+                prefetches=after["prefetches"] - before["prefetches"],
+                dropped=after["prefetches_dropped"] - before["prefetches_dropped"], moved=moved)
 
 
 def train(rt, tier):
@@ -56,18 +58,20 @@ def test_backward_unpacks_hit_prefetched_hbm_views(make_runtime, tier):
     depth = 32 if tier == "dram" else 16
     rt = make_runtime(hbm_bytes="32MiB", dram_bytes="64MiB", prefetch_depth=depth)
     steps = train(rt, tier)
-    # From step two on (the schedule was learned in step one), at least 90% of the unpacks hit
-    # an HBM copy prefetched ahead, counted over steps 2 to 5: in one step, 39 unpacks leave
-    # room for only 3 late prefetches, and a loaded test machine can cause more. The last one
-    # or two packs miss by design: the schedule cannot prefetch a tensor during its own pack,
-    # and no other use comes between the forward and the backward. To NVMe, the backward's
-    # prefetches go before the forward's write-downs still queued (a write-down not started
-    # when its tensor is within 2 x depth of its use is dropped), and one mover thread is
-    # always free for them (lib/runtime/job_queue.h): on a VM whose virtual disk wrote at a
-    # few MB/s under load, 88-96% hit at depth 8 and 91-96% at depth 12 (41-96% before).
+    # From step two on (the schedule was learned in step one), the schedule queues a prefetch
+    # for every unpack, and none is dropped (HBM has room for all): that is behaviour, the same
+    # on any machine. Whether a prefetch lands before its unpack is timing: its lead is depth
+    # unpacks of host time, and a prefetch is only ahead if its mover thread gets a core. On a
+    # quiet machine all 39 of 39 hit from step two on, with three busy loops beside it 34-39;
+    # CI's 2 cores, running other tests beside this one, gave 137 of 156 (88%). So only 75% is
+    # asserted here, above what step one hits without prefetches to NVMe (14-16 of 39: the packs
+    # not yet written down); the hit rate is measured by python/examples/pack_overhead.py.
     later = [d for _, d, _ in steps[1:]]
+    for d in later:
+        assert d["prefetches"] == d["acquires"], d
+        assert d["dropped"] == 0, d
     hits, acquires = sum(d["hits"] for d in later), sum(d["acquires"] for d in later)
-    assert hits >= 0.9 * acquires, "%d of %d unpacks hit" % (hits, acquires)
+    assert hits >= 0.75 * acquires, "%d of %d unpacks hit" % (hits, acquires)
     if tier == "nvme":
         assert sum(d["moved"]["dram", "nvme"] for _, d, _ in steps) > 0
     for i, (hooks, d, after) in enumerate(steps):
