@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -65,6 +67,56 @@ TEST_F(ApiArgs, Strings) {
   EXPECT_EQ(patch, TM_VERSION_PATCH);
   EXPECT_EQ(tm_get_version(nullptr, nullptr, nullptr), TM_OK);
   EXPECT_STREQ(tm_version_string(), "0.1.0");
+}
+
+// A caller built against a newer header passes a longer struct: whatever its tail holds (a
+// newer setting, or zeros and padding), this library cannot read it, and refuses rather than
+// ignore it. A tm_config of another major version is refused too.
+TEST_F(ApiArgs, StructsFromANewerHeaderAreRefused) {
+  struct Newer {
+    tm_config config;
+    uint64_t unknown;
+  } newer{SmallConfig(dir_.path()), 0};
+  newer.config.struct_size = sizeof newer;
+  tm_runtime rt;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_create(&newer.config, &rt));
+  std::string error = tm_last_error();
+  EXPECT_NE(error.find("tm_config.struct_size is " + std::to_string(sizeof newer) +
+                       ", more than the " + std::to_string(sizeof(tm_config)) + " bytes"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("newer tiermem.h"), std::string::npos) << error;
+  newer.config.struct_size = sizeof(tm_config);
+  ASSERT_EQ(tm_runtime_create(&newer.config, &rt), TM_OK) << tm_last_error();
+  EXPECT_STATUS(TM_OK, tm_runtime_destroy(rt));
+
+  tm_config other = SmallConfig(dir_.path());
+  other.api_version = 10203;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_create(&other, &rt));
+  error = tm_last_error();
+  EXPECT_NE(error.find("tm_config.api_version is 10203 (tiermem 1.2.3)"), std::string::npos)
+      << error;
+  other.api_version = TM_VERSION + 1;  // a newer patch of the same major: accepted
+  ASSERT_EQ(tm_runtime_create(&other, &rt), TM_OK) << tm_last_error();
+  EXPECT_STATUS(TM_OK, tm_runtime_destroy(rt));
+
+  tm_tensor_desc desc = TM_TENSOR_DESC_INIT;
+  desc.bytes = 64;
+  desc.struct_size = sizeof desc + 8;
+  tm_tensor t;
+  int32_t done = 0;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_create(rt_, &desc, &t));
+  EXPECT_NE(std::string(tm_last_error()).find("tm_tensor_desc.struct_size"), std::string::npos)
+      << tm_last_error();
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT,
+                tm_tensor_create_copy_in_async(rt_, &desc, buf_, nullptr, &t, &done));
+
+  tm_adam_config adam = TM_ADAM_CONFIG_INIT;
+  adam.struct_size = sizeof adam + 8;
+  tm_adam a;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_adam_create(rt_, &adam, &a));
+  error = tm_last_error();
+  EXPECT_NE(error.find("tm_adam_create: tm_adam_config.struct_size"), std::string::npos) << error;
 }
 
 TEST_F(ApiArgs, RuntimeCreateAndDestroy) {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "lib/api/c_boundary.h"
+#include "lib/base/caller_struct.h"
 
 using namespace tiermem;  // NOLINT: the C entry points below implement the tm_* ABI
 
@@ -12,14 +13,10 @@ namespace {
 
 // TM_OK when desc's struct_size is one this library reads.
 tm_status CheckDesc(const tm_tensor_desc* desc) {
-  if (desc->struct_size < offsetof(tm_tensor_desc, name) + sizeof(desc->name) ||
-      desc->struct_size > (1u << 16)) {
-    return Fail(
-        TM_ERR_INVALID_ARGUMENT,
-        absl::StrFormat("tm_tensor_desc.struct_size is %zu: fill it with TM_TENSOR_DESC_INIT",
-                        desc->struct_size));
-  }
-  return TM_OK;
+  const absl::Status s =
+      CheckCallerStruct(desc->struct_size, offsetof(tm_tensor_desc, name) + sizeof(desc->name),
+                        sizeof(tm_tensor_desc), "tm_tensor_desc", "TM_TENSOR_DESC_INIT");
+  return Report(s);
 }
 
 TensorDesc ToTensorDesc(const tm_tensor_desc& desc) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "lib/base/caller_struct.h"
 #include "lib/base/status.h"
 
 namespace tiermem {
@@ -148,10 +149,21 @@ absl::StatusOr<ConfigOverrides> OverridesFrom(const tm_config* c) {
   ConfigOverrides o;
   if (c == nullptr) return o;
   const size_t size = c->struct_size;
-  if (size < offsetof(tm_config, device) || size > (1u << 16)) {
-    return Error(
-        TM_ERR_INVALID_ARGUMENT,
-        absl::StrFormat("tm_config.struct_size is %zu: fill the struct with TM_CONFIG_INIT", size));
+  if (auto s = CheckCallerStruct(size, offsetof(tm_config, device), sizeof(tm_config), "tm_config",
+                                 "TM_CONFIG_INIT");
+      !s.ok()) {
+    return s;
+  }
+  // Within a major version the struct only grows (struct_size tells how far); across one,
+  // fields may have changed meaning.
+  if (c->api_version / 10000 != TM_VERSION_MAJOR) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("tm_config.api_version is %u (tiermem %u.%u.%u), and this library "
+                                 "is tiermem %d.%d.%d: major versions do not mix; fill the struct "
+                                 "with TM_CONFIG_INIT from this library's header",
+                                 c->api_version, c->api_version / 10000, c->api_version / 100 % 100,
+                                 c->api_version % 100, TM_VERSION_MAJOR, TM_VERSION_MINOR,
+                                 TM_VERSION_PATCH));
   }
   for (auto part : {DeviceOverrides, StorageOverrides, PolicyOverrides}) {
     if (auto s = part(c, size, o); !s.ok()) return s;

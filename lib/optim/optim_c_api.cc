@@ -14,6 +14,7 @@
 #include "io/numa.h"
 #include "io/sync.h"
 #include "lib/api/c_boundary.h"
+#include "lib/base/caller_struct.h"
 #include "lib/base/status.h"
 #include "lib/optim/adam_optimizer.h"
 #include "lib/optim/bucket_step.h"
@@ -47,11 +48,10 @@ absl::StatusOr<AdamHyper> HyperFrom(const char* function, const tm_adam_config* 
   if (c == nullptr) {
     return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("%s: config is NULL", function));
   }
-  if (c->struct_size < sizeof(tm_adam_config) || c->struct_size > (1u << 16)) {
-    return Error(TM_ERR_INVALID_ARGUMENT,
-                 absl::StrFormat("%s: config->struct_size is %zu: initialize it with "
-                                 "TM_ADAM_CONFIG_INIT",
-                                 function, c->struct_size));
+  if (auto s = CheckCallerStruct(c->struct_size, sizeof(tm_adam_config), sizeof(tm_adam_config),
+                                 "tm_adam_config", "TM_ADAM_CONFIG_INIT");
+      !s.ok()) {
+    return WithContext(s, function);
   }
   AdamHyper h;
   h.lr = c->lr;
