@@ -6,7 +6,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <new>
+#include <stdexcept>
 #include <string>
+#include <system_error>
 
 #include "io/fault_injection.h"
 #include "lib/base/status.h"
@@ -90,6 +93,38 @@ class Faults : public ::testing::TestWithParam<IoEngineKind> {
   TempDir dir_;
   std::unique_ptr<Runtime> rt_;
 };
+
+// What the C boundary makes of an exception (lib/api/c_boundary.h's Guarded): the system
+// refusing a thread (a process at its thread limit, at tm_runtime_create or an optimizer's
+// first step) is a resource, as host memory is, and says which limits apply; not a bug.
+TEST(ExceptionStatus, ResourcesAreOutOfMemoryAndTheRestInternal) {
+  auto status_of = [](auto thrower) {
+    try {
+      thrower();
+    } catch (...) {
+      return CurrentExceptionStatus();
+    }
+    return absl::OkStatus();
+  };
+  absl::Status s = status_of([] {
+    throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                            "thread");
+  });
+  EXPECT_EQ(ToTmStatus(s), TM_ERR_OUT_OF_MEMORY) << s;
+  for (const char* named : {"would not start a thread", "ulimit -u", "pids.max"}) {
+    EXPECT_NE(s.message().find(named), absl::string_view::npos) << s;
+  }
+  s = status_of([] { throw std::bad_alloc(); });
+  EXPECT_EQ(ToTmStatus(s), TM_ERR_OUT_OF_MEMORY) << s;
+  s = status_of(
+      [] { throw std::system_error(std::make_error_code(std::errc::invalid_argument), "lock"); });
+  EXPECT_EQ(ToTmStatus(s), TM_ERR_INTERNAL) << s;
+  s = status_of([] { throw std::runtime_error("boom"); });
+  EXPECT_EQ(ToTmStatus(s), TM_ERR_INTERNAL) << s;
+  EXPECT_EQ(s.message(), "unexpected exception: boom");
+  s = status_of([] { throw 42; });
+  EXPECT_EQ(ToTmStatus(s), TM_ERR_INTERNAL) << s;
+}
 
 TEST_P(Faults, EioOnOffloadKeepsTheTensorWhereItWas) {
   const uint64_t n = (3 << 20) + 5;

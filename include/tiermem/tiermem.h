@@ -47,7 +47,7 @@ typedef enum tm_status {
   TM_OK = 0,
   TM_ERR_INVALID_ARGUMENT = 1, /**< a NULL pointer, an out-of-range value, a bad struct_size */
   TM_ERR_INVALID_HANDLE = 2,   /**< a zero, destroyed or stale runtime or tensor handle */
-  TM_ERR_OUT_OF_MEMORY = 3,    /**< the HBM or DRAM tier's budget cannot hold the request */
+  TM_ERR_OUT_OF_MEMORY = 3,    /**< HBM or DRAM budget too small; host memory or threads ran out */
   TM_ERR_NO_SPACE = 4,         /**< the NVMe tier or its file system is full */
   TM_ERR_IO = 5,               /**< a read or write on a swap file failed (errno in the message) */
   TM_ERR_DEVICE = 6,           /**< the device backend failed or is unavailable (CUDA error) */

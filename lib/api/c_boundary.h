@@ -33,12 +33,8 @@ template <typename Body>
 tm_status Guarded(Body&& body) {
   try {
     return body();
-  } catch (const std::bad_alloc&) {
-    return Fail(TM_ERR_OUT_OF_MEMORY, "host memory exhausted (std::bad_alloc)");
-  } catch (const std::exception& e) {
-    return Fail(TM_ERR_INTERNAL, absl::StrFormat("unexpected exception: %s", e.what()));
   } catch (...) {
-    return Fail(TM_ERR_INTERNAL, "unexpected exception");
+    return Report(CurrentExceptionStatus());
   }
 }
 

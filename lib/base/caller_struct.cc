@@ -9,9 +9,9 @@ namespace tiermem {
 absl::Status CheckCallerStruct(size_t struct_size, size_t minimum, size_t known,
                                absl::string_view what, absl::string_view init) {
   if (struct_size < minimum) {
-    return Error(TM_ERR_INVALID_ARGUMENT,
-                 absl::StrFormat("%s.struct_size is %zu: fill the struct with %s", what,
-                                 struct_size, init));
+    return Error(
+        TM_ERR_INVALID_ARGUMENT,
+        absl::StrFormat("%s.struct_size is %zu: fill the struct with %s", what, struct_size, init));
   }
   if (struct_size > known) {
     return Error(TM_ERR_INVALID_ARGUMENT,

@@ -1,11 +1,15 @@
 // The tm_status tag rides in a status payload so that it survives context added on the way up.
 #include "lib/base/status.h"
 
+#include <exception>
+#include <new>
 #include <string>
+#include <system_error>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 
 namespace tiermem {
@@ -83,6 +87,27 @@ absl::Status Retag(const absl::Status& s, tm_status code) {
   if (s.ok()) return s;
   if (code == TM_ERR_IO && s.code() == absl::StatusCode::kResourceExhausted) code = TM_ERR_NO_SPACE;
   return Error(code, s.message());
+}
+
+absl::Status CurrentExceptionStatus() {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return Error(TM_ERR_OUT_OF_MEMORY, "host memory exhausted (std::bad_alloc)");
+  } catch (const std::system_error& e) {
+    if (e.code() == std::errc::resource_unavailable_try_again) {
+      return Error(TM_ERR_OUT_OF_MEMORY,
+                   absl::StrFormat("the system would not start a thread (%s): the process's "
+                                   "threads are limited by ulimit -u (RLIMIT_NPROC), "
+                                   "/proc/sys/kernel/threads-max and a cgroup's pids.max",
+                                   e.what()));
+    }
+    return Error(TM_ERR_INTERNAL, absl::StrFormat("unexpected exception: %s", e.what()));
+  } catch (const std::exception& e) {
+    return Error(TM_ERR_INTERNAL, absl::StrFormat("unexpected exception: %s", e.what()));
+  } catch (...) {
+    return Error(TM_ERR_INTERNAL, "unexpected exception");
+  }
 }
 
 }  // namespace tiermem

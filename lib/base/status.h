@@ -18,5 +18,9 @@ absl::Status WithContext(const absl::Status& s, absl::string_view context);
 // Re-tags a status from io/ or a device as `code`, except that ResourceExhausted from file
 // I/O means the disk is full (TM_ERR_NO_SPACE).
 absl::Status Retag(const absl::Status& s, tm_status code);
+// The exception being handled (call only inside a catch block) as a status: std::bad_alloc
+// and a thread the system would not start (std::system_error, EAGAIN) are
+// TM_ERR_OUT_OF_MEMORY, with what limits them; anything else is TM_ERR_INTERNAL, a bug.
+absl::Status CurrentExceptionStatus();
 
 }  // namespace tiermem
