@@ -13,9 +13,11 @@ import ctypes
 import weakref
 
 import torch
+from torch._C import DisableTorchFunction
 
 from .. import TM_ERR_BUSY, TM_ERR_OUT_OF_MEMORY, TiermemError
 from . import views
+from .offloaded import mark_in, mark_out
 from .swapped import _Swapped
 from .transfers import _CUDA_STREAM_LEGACY, _destroy_quietly, _is_cuda_runtime, _resize_storage
 
@@ -105,7 +107,8 @@ class _ViewedParam(_Swapped):
 
     def __init__(self, runtime, tensor, cls, name, tier):
         super().__init__(runtime, tensor, cls, name, tier)
-        self.placeholder = tensor.data  # shares the (now freed) storage; refilled by copies
+        with DisableTorchFunction():  # out already (tiermem.torch.offloaded)
+            self.placeholder = tensor.data  # shares the (now freed) storage; refilled by copies
         self.view_ptr = None  # the HBM copy's address while p.data views it
         self.address = None  # where p.data's bytes are while in (a view's or its own)
         self.view_state = None  # the acquire of the view p.data is now
@@ -119,9 +122,16 @@ class _ViewedParam(_Swapped):
         it views."""
         if self.resident:
             return self.view_ptr is not None
-        if view and self.viewable and self._view_in():
-            self.address = self.view_ptr
-            return True
+        if view and self.viewable:
+            mark_in(self.tensor)
+            try:
+                viewed = self._view_in()
+            except BaseException:
+                mark_out(self.tensor)
+                raise
+            if viewed:
+                self.address = self.view_ptr
+                return True
         super().bring_in()  # out, p.data is the placeholder: its storage refilled
         self.address = self.tensor.data_ptr()
         return False
@@ -163,6 +173,7 @@ class _ViewedParam(_Swapped):
         self.view_ptr = None
         self.resident = False
         self.tensor.data = self.placeholder  # frees the view: released here, as a rule
+        mark_out(self.tensor)
 
     def restore(self):
         """Back to an ordinary tensor (its own memory, the current bytes); tiermem's copy
@@ -175,7 +186,11 @@ class _ViewedParam(_Swapped):
             except TiermemError as e:
                 # Written through a view that something else still holds: its HBM copy stays
                 # pinned for writing until that is dropped. Read it there.
-                if e.status != TM_ERR_BUSY or not self.views.live or not self._view_in():
+                if e.status != TM_ERR_BUSY or not self.views.live:
+                    raise
+                mark_in(self.tensor)
+                if not self._view_in():
+                    mark_out(self.tensor)
                     raise
         current = self.tensor.data
         _resize_storage(self.placeholder, self.nbytes)

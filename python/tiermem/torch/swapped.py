@@ -2,6 +2,7 @@
 state, parameters)."""
 
 from .. import TiermemError
+from .offloaded import mark_in, mark_out
 from .transfers import _TIER_HOME, _destroy_quietly, _fetch, _resize_storage, _send
 
 
@@ -27,6 +28,7 @@ class _Swapped:
         _send(self.tm, self.tensor, self.nbytes, self.tier)
         _resize_storage(self.tensor, 0)
         self.resident = False
+        mark_out(self.tensor)
 
     def prefetch(self, tier=None):
         """Starts bringing the bytes up ahead of bring_in: to tier, or (None) to DRAM when they
@@ -45,11 +47,13 @@ class _Swapped:
     def bring_in(self):
         if self.resident:
             return
-        _resize_storage(self.tensor, self.nbytes)
+        mark_in(self.tensor)
         try:
+            _resize_storage(self.tensor, self.nbytes)
             _fetch(self.tm, self.tensor, self.nbytes)
         except BaseException:
             _resize_storage(self.tensor, 0)
+            mark_out(self.tensor)
             raise
         self.resident = True
         self.version = self.tensor._version
@@ -65,6 +69,7 @@ class _Swapped:
         else:
             _resize_storage(self.tensor, 0)
             self.resident = False
+            mark_out(self.tensor)
 
     def restore(self):
         """Back to an ordinary tensor: resident, and tiermem's copy destroyed."""

@@ -1,0 +1,105 @@
+"""What a tensor whose memory tiermem freed is to code that touches it between uses (an
+offloaded parameter outside its unit, optimizer state outside optimizer.step()).
+
+Its storage is empty while tiermem holds its bytes, and PyTorch's kernels do not check a
+tensor's storage against its shape: reading it would crash the process or return garbage. So
+while it is out, the tensor's class is swapped for a subclass (of its own class: a parameter
+stays an nn.Parameter) whose __torch_function__ lets through what reads no data (shape, dtype,
+device, requires_grad, the gradient, hooks) and raises a RuntimeError, naming the tensor and
+saying how to read it, for anything else. detach() and .data give tensors of the same kind, so
+that state_dict() (which detaches) still works: its hook puts copies read from tiermem in their
+place. When the tensor is brought in, its own class comes back."""
+
+import torch
+from torch._C import DisableTorchFunction
+
+_ALLOWED_PROPERTIES = (
+    "shape", "dtype", "device", "layout", "requires_grad", "is_leaf", "grad", "grad_fn",
+    "is_cuda", "is_sparse", "is_quantized", "is_meta", "is_nested", "is_mkldnn", "ndim", "names",
+    "_version", "_base", "output_nr", "_backward_hooks", "_post_accumulate_grad_hooks")
+_ALLOWED_METHODS = (
+    "size", "dim", "numel", "nelement", "element_size", "stride", "is_contiguous",
+    "storage_offset", "__hash__", "__len__", "register_hook", "retain_grad", "requires_grad_",
+    "is_floating_point", "is_complex", "is_signed", "get_device", "_is_view",
+    "register_post_accumulate_grad_hook", "storage", "untyped_storage", "_storage", "_typed_storage")
+_SHELLS = ("detach",)
+
+
+def _functions(names, accessors):
+    out = set()
+    for name in names:
+        attr = getattr(torch.Tensor, name, None)
+        if attr is None:
+            continue  # not in this version of torch
+        for accessor in accessors:
+            f = getattr(attr, accessor, None) if accessor else attr
+            if f is not None:
+                out.add(f)
+    return out
+
+
+_ALLOWED = (_functions(_ALLOWED_PROPERTIES, ("__get__", "__set__", "__delete__")) |
+            _functions(_ALLOWED_METHODS, (None,)))
+_SHELL = _functions(_SHELLS, (None,)) | _functions(("data",), ("__get__",))
+
+
+class _Offloaded:
+    """Mixed in before the tensor's own class while its memory is freed."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _ALLOWED or func in _SHELL:
+            with DisableTorchFunction():
+                result = func(*args, **kwargs)
+            if func in _SHELL and isinstance(result, torch.Tensor):
+                result.__class__ = offloaded_class(type(result))
+            return result
+        what = getattr(func, "__name__", str(func))
+        raise RuntimeError(
+            "%s: this tensor's memory is offloaded by tiermem (its bytes are in tiermem and its "
+            "own storage is freed), so it cannot be read or changed here. A parameter is in "
+            "within its unit's forward and backward, or within ParameterOffload.gathered(); "
+            "optimizer state within optimizer.step(); remove() brings either back for good"
+            % (_describe(args, what)))
+
+    def __repr__(self):
+        with DisableTorchFunction():
+            shape, dtype = list(self.shape), self.dtype
+        return "<%s offloaded by tiermem: shape %s, %s>" % (
+            type(self).__mro__[2].__name__, shape, str(dtype).replace("torch.", ""))
+
+
+def _describe(args, what):
+    for a in args:
+        if isinstance(a, _Offloaded):
+            with DisableTorchFunction():
+                return "%s on a %s tensor of shape %s" % (
+                    what, str(a.dtype).replace("torch.", ""), list(a.shape))
+    return what
+
+
+_classes = {}
+
+
+def offloaded_class(cls):
+    """The offloaded kind of cls (cached)."""
+    if issubclass(cls, _Offloaded):
+        return cls
+    made = _classes.get(cls)
+    if made is None:
+        made = type("Offloaded" + cls.__name__, (_Offloaded, cls), {})
+        _classes[cls] = made
+    return made
+
+
+def mark_out(t):
+    """t's memory is freed: operations on it raise from now on."""
+    if not isinstance(t, _Offloaded):
+        t.__class__ = offloaded_class(type(t))
+
+
+def mark_in(t):
+    """t's memory is back: its own class again."""
+    if isinstance(t, _Offloaded):
+        t.__class__ = type(t).__mro__[2]

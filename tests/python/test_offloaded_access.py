@@ -1,0 +1,106 @@
+"""Touching a tensor while tiermem holds its bytes (an offloaded parameter outside its unit,
+optimizer state between steps): what reads no data works, anything else raises a RuntimeError
+that says why, never reads the freed storage (which crashed the process or returned garbage);
+state_dict() still works, and training after the error is unchanged."""
+
+import copy
+
+import pytest
+import torch
+
+import tiermem.torch as tt
+
+OFFLOADED = "offloaded by tiermem"
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
+                                 for _ in range(3)])
+
+
+def units(m):
+    return [type(m[0])]  # the three blocks
+
+
+def step(m, opt, seed):
+    torch.manual_seed(seed)
+    loss = m(torch.randn(4, 16)).square().sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.item()
+
+
+TOUCHES = {
+    "sum": lambda m, w: w.sum(),
+    "detach-norm": lambda m, w: w.detach().norm(),
+    "numpy": lambda m, w: w.detach().numpy().sum(),
+    "clone": lambda m, w: w.detach().clone(),
+    "data-fill": lambda m, w: w.data.fill_(1.0),
+    "copy-from": lambda m, w: torch.zeros(w.shape).copy_(w),
+    "index": lambda m, w: w[0, 0].item(),
+    "deepcopy": lambda m, w: copy.deepcopy(m),
+    "to-vector": lambda m, w: torch.nn.utils.parameters_to_vector(m.parameters()),
+    "double": lambda m, w: m.double(),
+    "keep-vars": lambda m, w: m.state_dict(keep_vars=True)["0.0.weight"].sum(),
+}
+
+
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+@pytest.mark.parametrize("touch", sorted(TOUCHES))
+def test_touching_an_offloaded_parameter_raises(make_runtime, tier, touch):
+    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
+    ref = model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    po = tt.offload_parameters(m, rt, tier, optimizer=opt, units=units(m))
+    w = m[0][0].weight
+    # What reads no data still works.
+    assert isinstance(w, torch.nn.Parameter) and w.requires_grad and w.is_leaf
+    assert w.shape == (16, 16) and w.dtype == torch.float32 and w.numel() == 256
+    assert OFFLOADED in repr(w) and OFFLOADED in str(w.detach())
+    with pytest.raises(RuntimeError, match=OFFLOADED):
+        TOUCHES[touch](m, w)
+    # Nothing changed: the same training as the plain model, bit for bit, and the parameters
+    # let go after each step (optimizer= given) refuse again.
+    for i in range(2):
+        assert step(m, opt, i) == step(ref, ref_opt, i)
+        with pytest.raises(RuntimeError, match=OFFLOADED):
+            TOUCHES[touch](m, w)
+    state = m.state_dict()
+    for k, v in ref.state_dict().items():
+        assert torch.equal(state[k], v), k
+    with po.gathered():
+        assert torch.equal(w.detach().clone(), ref[0][0].weight.detach())
+    po.remove()
+    assert type(w) is torch.nn.Parameter and torch.equal(w.detach(), ref[0][0].weight.detach())
+    assert rt.stats()["tensors"] == 0
+
+
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_touching_offloaded_optimizer_state_raises(make_runtime, tier):
+    rt = make_runtime(dram_bytes="1MiB")
+    ref = model()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
+    m = model()
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    state = tt.offload_optimizer_state(opt, rt, tier, min_bytes=0)
+    for i in range(2):
+        assert step(m, opt, i) == step(ref, ref_opt, i)
+    moment = opt.state[m[0][0].weight]["exp_avg"]
+    assert moment.shape == (16, 16) and OFFLOADED in repr(moment)
+    for touch in (lambda: moment.norm(), lambda: moment.clone(), lambda: moment.add_(1)):
+        with pytest.raises(RuntimeError, match=OFFLOADED):
+            touch()
+    sd = opt.state_dict()  # copies read from tiermem
+    ref_sd = ref_opt.state_dict()
+    for k, st in ref_sd["state"].items():
+        for n, v in st.items():
+            assert torch.equal(sd["state"][k][n], v), (k, n)
+    assert step(m, opt, 2) == step(ref, ref_opt, 2)
+    state.remove()
+    assert type(moment) is torch.Tensor
+    assert torch.equal(moment, ref_opt.state[ref[0][0].weight]["exp_avg"])
+    assert rt.stats()["tensors"] == 0
