@@ -14,6 +14,7 @@ import ctypes
 import itertools
 import os
 import threading
+import weakref
 
 from . import _capi
 from ._sizes import allocator_callbacks, config_field, parse_size, u64
@@ -310,6 +311,13 @@ class Runtime:
         self._step_index = 0
         self._in_step = False
         self._names = {}
+        # Offloads whose tensors hold a framework's only copy (tiermem.torch's parameters and
+        # optimizer state): close() brings them home first.
+        self._homecoming = weakref.WeakSet()
+
+    def _bring_home_at_close(self, offload):
+        """close() calls offload.remove() before the runtime goes (tiermem.torch)."""
+        self._homecoming.add(offload)
 
     def _handle(self):
         if self._rt is None:
@@ -322,10 +330,23 @@ class Runtime:
         return self._rt is None
 
     def close(self):
-        """Destroys the runtime and every tensor it still holds; its swap files vanish."""
-        if self._rt is not None:
-            rt, self._rt = self._rt, None
-            _check(_lib.tm_runtime_destroy(rt), "tm_runtime_destroy")
+        """Destroys the runtime and every tensor it still holds; its swap files vanish. Offloads
+        of tiermem.torch still in place (parameters, optimizer state) are brought home first,
+        as their remove() does, so that the model keeps its weights: when one cannot be, close
+        raises and the runtime stays open."""
+        if self._rt is None:
+            return
+        for offload in list(getattr(self, "_homecoming", ())):
+            try:
+                offload.remove()
+            except Exception as e:
+                raise TiermemError(
+                    _capi.STATUS_NAMES.index("TM_ERR_BUSY"),
+                    "close: %s could not bring its tensors home (%s): the runtime stays open, "
+                    "with their bytes" % (type(offload).__name__, e)) from e
+            self._homecoming.discard(offload)
+        rt, self._rt = self._rt, None
+        _check(_lib.tm_runtime_destroy(rt), "tm_runtime_destroy")
 
     def __enter__(self):
         return self

@@ -104,3 +104,30 @@ def test_touching_offloaded_optimizer_state_raises(make_runtime, tier):
     assert type(moment) is torch.Tensor
     assert torch.equal(moment, ref_opt.state[ref[0][0].weight]["exp_avg"])
     assert rt.stats()["tensors"] == 0
+
+
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_close_brings_offloads_home(make_runtime, tier):
+    # `with tiermem.Runtime(...) as rt:` and the model used after the block: closing the
+    # runtime must not take the model's only copy of its weights (nor the optimizer's state).
+    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
+    ref = model()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
+    m = model()
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    params = tt.offload_parameters(m, rt, tier, optimizer=opt, units=units(m))
+    state = tt.offload_optimizer_state(opt, rt, tier, min_bytes=0)
+    for i in range(2):
+        assert step(m, opt, i) == step(ref, ref_opt, i)
+    assert OFFLOADED in repr(m[1][0].weight)
+    rt.close()
+    assert rt.closed
+    for (k, v), (_, r) in zip(m.state_dict().items(), ref.state_dict().items()):
+        assert type(v) is torch.Tensor and torch.equal(v, r), k
+    for p, q in zip(m.parameters(), ref.parameters()):
+        assert type(p) is torch.nn.Parameter
+        assert torch.equal(opt.state[p]["exp_avg"], ref_opt.state[q]["exp_avg"])
+    # Training goes on without tiermem, as the plain model does; remove() is a no-op now.
+    assert step(m, opt, 2) == step(ref, ref_opt, 2)
+    params.remove()
+    state.remove()

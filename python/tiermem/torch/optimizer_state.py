@@ -145,6 +145,7 @@ class OptimizerStateOffload:
         self.driver.state = self
         for group in optimizer.param_groups:
             self.adopt(group["params"])
+        runtime._bring_home_at_close(self)  # close() brings them home first
 
     def adopt(self, params):
         """Offloads the state tensors of params not yet held (new after a first step)."""
@@ -171,10 +172,13 @@ class OptimizerStateOffload:
         self.records.clear()
 
     def remove(self):
-        """The state back in ordinary tensors; optimizer.step unwrapped."""
+        """The state back in ordinary tensors; optimizer.step unwrapped. Once: a second call
+        (or the runtime's close() after it) does nothing."""
         self.release_all()
-        self.driver.state = None
-        self.driver.detach_if_unused()
+        if self.driver is not None:
+            self.driver.state = None
+            self.driver.detach_if_unused()
+            self.driver = None
 
 
 def offload_optimizer_state(optimizer, runtime, tier="dram", min_bytes=4096,

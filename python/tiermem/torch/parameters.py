@@ -143,6 +143,7 @@ class ParameterOffload:
             self.driver.params = self
         else:
             self.driver = None
+        runtime._bring_home_at_close(self)  # close() brings them home first
 
     # Reference counts: a tied parameter is held by each unit using it.
     def hold(self, s, view=True):
@@ -322,6 +323,7 @@ class ParameterOffload:
         if self.driver is not None:
             self.driver.params = None
             self.driver.detach_if_unused()
+            self.driver = None  # a second remove() (or the runtime's close()) does nothing
 
 
 def offload_parameters(module, runtime, tier="dram", optimizer=None, bucket_bytes=64 << 20,
