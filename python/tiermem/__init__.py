@@ -425,7 +425,17 @@ class Runtime:
     @contextlib.contextmanager
     def step(self):
         """One training step: the first step's order of uses becomes the schedule that later
-        steps prefetch by."""
+        steps prefetch by. Steps do not nest, and a runtime has one at a time, shared by all
+        its threads: a step() inside another raises (TM_ERR_INVALID_ARGUMENT), the outer one
+        going on."""
+        with self._lock:
+            nested = self._in_step
+        if nested:
+            raise TiermemError(
+                _capi.STATUS_NAMES.index("TM_ERR_INVALID_ARGUMENT"),
+                "step: a step is running already on this runtime: steps do not nest, and a "
+                "runtime has one step at a time, shared by all its threads (the schedule is one "
+                "order of uses)")
         self.step_begin()
         try:
             yield self

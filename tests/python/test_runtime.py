@@ -97,6 +97,25 @@ def test_step_and_close(make_runtime):
         rt.stats()
 
 
+def test_steps_do_not_nest(make_runtime):
+    rt = make_runtime()
+    t = rt.tensor(4096, "activation", "dram", "t")
+    with rt.step():
+        t.write(b"x" * 4096)
+        with pytest.raises(tiermem.TiermemError) as e:
+            with rt.step():
+                pass
+        assert e.value.status == tiermem.TM_ERR_INVALID_ARGUMENT
+        assert "steps do not nest" in e.value.message
+        t.read(4096)
+    # The outer step went on and ended; the next one begins as usual.
+    assert rt.step_index == 1
+    with rt.step():
+        t.read(4096)
+    assert rt.step_index == 2
+    t.destroy()
+
+
 def test_installed_package_finds_its_library(tmp_path):
     """cmake --install puts the package into the site directory with the library's path."""
     build = os.environ.get("TIERMEM_BUILD_DIR")
