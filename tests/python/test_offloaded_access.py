@@ -131,3 +131,31 @@ def test_close_brings_offloads_home(make_runtime, tier):
     assert step(m, opt, 2) == step(ref, ref_opt, 2)
     params.remove()
     state.remove()
+
+
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+@pytest.mark.parametrize("views", [True, False], ids=["views", "copies"])
+def test_converting_a_model_in_offload_is_refused_not_undone(make_runtime, tier, views):
+    # Without optimizer=, the backward leaves the units in; model.double() then converts the
+    # parameters in place. Letting them go would put float32 bytes back under them: refused,
+    # and remove() keeps the converted parameters.
+    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
+    ref = model()
+    m = model()
+    po = tt.offload_parameters(m, rt, tier, units=units(m), views=views)
+    for net in (ref, m):
+        torch.manual_seed(0)
+        net(torch.randn(4, 16)).sum().backward()
+    assert OFFLOADED not in repr(m[0][0].weight)  # in: kept since the backward
+    m.double()
+    ref.double()
+    with pytest.raises(RuntimeError, match="changed from float32 on cpu, shape \\[16, 16\\], "
+                                           "to float64"):
+        m(torch.randn(4, 16, dtype=torch.float64))
+    po.remove()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        assert p.dtype == torch.float64 and torch.equal(p, q)
+    torch.manual_seed(1)
+    x = torch.randn(4, 16, dtype=torch.float64)
+    assert torch.equal(m(x), ref(x))
+    assert rt.stats()["tensors"] == 0

@@ -162,6 +162,7 @@ class _ViewedParam(_Swapped):
         or by default a change of the parameter's version)."""
         if not self.resident:
             return
+        self.check_unconverted()
         self.address = None
         if self.view_ptr is None:
             super().let_go(dirty)
@@ -178,6 +179,11 @@ class _ViewedParam(_Swapped):
     def restore(self):
         """Back to an ordinary tensor (its own memory, the current bytes); tiermem's copy
         destroyed."""
+        if self.resident and self.converted():
+            # Converted while in (model.double()): the converted tensor is the one to keep.
+            self.view_ptr = self.address = self.view_state = None
+            self._destroy()
+            return
         if self.view_ptr is None:
             try:
                 _Swapped.bring_in(self)  # a copy into its own memory, not a view

@@ -9,10 +9,12 @@ from .transfers import _TIER_HOME, _destroy_quietly, _fetch, _resize_storage, _s
 class _Swapped:
     """One torch tensor whose bytes live in tiermem between uses."""
 
-    __slots__ = ("tensor", "tm", "nbytes", "tier", "resident", "version", "refs")
+    __slots__ = ("tensor", "tm", "nbytes", "tier", "resident", "version", "refs", "name", "kind")
 
     def __init__(self, runtime, tensor, cls, name, tier):
         self.tensor = tensor
+        self.name = name
+        self.kind = (tensor.dtype, tensor.device, tensor.shape)
         self.nbytes = tensor.numel() * tensor.element_size()
         self.tier = tier
         self.tm = runtime.tensor(self.nbytes, cls, _TIER_HOME[tier], name)
@@ -58,10 +60,30 @@ class _Swapped:
         self.resident = True
         self.version = self.tensor._version
 
+    def converted(self):
+        """Whether the tensor was converted (dtype, device or shape) since it was offloaded."""
+        t = self.tensor
+        return (t.dtype, t.device, t.shape) != self.kind
+
+    def check_unconverted(self):
+        """Raises when the tensor was converted while in (model.double(), .to(device)): its
+        bytes no longer fit tiermem's copy, and letting go would undo the conversion silently."""
+        dtype, device, shape = self.kind
+        t = self.tensor
+        if self.converted():
+            raise RuntimeError(
+                "%s was changed from %s on %s, shape %s, to %s on %s, shape %s while tiermem "
+                "holds it (a model.double() / .half() / .to() between offload_parameters or "
+                "offload_optimizer_state and remove()): convert before offloading, or after "
+                "remove(), which keeps the converted tensor" % (
+                    self.name, str(dtype).replace("torch.", ""), device, list(shape),
+                    str(t.dtype).replace("torch.", ""), t.device, list(t.shape)))
+
     def let_go(self, dirty=None):
         """Frees the memory; writes the bytes back first when they changed since bring_in."""
         if not self.resident:
             return
+        self.check_unconverted()
         if dirty is None:
             dirty = self.tensor._version != self.version
         if dirty:
