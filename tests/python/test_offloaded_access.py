@@ -19,6 +19,12 @@ def model():
                                  for _ in range(3)])
 
 
+def twins(optimizer, **kw):
+    """A plain model and one to offload, equal, each with its optimizer."""
+    ref, m = model(), model()
+    return ref, optimizer(ref.parameters(), **kw), m, optimizer(m.parameters(), **kw)
+
+
 def units(m):
     return [type(m[0])]  # the three blocks
 
@@ -51,10 +57,7 @@ TOUCHES = {
 @pytest.mark.parametrize("touch", sorted(TOUCHES))
 def test_touching_an_offloaded_parameter_raises(make_runtime, tier, touch):
     rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
-    ref = model()
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    m = model()
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    ref, ref_opt, m, opt = twins(torch.optim.SGD, lr=0.1)
     po = tt.offload_parameters(m, rt, tier, optimizer=opt, units=units(m))
     w = m[0][0].weight
     # What reads no data still works.
@@ -82,10 +85,7 @@ def test_touching_an_offloaded_parameter_raises(make_runtime, tier, touch):
 @pytest.mark.parametrize("tier", ["dram", "nvme"])
 def test_touching_offloaded_optimizer_state_raises(make_runtime, tier):
     rt = make_runtime(dram_bytes="1MiB")
-    ref = model()
-    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
-    m = model()
-    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    ref, ref_opt, m, opt = twins(torch.optim.Adam, lr=0.01)
     state = tt.offload_optimizer_state(opt, rt, tier, min_bytes=0)
     for i in range(2):
         assert step(m, opt, i) == step(ref, ref_opt, i)
@@ -111,10 +111,7 @@ def test_close_brings_offloads_home(make_runtime, tier):
     # `with tiermem.Runtime(...) as rt:` and the model used after the block: closing the
     # runtime must not take the model's only copy of its weights (nor the optimizer's state).
     rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
-    ref = model()
-    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
-    m = model()
-    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    ref, ref_opt, m, opt = twins(torch.optim.Adam, lr=0.01)
     params = tt.offload_parameters(m, rt, tier, optimizer=opt, units=units(m))
     state = tt.offload_optimizer_state(opt, rt, tier, min_bytes=0)
     for i in range(2):
