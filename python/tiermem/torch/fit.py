@@ -345,7 +345,9 @@ def fit(model, runtime, hbm_budget, inputs, loss_fn=None, min_bytes=16384, link_
         inputs = (inputs,)
     blocks = _unit_modules(model, units)
     if not blocks:
-        raise FitError("the model has no blocks to plan (no non-empty nn.ModuleList; give units)")
+        raise FitError("the model has no blocks to plan: no nn.ModuleList holding parameters (by "
+                       "default the blocks are the entries of the largest, by parameters); give "
+                       "units=")
     if int(profile_steps) < 1:
         raise ValueError("profile_steps=%r: at least 1" % (profile_steps,))
     buffers = [(b, b.detach().clone()) for b in model.buffers()]

@@ -59,7 +59,8 @@ class _Offloaded:
         raise RuntimeError(
             "%s: this tensor's memory is offloaded by tiermem (its bytes are in tiermem and its "
             "own storage is freed), so it cannot be read or changed here. A parameter is in "
-            "within its unit's forward and backward, or within ParameterOffload.gathered(); "
+            "within its unit's forward and backward (a forward reading another unit's parameter "
+            "needs units= that put both in one unit), or within ParameterOffload.gathered(); "
             "optimizer state within optimizer.step(); remove() brings either back for good"
             % (_describe(args, what)))
 
