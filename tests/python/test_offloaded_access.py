@@ -156,3 +156,68 @@ def test_converting_a_model_in_offload_is_refused_not_undone(make_runtime, tier,
     x = torch.randn(4, 16, dtype=torch.float64)
     assert torch.equal(m(x), ref(x))
     assert rt.stats()["tensors"] == 0
+
+
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_what_reads_no_data_works_while_out(make_runtime, tier):
+    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
+    ref, ref_opt, m, opt = twins(torch.optim.SGD, lr=0.1)
+    po = tt.offload_parameters(m, rt, tier, optimizer=opt, units=units(m))
+    assert step(m, opt, 0) == step(ref, ref_opt, 0)
+    w = m[0][0].weight
+    assert OFFLOADED in f"{w}" and OFFLOADED in "%s" % w
+    assert torch.is_floating_point(w) and w.type() == "torch.FloatTensor"
+    assert torch.zeros_like(w).shape == w.shape and w.new_zeros(3).shape == (3,)
+    # Conversions to what the model is already return it (an eval helper's model.to(device)).
+    assert m.to("cpu") is m and m.cpu() is m and m.float() is m and m.to(torch.float32) is m
+    with pytest.raises(RuntimeError, match="^T \\(read\\) on a float32 tensor of shape "
+                                           "\\[16, 16\\]: .*" + OFFLOADED):
+        w.T.sum()
+    assert step(m, opt, 1) == step(ref, ref_opt, 1)
+    po.remove()
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), ref.parameters()))
+
+
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_close_between_forward_and_backward(make_runtime, tier):
+    # The backward's let-go runs after close() brought the parameters home: it must leave them.
+    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
+    ref, ref_opt, m, opt = twins(torch.optim.Adam, lr=0.01)
+    tt.offload_parameters(m, rt, tier, optimizer=opt, units=units(m))
+    assert step(m, opt, 0) == step(ref, ref_opt, 0)
+    torch.manual_seed(1)
+    loss = m(torch.randn(4, 16)).square().sum()
+    rt.close()
+    loss.backward()
+    opt.step()
+    step(ref, ref_opt, 1)
+    for p, q in zip(m.parameters(), ref.parameters()):
+        assert type(p) is torch.nn.Parameter and torch.equal(p, q)
+    assert step(m, opt, 2) == step(ref, ref_opt, 2)
+
+
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+@pytest.mark.parametrize("optimizer_aware", [False, True], ids=["kept", "optimizer"])
+def test_a_held_state_dict_and_hooks_of_ones_own(make_runtime, tier, optimizer_aware):
+    # A checkpoint's state_dict() held across steps (views of HBM copies held for writing),
+    # and hooks of the user's own on a unit: a pre-hook registered before offload_parameters,
+    # a forward hook after; both read the unit's parameters.
+    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
+    ref, ref_opt, m, opt = twins(torch.optim.SGD, lr=0.1)
+    seen = {id(ref): [], id(m): []}
+    for net in (ref, m):
+        net[1].register_forward_pre_hook(lambda mod, i, s=seen[id(net)]: s.append(
+            mod[0].weight.detach().norm().item()))
+    po = tt.offload_parameters(m, rt, tier, optimizer=opt if optimizer_aware else None,
+                               units=units(m))
+    for net in (ref, m):
+        net[1].register_forward_hook(lambda mod, i, o, s=seen[id(net)]: s.append(
+            mod[0].weight.detach().norm().item()))
+    assert step(m, opt, 0) == step(ref, ref_opt, 0)
+    held = m.state_dict()
+    for i in range(1, 4):
+        assert step(m, opt, i) == step(ref, ref_opt, i)
+    assert seen[id(m)] == seen[id(ref)] and len(seen[id(m)]) == 8
+    del held
+    po.remove()
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), ref.parameters()))

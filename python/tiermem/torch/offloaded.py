@@ -21,8 +21,18 @@ _ALLOWED_METHODS = (
     "size", "dim", "numel", "nelement", "element_size", "stride", "is_contiguous",
     "storage_offset", "__hash__", "__len__", "register_hook", "retain_grad", "requires_grad_",
     "is_floating_point", "is_complex", "is_signed", "get_device", "_is_view",
-    "register_post_accumulate_grad_hook", "storage", "untyped_storage", "_storage", "_typed_storage")
+    "register_post_accumulate_grad_hook", "storage", "untyped_storage", "_storage", "_typed_storage",
+    "is_pinned", "is_shared", "new_zeros", "new_ones", "new_empty", "new_full", "new_tensor",
+    "new_empty_strided")
+# Functions of torch that read no data of their tensor arguments (only shape, dtype, device).
+_ALLOWED_TORCH = ("is_floating_point", "is_complex", "is_signed", "numel", "zeros_like",
+                  "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
+                  "randint_like", "is_tensor", "_has_compatible_shallow_copy_type")
 _SHELLS = ("detach",)
+# Conversions: a no-op one returns the tensor itself and reads nothing (Module.to / .cpu() /
+# .float() of a model already there); any other one would read the freed storage.
+_CONVERSIONS = {"to": None, "cpu": None, "cuda": None, "float": torch.float32,
+                "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def _functions(names, accessors):
@@ -39,7 +49,48 @@ def _functions(names, accessors):
 
 
 _ALLOWED = (_functions(_ALLOWED_PROPERTIES, ("__get__", "__set__", "__delete__")) |
-            _functions(_ALLOWED_METHODS, (None,)))
+            _functions(_ALLOWED_METHODS, (None,)) |
+            {getattr(torch, n) for n in _ALLOWED_TORCH if hasattr(torch, n)})
+_CONVERTERS = {getattr(torch.Tensor, n): n for n in _CONVERSIONS if hasattr(torch.Tensor, n)}
+_DATA_SET = torch.Tensor.data.__set__
+_TYPE = torch.Tensor.type
+
+
+def _is_no_op(func, args, kwargs):
+    """Whether func(*args, **kwargs) is a conversion of args[0] to what it is already (torch
+    then returns the tensor itself), or .data set to the tensor itself (Module._apply after
+    such a conversion), or .type() asked for its name."""
+    if not args:
+        return False
+    t = args[0]
+    if func == _DATA_SET:
+        return len(args) > 1 and args[1] is t
+    if func == _TYPE:
+        return len(args) == 1 and not kwargs
+    name = _CONVERTERS.get(func)
+    if name is None:
+        return False
+    with DisableTorchFunction():
+        dtype, device = t.dtype, t.device
+    if name == "to":
+        if kwargs.get("copy"):
+            return False
+        try:
+            to_device, to_dtype, _, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
+        except Exception:
+            return False
+        if memory_format not in (None, torch.preserve_format):
+            return False
+        return ((to_dtype is None or to_dtype == dtype) and
+                (to_device is None or (to_device.type == device.type and
+                                       to_device.index in (None, device.index))))
+    if len(args) > 1 or any(k != "non_blocking" for k in kwargs):
+        return False  # a device or memory format given: not worth telling apart
+    if name == "cpu":
+        return device.type == "cpu"
+    if name == "cuda":
+        return device.type == "cuda"
+    return dtype == _CONVERSIONS[name]
 _SHELL = _functions(_SHELLS, (None,)) | _functions(("data",), ("__get__",))
 
 
@@ -49,13 +100,15 @@ class _Offloaded:
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _is_no_op(func, args, kwargs):
+            return args[0] if func not in (_DATA_SET, _TYPE) else _call(func, args, kwargs)
         if func in _ALLOWED or func in _SHELL:
             with DisableTorchFunction():
                 result = func(*args, **kwargs)
             if func in _SHELL and isinstance(result, torch.Tensor):
                 result.__class__ = offloaded_class(type(result))
             return result
-        what = getattr(func, "__name__", str(func))
+        what = _name(func)
         raise RuntimeError(
             "%s: this tensor's memory is offloaded by tiermem (its bytes are in tiermem and its "
             "own storage is freed), so it cannot be read or changed here. A parameter is in "
@@ -64,11 +117,29 @@ class _Offloaded:
             "optimizer state within optimizer.step(); remove() brings either back for good"
             % (_describe(args, what)))
 
+    def __format__(self, spec):
+        return repr(self) if not spec else format(repr(self), spec)
+
     def __repr__(self):
         with DisableTorchFunction():
             shape, dtype = list(self.shape), self.dtype
         return "<%s offloaded by tiermem: shape %s, %s>" % (
             type(self).__mro__[2].__name__, shape, str(dtype).replace("torch.", ""))
+
+
+def _call(func, args, kwargs):
+    with DisableTorchFunction():
+        return func(*args, **kwargs)
+
+
+def _name(func):
+    """The function's name; a property's own name for its __get__ / __set__ (p.T: "T")."""
+    name = getattr(func, "__name__", str(func))
+    if name in ("__get__", "__set__", "__delete__"):
+        owner = getattr(getattr(func, "__self__", None), "__name__", None)
+        if owner:
+            return "%s (%s)" % (owner, "read" if name == "__get__" else "set")
+    return name
 
 
 def _describe(args, what):

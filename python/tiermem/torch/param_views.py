@@ -120,7 +120,7 @@ class _ViewedParam(_Swapped):
     def bring_in(self, view=True):
         """In: a view of the HBM copy (view, when it can be), else a copy. Returns True when
         it views."""
-        if self.resident:
+        if self.resident or self.home:
             return self.view_ptr is not None
         if view and self.viewable:
             mark_in(self.tensor)
@@ -160,7 +160,7 @@ class _ViewedParam(_Swapped):
         """Out. A view is dropped; its copy is released once PyTorch frees the view (at once,
         unless something else still holds it), marked changed first when it was written (dirty,
         or by default a change of the parameter's version)."""
-        if not self.resident:
+        if not self.resident or self.home:
             return
         self.check_unconverted()
         self.address = None
@@ -176,7 +176,7 @@ class _ViewedParam(_Swapped):
         self.tensor.data = self.placeholder  # frees the view: released here, as a rule
         mark_out(self.tensor)
 
-    def restore(self):
+    def _restore(self):
         """Back to an ordinary tensor (its own memory, the current bytes); tiermem's copy
         destroyed."""
         if self.resident and self.converted():

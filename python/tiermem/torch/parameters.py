@@ -30,10 +30,21 @@ class _PreBackward(torch.autograd.Function):
 class _Unit:
     """A module subtree whose parameters come and go together."""
 
-    __slots__ = ("module", "records", "index")
+    __slots__ = ("module", "records", "index", "hook_ids")
 
     def __init__(self, module, records):
-        self.module, self.records, self.index = module, records, None
+        self.module, self.records, self.index, self.hook_ids = module, records, None, None
+
+
+def _order_hooks(unit):
+    """The unit's forward pre-hook of ours runs first, its forward hook last, so that hooks of
+    the caller's own on the unit module (registered before offload_parameters or after) find
+    its parameters in. Torch runs a module's hooks in the order of their dicts."""
+    pre, post = unit.hook_ids
+    for hooks, key, last in ((getattr(unit.module, "_forward_pre_hooks", None), pre, False),
+                             (getattr(unit.module, "_forward_hooks", None), post, True)):
+        if hooks is not None and key in hooks and hasattr(hooks, "move_to_end"):
+            hooks.move_to_end(key, last=last)
 
 
 def _largest_module_list(module):
@@ -124,8 +135,11 @@ class ParameterOffload:
         self._backward_hooked = False
         self._hooks = []
         for u in self.units:
-            self._hooks.append(u.module.register_forward_pre_hook(self._pre_forward_of(u)))
-            self._hooks.append(u.module.register_forward_hook(self._post_forward_of(u)))
+            pre = u.module.register_forward_pre_hook(self._pre_forward_of(u))
+            post = u.module.register_forward_hook(self._post_forward_of(u))
+            u.hook_ids = (pre.id, post.id)
+            _order_hooks(u)
+            self._hooks += [pre, post]
         self._loading = 0  # load_state_dict() calls running
         self._hooks += param_state_dict.install(self)
         self.optimizer_aware = optimizer is not None
@@ -216,6 +230,7 @@ class ParameterOffload:
 
     def _pre_forward_of(self, unit):
         def hook(module, inputs):
+            _order_hooks(unit)  # hooks of the caller's own, registered since, inside ours
             self._backward_hooked = False  # a backward that raised never ran its callback
             if self._saving_unit is unit:
                 self._stop_saving()  # its forward raised: the post-forward hook never ran

@@ -9,7 +9,8 @@ from .transfers import _TIER_HOME, _destroy_quietly, _fetch, _resize_storage, _s
 class _Swapped:
     """One torch tensor whose bytes live in tiermem between uses."""
 
-    __slots__ = ("tensor", "tm", "nbytes", "tier", "resident", "version", "refs", "name", "kind")
+    __slots__ = ("tensor", "tm", "nbytes", "tier", "resident", "version", "refs", "name", "kind",
+                 "home")
 
     def __init__(self, runtime, tensor, cls, name, tier):
         self.tensor = tensor
@@ -19,6 +20,7 @@ class _Swapped:
         self.tier = tier
         self.tm = runtime.tensor(self.nbytes, cls, _TIER_HOME[tier], name)
         self.refs = 0
+        self.home = False  # restored for good: the tensor is ordinary again, this record inert
         try:
             self.send()
         except BaseException:
@@ -35,16 +37,18 @@ class _Swapped:
     def prefetch(self, tier=None):
         """Starts bringing the bytes up ahead of bring_in: to tier, or (None) to DRAM when they
         live on NVMe. A hint: tiermem drops it when there is no room."""
-        if self.resident:
+        if self.resident or self.home:
             return
         if tier is None:
-            if self.tier == "nvme":
-                self.tm.prefetch("dram")
-            return
+            if self.tier != "nvme":
+                return
+            tier = "dram"
         try:
             self.tm.prefetch(tier)
         except TiermemError:
-            pass  # busy (acquired, or moving down): bring_in copies from where the bytes are
+            # Busy (acquired, its HBM copy held for writing by a view something still holds,
+            # or moving down): bring_in copies from where the bytes are.
+            pass
 
     def bring_in(self):
         if self.resident:
@@ -81,7 +85,7 @@ class _Swapped:
 
     def let_go(self, dirty=None):
         """Frees the memory; writes the bytes back first when they changed since bring_in."""
-        if not self.resident:
+        if not self.resident or self.home:
             return
         self.check_unconverted()
         if dirty is None:
@@ -94,6 +98,14 @@ class _Swapped:
             mark_out(self.tensor)
 
     def restore(self):
-        """Back to an ordinary tensor: resident, and tiermem's copy destroyed."""
+        """Back to an ordinary tensor: resident, and tiermem's copy destroyed. From then on the
+        record does nothing (hooks and autograd nodes made before may still call it: a backward
+        after the runtime's close() brought everything home)."""
+        if self.home:
+            return
+        self._restore()
+        self.home = True
+
+    def _restore(self):
         self.bring_in()
         _destroy_quietly(self.tm)
