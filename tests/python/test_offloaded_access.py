@@ -221,3 +221,27 @@ def test_a_held_state_dict_and_hooks_of_ones_own(make_runtime, tier, optimizer_a
     del held
     po.remove()
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), ref.parameters()))
+
+
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_a_deepcopy_made_inside_gathered_is_a_plain_model(make_runtime, tier):
+    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
+    ref, ref_opt, m, opt = twins(torch.optim.SGD, lr=0.1)
+    po = tt.offload_parameters(m, rt, tier, optimizer=opt, units=units(m))
+    assert step(m, opt, 0) == step(ref, ref_opt, 0)
+    with po.gathered():
+        twin = copy.deepcopy(m)  # carries tiermem's hooks: they must leave it alone
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(2)  # the twin's own weights now: its state_dict() must give them
+    for (k, a), b in zip(twin.state_dict().items(), ref.state_dict().values()):
+        assert torch.equal(a, 2 * b), k
+    acquires = rt.stats()["acquires"]
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+    step(twin, twin_opt, 1)  # the original's units are not brought in for it
+    twin.load_state_dict(ref.state_dict())
+    assert rt.stats()["acquires"] == acquires
+    assert OFFLOADED in repr(m[0][0].weight)  # the original stayed out throughout
+    assert step(m, opt, 1) == step(ref, ref_opt, 1)
+    po.remove()
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), ref.parameters()))

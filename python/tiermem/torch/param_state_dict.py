@@ -20,10 +20,13 @@ def _keys(offload, prefix):
 
 
 def install(offload):
-    """Hooks on offload.module; returns their handles (removed by ParameterOffload.remove)."""
+    """Hooks on offload.module; returns their handles (removed by ParameterOffload.remove). A
+    copy of the module (copy.deepcopy inside gathered()) carries them: they leave it alone."""
     module = offload.module
 
     def after_state_dict(mod, state_dict, prefix, local_metadata):
+        if mod is not module:
+            return state_dict
         for key, record in _keys(offload, prefix).items():
             value = state_dict.get(key)
             if value is None or isinstance(value, torch.nn.Parameter) or record.resident:
@@ -34,18 +37,22 @@ def install(offload):
             state_dict[key] = copy
         return state_dict
 
-    def before_load(state_dict, prefix, *args):
+    def before_load(mod, state_dict, prefix, *args):
+        if mod is not module:
+            return
         if offload._loading == 0:
             for s in offload.records.values():
                 offload.hold(s)
         offload._loading += 1
 
     def after_load(mod, incompatible_keys):
+        if mod is not module:
+            return
         offload._loading -= 1
         if offload._loading == 0:
             for s in offload.records.values():
                 offload.unhold(s)  # a loaded value changed the version: written back
 
     return [module._register_state_dict_hook(after_state_dict),
-            module._register_load_state_dict_pre_hook(before_load),
+            module._register_load_state_dict_pre_hook(before_load, with_module=True),
             module.register_load_state_dict_post_hook(after_load)]

@@ -230,6 +230,8 @@ class ParameterOffload:
 
     def _pre_forward_of(self, unit):
         def hook(module, inputs):
+            if module is not unit.module:
+                return  # a copy of the module (copy.deepcopy) carries the hook: not ours
             _order_hooks(unit)  # hooks of the caller's own, registered since, inside ours
             self._backward_hooked = False  # a backward that raised never ran its callback
             if self._saving_unit is unit:
@@ -248,6 +250,8 @@ class ParameterOffload:
 
     def _post_forward_of(self, unit):
         def hook(module, inputs, output):
+            if module is not unit.module:
+                return output
             if self._saving_unit is unit:
                 self._stop_saving()
             if not torch.is_grad_enabled():
