@@ -8,13 +8,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "json_check.h"
 #include "lib/base/status.h"
 #include "lib/config/config.h"
 #include "lib/runtime/runtime.h"
@@ -542,6 +545,61 @@ TEST_F(PressureApi, DroppedPrefetchIsCountedNotReported) {
   std::vector<uint8_t> back(data.size());
   ASSERT_EQ(tm_tensor_read(rt_, big, 0, back.data(), back.size()), TM_OK);
   EXPECT_TRUE(back == data);
+}
+
+// Every dropped prefetch is on the trace's "dropped prefetches" track, one event per
+// tm_stats.prefetches_dropped, with the reason the runtime gave (the counter alone says how
+// many, not which tensor or why).
+TEST_F(PressureApi, DroppedPrefetchesAreOnTheTraceWithTheirReason) {
+  const std::string path = dir_.path() + "/trace.json";
+  env_.Set("TIERMEM_TRACE", path.c_str());
+  Open(16 * kMiB, 96 * kMiB, 2);
+  tm_tensor big = Make(12 * kMiB, "big");
+  tm_tensor pin = Make(12 * kMiB, "pin", TM_CLASS_OTHER, TM_TIER_HBM);
+  auto data = RandomBytes(12 * kMiB, 4);
+  ASSERT_EQ(tm_tensor_write(rt_, big, 0, data.data(), data.size()), TM_OK);
+  ASSERT_EQ(testing::OffloadNow(rt_, big, TM_TIER_DRAM), TM_OK);
+  // A step that learns a schedule, then one whose prefetches find HBM pinned by `pin`.
+  for (int step = 0; step < 2; ++step) {
+    if (step == 1) {
+      void* w = nullptr;
+      ASSERT_EQ(tm_tensor_acquire(rt_, pin, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &w), TM_OK);
+    }
+    ASSERT_EQ(tm_step_begin(rt_), TM_OK);
+    ASSERT_EQ(tm_tensor_prefetch(rt_, big, TM_TIER_HBM), TM_OK);  // a hint
+    ASSERT_EQ(tm_tensor_sync(rt_, big), TM_OK) << tm_last_error();
+    if (step == 0) {
+      void* p = nullptr;
+      ASSERT_EQ(tm_tensor_acquire(rt_, big, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK);
+      ASSERT_EQ(tm_tensor_release(rt_, big, TM_TIER_HBM), TM_OK);
+      ASSERT_EQ(testing::OffloadNow(rt_, big, TM_TIER_DRAM), TM_OK);
+    }
+    ASSERT_EQ(tm_step_end(rt_), TM_OK);
+  }
+  ASSERT_EQ(tm_runtime_sync(rt_), TM_OK);
+  const tm_stats st = Stats();
+  ASSERT_GE(st.prefetches_dropped_no_room, 1u) << "the second step's prefetches find no room";
+  ASSERT_EQ(tm_tensor_release(rt_, pin, TM_TIER_HBM), TM_OK);
+  ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);  // writes the trace
+  rt_ = {};
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << path;
+  std::stringstream buf;
+  buf << f.rdbuf();
+  const std::string text = buf.str();
+  EXPECT_TRUE(testing::Json(text).Valid()) << text.substr(0, 400);
+  EXPECT_NE(text.find("\"dropped prefetches\""), std::string::npos) << "a named track";
+  uint64_t events = 0;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("\"cat\":\"prefetch drop\"") == std::string::npos) continue;
+    ++events;
+    EXPECT_NE(line.find("\"name\":\"big\""), std::string::npos) << line;
+    EXPECT_NE(line.find("\"reason\":\"prefetch of tensor \\\"big\\\" to hbm dropped: "),
+              std::string::npos)
+        << line;
+  }
+  EXPECT_EQ(events, st.prefetches_dropped);
 }
 
 // A scheduled prefetch that cannot fit is dropped once per chance, not retried in a loop: the

@@ -107,11 +107,19 @@ absl::Status Runtime::RunJob(Tensor& t, const Job& job) {
     if (!CheckAboveUnpinned(t, job.tier).ok() || UsedSoon(t)) return absl::OkStatus();
     return OffloadClaimed(t, job.tier);
   }
+  const Trace::Clock::time_point start = Trace::Clock::now();
   absl::Status s;
   DropReason why = DropReason::kNone;
+  std::string reason;  // for the trace
   if (t.writing_tier() >= 0) {
     // Acquired for writing since the job was queued: the writer's newer bytes supersede it.
     why = DropReason::kSuperseded;
+    if (trace_->enabled()) {
+      reason = absl::StrFormat(
+          "prefetch of tensor \"%s\" to %s dropped: acquired for writing "
+          "since it was queued",
+          t.name, tm_tier_name(job.tier));
+    }
   } else {
     const Want want = job.kind == JobKind::kPrefetch ? Want{Want::kPrefetch, job.horizon}
                                                      : Want{Want::kHint, Schedule::kNever};
@@ -119,10 +127,15 @@ absl::Status Runtime::RunJob(Tensor& t, const Job& job) {
     // A prefetch is a hint: one that found no room is dropped and counted, not a failure.
     if (!s.ok() && (why != DropReason::kNone || absl::IsResourceExhausted(s))) {
       if (why == DropReason::kNone) why = DropReason::kNoRoom;
+      if (trace_->enabled()) reason = std::string(s.message());
       s = absl::OkStatus();
     }
   }
-  if (why != DropReason::kNone) counters_.CountDrop(why);
+  if (why != DropReason::kNone) {
+    counters_.CountDrop(why);
+    trace_->Add(Trace::kPrefetchDrop, t.name, start, Trace::Clock::now(), t.bytes,
+                std::move(reason));
+  }
   return s;
 }
 

@@ -22,7 +22,7 @@ const char* TrackName(int t) {
       "",           "acquire stalls", "copy dram->hbm",     "copy hbm->dram",
       "nvme read",  "nvme write",     "nvme->hbm (staged)", "hbm->nvme (staged)",
       "evictions",  "clean drops",    "clean dram reads",   "recompute drops",
-      "recomputes", "relocations"};
+      "recomputes", "relocations",    "dropped prefetches"};
   return kNames[t];
 }
 
@@ -188,6 +188,11 @@ Trace::~Trace() {
 
 void Trace::Add(Track track, std::string name, Clock::time_point start, Clock::time_point end,
                 uint64_t bytes) {
+  Add(track, std::move(name), start, end, bytes, std::string());
+}
+
+void Trace::Add(Track track, std::string name, Clock::time_point start, Clock::time_point end,
+                uint64_t bytes, std::string reason) {
   if (!enabled()) return;
   MutexLock lock(&mu_);
   if (events_.size() >= kMaxEvents) {
@@ -197,7 +202,7 @@ void Trace::Add(Track track, std::string name, Clock::time_point start, Clock::t
   events_.push_back({track, std::move(name),
                      std::chrono::duration_cast<std::chrono::nanoseconds>(start - origin_).count(),
                      std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count(),
-                     bytes});
+                     bytes, std::move(reason)});
 }
 
 absl::Status Trace::Write() {
@@ -222,7 +227,7 @@ absl::Status Trace::Write() {
       absl::StrAppendFormat(
           &text,
           ",\n{\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"name\":\"%s\",\"cat\":\"%s\",\"ts\":%.3f,"
-          "\"dur\":%.3f,\"args\":{\"bytes\":%llu}}",
+          "\"dur\":%.3f,\"args\":{\"bytes\":%llu%s}}",
           static_cast<int>(e.track), JsonEscape(e.name),
           e.track == kAcquire         ? "stall"
           : e.track == kEviction      ? "eviction"
@@ -231,9 +236,12 @@ absl::Status Trace::Write() {
           : e.track == kRecomputeDrop ? "recompute drop"
           : e.track == kRecompute     ? "recompute"
           : e.track == kRelocation    ? "relocation"
+          : e.track == kPrefetchDrop  ? "prefetch drop"
                                       : "transfer",
           static_cast<double>(e.start_ns) / 1e3, static_cast<double>(e.dur_ns) / 1e3,
-          static_cast<unsigned long long>(e.bytes));
+          static_cast<unsigned long long>(e.bytes),
+          e.reason.empty() ? std::string()
+                           : absl::StrCat(",\"reason\":\"", JsonEscape(e.reason), "\""));
     }
     absl::StrAppend(&text, "\n]}\n");
   }

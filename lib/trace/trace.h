@@ -44,6 +44,7 @@ class Trace {
     kRecomputeDrop,  // an only copy freed without a write: its recompute callback rebuilds it
     kRecompute,      // a recompute callback rebuilding a dropped tensor
     kRelocation,     // a copy slid down within HBM to merge holes (compaction)
+    kPrefetchDrop,   // a prefetch not done (tm_stats.prefetches_dropped), with the reason
     kTrackCount
   };
   using Clock = std::chrono::steady_clock;
@@ -69,6 +70,9 @@ class Trace {
   const std::string& path() const { return path_; }
   void Add(Track track, std::string name, Clock::time_point start, Clock::time_point end,
            uint64_t bytes);
+  // The same, with a `reason` in the event's args (a dropped prefetch: why).
+  void Add(Track track, std::string name, Clock::time_point start, Clock::time_point end,
+           uint64_t bytes, std::string reason);
   // Writes the JSON and renames it into place. Called once, at runtime destruction.
   absl::Status Write();
 
@@ -78,6 +82,7 @@ class Trace {
     std::string name;
     int64_t start_ns, dur_ns;
     uint64_t bytes;
+    std::string reason;  // empty: none
   };
   static constexpr size_t kMaxEvents = 1 << 20;
   std::string setting_;    // how messages name the path
