@@ -196,8 +196,8 @@ class EmulatedCopyEngine final : public CopyEngine {
       return CopyTicket{done};
     }
     MutexLock lock(&lane.mu);
-    lane.active.push_back(Job{static_cast<char*>(dst), static_cast<const char*>(src), bytes, 0,
-                              after, done, Clock::now()});
+    lane.active.push_back(
+        Job{static_cast<char*>(dst), static_cast<const char*>(src), bytes, 0, after, done});
     lane.work.Signal();
     return CopyTicket{done};
   }
@@ -223,10 +223,6 @@ class EmulatedCopyEngine final : public CopyEngine {
     uint64_t copied;
     std::vector<FencePtr> after;  // cleared once they have passed
     std::shared_ptr<Completion> done;
-    // When a DMA engine could have started it: its enqueue, or (with fences) when the lane
-    // first saw them passed. The link is not idle from then on, whether or not this lane's
-    // thread got a core.
-    Clock::time_point ready_at;
   };
   // One lane of the link.
   struct Lane {
@@ -239,23 +235,19 @@ class EmulatedCopyEngine final : public CopyEngine {
   };
 
   static bool Ready(Job& job) {
-    if (job.after.empty()) return true;
     for (const FencePtr& f : job.after) {
       if (!f->Passed()) return false;
     }
     job.after.clear();
-    job.ready_at = Clock::now();
     return true;
   }
 
   void Work(Lane& lane) {
     // The link clock: when the emulated link is next free. A slice occupies the link for
-    // slice / bandwidth from the moment the link could start it: when the link was free and the
-    // job ready (the memcpy happens within that time). A DMA engine keeps its pace whatever the
-    // host's CPUs do, so when this thread got no core for a while (a loaded machine, the step's
-    // own work on the other cores) the clock lags real time and the next slices are copied
-    // without sleeping until it has caught up; an idle lane banks nothing, since no slice
-    // starts before its job was ready.
+    // slice / bandwidth from the moment it starts (the memcpy happens within that time). The
+    // clock may lag real time by kSlack, so that a late wake-up is made up by the next slices,
+    // but an idle lane banks no more credit than that.
+    constexpr auto kSlack = std::chrono::microseconds(500);
     Clock::time_point link_free = Clock::now();
     const bool capped = lane.capped && bytes_per_second_ > 0;
     for (;;) {
@@ -278,7 +270,7 @@ class EmulatedCopyEngine final : public CopyEngine {
       }
       const uint64_t n = std::min(kSlice, job.bytes - job.copied);
       if (capped) {
-        link_free = std::max(link_free, job.ready_at) +
+        link_free = std::max(link_free, Clock::now() - kSlack) +
                     std::chrono::duration_cast<Clock::duration>(
                         std::chrono::duration<double>(static_cast<double>(n) / bytes_per_second_));
       }
