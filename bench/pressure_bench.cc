@@ -302,26 +302,30 @@ absl::StatusOr<Result> Run(Runtime& rt, const Options& o) {
   return r;
 }
 
-// The least bytes per step any correct schedule moves with `hbm` bytes of HBM: each activation
-// but the last is offloaded to NVMe by the workload (its upper copies freed), so it goes down the
-// link, onto NVMe, back from NVMe and up the link once; a parameter not in HBM at the step's
-// start is brought up once, and again for backward if it is not in HBM at the turn, when the
-// last layer's activation holds part of HBM. DRAM holds every parameter after the first step, so
-// no parameter read from NVMe is compulsory. A lower bound: no schedule can move less.
+// The least bytes per step any correct schedule moves with `hbm` bytes of HBM. Every parameter
+// and activation is used in backward, and HBM holds at most `hbm` bytes at the turn: the rest
+// crosses up during backward. Parameters not in HBM at the step's start (HBM holds at most
+// `hbm`) cross up in forward. Activations are made in HBM, and when the last is made beside its
+// parameter every one exists: what HBM cannot hold then has left it, down the link, and was
+// written to NVMe (the workload offloads to NVMe; the runtime may keep a copy in HBM instead, a
+// superseded offload, but a copy that leaves HBM is written). Exclusive DRAM reads those back
+// from NVMe. DRAM holds every tensor here, so no other NVMe read is compulsory. A lower bound:
+// no schedule can move less (the runtime moves less than the workload's offloads ask for when
+// it keeps activations in HBM, so "the offloaded bytes" would not be one).
 struct Bytes {
   double h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;
 };
-// With inclusive DRAM, DRAM (sized here to hold every tensor) may keep each activation it wrote
-// to NVMe, so reading it back from NVMe is no longer compulsory.
+// With inclusive DRAM, DRAM may keep each activation it wrote to NVMe, so reading it back from
+// NVMe is not compulsory.
 Bytes MinimumBytes(const Options& o, uint64_t hbm, bool inclusive) {
-  double params = 0, offloaded = 0;
+  double params = 0, acts = 0;
   for (int l = 0; l < o.layers; ++l) params += static_cast<double>(ParamBytes(l));
-  for (int l = 0; l + 1 < o.layers; ++l) offloaded += static_cast<double>(ActBytes(l));
+  for (int l = 0; l < o.layers; ++l) acts += static_cast<double>(ActBytes(l));
   const double h = static_cast<double>(hbm);
-  const double at_turn = h - static_cast<double>(ActBytes(o.layers - 1));
   Bytes b;
-  b.h2d = offloaded + std::max(0.0, params - h) + std::max(0.0, params - at_turn);
-  b.d2h = b.nvme_read = b.nvme_write = offloaded;
+  b.h2d = std::max(0.0, params - h) + std::max(0.0, params + acts - h);
+  b.d2h = std::max(0.0, acts + static_cast<double>(ParamBytes(o.layers - 1)) - h);
+  b.nvme_read = b.nvme_write = b.d2h;
   if (inclusive) b.nvme_read = 0;
   return b;
 }
