@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -582,11 +581,8 @@ TEST_F(PressureApi, DroppedPrefetchesAreOnTheTraceWithTheirReason) {
   ASSERT_EQ(tm_tensor_release(rt_, pin, TM_TIER_HBM), TM_OK);
   ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);  // writes the trace
   rt_ = {};
-  std::ifstream f(path);
-  ASSERT_TRUE(f.good()) << path;
-  std::stringstream buf;
-  buf << f.rdbuf();
-  const std::string text = buf.str();
+  const std::string text = testing::ReadText(path);
+  ASSERT_FALSE(text.empty()) << path;
   EXPECT_TRUE(testing::Json(text).Valid()) << text.substr(0, 400);
   EXPECT_NE(text.find("\"dropped prefetches\""), std::string::npos) << "a named track";
   uint64_t events = 0;

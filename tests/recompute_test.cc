@@ -7,9 +7,7 @@
 
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -406,10 +404,7 @@ TEST_F(RecomputeTest, TraceHasTheDropAndTheRebuild) {
   EXPECT_EQ(ReadAll(a), RandomBytes(kBytes, 71));
   ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK) << tm_last_error();
   rt_ = tm_runtime{0};
-  std::ifstream in(trace);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string json = text.str();
+  const std::string json = testing::ReadText(trace);
   EXPECT_NE(json.find("\"name\":\"recompute drops\""), std::string::npos);
   EXPECT_NE(json.find("\"name\":\"traced-act\",\"cat\":\"recompute drop\""), std::string::npos)
       << json.substr(0, 2000);

@@ -11,7 +11,6 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -242,11 +241,8 @@ TEST_F(Scheduled, TraceIsJsonWithTransfersAndStalls) {
   Create(rt, 12, 4 * kMiB, TM_TIER_NVME);
   for (int i = 0; i < 3; ++i) Pass(rt, true, 500);
   ASSERT_EQ(tm_runtime_destroy(rt), TM_OK);  // writes the file
-  std::ifstream f(path);
-  ASSERT_TRUE(f.good()) << path;
-  std::stringstream buf;
-  buf << f.rdbuf();
-  const std::string text = buf.str();
+  const std::string text = testing::ReadText(path);
+  ASSERT_FALSE(text.empty()) << path;
   EXPECT_TRUE(testing::Json(text).Valid()) << text.substr(0, 400);
   EXPECT_NE(text.find("\"traceEvents\""), std::string::npos);
   EXPECT_NE(text.find("\"cat\":\"transfer\""), std::string::npos);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,14 @@
 #define TM_ASSERT_OK(call) ASSERT_EQ((call), TM_OK) << #call << ": " << tm_last_error()
 
 namespace tiermem::testing {
+
+// The whole file at `path` (a trace the runtime wrote, say); "" when it cannot be read.
+inline std::string ReadText(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream text;
+  text << f.rdbuf();
+  return text.str();
+}
 
 // Whether this build runs under AddressSanitizer or ThreadSanitizer: every memory access is
 // checked, so the heaviest tests run fewer rounds.
