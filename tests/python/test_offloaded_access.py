@@ -29,6 +29,20 @@ def units(m):
     return [type(m[0])]  # the three blocks
 
 
+def offloaded_twins(make_runtime, tier, optimizer, **kw):
+    """twins() in a 1 MiB runtime, the second's parameters (and optimizer state) offloaded."""
+    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
+    ref, ref_opt, m, opt = twins(optimizer, **kw)
+    po = tt.offload_parameters(m, rt, tier, optimizer=opt, units=units(m))
+    return rt, ref, ref_opt, m, opt, po
+
+
+def removed_equal(po, m, ref):
+    """Removes the offload; whether m's parameters are then ref's, bit for bit."""
+    po.remove()
+    return all(torch.equal(p, q) for p, q in zip(m.parameters(), ref.parameters()))
+
+
 def step(m, opt, seed):
     torch.manual_seed(seed)
     loss = m(torch.randn(4, 16)).square().sum()
@@ -56,9 +70,7 @@ TOUCHES = {
 @pytest.mark.parametrize("tier", ["dram", "nvme"])
 @pytest.mark.parametrize("touch", sorted(TOUCHES))
 def test_touching_an_offloaded_parameter_raises(make_runtime, tier, touch):
-    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
-    ref, ref_opt, m, opt = twins(torch.optim.SGD, lr=0.1)
-    po = tt.offload_parameters(m, rt, tier, optimizer=opt, units=units(m))
+    rt, ref, ref_opt, m, opt, po = offloaded_twins(make_runtime, tier, torch.optim.SGD, lr=0.1)
     w = m[0][0].weight
     # What reads no data still works.
     assert isinstance(w, torch.nn.Parameter) and w.requires_grad and w.is_leaf
@@ -110,9 +122,8 @@ def test_touching_offloaded_optimizer_state_raises(make_runtime, tier):
 def test_close_brings_offloads_home(make_runtime, tier):
     # `with tiermem.Runtime(...) as rt:` and the model used after the block: closing the
     # runtime must not take the model's only copy of its weights (nor the optimizer's state).
-    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
-    ref, ref_opt, m, opt = twins(torch.optim.Adam, lr=0.01)
-    params = tt.offload_parameters(m, rt, tier, optimizer=opt, units=units(m))
+    rt, ref, ref_opt, m, opt, params = offloaded_twins(make_runtime, tier, torch.optim.Adam,
+                                                       lr=0.01)
     state = tt.offload_optimizer_state(opt, rt, tier, min_bytes=0)
     for i in range(2):
         assert step(m, opt, i) == step(ref, ref_opt, i)
@@ -160,9 +171,7 @@ def test_converting_a_model_in_offload_is_refused_not_undone(make_runtime, tier,
 
 @pytest.mark.parametrize("tier", ["dram", "nvme"])
 def test_what_reads_no_data_works_while_out(make_runtime, tier):
-    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
-    ref, ref_opt, m, opt = twins(torch.optim.SGD, lr=0.1)
-    po = tt.offload_parameters(m, rt, tier, optimizer=opt, units=units(m))
+    rt, ref, ref_opt, m, opt, po = offloaded_twins(make_runtime, tier, torch.optim.SGD, lr=0.1)
     assert step(m, opt, 0) == step(ref, ref_opt, 0)
     w = m[0][0].weight
     assert OFFLOADED in f"{w}" and OFFLOADED in "%s" % w
@@ -174,16 +183,13 @@ def test_what_reads_no_data_works_while_out(make_runtime, tier):
                                            "\\[16, 16\\]: .*" + OFFLOADED):
         w.T.sum()
     assert step(m, opt, 1) == step(ref, ref_opt, 1)
-    po.remove()
-    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), ref.parameters()))
+    assert removed_equal(po, m, ref)
 
 
 @pytest.mark.parametrize("tier", ["dram", "nvme"])
 def test_close_between_forward_and_backward(make_runtime, tier):
     # The backward's let-go runs after close() brought the parameters home: it must leave them.
-    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
-    ref, ref_opt, m, opt = twins(torch.optim.Adam, lr=0.01)
-    tt.offload_parameters(m, rt, tier, optimizer=opt, units=units(m))
+    rt, ref, ref_opt, m, opt, _ = offloaded_twins(make_runtime, tier, torch.optim.Adam, lr=0.01)
     assert step(m, opt, 0) == step(ref, ref_opt, 0)
     torch.manual_seed(1)
     loss = m(torch.randn(4, 16)).square().sum()
@@ -219,15 +225,12 @@ def test_a_held_state_dict_and_hooks_of_ones_own(make_runtime, tier, optimizer_a
         assert step(m, opt, i) == step(ref, ref_opt, i)
     assert seen[id(m)] == seen[id(ref)] and len(seen[id(m)]) == 8
     del held
-    po.remove()
-    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), ref.parameters()))
+    assert removed_equal(po, m, ref)
 
 
 @pytest.mark.parametrize("tier", ["dram", "nvme"])
 def test_a_deepcopy_made_inside_gathered_is_a_plain_model(make_runtime, tier):
-    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
-    ref, ref_opt, m, opt = twins(torch.optim.SGD, lr=0.1)
-    po = tt.offload_parameters(m, rt, tier, optimizer=opt, units=units(m))
+    rt, ref, ref_opt, m, opt, po = offloaded_twins(make_runtime, tier, torch.optim.SGD, lr=0.1)
     assert step(m, opt, 0) == step(ref, ref_opt, 0)
     with po.gathered():
         twin = copy.deepcopy(m)  # carries tiermem's hooks: they must leave it alone
@@ -243,5 +246,4 @@ def test_a_deepcopy_made_inside_gathered_is_a_plain_model(make_runtime, tier):
     assert rt.stats()["acquires"] == acquires
     assert OFFLOADED in repr(m[0][0].weight)  # the original stayed out throughout
     assert step(m, opt, 1) == step(ref, ref_opt, 1)
-    po.remove()
-    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), ref.parameters()))
+    assert removed_equal(po, m, ref)
