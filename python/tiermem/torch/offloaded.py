@@ -91,6 +91,8 @@ def _is_no_op(func, args, kwargs):
     if name == "cuda":
         return device.type == "cuda"
     return dtype == _CONVERSIONS[name]
+
+
 _SHELL = _functions(_SHELLS, (None,)) | _functions(("data",), ("__get__",))
 
 
