@@ -633,6 +633,79 @@ TEST_F(PressureApi, DroppedScheduledPrefetchIsNotRetriedInALoop) {
   ASSERT_EQ(tm_runtime_sync(rt_), TM_OK);
 }
 
+// Do no harm counts the room a held copy gives back before an earlier use, as the recorded step
+// shows it. HBM of 32 MiB; each step acquires x (16 MiB, homed in DRAM: clean in HBM), makes a
+// fresh f (16 MiB), then reads y (16 MiB). While x is held, y's prefetch (its one earlier use
+// f needs 16 MiB, and only 16 are free) may run only if x is let go before f is made: then f's
+// room is x's, dropped for nothing. A step that holds x until after f made says otherwise, and
+// there the prefetch must wait: taken early, f's demand would throw it out again.
+class HeldCopy : public PressureApi, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(HeldCopy, PrefetchCountsTheRoomItsHolderLetsGoBeforeAnEarlierUse) {
+  const bool released_first = GetParam();
+  // In flight, x's own prefetch (which its acquire joins) must not hold y's back.
+  env_.Set("TIERMEM_PREFETCH_BYTES", "100%");
+  Open(32 * kMiB, 96 * kMiB, 2);
+  tm_tensor x = Make(16 * kMiB, "x", TM_CLASS_OTHER, TM_TIER_DRAM);
+  tm_tensor y = Make(16 * kMiB, "y", TM_CLASS_OTHER, TM_TIER_DRAM);
+  const auto xs = RandomBytes(16 * kMiB, 21), ys = RandomBytes(16 * kMiB, 22);
+  ASSERT_EQ(tm_tensor_write(rt_, x, 0, xs.data(), xs.size()), TM_OK);
+  ASSERT_EQ(tm_tensor_write(rt_, y, 0, ys.data(), ys.size()), TM_OK);
+  const int steps = 4;
+  std::vector<uint32_t> y_when_x_held;  // y's residency once its prefetch has run
+  tm_stats before_last{};
+  for (int step = 0; step < steps; ++step) {
+    if (step == steps - 1) before_last = Stats();
+    ASSERT_EQ(tm_step_begin(rt_), TM_OK);
+    void* p = nullptr;
+    ASSERT_EQ(tm_tensor_acquire(rt_, x, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK);
+    ASSERT_EQ(std::memcmp(p, xs.data(), xs.size()), 0);
+    ASSERT_EQ(tm_tensor_sync(rt_, y), TM_OK) << "y's prefetch, if any, has run";
+    uint32_t mask = 0;
+    ASSERT_EQ(tm_tensor_residency(rt_, y, &mask), TM_OK);
+    y_when_x_held.push_back(mask);
+    if (released_first) {
+      ASSERT_EQ(tm_tensor_release(rt_, x, TM_TIER_HBM), TM_OK);
+    }
+    tm_tensor f = Make(16 * kMiB, "f");
+    ASSERT_EQ(tm_tensor_acquire(rt_, f, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
+        << tm_last_error();
+    std::memset(p, 7, 16 * kMiB);
+    ASSERT_EQ(tm_tensor_release(rt_, f, TM_TIER_HBM), TM_OK);
+    if (!released_first) {
+      ASSERT_EQ(tm_tensor_release(rt_, x, TM_TIER_HBM), TM_OK);
+    }
+    ASSERT_EQ(tm_tensor_acquire(rt_, y, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
+        << tm_last_error();
+    EXPECT_EQ(std::memcmp(p, ys.data(), ys.size()), 0);
+    ASSERT_EQ(tm_tensor_release(rt_, y, TM_TIER_HBM), TM_OK);
+    ASSERT_EQ(tm_tensor_destroy(rt_, f), TM_OK);
+    // Each step starts with x and y in DRAM only.
+    for (tm_tensor t : {x, y}) ASSERT_EQ(testing::OffloadNow(rt_, t, TM_TIER_DRAM), TM_OK);
+    ASSERT_EQ(tm_step_end(rt_), TM_OK);
+  }
+  ASSERT_EQ(tm_runtime_sync(rt_), TM_OK);
+  const tm_stats s = Stats();
+  // The first step records the schedule (no prefetch); the second replays it.
+  for (int step = 1; step < steps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    EXPECT_EQ((y_when_x_held[step] & TM_TIER_BIT(TM_TIER_HBM)) != 0, released_first)
+        << (released_first ? "y's prefetch was dropped though x is let go before f"
+                           : "y was prefetched into the room f needs while x is held");
+  }
+  // Either way x and y cross the link once each a step: y is never brought early only to be
+  // thrown out by the demand for f.
+  EXPECT_EQ(
+      s.bytes_moved[TM_TIER_DRAM][TM_TIER_HBM] - before_last.bytes_moved[TM_TIER_DRAM][TM_TIER_HBM],
+      32 * kMiB);
+}
+
+INSTANTIATE_TEST_SUITE_P(Release, HeldCopy, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? std::string("BeforeTheFreshTensor")
+                                          : std::string("AfterTheFreshTensor");
+                         });
+
 // Copies of `sizes` filling a 12 MiB HBM, byte i + 1 in the i-th; the 1st and 3rd then offloaded
 // to DRAM, which leaves their bytes free in two holes; then a 5 MiB demand ("wide"). With
 // keep_last the last copy stays acquired throughout (a wall). Checks every copy's bytes after.

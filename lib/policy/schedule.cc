@@ -2,11 +2,13 @@
 #include "lib/policy/schedule.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace tiermem {
 
 void Schedule::Adopt(std::vector<Use> uses) {
   uses_ = std::move(uses);
+  released_by_.assign(uses_.size(), kHeld);
   positions_.clear();
   for (uint32_t i = 0; i < uses_.size(); ++i) positions_[uses_[i].key].push_back(i);
 }
@@ -17,19 +19,30 @@ void Schedule::BeginStep() {
   departed_ = false;
   pos_ = 0;
   recording_.clear();
+  recorded_releases_.clear();
+  last_recorded_.clear();
 }
 
 void Schedule::EndStep() {
   if (!in_step_) return;
   const uint64_t len = uses_.size();
-  if (uses_.empty() || departed_ || pos_ != uses_.size()) {
+  bool recorded = !uses_.empty() && !departed_ && pos_ == uses_.size();  // followed it
+  if (!recorded) {
     if (!uses_.empty()) ++relearned_;
-    if (!recording_.empty()) Adopt(std::move(recording_));
+    recorded = !recording_.empty();
+    if (recorded) Adopt(std::move(recording_));
+  }
+  // The step just recorded says best where the acquires of this order end (a step that followed
+  // an order set within it recorded more uses than the order has: its releases do not align).
+  if (recorded && recorded_releases_.size() == uses_.size()) {
+    released_by_ = std::move(recorded_releases_);
   }
   base_ += len;
   pos_ = 0;
   in_step_ = false;
   recording_.clear();
+  recorded_releases_.clear();
+  last_recorded_.clear();
 }
 
 void Schedule::Set(std::vector<Use> uses) {
@@ -40,7 +53,9 @@ void Schedule::Set(std::vector<Use> uses) {
 
 void Schedule::OnUse(uint64_t key, tm_tier tier, bool fill, uint64_t bytes) {
   if (!in_step_) return;
+  last_recorded_[key] = static_cast<uint32_t>(recording_.size());
   recording_.push_back({key, tier, fill, bytes});
+  recorded_releases_.push_back(kHeld);
   if (uses_.empty()) return;
   if (pos_ < uses_.size() && uses_[pos_].key == key) {
     ++pos_;
@@ -52,6 +67,23 @@ void Schedule::OnUse(uint64_t key, tm_tier tier, bool fill, uint64_t bytes) {
   if (it == positions_.end()) return;
   auto next = std::lower_bound(it->second.begin(), it->second.end(), pos_);
   if (next != it->second.end()) pos_ = *next + 1;
+}
+
+void Schedule::OnRelease(uint64_t key) {
+  if (!in_step_) return;
+  auto it = last_recorded_.find(key);
+  if (it == last_recorded_.end()) return;  // acquired before this step began
+  uint32_t& released = recorded_releases_[it->second];
+  if (released == kHeld) released = static_cast<uint32_t>(recording_.size());
+}
+
+uint64_t Schedule::ReleasedBy(uint64_t key) const {
+  auto it = positions_.find(key);
+  if (it == positions_.end()) return kNever;
+  auto next = std::lower_bound(it->second.begin(), it->second.end(), pos_);
+  if (next == it->second.begin()) return kNever;  // not acquired earlier in this step
+  const uint32_t released = released_by_[*std::prev(next)];
+  return released == kHeld ? kNever : base_ + released;
 }
 
 std::vector<std::pair<uint64_t, Schedule::Use>> Schedule::Upcoming(size_t n) const {

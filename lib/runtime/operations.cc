@@ -200,6 +200,7 @@ absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* strea
   }
   if (*fence != nullptr) c.uses.push_back(*std::move(fence));
   if (--c.pins == 0) {
+    if (FindKey(t.key) == &t) schedule_.OnRelease(t.key);
     if (c.state == CopyState::kWriting) t.UnpinWrite(tier);
     changed_.SignalAll();  // a demand waiting for room may now evict it
   }

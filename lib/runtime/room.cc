@@ -100,19 +100,39 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
   return plan;
 }
 
-uint64_t Runtime::NeededBefore(const Tensor& t, tm_tier tier, uint64_t horizon) {
-  uint64_t needed = 0;
+std::vector<std::pair<uint64_t, uint64_t>> Runtime::NeededBefore(const Tensor& t, tm_tier tier,
+                                                                 uint64_t horizon) {
+  std::vector<std::pair<uint64_t, uint64_t>> needed;
   absl::flat_hash_map<uint64_t, bool> seen;
   TierSpace& space = tiers_->space(tier);
   schedule_.ForEachBefore(
-      horizon, [&](uint64_t, const Schedule::Use& use) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      horizon, [&](uint64_t position, const Schedule::Use& use) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         if (use.tier != tier || use.key == t.key || !seen.emplace(use.key, true).second) return;
         const Tensor* v = FindKey(use.key);
         // A use whose tensor is not created yet (a fresh activation) needs its room all the same.
         if (v != nullptr && v->copies[tier].state != CopyState::kAbsent) return;
-        needed += space.Rounded(v != nullptr ? v->bytes : use.bytes);
+        needed.emplace_back(position, space.Rounded(v != nullptr ? v->bytes : use.bytes));
       });
   return needed;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> Runtime::ReleasedBefore(const Tensor& t, tm_tier tier,
+                                                                   uint64_t horizon) {
+  std::vector<std::pair<uint64_t, uint64_t>> released;
+  for (const TierSpace::Block& b : tiers_->space(tier).Layout()) {
+    if (b.free) continue;
+    const Tensor* v = tensors_.Find(b.owner);
+    if (v == nullptr || v == &t || FindKey(v->key) != v || v->busy()) continue;
+    const TensorCopy& c = v->copies[tier];
+    // Held by its caller now, valid, and another tier holds its bytes: once let go, a demand
+    // drops it without writing anything.
+    if (c.pins == 0 || c.state != CopyState::kValid || v->only_copy(tier)) continue;
+    if (schedule_.NextUse(v->key) <= horizon) continue;  // used again first: it stays
+    const uint64_t by = schedule_.ReleasedBy(v->key);
+    if (by < horizon) released.emplace_back(by, b.size);
+  }
+  std::sort(released.begin(), released.end());
+  return released;
 }
 
 uint64_t Runtime::FreesAfter(uint64_t owner, tm_tier tier) {
@@ -161,10 +181,30 @@ absl::Status Runtime::AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t
   // use before the one it serves needs, whether that use fills (a read) or not (a write
   // acquire, a fresh tensor). Room is free bytes plus the copies it may evict.
   if (want.kind != Want::kPrefetch || tier == TM_TIER_NVME) return absl::OkStatus();
-  const uint64_t before = NeededBefore(t, tier, want.horizon);
-  if (before == 0) return absl::OkStatus();
+  const std::vector<std::pair<uint64_t, uint64_t>> needed = NeededBefore(t, tier, want.horizon);
+  if (needed.empty()) return absl::OkStatus();
+  uint64_t before = 0;
+  for (const auto& [position, bytes] : needed) before += bytes;
   const EvictionPlan plan = PlanEviction(t, tier, want, need);
-  if (plan.reclaimable < before || plan.reclaimable - before < need) {
+  // Each earlier use in turn: the room left after this prefetch, plus the copies held now that
+  // the recorded step lets go before that use (a parameter released at its layer's end makes
+  // the room of the next layer's fresh activation), less what the uses so far took.
+  bool fits = plan.reclaimable >= need;
+  if (fits && plan.reclaimable - need < before) {
+    const std::vector<std::pair<uint64_t, uint64_t>> released =
+        ReleasedBefore(t, tier, want.horizon);
+    uint64_t room = plan.reclaimable - need;
+    size_t r = 0;
+    for (const auto& [position, bytes] : needed) {
+      for (; r < released.size() && released[r].first <= position; ++r) room += released[r].second;
+      if (room < bytes) {
+        fits = false;
+        break;
+      }
+      room -= bytes;
+    }
+  }
+  if (!fits) {
     return Dropped(
         t, tier, DropReason::kNoRoom,
         absl::StrFormat("the %s that earlier uses need leave no room for it", HumanBytes(before)),

@@ -336,8 +336,16 @@ class Runtime {
   // How soon the memory of `owner`'s copy in `tier` is free again (lower: sooner), for placing
   // a new extent beside it (TierSpace::Allocate).
   uint64_t FreesAfter(uint64_t owner, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Bytes that scheduled uses before `horizon` still need in `tier` (do-no-harm).
-  uint64_t NeededBefore(const Tensor& t, tm_tier tier, uint64_t horizon)
+  // The room that scheduled uses before `horizon` still need in `tier` (do-no-harm): each
+  // use's position and bytes, in order.
+  std::vector<std::pair<uint64_t, uint64_t>> NeededBefore(const Tensor& t, tm_tier tier,
+                                                          uint64_t horizon)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The copies in `tier` acquired now that the recorded step lets go before `horizon` and that
+  // then cost nothing to drop (clean, not used again before `horizon`): the position of the use
+  // each is released before, and its bytes.
+  std::vector<std::pair<uint64_t, uint64_t>> ReleasedBefore(const Tensor& t, tm_tier tier,
+                                                            uint64_t horizon)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees v's copy in `tier`: dropped when another copy is valid, written down first if not.
   absl::Status Evict(Tensor& v, tm_tier tier, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
