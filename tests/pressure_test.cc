@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -705,6 +706,39 @@ INSTANTIATE_TEST_SUITE_P(Release, HeldCopy, ::testing::Bool(),
                            return p.param ? std::string("BeforeTheFreshTensor")
                                           : std::string("AfterTheFreshTensor");
                          });
+
+// A request that waits for another thread's move of its tensor does not hold the room token
+// meanwhile: a second thread's request for room goes ahead. Here a slow prefetch of `a` (8 MiB
+// on a 50 MB/s link, about 170 ms) is in flight, one thread's acquire of `a` waits for it, and
+// the main thread's write-acquire of a fresh tensor (which takes the token) must not wait too.
+TEST_F(PressureApi, WaitingForATensorsMoveHoldsNoOtherRequestForRoom) {
+  env_.Set("TIERMEM_EMU_LINK_GBPS", "0.05");
+  Open(32 * kMiB, 96 * kMiB, 0);
+  tm_tensor a = Make(8 * kMiB, "a", TM_CLASS_OTHER, TM_TIER_DRAM);
+  const auto as = RandomBytes(8 * kMiB, 31);
+  ASSERT_EQ(tm_tensor_write(rt_, a, 0, as.data(), as.size()), TM_OK);
+  ASSERT_EQ(tm_tensor_prefetch(rt_, a, TM_TIER_HBM), TM_OK);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the mover has begun it
+  std::atomic<bool> a_acquired{false};
+  std::thread reader([&] {
+    void* p = nullptr;
+    EXPECT_EQ(tm_tensor_acquire(rt_, a, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK);
+    a_acquired = true;
+    EXPECT_EQ(std::memcmp(p, as.data(), as.size()), 0);
+    EXPECT_EQ(tm_tensor_release(rt_, a, TM_TIER_HBM), TM_OK);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the reader waits for the move
+  tm_tensor fresh = Make(8 * kMiB, "fresh");
+  void* w = nullptr;
+  ASSERT_EQ(tm_tensor_acquire(rt_, fresh, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &w), TM_OK)
+      << tm_last_error();
+  EXPECT_FALSE(a_acquired.load()) << "the write-acquire waited for the move of another tensor";
+  std::memset(w, 3, 8 * kMiB);
+  ASSERT_EQ(tm_tensor_release(rt_, fresh, TM_TIER_HBM), TM_OK);
+  reader.join();
+  EXPECT_TRUE(a_acquired.load());
+  ASSERT_EQ(tm_runtime_sync(rt_), TM_OK);
+}
 
 // Copies of `sizes` filling a 12 MiB HBM, byte i + 1 in the i-th; the 1st and 3rd then offloaded
 // to DRAM, which leaves their bytes free in two holes; then a 5 MiB demand ("wide"). With

@@ -141,7 +141,7 @@ absl::Status Runtime::CallerCopy(const char* fn, uint64_t handle, uint64_t offse
 }
 
 absl::Status Runtime::CopyInto(const CallerCopyRequest& r) {
-  RoomScope room(*this);  // before the claim: the copy may need room
+  RoomScope room(*this, r.handle);  // before the claim: the copy may need room
   auto claimed = Claim(r.handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
@@ -256,7 +256,7 @@ absl::Status Runtime::CopyFrom(const CallerCopyRequest& r) {
   std::optional<RoomScope> room;
   auto claimed = Claim(r.handle, /*land=*/r.wait);
   while (claimed.ok() && (*claimed)->dropped && !room.has_value()) {
-    room.emplace(*this);
+    room.emplace(*this, r.handle);
     claimed = Claim(r.handle, /*land=*/r.wait);
   }
   if (!claimed.ok()) return claimed.status();

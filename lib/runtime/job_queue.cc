@@ -74,7 +74,7 @@ void Runtime::MoverLoop() {
     // An offload is a request: it may need room below, so it takes the room token before
     // claiming its tensor, as a demand does. Prefetches never wait for room.
     std::optional<RoomScope> room;
-    if (job.kind == JobKind::kOffload) room.emplace(*this);
+    if (job.kind == JobKind::kOffload) room.emplace(*this, job.handle);
     // The job stays counted in `queued` until it is done, so that Sync waits for it.
     auto claimed = Claim(job.handle);  // gone: destroyed since it was queued
     if (claimed.ok()) {

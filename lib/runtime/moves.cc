@@ -67,6 +67,14 @@ absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle, bool land) {
   }
 }
 
+void Runtime::WaitWhileMoving(uint64_t handle) {
+  for (;;) {
+    const Tensor* t = tensors_.Find(handle);
+    if (t == nullptr || !t->busy() || t->busy_by == std::this_thread::get_id()) return;
+    changed_.Wait(&mu_);
+  }
+}
+
 absl::Status Runtime::NotBusyByThisThread(const Tensor& t) {
   if (t.busy_by != std::this_thread::get_id()) return absl::OkStatus();
   // Busy by this very thread, which is in a call out of the runtime (a recompute callback

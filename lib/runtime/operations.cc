@@ -120,11 +120,11 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   // and takes the room token before claiming the tensor.
   Tensor* first = tensors_.Find(handle);
   const bool hit = first != nullptr && InPlace(*first, tier);
-  std::optional<RoomScope> room;
-  if (!hit) room.emplace(*this);
   // Busy (an offload writing it down, say): said, so that the offload leaves its HBM copy.
   const bool waits = tier == TM_TIER_HBM && first != nullptr && first->busy();
   if (waits) ++wanted_in_hbm_[handle];
+  std::optional<RoomScope> room;
+  if (!hit) room.emplace(*this, handle);
   auto claimed = Claim(handle);
   if (waits && --wanted_in_hbm_[handle] == 0) wanted_in_hbm_.erase(handle);
   if (!claimed.ok()) return claimed.status();

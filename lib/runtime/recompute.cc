@@ -150,7 +150,7 @@ absl::Status Runtime::SetRecompute(uint64_t handle, tm_recompute_fn fn, void* us
   MutexLock lock(&mu_);
   // Clearing rebuilds a dropped tensor first, which takes room: the token comes before the claim.
   std::optional<RoomScope> room;
-  if (fn == nullptr) room.emplace(*this);
+  if (fn == nullptr) room.emplace(*this, handle);
   auto claimed = Claim(handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;

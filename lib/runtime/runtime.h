@@ -188,6 +188,11 @@ class Runtime {
   // TM_ERR_BUSY when the tensor is busy by this very thread (see NotBusyByThisThread).
   absl::StatusOr<Tensor*> Claim(uint64_t handle, bool land = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits while another thread moves the tensor; returns at once when it is gone or busy by this
+  // thread (Claim says so). A request for room (RoomScope) waits so before it takes the room
+  // token: holding the token through another thread's move of its tensor (a prefetch landing,
+  // an eviction writing it down) would hold every other request for room with it.
+  void WaitWhileMoving(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // TM_ERR_BUSY, naming the tensor, when it is busy by the calling thread: a callback of this
   // thread (a recompute rebuilding it) called back in with it, and waiting would never end.
   static absl::Status NotBusyByThisThread(const Tensor& t);

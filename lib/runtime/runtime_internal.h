@@ -35,10 +35,12 @@ absl::Status Runtime::Unlocked(Tensor& t, F&& f) {
   return s;
 }
 
-// Holds the room token for a scope (or until Leave).
+// Holds the room token for a scope (or until Leave), taken for a request about `handle`: first
+// it waits while another thread moves that tensor (WaitWhileMoving), without the token.
 class Runtime::RoomScope {
  public:
-  explicit RoomScope(Runtime& rt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rt.mu_) : rt_(rt) {
+  RoomScope(Runtime& rt, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rt.mu_) : rt_(rt) {
+    rt_.WaitWhileMoving(handle);
     rt_.room_.Enter(rt_.mu_, rt_.changed_);
     generation_ = rt_.room_.generation();
   }
