@@ -169,6 +169,39 @@ TEST_F(Scheduled, PrefetchKnobs) {
   EXPECT_EQ(queued_at_step_begin(4, 1), 1u) << "a bound below one tensor still moves one";
 }
 
+// A prefetch held back by TIERMEM_PREFETCH_BYTES goes as soon as the one before it lands, not at
+// the caller's next acquire: a framework computing between acquires would leave the link idle
+// for the rest of that compute. Here nothing is acquired after tm_step_begin, and the four
+// scheduled uses within the depth still all move, one at a time.
+TEST_F(Scheduled, PrefetchHeldBackByBytesGoesWhenTheOneBeforeLands) {
+  tm_config c = Config();
+  c.prefetch_depth = 4;
+  c.prefetch_bytes = 8 * kMiB;  // one tensor in flight at a time
+  c.emu_link_gbps = 2;          // 8 MiB in about 4 ms
+  tm_runtime rt;
+  ASSERT_EQ(tm_runtime_create(&c, &rt), TM_OK) << tm_last_error();
+  Create(rt, 12, 8 * kMiB, TM_TIER_DRAM);
+  ASSERT_EQ(tm_schedule_set(rt, tensors_.data(), nullptr, tensors_.size()), TM_OK);
+  ASSERT_EQ(tm_step_begin(rt), TM_OK);
+  EXPECT_EQ(Stats(rt).prefetches, 1u) << "the byte bound lets one go at first";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto up = [&] { return Stats(rt).bytes_moved[TM_TIER_DRAM][TM_TIER_HBM]; };
+  while (up() < 4 * 8 * kMiB && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const tm_stats s = Stats(rt);
+  EXPECT_EQ(s.prefetches, 4u) << "each landing lets the next use within the depth go";
+  EXPECT_EQ(s.bytes_moved[TM_TIER_DRAM][TM_TIER_HBM], 4 * 8 * kMiB);
+  for (int i = 0; i < 4; ++i) {
+    void* p = nullptr;
+    ASSERT_EQ(tm_tensor_acquire(rt, tensors_[i], TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK);
+    ASSERT_EQ(tm_tensor_release(rt, tensors_[i], TM_TIER_HBM), TM_OK);
+  }
+  EXPECT_EQ(Stats(rt).acquire_misses, 0u) << "all four were there before their acquires";
+  EXPECT_EQ(tm_step_end(rt), TM_OK);
+  EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+}
+
 // With compute between acquires and a capped link, prefetching turns misses into hits. (How
 // much, and at what step time, is bench/step_bench's business: this checks the direction.)
 TEST_F(Scheduled, PrefetchHidesTransfers) {

@@ -77,9 +77,12 @@ void Runtime::MoverLoop() {
     if (job.kind == JobKind::kOffload) room.emplace(*this, job.handle);
     // The job stays counted in `queued` until it is done, so that Sync waits for it.
     auto claimed = Claim(job.handle);  // gone: destroyed since it was queued
+    bool landed = false;               // a prefetch that made its copy
     if (claimed.ok()) {
       Tensor& t = **claimed;
+      const bool was_valid = t.copy(job.tier).valid();
       absl::Status s = RunJob(t, job);
+      landed = job.kind == JobKind::kPrefetch && !was_valid && t.copy(job.tier).valid();
       --t.queued;
       if (!s.ok()) {
         Log(LogSeverity::kDebug, "async %s of \"%s\" to %s failed: %s",
@@ -91,10 +94,12 @@ void Runtime::MoverLoop() {
     room.reset();
     jobs_.Done(job);
     if (job.kind == JobKind::kOffload && !jobs_.empty()) work_.Signal();  // one may wait for it
-    // A scheduled use skipped while an offload of its tensor was queued can be prefetched now,
-    // without waiting for the next use to look ahead again. (Only after an offload: after a
-    // dropped prefetch it would only queue the same prefetch again.)
-    if (job.kind == JobKind::kOffload) IssuePrefetches();
+    // Look ahead again now, without waiting for the next use: after an offload, a scheduled use
+    // skipped while an offload of its tensor was queued can be prefetched; after a prefetch that
+    // landed, one held back by the bytes in flight (TIERMEM_PREFETCH_BYTES) can go, so that the
+    // link does not idle until the caller's next acquire. (Not after a dropped prefetch: it would
+    // only queue the same prefetch again.)
+    if (job.kind == JobKind::kOffload || landed) IssuePrefetches();
     changed_.SignalAll();
   }
 }
