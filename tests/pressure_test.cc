@@ -707,6 +707,75 @@ INSTANTIATE_TEST_SUITE_P(Release, HeldCopy, ::testing::Bool(),
                                           : std::string("AfterTheFreshTensor");
                          });
 
+// Do no harm in a slab counts holes, not only bytes. HBM of 30 MiB holds two copies acquired
+// for good and two holes between them, of 12 and 6 MiB. Each step makes a fresh f (10 MiB),
+// then reads y (8 MiB, homed in DRAM). The free bytes (18) cover both, but each fits only in the
+// 12 MiB hole: y's prefetch, taken first, would leave f no hole, and f's demand would throw y
+// out again. So the prefetch waits, and y crosses the link once a step. (The fills' order makes
+// the holes apart in the slab's placement; the probe checks that it did.)
+TEST_F(PressureApi, PrefetchLeavesAnEarlierFreshTensorItsHole) {
+  UseLayout("slab");
+  env_.Set("TIERMEM_PREFETCH_BYTES", "100%");
+  Open(30 * kMiB, 96 * kMiB, 2);
+  std::vector<tm_tensor> fill;
+  const uint64_t sizes[] = {8 * kMiB, 12 * kMiB, 6 * kMiB, 4 * kMiB};
+  for (int i = 0; i < 4; ++i) {
+    fill.push_back(Make(sizes[i], ("fill" + std::to_string(i)).c_str()));
+    void* p = nullptr;
+    ASSERT_EQ(tm_tensor_acquire(rt_, fill[i], TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
+        << tm_last_error();
+  }
+  for (int i : {1, 2}) {
+    ASSERT_EQ(tm_tensor_release(rt_, fill[i], TM_TIER_HBM), TM_OK);
+    ASSERT_EQ(tm_tensor_destroy(rt_, fill[i]), TM_OK);
+  }
+  {
+    // The precondition, whatever the placement: the holes are apart (no 13 MiB hole).
+    tm_tensor probe = Make(13 * kMiB, "probe");
+    void* p = nullptr;
+    ASSERT_EQ(tm_tensor_acquire(rt_, probe, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p),
+              TM_ERR_OUT_OF_MEMORY)
+        << "the 12 and 6 MiB holes are side by side";
+    ASSERT_EQ(tm_tensor_destroy(rt_, probe), TM_OK);
+  }
+  const auto ys = RandomBytes(8 * kMiB, 41);
+  const int steps = 4;
+  tm_stats before_last{};
+  for (int step = 0; step < steps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    if (step == steps - 1) before_last = Stats();
+    ASSERT_EQ(tm_step_begin(rt_), TM_OK);
+    // Made anew each step, in DRAM: an offload of a y kept across steps would be superseded.
+    tm_tensor y = Make(8 * kMiB, "y", TM_CLASS_OTHER, TM_TIER_DRAM);
+    ASSERT_EQ(tm_tensor_write(rt_, y, 0, ys.data(), ys.size()), TM_OK);
+    ASSERT_EQ(tm_tensor_sync(rt_, y), TM_OK) << "y's prefetch, if any, has run";
+    uint32_t mask = 0;
+    ASSERT_EQ(tm_tensor_residency(rt_, y, &mask), TM_OK);
+    EXPECT_EQ(mask & TM_TIER_BIT(TM_TIER_HBM), 0u) << "y took the only hole f fits in";
+    tm_tensor f = Make(10 * kMiB, "f");
+    void* p = nullptr;
+    ASSERT_EQ(tm_tensor_acquire(rt_, f, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
+        << tm_last_error();
+    std::memset(p, 5, 10 * kMiB);
+    ASSERT_EQ(tm_tensor_release(rt_, f, TM_TIER_HBM), TM_OK);
+    ASSERT_EQ(tm_tensor_destroy(rt_, f), TM_OK);
+    ASSERT_EQ(tm_tensor_acquire(rt_, y, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
+        << tm_last_error();
+    EXPECT_EQ(std::memcmp(p, ys.data(), ys.size()), 0);
+    ASSERT_EQ(tm_tensor_release(rt_, y, TM_TIER_HBM), TM_OK);
+    ASSERT_EQ(tm_tensor_destroy(rt_, y), TM_OK);
+    ASSERT_EQ(tm_step_end(rt_), TM_OK);
+  }
+  ASSERT_EQ(tm_runtime_sync(rt_), TM_OK);
+  const tm_stats s = Stats();
+  EXPECT_GE(s.prefetches_dropped_no_room, 1u) << "the replayed steps did try y's prefetch";
+  EXPECT_EQ(
+      s.bytes_moved[TM_TIER_DRAM][TM_TIER_HBM] - before_last.bytes_moved[TM_TIER_DRAM][TM_TIER_HBM],
+      8 * kMiB)
+      << "y crosses the link once a step";
+  for (int i : {0, 3}) ASSERT_EQ(tm_tensor_release(rt_, fill[i], TM_TIER_HBM), TM_OK);
+}
+
 // A request that waits for another thread's move of its tensor does not hold the room token
 // meanwhile: a second thread's request for room goes ahead. Here a slow prefetch of `a` (8 MiB
 // on a 50 MB/s link, about 170 ms) is in flight, one thread's acquire of `a` waits for it, and

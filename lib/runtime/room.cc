@@ -116,23 +116,53 @@ std::vector<std::pair<uint64_t, uint64_t>> Runtime::NeededBefore(const Tensor& t
   return needed;
 }
 
+std::optional<uint64_t> Runtime::LetGoBefore(const Tensor& v, const Tensor& t, tm_tier tier,
+                                             uint64_t horizon) {
+  if (&v == &t || FindKey(v.key) != &v || v.busy()) return std::nullopt;
+  const TensorCopy& c = v.copies[tier];
+  // Held by its caller now, valid, and another tier holds its bytes: once let go, a demand
+  // drops it without writing anything.
+  if (c.pins == 0 || c.state != CopyState::kValid || v.only_copy(tier)) return std::nullopt;
+  if (schedule_.NextUse(v.key) <= horizon) return std::nullopt;  // used again first: it stays
+  const uint64_t by = schedule_.ReleasedBy(v.key);
+  if (by >= horizon) return std::nullopt;
+  return by;
+}
+
 std::vector<std::pair<uint64_t, uint64_t>> Runtime::ReleasedBefore(const Tensor& t, tm_tier tier,
                                                                    uint64_t horizon) {
   std::vector<std::pair<uint64_t, uint64_t>> released;
   for (const TierSpace::Block& b : tiers_->space(tier).Layout()) {
-    if (b.free) continue;
-    const Tensor* v = tensors_.Find(b.owner);
-    if (v == nullptr || v == &t || FindKey(v->key) != v || v->busy()) continue;
-    const TensorCopy& c = v->copies[tier];
-    // Held by its caller now, valid, and another tier holds its bytes: once let go, a demand
-    // drops it without writing anything.
-    if (c.pins == 0 || c.state != CopyState::kValid || v->only_copy(tier)) continue;
-    if (schedule_.NextUse(v->key) <= horizon) continue;  // used again first: it stays
-    const uint64_t by = schedule_.ReleasedBy(v->key);
-    if (by < horizon) released.emplace_back(by, b.size);
+    const Tensor* v = b.free ? nullptr : tensors_.Find(b.owner);
+    if (v == nullptr) continue;
+    if (const std::optional<uint64_t> by = LetGoBefore(*v, t, tier, horizon)) {
+      released.emplace_back(*by, b.size);
+    }
   }
   std::sort(released.begin(), released.end());
   return released;
+}
+
+bool Runtime::LeavesHoles(const Tensor& t, tm_tier tier, Want want) {
+  // Bytes are not holes: a slab may have the bytes an earlier use needs only in pieces once the
+  // prefetch sits in the largest of them. That use (a fresh activation's write, above all) would
+  // then wait for a move in flight to free a hole while the prefetch, needed later, is on time.
+  for (const auto& [position, bytes] : NeededBefore(t, tier, want.horizon)) {
+    EvictionPlan plan = PlanEviction(t, tier, want, bytes);  // t's new extent is a wall
+    if (plan.window.has_value()) continue;
+    for (size_t i = 0; i < plan.slots.size(); ++i) {
+      const Tensor* v = plan.slots[i].kind == EvictionSlot::Kind::kWall && plan.owners[i] != 0
+                            ? tensors_.Find(plan.owners[i])
+                            : nullptr;
+      if (v == nullptr) continue;
+      const std::optional<uint64_t> by = LetGoBefore(*v, t, tier, want.horizon);
+      if (by.has_value() && *by <= position) {
+        plan.slots[i].kind = EvictionSlot::Kind::kFree;  // the step lets it go by then
+      }
+    }
+    if (!CheapestWindow(plan.slots, bytes).has_value()) return false;
+  }
+  return true;
 }
 
 uint64_t Runtime::FreesAfter(uint64_t owner, tm_tier tier) {
@@ -314,6 +344,12 @@ absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, Dro
   AllocateState st;
   absl::StatusOr<Extent> result = MakeRoom(t, tier, want, need, why, st);
   if (st.wanting) --room_.wanted(tier);
+  if (result.ok() && want.kind == Want::kPrefetch && tier != TM_TIER_NVME && !space.counted() &&
+      !LeavesHoles(t, tier, want)) {
+    space.Free(*result);
+    return Dropped(t, tier, DropReason::kNoRoom,
+                   "in the slab it would leave an earlier use no hole of its size", why);
+  }
   if (st.waited) {
     ++counters_.demand_waits;
     counters_.demand_wait_ns += static_cast<uint64_t>(

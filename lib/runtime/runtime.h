@@ -352,6 +352,13 @@ class Runtime {
   std::vector<std::pair<uint64_t, uint64_t>> ReleasedBefore(const Tensor& t, tm_tier tier,
                                                             uint64_t horizon)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One copy of ReleasedBefore: the position of the use it is let go before (when < horizon).
+  std::optional<uint64_t> LetGoBefore(const Tensor& v, const Tensor& t, tm_tier tier,
+                                      uint64_t horizon) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Do no harm in a slab, after a prefetch of t took its extent: whether each earlier use that
+  // still needs room there can find a hole of its bytes without evicting anything used before
+  // t's use (copies let go before that use count as free).
+  bool LeavesHoles(const Tensor& t, tm_tier tier, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees v's copy in `tier`: dropped when another copy is valid, written down first if not.
   absl::Status Evict(Tensor& v, tm_tier tier, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the queued (not yet started) prefetches into `tier`: a demand needs the room.
