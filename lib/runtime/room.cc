@@ -147,20 +147,24 @@ bool Runtime::LeavesHoles(const Tensor& t, tm_tier tier, Want want) {
   // Bytes are not holes: a slab may have the bytes an earlier use needs only in pieces once the
   // prefetch sits in the largest of them. That use (a fresh activation's write, above all) would
   // then wait for a move in flight to free a hole while the prefetch, needed later, is on time.
-  for (const auto& [position, bytes] : NeededBefore(t, tier, want.horizon)) {
-    EvictionPlan plan = PlanEviction(t, tier, want, bytes);  // t's new extent is a wall
-    if (plan.window.has_value()) continue;
-    for (size_t i = 0; i < plan.slots.size(); ++i) {
-      const Tensor* v = plan.slots[i].kind == EvictionSlot::Kind::kWall && plan.owners[i] != 0
-                            ? tensors_.Find(plan.owners[i])
-                            : nullptr;
-      if (v == nullptr) continue;
-      const std::optional<uint64_t> by = LetGoBefore(*v, t, tier, want.horizon);
-      if (by.has_value() && *by <= position) {
-        plan.slots[i].kind = EvictionSlot::Kind::kFree;  // the step lets it go by then
-      }
+  const std::vector<std::pair<uint64_t, uint64_t>> needed = NeededBefore(t, tier, want.horizon);
+  if (needed.empty()) return true;
+  // One look at the layout serves every use (in a slab the slots do not depend on the bytes
+  // asked); t's new extent is a wall. Walls the step lets go before a use are free for it.
+  const EvictionPlan plan = PlanEviction(t, tier, want, needed.front().second);
+  std::vector<uint64_t> let_go(plan.slots.size(), Schedule::kNever);
+  for (size_t i = 0; i < plan.slots.size(); ++i) {
+    if (plan.slots[i].kind != EvictionSlot::Kind::kWall || plan.owners[i] == 0) continue;
+    if (const Tensor* v = tensors_.Find(plan.owners[i]); v != nullptr) {
+      let_go[i] = LetGoBefore(*v, t, tier, want.horizon).value_or(Schedule::kNever);
     }
-    if (!CheapestWindow(plan.slots, bytes).has_value()) return false;
+  }
+  for (const auto& [position, bytes] : needed) {
+    std::vector<EvictionSlot> slots = plan.slots;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (let_go[i] <= position) slots[i].kind = EvictionSlot::Kind::kFree;
+    }
+    if (!CheapestWindow(slots, bytes).has_value()) return false;
   }
   return true;
 }
