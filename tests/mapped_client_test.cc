@@ -484,6 +484,39 @@ TEST_P(MappedClient, NestedAcquireOfAHeldWritingCopyIsAHit) {
   }
 }
 
+// A write-only acquire moves nothing in, but it may find its tier full: the room it makes
+// (here by writing the only copy of another tensor down a tier) is a wait of the caller's, so
+// it is a miss with its time in acquire_stall_ns. It counted as a hit whatever it waited for,
+// and the depth tuning that reads the stall saw none. With room free it stays a hit.
+TEST_P(MappedClient, WriteAcquireThatMakesRoomIsAMiss) {
+  Start(8 * kChunk, 64 * kMiB);
+  tm_tensor a = Make("a", 5 * kChunk);
+  tm_tensor b = Make("b", 4 * kChunk);
+  const std::vector<uint8_t> bytes = RandomBytes(5 * kChunk, 7);
+  void* p = nullptr;
+  tm_stats before = Stats();
+  ASSERT_EQ(tm_tensor_acquire(rt_, a, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
+      << tm_last_error();
+  tm_stats after = Stats();
+  EXPECT_EQ(after.acquire_hits, before.acquire_hits + 1) << "room was free";
+  EXPECT_EQ(after.acquire_misses, before.acquire_misses);
+  std::memcpy(p, bytes.data(), bytes.size());
+  ASSERT_EQ(tm_tensor_release(rt_, a, TM_TIER_HBM), TM_OK);
+
+  before = Stats();
+  ASSERT_EQ(tm_tensor_acquire(rt_, b, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
+      << tm_last_error();
+  after = Stats();
+  ASSERT_EQ(after.evictions, before.evictions + 1) << "a, the only copy, had to go down";
+  EXPECT_EQ(after.acquire_hits, before.acquire_hits);
+  EXPECT_EQ(after.acquire_misses, before.acquire_misses + 1);
+  EXPECT_GT(after.acquire_stall_ns, before.acquire_stall_ns);
+  ASSERT_EQ(tm_tensor_release(rt_, b, TM_TIER_HBM), TM_OK);
+  ExpectBytes(a, bytes, "a, written down to make room");
+  EXPECT_EQ(tm_tensor_destroy(rt_, a), TM_OK);
+  EXPECT_EQ(tm_tensor_destroy(rt_, b), TM_OK);
+}
+
 // A copy acquired for writing is acquired again, for writing, in the same tier (two users of
 // one tensor, each with its acquire and its release): the C API allows it (the copy stays in
 // flux until its last release) and so does a release build, but the copy-state check of debug

@@ -253,7 +253,7 @@ typedef struct tm_stats {
   /* Appended fields; a caller with a smaller struct_size gets only what it has room for. */
   uint64_t acquires;         /**< successful acquires */
   uint64_t acquire_hits;     /**< acquires that found the copy in place, nothing to wait for */
-  uint64_t acquire_misses;   /**< acquires that moved the tensor or waited for its move */
+  uint64_t acquire_misses;   /**< moved the tensor in, waited for its move, or made room */
   uint64_t acquire_stall_ns; /**< time the misses spent in acquire */
   uint64_t prefetches; /**< prefetches queued by the schedule (not counting tm_tensor_prefetch) */
   uint64_t evictions;  /**< copies evicted to make room */

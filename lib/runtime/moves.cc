@@ -222,10 +222,10 @@ void Runtime::DropOthers(Tensor& t, tm_tier keep) {
   }
 }
 
-absl::Status Runtime::Reserve(Tensor& t, tm_tier tier) {
+absl::Status Runtime::Reserve(Tensor& t, tm_tier tier, bool* made_room) {
   if (t.copy(tier).valid()) return absl::OkStatus();
   BusyScope busy(t, changed_);
-  auto e = Allocate(t, tier, Want{}, nullptr);
+  auto e = Allocate(t, tier, Want{}, nullptr, made_room);
   if (!e.ok()) return e.status();
   t.BeginFill(tier, *e);
   return absl::OkStatus();

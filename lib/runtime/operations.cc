@@ -137,8 +137,9 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   }
   // Only a read may leave its copy in flight on the caller's stream: a writer frees the other
   // copies next, so its data must have landed first.
+  bool made_room = false;
   absl::Status s = access == TM_ACCESS_WRITE
-                       ? Reserve(t, tier)
+                       ? Reserve(t, tier, &made_room)
                        : MakeValid(t, tier, writes ? CallerStream{} : caller, Demand());
   if (!s.ok()) return s;
   // Work of callers' streams released on this copy and not yet passed: the caller's stream
@@ -162,7 +163,7 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   }
   ++t.copy(tier).pins;
   ++counters_.acquires;
-  if (hit || access == TM_ACCESS_WRITE) {
+  if (access == TM_ACCESS_WRITE ? !made_room : hit) {  // a write moves nothing in: no room made
     ++counters_.hits;
   } else {
     ++counters_.misses;

@@ -334,20 +334,22 @@ absl::Status Runtime::OutOfRoom(const absl::Status& failed, EvictionPlan& plan, 
 
 // One Allocate's bookkeeping: whether it registered as a demand wanting room, and waited.
 struct Runtime::AllocateState {
-  bool wanting = false;
-  bool waited = false;
+  bool wanting = false, waited = false;
   bool backing_retried = false;  // the framework's allocator was asked again after evicting
   bool compacted = false;        // HBM compaction was tried
+  bool made_room = false;        // the first try found no hole
   Trace::Clock::time_point start = Trace::Clock::now();
 };
 
-absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why) {
+absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why,
+                                         bool* made_room) {
   TierSpace& space = tiers_->space(tier);
   const uint64_t need = space.Rounded(t.bytes);
   if (auto s = AdmitPrefetch(t, tier, want, need, why); !s.ok()) return s;
   AllocateState st;
   absl::StatusOr<Extent> result = MakeRoom(t, tier, want, need, why, st);
   if (st.wanting) --room_.wanted(tier);
+  if (made_room != nullptr) *made_room = st.made_room;
   if (result.ok() && want.kind == Want::kPrefetch && tier != TM_TIER_NVME && !space.counted() &&
       !LeavesHoles(t, tier, want)) {
     space.Free(*result);
@@ -390,6 +392,7 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
       return e;
     }
     if (need == 0) return NeverFits(e.status(), t, tier);
+    st.made_room = true;
     if (!want.evicts) return Dropped(t, tier, DropReason::kNoRoom, "it takes only free room", why);
     if (want.kind == Want::kDemand && !st.wanting) {
       st.wanting = true;

@@ -229,8 +229,10 @@ class Runtime {
   // Waits for the uses of every deferred free, then frees them (tm_runtime_sync). May release
   // the lock.
   void SettleDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reserves t's copy in `tier` to be filled whole by the caller (kFilling).
-  absl::Status Reserve(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves t's copy in `tier` to be filled whole by the caller (kFilling). *made_room (when
+  // given) says whether the tier had no free hole for it: room was made (see Allocate).
+  absl::Status Reserve(Tensor& t, tm_tier tier, bool* made_room = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees t's copy in `tier` and its space (deferred while callers' work may use it).
   void FreeCopy(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves a claimed tensor down to `tier` and frees the copies above (but a clean DRAM copy, see
@@ -294,9 +296,10 @@ class Runtime {
 
   // ---- room and eviction (room.cc) ----
   // Space for t in `tier`: evicts the cheapest window of copies when the tier is full, waits
-  // for moves in flight when a demand finds nothing to evict.
-  absl::StatusOr<Extent> Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // for moves in flight when a demand finds nothing to evict. *made_room (when given) is set
+  // when the first try found no hole: copies were evicted or slid, or the call waited.
+  absl::StatusOr<Extent> Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why,
+                                  bool* made_room = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct AllocateState;
   // Allocate's loop: allocates, else evicts a window, waits (a demand) or gives up.
   absl::StatusOr<Extent> MakeRoom(Tensor& t, tm_tier tier, Want want, uint64_t need,
