@@ -17,13 +17,14 @@ import threading
 import weakref
 
 from . import _capi
+from ._errors import _ACCESS, _CLASSES, TiermemError, _check, _choice, _ptr, _tier
+from ._loaded import lib as _lib
+from ._loaded import version as _version
+from ._loaded import where as _where
 from ._sizes import allocator_callbacks, config_field, parse_size, u64
 
 __all__ = ["Runtime", "Tensor", "TiermemError", "parse_size", "version", "library_path"]
-
-_capi.check_layout()
-_lib, _where = _capi.load()
-_version = _capi.bind(_lib, _where)
+TiermemError.__module__ = __name__  # tiermem.TiermemError, where users catch it
 
 
 def version():
@@ -36,63 +37,9 @@ def library_path():
     return _where
 
 
-class TiermemError(RuntimeError):
-    """A tiermem call failed. .status is the tm_status code, .status_name its name ("TM_ERR_IO"),
-    .message the library's detail (tm_last_error)."""
-
-    def __init__(self, status, message, call=None):
-        self.status = int(status)
-        self.status_name = _status_name(status)
-        self.message = message
-        self.call = call
-        where = "%s: " % call if call else ""
-        super().__init__("%s%s: %s" % (where, self.status_name, message))
-
-
-def _status_name(status):
-    s = _lib.tm_status_string(int(status))
-    return s.decode() if s else "TM_STATUS_UNKNOWN"
-
-
 # Status codes by name, e.g. tiermem.TM_ERR_OUT_OF_MEMORY.
 for _code, _name in enumerate(_capi.STATUS_NAMES):
     globals()[_name] = _code
-
-
-def _check(status, call):
-    if status != _capi.OK:
-        msg = _lib.tm_last_error()
-        raise TiermemError(status, msg.decode(errors="replace") if msg else "", call)
-
-
-def _tier(tier):
-    if isinstance(tier, int) and 0 <= tier < _capi.TIER_COUNT:
-        return tier
-    try:
-        return _capi.TIER_NAMES.index(str(tier).lower())
-    except ValueError:
-        raise ValueError("tier %r: expected \"hbm\", \"dram\" or \"nvme\"" % (tier,)) from None
-
-
-_CLASSES = {"other": _capi.CLASS_OTHER, "param": _capi.CLASS_PARAM, "grad": _capi.CLASS_GRAD,
-            "optimizer_state": _capi.CLASS_OPTIMIZER_STATE,
-            "activation": _capi.CLASS_ACTIVATION}
-
-
-_ACCESS = {"read": _capi.ACCESS_READ, "write": _capi.ACCESS_WRITE,
-           "read_write": _capi.ACCESS_READ_WRITE}
-
-
-def _choice(table, value, field):
-    try:
-        return table[str(value).lower()]
-    except KeyError:
-        raise ValueError("%s=%r: expected one of %s" %
-                         (field, value, ", ".join(k for k in table if k != "default"))) from None
-
-
-def _ptr(p, what="address"):
-    return None if p is None else ctypes.c_void_p(u64(p, what))
 
 
 class Tensor:
