@@ -172,6 +172,7 @@ struct Result {
   double slept = 0, acquiring = 0, other_calls = 0;
   double h2d = 0, d2h = 0;  // link bytes per step
   double nvme_read = 0, nvme_write = 0;
+  double slid = 0;  // bytes per step slid within HBM (compaction, device-to-device)
   tm_stats stats{};
 };
 
@@ -284,6 +285,7 @@ absl::StatusOr<Result> Run(Runtime& rt, const Options& o) {
   r.d2h = per_step(TM_TIER_HBM, TM_TIER_DRAM);
   r.nvme_read = per_step(TM_TIER_NVME, TM_TIER_DRAM);
   r.nvme_write = per_step(TM_TIER_DRAM, TM_TIER_NVME);
+  r.slid = static_cast<double>(r.stats.relocation_bytes - first.relocation_bytes) / n;
   auto median_after_first = [](std::vector<double> v) {
     v.erase(v.begin());
     std::sort(v.begin(), v.end());
@@ -360,9 +362,9 @@ void PrintRow(const Options& o, int k, uint64_t hbm, int depth, bool inclusive, 
   if (getenv("PRESSURE_BENCH_TERMS") != nullptr) {
     std::printf(
         "  bytes MiB/step (minimum / moved): h2d %.0f / %.0f, d2h %.0f / %.0f, NVMe read "
-        "%.0f / %.0f, NVMe write %.0f / %.0f; minimum bound by %s\n",
+        "%.0f / %.0f, NVMe write %.0f / %.0f; slid in HBM %.0f; minimum bound by %s\n",
         least.h2d / kMiB, r.h2d / kMiB, least.d2h / kMiB, r.d2h / kMiB, least.nvme_read / kMiB,
-        r.nvme_read / kMiB, least.nvme_write / kMiB, r.nvme_write / kMiB, min_by);
+        r.nvme_read / kMiB, least.nvme_write / kMiB, r.nvme_write / kMiB, r.slid / kMiB, min_by);
     std::printf(
         "  step ms: slept %.1f (compute %.1f), checking %.1f, in acquire %.1f, in other "
         "calls %.1f\n",
