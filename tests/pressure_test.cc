@@ -973,6 +973,78 @@ TEST_F(PressureApi, LeftoverOfAHoleStaysNextToTheCopyEvictionTakes) {
   EXPECT_EQ(back.back(), 2);
 }
 
+// An asynchronous offload finds its tier's free bytes split by a copy a caller holds for a
+// moment: it waits for the release and then runs. It failed at once, and the failure came back
+// from the tensor's sync (or tm_step_end, which a framework treats as fatal) though the room was
+// there a moment later. A sync while the copy is still held runs the offload on the caller's
+// thread, where no room is the error, and the tensor stays whole where it was.
+TEST_F(PressureApi, OffloadSplitByAHeldCopyWaitsForItsRelease) {
+  for (bool release_first : {true, false}) {
+    SCOPED_TRACE(release_first ? "released before the sync" : "still held at the sync");
+    if (rt_.bits != 0) {
+      ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);
+    }
+    rt_ = {};
+    Open(32 * kMiB, 8 * kMiB, 0);
+    const uint64_t cap = Stats().tiers[TM_TIER_DRAM].capacity;
+    const uint64_t half = cap / 2 / 4096 * 4096;
+    ASSERT_GE(half, 2 * kMiB);
+    // DRAM filled whole, `held` last into the hole the other two leave; then they go: two
+    // holes, each short of x, the bytes enough.
+    const std::vector<uint8_t> fill = RandomBytes(cap, 1);
+    tm_tensor f = Make(half - kMiB, "f", TM_CLASS_OTHER, TM_TIER_DRAM);
+    tm_tensor g = Make(cap - half, "g", TM_CLASS_OTHER, TM_TIER_DRAM);
+    tm_tensor held = Make(kMiB, "held", TM_CLASS_OTHER, TM_TIER_DRAM);
+    for (tm_tensor t : {f, g, held}) {
+      uint64_t bytes = 0;
+      ASSERT_EQ(tm_tensor_bytes(rt_, t, &bytes), TM_OK);
+      ASSERT_EQ(tm_tensor_write(rt_, t, 0, fill.data(), bytes), TM_OK) << tm_last_error();
+    }
+    ASSERT_EQ(Stats().tiers[TM_TIER_DRAM].used, cap);
+    ASSERT_EQ(tm_tensor_destroy(rt_, f), TM_OK);
+    ASSERT_EQ(tm_tensor_destroy(rt_, g), TM_OK);
+    const uint64_t n = cap - half + 4096;
+    void* p = nullptr;
+    ASSERT_EQ(tm_tensor_acquire(rt_, held, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &p), TM_OK);
+    // The precondition: with `held` held, no hole of n bytes (whatever the placement did).
+    tm_tensor probe = Make(n, "probe", TM_CLASS_OTHER, TM_TIER_DRAM);
+    ASSERT_EQ(tm_tensor_acquire(rt_, probe, TM_TIER_DRAM, TM_ACCESS_WRITE, nullptr, &p),
+              TM_ERR_OUT_OF_MEMORY);
+    ASSERT_EQ(tm_tensor_destroy(rt_, probe), TM_OK);
+
+    tm_tensor x = Make(n, "x", TM_CLASS_OTHER, TM_TIER_HBM);
+    const std::vector<uint8_t> bytes = RandomBytes(n, 2);
+    ASSERT_EQ(tm_tensor_write(rt_, x, 0, bytes.data(), n), TM_OK) << tm_last_error();
+    const tm_stats before = Stats();
+    ASSERT_EQ(tm_tensor_offload(rt_, x, TM_TIER_DRAM), TM_OK) << tm_last_error();
+    // The mover has tried it while `held` is held: parked (or, before, failed).
+    for (int i = 0; i < 5000; ++i) {
+      const tm_stats now = Stats();
+      if (now.offloads_parked > before.offloads_parked || now.moves_failed > before.moves_failed)
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_EQ(Stats().offloads_parked, before.offloads_parked + 1);
+    ASSERT_EQ(Stats().moves_failed, before.moves_failed);
+    if (release_first) {
+      ASSERT_EQ(tm_tensor_release(rt_, held, TM_TIER_DRAM), TM_OK);
+      EXPECT_EQ(tm_tensor_sync(rt_, x), TM_OK) << tm_last_error();
+      uint32_t where = 0;
+      ASSERT_EQ(tm_tensor_residency(rt_, x, &where), TM_OK);
+      EXPECT_EQ(where, 1u << TM_TIER_DRAM) << "offloaded once the copy was let go";
+    } else {
+      EXPECT_EQ(tm_tensor_sync(rt_, x), TM_ERR_OUT_OF_MEMORY);
+      EXPECT_NE(std::string(tm_last_error()).find("\"held\""), std::string::npos)
+          << "names the copy in the way: " << tm_last_error();
+      ASSERT_EQ(tm_tensor_release(rt_, held, TM_TIER_DRAM), TM_OK);
+      EXPECT_EQ(tm_runtime_sync(rt_), TM_OK) << "reported once, by the sync";
+    }
+    std::vector<uint8_t> back(n);
+    ASSERT_EQ(tm_tensor_read(rt_, x, 0, back.data(), n), TM_OK) << tm_last_error();
+    EXPECT_TRUE(back == bytes);
+  }
+}
+
 // Compaction: 8 MiB free in two holes split by a copy that the schedule uses first, so that a
 // prefetch may not evict it (do no harm) and no window exists. In a slab, the copy slides down
 // (device to device) and the holes merge; mapped in chunks, nothing has to. Either way the

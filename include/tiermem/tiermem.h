@@ -298,12 +298,15 @@ typedef struct tm_stats {
                                   _copy_in_async, _create_copy_in_async, _write), once each
                                   call succeeded */
   uint64_t copied_out_bytes; /**< bytes callers' copies took out (tm_tensor_copy_out, _read) */
+  /* Appended in 0.7: offloads that wait for a release. */
+  uint64_t offloads_parked; /**< asynchronous offloads that found no room while callers held
+                                 copies, and waited for a release or destroy to try again */
 } tm_stats;
 
 #define TM_STATS_INIT                                                                              \
   {                                                                                                \
     sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                                \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                             \
   }
 
 /** What a runtime resolved when it was created. Fill with TM_INFO_INIT. */

@@ -19,6 +19,8 @@ struct Counters {
   uint64_t relocations = 0, relocation_bytes = 0;
   // Callers' copies (lib/runtime/caller_copy.cc, the one path of all of them).
   uint64_t copied_in_bytes = 0, copied_out_bytes = 0;
+  // Asynchronous offloads parked until a release (lib/runtime/job_queue.cc).
+  uint64_t offloads_parked = 0;
   // Inclusive DRAM (lib/runtime/write_through.cc).
   uint64_t write_throughs = 0, write_through_bytes = 0, clean_reads = 0, clean_read_bytes = 0,
            clean_drops = 0, clean_drop_bytes = 0;
@@ -72,6 +74,7 @@ struct Counters {
     s.relocation_bytes = relocation_bytes;
     s.copied_in_bytes = copied_in_bytes;
     s.copied_out_bytes = copied_out_bytes;
+    s.offloads_parked = offloads_parked;
   }
 };
 

@@ -35,6 +35,7 @@ absl::Status Runtime::Enqueue(uint64_t handle, tm_tier tier, JobKind kind) {
                                               "writing in %s",
                                               t.name, tm_tier_name(static_cast<tm_tier>(w))));
   }
+  if (kind == JobKind::kOffload) parked_offloads_.erase(handle);  // this one replaces it
   ++t.queued;
   jobs_.Push(Job{handle, tier, kind});
   work_.Signal();
@@ -84,7 +85,14 @@ void Runtime::MoverLoop() {
       absl::Status s = RunJob(t, job);
       landed = job.kind == JobKind::kPrefetch && !was_valid && t.copy(job.tier).valid();
       --t.queued;
-      if (!s.ok()) {
+      if (!s.ok() && job.kind == JobKind::kOffload && absl::IsResourceExhausted(s) &&
+          AnyPinned(job.tier)) {
+        // Copies callers hold there split the room; they are let go soon, as a rule.
+        parked_offloads_[job.handle] = job.tier;
+        ++counters_.offloads_parked;
+        Log(LogSeverity::kDebug, "offload of \"%s\" to %s waits for a release: %s", t.name.c_str(),
+            tm_tier_name(job.tier), std::string(s.message()).c_str());
+      } else if (!s.ok()) {
         Log(LogSeverity::kDebug, "async %s of \"%s\" to %s failed: %s",
             job.kind == JobKind::kOffload ? "offload" : "prefetch", t.name.c_str(),
             tm_tier_name(job.tier), std::string(s.message()).c_str());
@@ -102,6 +110,34 @@ void Runtime::MoverLoop() {
     if (job.kind == JobKind::kOffload || landed) IssuePrefetches();
     changed_.SignalAll();
   }
+}
+
+bool Runtime::AnyPinned(tm_tier tier) {
+  bool pinned = false;
+  tensors_.ForEach([&](const Tensor& t) { pinned = pinned || t.copy(tier).pins > 0; });
+  return pinned;
+}
+
+void Runtime::RequeueParkedOffloads() {
+  for (const auto& [handle, tier] : parked_offloads_) {
+    Tensor* t = tensors_.Find(handle);
+    if (t == nullptr) continue;
+    ++t->queued;
+    jobs_.Push(Job{handle, tier, JobKind::kOffload});
+  }
+  parked_offloads_.clear();
+  work_.SignalAll();
+}
+
+void Runtime::RunParkedOffload(uint64_t handle) {
+  auto parked = parked_offloads_.find(handle);
+  if (parked == parked_offloads_.end()) return;
+  const Job job{handle, parked->second, JobKind::kOffload};
+  parked_offloads_.erase(parked);
+  RoomScope room(*this, handle);
+  auto claimed = Claim(handle);
+  if (!claimed.ok()) return;  // destroyed meanwhile: nothing to move
+  if (absl::Status s = RunJob(**claimed, job); !s.ok()) RecordFailure(**claimed, s);
 }
 
 absl::Status Runtime::RunJob(Tensor& t, const Job& job) {

@@ -75,6 +75,8 @@ absl::Status Runtime::DestroyTensor(uint64_t handle) {
   }
   // Its queued moves find no tensor and are dropped; its kept failures stay until reported.
   tensors_.Remove(handle);
+  parked_offloads_.erase(handle);
+  if (!parked_offloads_.empty()) RequeueParkedOffloads();  // its room is free now
   changed_.SignalAll();
   return absl::OkStatus();
 }
@@ -203,6 +205,7 @@ absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* strea
   if (--c.pins == 0) {
     if (FindKey(t.key) == &t) schedule_.OnRelease(t.key);
     if (c.state == CopyState::kWriting) t.UnpinWrite(tier);
+    if (!parked_offloads_.empty()) RequeueParkedOffloads();
     changed_.SignalAll();  // a demand waiting for room may now evict it
   }
   return absl::OkStatus();
@@ -217,6 +220,7 @@ absl::Status Runtime::Sync(uint64_t handle) {
     if ((*found)->queued == 0 && !(*found)->busy()) break;
     changed_.Wait(&mu_);
   }
+  RunParkedOffload(handle);      // its failure, if any, is kept below
   auto claimed = Claim(handle);  // also lands a stream-ordered copy
   if (!claimed.ok()) return claimed.status();
   ReapCallerCopies(handle, true);
@@ -227,6 +231,9 @@ absl::Status Runtime::Sync(uint64_t handle) {
 absl::Status Runtime::SyncAll() {
   MutexLock lock(&mu_);
   while (jobs_.outstanding() > 0) changed_.Wait(&mu_);
+  std::vector<uint64_t> parked;
+  for (const auto& entry : parked_offloads_) parked.push_back(entry.first);
+  for (uint64_t handle : parked) RunParkedOffload(handle);
   ReapCallerCopies(0, true);
   SettleDeferred();
   return failures_.Take(0);

@@ -144,6 +144,7 @@ class Stats(ctypes.Structure):
         ("relocation_bytes", ctypes.c_uint64),
         ("copied_in_bytes", ctypes.c_uint64),
         ("copied_out_bytes", ctypes.c_uint64),
+        ("offloads_parked", ctypes.c_uint64),
     ]
 
     def __init__(self):
@@ -201,7 +202,7 @@ RECOMPUTE_FN = ctypes.CFUNCTYPE(_enum, ctypes.c_void_p, ctypes.c_uint64, _enum, 
 # sizeof on x86-64 and aarch64 Linux (LP64) of the header at API_MAJOR.API_MINOR. A mismatch
 # means this file no longer mirrors the header: checked at import, and field by field against
 # the C compiler's offsets by tests/python/test_abi.py.
-LP64_SIZES = {"Config": 160, "TensorDesc": 32, "Stats": 424, "Info": 232}
+LP64_SIZES = {"Config": 160, "TensorDesc": 32, "Stats": 432, "Info": 232}
 
 
 def _prototypes(lib):

@@ -86,6 +86,7 @@ int main(void) {
   FIELD(tm_stats, relocation_bytes);
   FIELD(tm_stats, copied_in_bytes);
   FIELD(tm_stats, copied_out_bytes);
+  FIELD(tm_stats, offloads_parked);
   END();
   BEGIN(tm_info);
   FIELD(tm_info, struct_size);
