@@ -979,8 +979,11 @@ TEST_F(PressureApi, LeftoverOfAHoleStaysNextToTheCopyEvictionTakes) {
 // there a moment later. A sync while the copy is still held runs the offload on the caller's
 // thread, where no room is the error, and the tensor stays whole where it was.
 TEST_F(PressureApi, OffloadSplitByAHeldCopyWaitsForItsRelease) {
-  for (bool release_first : {true, false}) {
-    SCOPED_TRACE(release_first ? "released before the sync" : "still held at the sync");
+  enum { kReleased, kHeldAtTensorSync, kHeldAtRuntimeSync };
+  for (int mode : {kReleased, kHeldAtTensorSync, kHeldAtRuntimeSync}) {
+    SCOPED_TRACE(mode == kReleased           ? "released before the sync"
+                 : mode == kHeldAtTensorSync ? "still held at tm_tensor_sync"
+                                             : "still held at tm_runtime_sync");
     if (rt_.bits != 0) {
       ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);
     }
@@ -1026,14 +1029,15 @@ TEST_F(PressureApi, OffloadSplitByAHeldCopyWaitsForItsRelease) {
     }
     ASSERT_EQ(Stats().offloads_parked, before.offloads_parked + 1);
     ASSERT_EQ(Stats().moves_failed, before.moves_failed);
-    if (release_first) {
+    if (mode == kReleased) {
       ASSERT_EQ(tm_tensor_release(rt_, held, TM_TIER_DRAM), TM_OK);
       EXPECT_EQ(tm_tensor_sync(rt_, x), TM_OK) << tm_last_error();
       uint32_t where = 0;
       ASSERT_EQ(tm_tensor_residency(rt_, x, &where), TM_OK);
       EXPECT_EQ(where, 1u << TM_TIER_DRAM) << "offloaded once the copy was let go";
     } else {
-      EXPECT_EQ(tm_tensor_sync(rt_, x), TM_ERR_OUT_OF_MEMORY);
+      EXPECT_EQ(mode == kHeldAtTensorSync ? tm_tensor_sync(rt_, x) : tm_runtime_sync(rt_),
+                TM_ERR_OUT_OF_MEMORY);
       EXPECT_NE(std::string(tm_last_error()).find("\"held\""), std::string::npos)
           << "names the copy in the way: " << tm_last_error();
       ASSERT_EQ(tm_tensor_release(rt_, held, TM_TIER_DRAM), TM_OK);

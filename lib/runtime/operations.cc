@@ -230,10 +230,13 @@ absl::Status Runtime::Sync(uint64_t handle) {
 
 absl::Status Runtime::SyncAll() {
   MutexLock lock(&mu_);
-  while (jobs_.outstanding() > 0) changed_.Wait(&mu_);
-  std::vector<uint64_t> parked;
-  for (const auto& entry : parked_offloads_) parked.push_back(entry.first);
-  for (uint64_t handle : parked) RunParkedOffload(handle);
+  // Parked offloads run here, one at a time; a release meanwhile may queue the others again,
+  // so the queue is waited for again after each (a parked one run here never parks again).
+  for (;;) {
+    while (jobs_.outstanding() > 0) changed_.Wait(&mu_);
+    if (parked_offloads_.empty()) break;
+    RunParkedOffload(parked_offloads_.begin()->first);
+  }
   ReapCallerCopies(0, true);
   SettleDeferred();
   return failures_.Take(0);
