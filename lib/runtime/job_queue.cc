@@ -118,14 +118,19 @@ bool Runtime::AnyPinned(tm_tier tier) {
   return pinned;
 }
 
-void Runtime::RequeueParkedOffloads() {
-  for (const auto& [handle, tier] : parked_offloads_) {
-    Tensor* t = tensors_.Find(handle);
-    if (t == nullptr) continue;
-    ++t->queued;
-    jobs_.Push(Job{handle, tier, JobKind::kOffload});
+void Runtime::RequeueParkedOffloads(std::optional<tm_tier> freed) {
+  for (auto it = parked_offloads_.begin(); it != parked_offloads_.end();) {
+    const auto [handle, tier] = *it;
+    if (freed.has_value() && *freed != tier) {
+      ++it;
+      continue;
+    }
+    parked_offloads_.erase(it++);
+    if (Tensor* t = tensors_.Find(handle); t != nullptr) {
+      ++t->queued;
+      jobs_.Push(Job{handle, tier, JobKind::kOffload});
+    }
   }
-  parked_offloads_.clear();
   work_.SignalAll();
 }
 

@@ -76,7 +76,7 @@ absl::Status Runtime::DestroyTensor(uint64_t handle) {
   // Its queued moves find no tensor and are dropped; its kept failures stay until reported.
   tensors_.Remove(handle);
   parked_offloads_.erase(handle);
-  if (!parked_offloads_.empty()) RequeueParkedOffloads();  // its room is free now
+  if (!parked_offloads_.empty()) RequeueParkedOffloads(std::nullopt);  // its room is free now
   changed_.SignalAll();
   return absl::OkStatus();
 }
@@ -205,7 +205,7 @@ absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* strea
   if (--c.pins == 0) {
     if (FindKey(t.key) == &t) schedule_.OnRelease(t.key);
     if (c.state == CopyState::kWriting) t.UnpinWrite(tier);
-    if (!parked_offloads_.empty()) RequeueParkedOffloads();
+    if (!parked_offloads_.empty()) RequeueParkedOffloads(tier);  // room there may help them
     changed_.SignalAll();  // a demand waiting for room may now evict it
   }
   return absl::OkStatus();

@@ -409,7 +409,8 @@ class Runtime {
   // Parked offloads: an asynchronous offload that found no room while callers held copies
   // waits for a release (or a destroy) to be queued again, rather than fail at once; a sync
   // runs it on the caller's thread, where no room is an error.
-  void RequeueParkedOffloads() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues again those parked for `freed` (all of them when nullopt: a destroy frees every tier).
+  void RequeueParkedOffloads(std::optional<tm_tier> freed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AnyPinned(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // a caller holds a copy
   void RunParkedOffload(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -452,8 +453,9 @@ class Runtime {
   // Handles that an acquire in HBM is waiting to claim, with the number of such acquires: an
   // offload that finishes meanwhile keeps their HBM copy (see OffloadClaimed).
   absl::flat_hash_map<uint64_t, uint32_t> wanted_in_hbm_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, tm_tier> parked_offloads_ ABSL_GUARDED_BY(mu_);  // by handle
-  uint64_t prefetch_limit_ = 0;                                                  // bytes
+  // Offloads parked until a release, by handle, with their target tier (job_queue.cc).
+  absl::flat_hash_map<uint64_t, tm_tier> parked_offloads_ ABSL_GUARDED_BY(mu_);
+  uint64_t prefetch_limit_ = 0;  // bytes
   Counters counters_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Trace> trace_;
   std::vector<std::thread> movers_;
