@@ -16,18 +16,6 @@
 
 namespace tiermem {
 
-// What eviction sees in a tier for one request.
-struct Runtime::EvictionPlan {
-  std::optional<EvictionWindow> window;
-  std::vector<uint64_t> owners;  // the owner of each slot (0: free)
-  std::vector<EvictionSlot> slots;
-  uint64_t free_bytes = 0;   // in holes, anywhere
-  uint64_t reclaimable = 0;  // free bytes plus the evictable copies' bytes
-  bool in_flight = false;    // a wall that will move: a copy another thread is moving
-  // Pinned bytes by tensor, for the message of a demand that cannot fit.
-  std::vector<std::pair<std::string, uint64_t>> pinned;
-};
-
 Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want want,
                                             uint64_t need) {
   EvictionPlan plan;
@@ -100,75 +88,6 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
   return plan;
 }
 
-std::vector<std::pair<uint64_t, uint64_t>> Runtime::NeededBefore(const Tensor& t, tm_tier tier,
-                                                                 uint64_t horizon) {
-  std::vector<std::pair<uint64_t, uint64_t>> needed;
-  absl::flat_hash_map<uint64_t, bool> seen;
-  TierSpace& space = tiers_->space(tier);
-  schedule_.ForEachBefore(
-      horizon, [&](uint64_t position, const Schedule::Use& use) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        if (use.tier != tier || use.key == t.key || !seen.emplace(use.key, true).second) return;
-        const Tensor* v = FindKey(use.key);
-        // A use whose tensor is not created yet (a fresh activation) needs its room all the same.
-        if (v != nullptr && v->copies[tier].state != CopyState::kAbsent) return;
-        needed.emplace_back(position, space.Rounded(v != nullptr ? v->bytes : use.bytes));
-      });
-  return needed;
-}
-
-std::optional<uint64_t> Runtime::LetGoBefore(const Tensor& v, const Tensor& t, tm_tier tier,
-                                             uint64_t horizon) {
-  if (&v == &t || FindKey(v.key) != &v || v.busy()) return std::nullopt;
-  const TensorCopy& c = v.copies[tier];
-  // Held by its caller now, valid, and another tier holds its bytes: once let go, a demand
-  // drops it without writing anything.
-  if (c.pins == 0 || c.state != CopyState::kValid || v.only_copy(tier)) return std::nullopt;
-  if (schedule_.NextUse(v.key) <= horizon) return std::nullopt;  // used again first: it stays
-  const uint64_t by = schedule_.ReleasedBy(v.key);
-  if (by >= horizon) return std::nullopt;
-  return by;
-}
-
-std::vector<std::pair<uint64_t, uint64_t>> Runtime::ReleasedBefore(const Tensor& t, tm_tier tier,
-                                                                   uint64_t horizon) {
-  std::vector<std::pair<uint64_t, uint64_t>> released;
-  for (const TierSpace::Block& b : tiers_->space(tier).Layout()) {
-    const Tensor* v = b.free ? nullptr : tensors_.Find(b.owner);
-    if (v == nullptr) continue;
-    if (const std::optional<uint64_t> by = LetGoBefore(*v, t, tier, horizon)) {
-      released.emplace_back(*by, b.size);
-    }
-  }
-  std::sort(released.begin(), released.end());
-  return released;
-}
-
-bool Runtime::LeavesHoles(const Tensor& t, tm_tier tier, Want want) {
-  // Bytes are not holes: a slab may have the bytes an earlier use needs only in pieces once the
-  // prefetch sits in the largest of them. That use (a fresh activation's write, above all) would
-  // then wait for a move in flight to free a hole while the prefetch, needed later, is on time.
-  const std::vector<std::pair<uint64_t, uint64_t>> needed = NeededBefore(t, tier, want.horizon);
-  if (needed.empty()) return true;
-  // One look at the layout serves every use (in a slab the slots do not depend on the bytes
-  // asked); t's new extent is a wall. Walls the step lets go before a use are free for it.
-  const EvictionPlan plan = PlanEviction(t, tier, want, needed.front().second);
-  std::vector<uint64_t> let_go(plan.slots.size(), Schedule::kNever);
-  for (size_t i = 0; i < plan.slots.size(); ++i) {
-    if (plan.slots[i].kind != EvictionSlot::Kind::kWall || plan.owners[i] == 0) continue;
-    if (const Tensor* v = tensors_.Find(plan.owners[i]); v != nullptr) {
-      let_go[i] = LetGoBefore(*v, t, tier, want.horizon).value_or(Schedule::kNever);
-    }
-  }
-  for (const auto& [position, bytes] : needed) {
-    std::vector<EvictionSlot> slots = plan.slots;
-    for (size_t i = 0; i < slots.size(); ++i) {
-      if (let_go[i] <= position) slots[i].kind = EvictionSlot::Kind::kFree;
-    }
-    if (!CheapestWindow(slots, bytes).has_value()) return false;
-  }
-  return true;
-}
-
 uint64_t Runtime::FreesAfter(uint64_t owner, tm_tier tier) {
   // Placement (TierSpace::Allocate): how soon a neighbour's memory is free again. A deferred
   // free goes first; then copies eviction may take, the one used furthest ahead first (as
@@ -193,14 +112,6 @@ uint64_t Runtime::FreesAfter(uint64_t owner, tm_tier tier) {
 
 namespace {
 
-// The error of a prefetch (or hint) dropped for want of room: a hint, counted, never reported.
-absl::Status Dropped(const Tensor& t, tm_tier tier, DropReason reason, absl::string_view message,
-                     DropReason* why) {
-  if (why != nullptr) *why = reason;
-  return Error(TM_ERR_OUT_OF_MEMORY, absl::StrFormat("prefetch of tensor \"%s\" to %s dropped: %s",
-                                                     t.name, tm_tier_name(tier), message));
-}
-
 // Whether a window evicts a copy with a next use: EvictionCost weighs only those above their
 // bytes (x2 when dirty).
 bool UsedAgain(const EvictionWindow& w) {
@@ -208,44 +119,6 @@ bool UsedAgain(const EvictionWindow& w) {
 }
 
 }  // namespace
-
-absl::Status Runtime::AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t need,
-                                    DropReason* why) {
-  // Do no harm (Cao, Felten, Karlin, Li 1995): a scheduled prefetch takes only room that no
-  // use before the one it serves needs, whether that use fills (a read) or not (a write
-  // acquire, a fresh tensor). Room is free bytes plus the copies it may evict.
-  if (want.kind != Want::kPrefetch || tier == TM_TIER_NVME) return absl::OkStatus();
-  const std::vector<std::pair<uint64_t, uint64_t>> needed = NeededBefore(t, tier, want.horizon);
-  if (needed.empty()) return absl::OkStatus();
-  uint64_t before = 0;
-  for (const auto& [position, bytes] : needed) before += bytes;
-  const EvictionPlan plan = PlanEviction(t, tier, want, need);
-  // Each earlier use in turn: the room left after this prefetch, plus the copies held now that
-  // the recorded step lets go before that use (a parameter released at its layer's end makes
-  // the room of the next layer's fresh activation), less what the uses so far took.
-  bool fits = plan.reclaimable >= need;
-  if (fits && plan.reclaimable - need < before) {
-    const std::vector<std::pair<uint64_t, uint64_t>> released =
-        ReleasedBefore(t, tier, want.horizon);
-    uint64_t room = plan.reclaimable - need;
-    size_t r = 0;
-    for (const auto& [position, bytes] : needed) {
-      for (; r < released.size() && released[r].first <= position; ++r) room += released[r].second;
-      if (room < bytes) {
-        fits = false;
-        break;
-      }
-      room -= bytes;
-    }
-  }
-  if (!fits) {
-    return Dropped(
-        t, tier, DropReason::kNoRoom,
-        absl::StrFormat("the %s that earlier uses need leave no room for it", HumanBytes(before)),
-        why);
-  }
-  return absl::OkStatus();
-}
 
 absl::Status Runtime::EvictWindow(const EvictionPlan& plan, tm_tier tier, Want want,
                                   bool fragmented, DropReason* why) {
@@ -353,8 +226,8 @@ absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, Dro
   if (result.ok() && want.kind == Want::kPrefetch && tier != TM_TIER_NVME && !space.counted() &&
       !LeavesHoles(t, tier, want)) {
     space.Free(*result);
-    return Dropped(t, tier, DropReason::kNoRoom,
-                   "in the slab it would leave an earlier use no hole of its size", why);
+    return DroppedPrefetch(t, tier, DropReason::kNoRoom,
+                           "in the slab it would leave an earlier use no hole of its size", why);
   }
   if (st.waited) {
     ++counters_.demand_waits;
@@ -370,7 +243,7 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
   TierSpace& space = tiers_->space(tier);
   for (;;) {
     if (want.kind != Want::kDemand && room_.wanted(tier) > 0) {
-      return Dropped(t, tier, DropReason::kDemand, "a demand needs the room", why);
+      return DroppedPrefetch(t, tier, DropReason::kDemand, "a demand needs the room", why);
     }
     auto frees_after = [&](uint64_t owner)
                            ABSL_NO_THREAD_SAFETY_ANALYSIS { return FreesAfter(owner, tier); };
@@ -393,7 +266,8 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
     }
     if (need == 0) return NeverFits(e.status(), t, tier);
     st.made_room = true;
-    if (!want.evicts) return Dropped(t, tier, DropReason::kNoRoom, "it takes only free room", why);
+    if (!want.evicts)
+      return DroppedPrefetch(t, tier, DropReason::kNoRoom, "it takes only free room", why);
     if (want.kind == Want::kDemand && !st.wanting) {
       st.wanting = true;
       ++room_.wanted(tier);
@@ -421,10 +295,11 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
       if (Compact(tier, need)) continue;
     }
     if (want.kind != Want::kDemand) {
-      return Dropped(t, tier, DropReason::kNoRoom,
-                     want.kind == Want::kPrefetch ? "nothing used after it can be evicted to fit it"
-                                                  : "nothing unpinned can be evicted to fit it",
-                     why);
+      return DroppedPrefetch(t, tier, DropReason::kNoRoom,
+                             want.kind == Want::kPrefetch
+                                 ? "nothing used after it can be evicted to fit it"
+                                 : "nothing unpinned can be evicted to fit it",
+                             why);
     }
     // A demand: prefetches queued for this tier would only take room; moves in flight will
     // finish (and their copies become evictable), so wait for them. Only when nothing is in

@@ -2,8 +2,16 @@
 // the lock, the room token.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "lib/policy/eviction.h"
 #include "lib/runtime/runtime.h"
 
 namespace tiermem {
@@ -60,5 +68,21 @@ class Runtime::RoomScope {
   bool held_ = true;
   uint64_t generation_ = 0;
 };
+
+// What eviction sees in a tier for one request.
+struct Runtime::EvictionPlan {
+  std::optional<EvictionWindow> window;
+  std::vector<uint64_t> owners;  // the owner of each slot (0: free)
+  std::vector<EvictionSlot> slots;
+  uint64_t free_bytes = 0;   // in holes, anywhere
+  uint64_t reclaimable = 0;  // free bytes plus the evictable copies' bytes
+  bool in_flight = false;    // a wall that will move: a copy another thread is moving
+  // Pinned bytes by tensor, for the message of a demand that cannot fit.
+  std::vector<std::pair<std::string, uint64_t>> pinned;
+};
+
+// The error of a prefetch (or hint) dropped for want of room: a hint, counted, never reported.
+absl::Status DroppedPrefetch(const Tensor& t, tm_tier tier, DropReason reason,
+                             absl::string_view message, DropReason* why);
 
 }  // namespace tiermem

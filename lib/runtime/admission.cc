@@ -1,0 +1,134 @@
+// Admission of a scheduled prefetch, do no harm (Cao, Felten, Karlin, Li 1995): the uses before
+// the one a prefetch serves keep their room, in bytes and, in a slab, in holes.
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "lib/base/status.h"
+#include "lib/runtime/runtime.h"
+#include "lib/runtime/runtime_internal.h"
+
+namespace tiermem {
+
+// The error of a prefetch (or hint) dropped for want of room: a hint, counted, never reported.
+absl::Status DroppedPrefetch(const Tensor& t, tm_tier tier, DropReason reason, absl::string_view message,
+                     DropReason* why) {
+  if (why != nullptr) *why = reason;
+  return Error(TM_ERR_OUT_OF_MEMORY, absl::StrFormat("prefetch of tensor \"%s\" to %s dropped: %s",
+                                                     t.name, tm_tier_name(tier), message));
+}
+
+
+absl::Status Runtime::AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t need,
+                                    DropReason* why) {
+  // Do no harm (Cao, Felten, Karlin, Li 1995): a scheduled prefetch takes only room that no
+  // use before the one it serves needs, whether that use fills (a read) or not (a write
+  // acquire, a fresh tensor). Room is free bytes plus the copies it may evict.
+  if (want.kind != Want::kPrefetch || tier == TM_TIER_NVME) return absl::OkStatus();
+  const std::vector<std::pair<uint64_t, uint64_t>> needed = NeededBefore(t, tier, want.horizon);
+  if (needed.empty()) return absl::OkStatus();
+  uint64_t before = 0;
+  for (const auto& [position, bytes] : needed) before += bytes;
+  const EvictionPlan plan = PlanEviction(t, tier, want, need);
+  // Each earlier use in turn: the room left after this prefetch, plus the copies held now that
+  // the recorded step lets go before that use (a parameter released at its layer's end makes
+  // the room of the next layer's fresh activation), less what the uses so far took.
+  bool fits = plan.reclaimable >= need;
+  if (fits && plan.reclaimable - need < before) {
+    const std::vector<std::pair<uint64_t, uint64_t>> released =
+        ReleasedBefore(t, tier, want.horizon);
+    uint64_t room = plan.reclaimable - need;
+    size_t r = 0;
+    for (const auto& [position, bytes] : needed) {
+      for (; r < released.size() && released[r].first <= position; ++r) room += released[r].second;
+      if (room < bytes) {
+        fits = false;
+        break;
+      }
+      room -= bytes;
+    }
+  }
+  if (!fits) {
+    return DroppedPrefetch(
+        t, tier, DropReason::kNoRoom,
+        absl::StrFormat("the %s that earlier uses need leave no room for it", HumanBytes(before)),
+        why);
+  }
+  return absl::OkStatus();
+}
+
+
+std::vector<std::pair<uint64_t, uint64_t>> Runtime::NeededBefore(const Tensor& t, tm_tier tier,
+                                                                 uint64_t horizon) {
+  std::vector<std::pair<uint64_t, uint64_t>> needed;
+  absl::flat_hash_map<uint64_t, bool> seen;
+  TierSpace& space = tiers_->space(tier);
+  schedule_.ForEachBefore(
+      horizon, [&](uint64_t position, const Schedule::Use& use) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        if (use.tier != tier || use.key == t.key || !seen.emplace(use.key, true).second) return;
+        const Tensor* v = FindKey(use.key);
+        // A use whose tensor is not created yet (a fresh activation) needs its room all the same.
+        if (v != nullptr && v->copies[tier].state != CopyState::kAbsent) return;
+        needed.emplace_back(position, space.Rounded(v != nullptr ? v->bytes : use.bytes));
+      });
+  return needed;
+}
+
+std::optional<uint64_t> Runtime::LetGoBefore(const Tensor& v, const Tensor& t, tm_tier tier,
+                                             uint64_t horizon) {
+  if (&v == &t || FindKey(v.key) != &v || v.busy()) return std::nullopt;
+  const TensorCopy& c = v.copies[tier];
+  // Held by its caller now, valid, and another tier holds its bytes: once let go, a demand
+  // drops it without writing anything.
+  if (c.pins == 0 || c.state != CopyState::kValid || v.only_copy(tier)) return std::nullopt;
+  if (schedule_.NextUse(v.key) <= horizon) return std::nullopt;  // used again first: it stays
+  const uint64_t by = schedule_.ReleasedBy(v.key);
+  if (by >= horizon) return std::nullopt;
+  return by;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> Runtime::ReleasedBefore(const Tensor& t, tm_tier tier,
+                                                                   uint64_t horizon) {
+  std::vector<std::pair<uint64_t, uint64_t>> released;
+  for (const TierSpace::Block& b : tiers_->space(tier).Layout()) {
+    const Tensor* v = b.free ? nullptr : tensors_.Find(b.owner);
+    if (v == nullptr) continue;
+    if (const std::optional<uint64_t> by = LetGoBefore(*v, t, tier, horizon)) {
+      released.emplace_back(*by, b.size);
+    }
+  }
+  std::sort(released.begin(), released.end());
+  return released;
+}
+
+bool Runtime::LeavesHoles(const Tensor& t, tm_tier tier, Want want) {
+  // Bytes are not holes: a slab may have the bytes an earlier use needs only in pieces once the
+  // prefetch sits in the largest of them. That use (a fresh activation's write, above all) would
+  // then wait for a move in flight to free a hole while the prefetch, needed later, is on time.
+  const std::vector<std::pair<uint64_t, uint64_t>> needed = NeededBefore(t, tier, want.horizon);
+  if (needed.empty()) return true;
+  // One look at the layout serves every use (in a slab the slots do not depend on the bytes
+  // asked); t's new extent is a wall. Walls the step lets go before a use are free for it.
+  const EvictionPlan plan = PlanEviction(t, tier, want, needed.front().second);
+  std::vector<uint64_t> let_go(plan.slots.size(), Schedule::kNever);
+  for (size_t i = 0; i < plan.slots.size(); ++i) {
+    if (plan.slots[i].kind != EvictionSlot::Kind::kWall || plan.owners[i] == 0) continue;
+    if (const Tensor* v = tensors_.Find(plan.owners[i]); v != nullptr) {
+      let_go[i] = LetGoBefore(*v, t, tier, want.horizon).value_or(Schedule::kNever);
+    }
+  }
+  for (const auto& [position, bytes] : needed) {
+    std::vector<EvictionSlot> slots = plan.slots;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (let_go[i] <= position) slots[i].kind = EvictionSlot::Kind::kFree;
+    }
+    if (!CheapestWindow(slots, bytes).has_value()) return false;
+  }
+  return true;
+}
+
+}  // namespace tiermem
