@@ -776,6 +776,98 @@ TEST_F(PressureApi, PrefetchLeavesAnEarlierFreshTensorItsHole) {
   for (int i : {0, 3}) ASSERT_EQ(tm_tensor_release(rt_, fill[i], TM_TIER_HBM), TM_OK);
 }
 
+// The hole check comes before eviction: a prefetch it would drop evicts nothing first. HBM of
+// 30 MiB holds, in address order, A (4 MiB, held for good), c (4, clean, used after y), a 10 MiB
+// hole, B (4, held) and e (8, clean, unused). Each step makes a fresh f (10 MiB), then reads y
+// (12, homed in DRAM). The bytes allow y's prefetch (22 reclaimable: y and f), but no hole fits
+// y: its only window is c and the hole, and y there leaves f no 10 MiB hole anywhere. So the
+// prefetch is dropped, and c stays, where it used to be dropped first for nothing. (Each step's
+// demand for y takes c's room; after the step c is read back into the 14 MiB run that A and B
+// bound, at its front, so every step starts from the same layout.)
+TEST_F(PressureApi, PrefetchTheHoleCheckDropsEvictsNothingFirst) {
+  UseLayout("slab");
+  env_.Set("TIERMEM_PREFETCH_BYTES", "100%");
+  Open(30 * kMiB, 96 * kMiB, 2);
+  auto resident = [&](tm_tensor t) {
+    uint32_t mask = 0;
+    EXPECT_EQ(tm_tensor_residency(rt_, t, &mask), TM_OK);
+    return (mask & TM_TIER_BIT(TM_TIER_HBM)) != 0;
+  };
+  auto in_dram = [&](uint64_t bytes, const char* name, uint64_t seed) {
+    const tm_tensor t = Make(bytes, name, TM_CLASS_OTHER, TM_TIER_DRAM);
+    const auto data = RandomBytes(bytes, seed);
+    EXPECT_EQ(tm_tensor_write(rt_, t, 0, data.data(), data.size()), TM_OK);
+    return t;
+  };
+  // Placement puts a copy's leftover next to the neighbour that frees sooner; the order below
+  // makes the layout of the comment, and the addresses check it.
+  char* at[4] = {};
+  auto acquire = [&](tm_tensor t, tm_access access, char** p) {
+    void* q = nullptr;
+    ASSERT_EQ(tm_tensor_acquire(rt_, t, TM_TIER_HBM, access, nullptr, &q), TM_OK)
+        << tm_last_error();
+    *p = static_cast<char*>(q);
+  };
+  const tm_tensor a = in_dram(4 * kMiB, "A", 51);
+  acquire(a, TM_ACCESS_READ, &at[0]);
+  ASSERT_EQ(tm_tensor_release(rt_, a, TM_TIER_HBM), TM_OK);
+  const tm_tensor e = in_dram(8 * kMiB, "e", 52);
+  acquire(e, TM_ACCESS_READ, &at[3]);
+  const tm_tensor b = Make(4 * kMiB, "B");
+  acquire(b, TM_ACCESS_WRITE, &at[2]);
+  const tm_tensor x = Make(10 * kMiB, "X");
+  char* unused = nullptr;
+  void* p = nullptr;
+  acquire(x, TM_ACCESS_WRITE, &unused);
+  const tm_tensor c = in_dram(4 * kMiB, "c", 53);
+  acquire(c, TM_ACCESS_READ, &at[1]);
+  ASSERT_EQ(tm_tensor_release(rt_, c, TM_TIER_HBM), TM_OK);
+  acquire(a, TM_ACCESS_READ, &at[0]);  // held for good from here
+  ASSERT_EQ(tm_tensor_release(rt_, e, TM_TIER_HBM), TM_OK);
+  ASSERT_EQ(tm_tensor_release(rt_, x, TM_TIER_HBM), TM_OK);
+  ASSERT_EQ(tm_tensor_destroy(rt_, x), TM_OK);
+  ASSERT_EQ(at[1] - at[0], static_cast<ptrdiff_t>(4 * kMiB)) << "c right after A";
+  ASSERT_EQ(at[2] - at[0], static_cast<ptrdiff_t>(18 * kMiB)) << "B after c and 10 MiB";
+  ASSERT_EQ(at[3] - at[0], static_cast<ptrdiff_t>(22 * kMiB)) << "e right after B";
+  const auto ys = RandomBytes(12 * kMiB, 54), cs = RandomBytes(4 * kMiB, 53);
+  const int steps = 4;
+  for (int step = 0; step < steps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    ASSERT_TRUE(resident(c) && resident(e)) << "the layout of the comment above";
+    ASSERT_EQ(tm_step_begin(rt_), TM_OK);
+    const tm_stats before = Stats();
+    tm_tensor y = Make(12 * kMiB, "y", TM_CLASS_OTHER, TM_TIER_DRAM);
+    ASSERT_EQ(tm_tensor_write(rt_, y, 0, ys.data(), ys.size()), TM_OK);
+    ASSERT_EQ(tm_tensor_sync(rt_, y), TM_OK) << "y's prefetch, if any, has run";
+    if (step > 0) {
+      EXPECT_GT(Stats().prefetches_dropped_no_room, before.prefetches_dropped_no_room)
+          << "the replayed step tried y's prefetch, and dropped it";
+      EXPECT_FALSE(resident(y));
+      EXPECT_TRUE(resident(c)) << "c was evicted for a prefetch that was then dropped";
+    }
+    tm_tensor f = Make(10 * kMiB, "f");
+    ASSERT_EQ(tm_tensor_acquire(rt_, f, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
+        << tm_last_error();
+    std::memset(p, 5, 10 * kMiB);
+    ASSERT_EQ(tm_tensor_release(rt_, f, TM_TIER_HBM), TM_OK);
+    ASSERT_EQ(tm_tensor_destroy(rt_, f), TM_OK);
+    ASSERT_EQ(tm_tensor_acquire(rt_, y, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
+        << tm_last_error();
+    EXPECT_EQ(std::memcmp(p, ys.data(), ys.size()), 0);
+    ASSERT_EQ(tm_tensor_release(rt_, y, TM_TIER_HBM), TM_OK);
+    ASSERT_EQ(tm_tensor_destroy(rt_, y), TM_OK);
+    ASSERT_EQ(tm_step_end(rt_), TM_OK);
+    ASSERT_EQ(tm_runtime_sync(rt_), TM_OK);
+    // Outside the step, so that no replayed prefetch of c takes e's room for it.
+    ASSERT_EQ(tm_tensor_acquire(rt_, c, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
+        << tm_last_error();
+    EXPECT_EQ(p, at[1]) << "c back in its place";
+    EXPECT_EQ(std::memcmp(p, cs.data(), cs.size()), 0);
+    ASSERT_EQ(tm_tensor_release(rt_, c, TM_TIER_HBM), TM_OK);
+  }
+  for (tm_tensor held : {a, b}) ASSERT_EQ(tm_tensor_release(rt_, held, TM_TIER_HBM), TM_OK);
+}
+
 // A request that waits for another thread's move of its tensor does not hold the room token
 // meanwhile: a second thread's request for room goes ahead. Here a slow prefetch of `a` (8 MiB
 // on a 50 MB/s link, about 170 ms) is in flight, one thread's acquire of `a` waits for it, and

@@ -15,13 +15,12 @@
 namespace tiermem {
 
 // The error of a prefetch (or hint) dropped for want of room: a hint, counted, never reported.
-absl::Status DroppedPrefetch(const Tensor& t, tm_tier tier, DropReason reason, absl::string_view message,
-                     DropReason* why) {
+absl::Status DroppedPrefetch(const Tensor& t, tm_tier tier, DropReason reason,
+                             absl::string_view message, DropReason* why) {
   if (why != nullptr) *why = reason;
   return Error(TM_ERR_OUT_OF_MEMORY, absl::StrFormat("prefetch of tensor \"%s\" to %s dropped: %s",
                                                      t.name, tm_tier_name(tier), message));
 }
-
 
 absl::Status Runtime::AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t need,
                                     DropReason* why) {
@@ -60,7 +59,6 @@ absl::Status Runtime::AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t
   }
   return absl::OkStatus();
 }
-
 
 std::vector<std::pair<uint64_t, uint64_t>> Runtime::NeededBefore(const Tensor& t, tm_tier tier,
                                                                  uint64_t horizon) {
@@ -105,7 +103,12 @@ std::vector<std::pair<uint64_t, uint64_t>> Runtime::ReleasedBefore(const Tensor&
   return released;
 }
 
-bool Runtime::LeavesHoles(const Tensor& t, tm_tier tier, Want want) {
+Runtime::Placed Runtime::WindowPlaced(const EvictionPlan& plan, uint64_t need) {
+  const EvictionWindow& w = *plan.window;
+  return Placed{plan.offsets[w.first], plan.offsets[w.last] + plan.slots[w.last].size, need};
+}
+
+bool Runtime::LeavesHoles(const Tensor& t, tm_tier tier, Want want, std::optional<Placed> placed) {
   // Bytes are not holes: a slab may have the bytes an earlier use needs only in pieces once the
   // prefetch sits in the largest of them. That use (a fresh activation's write, above all) would
   // then wait for a move in flight to free a hole while the prefetch, needed later, is on time.
@@ -121,14 +124,44 @@ bool Runtime::LeavesHoles(const Tensor& t, tm_tier tier, Want want) {
       let_go[i] = LetGoBefore(*v, t, tier, want.horizon).value_or(Schedule::kNever);
     }
   }
-  for (const auto& [position, bytes] : needed) {
-    std::vector<EvictionSlot> slots = plan.slots;
-    for (size_t i = 0; i < slots.size(); ++i) {
-      if (let_go[i] <= position) slots[i].kind = EvictionSlot::Kind::kFree;
+  auto holes = [&](const std::vector<EvictionSlot>& layout, const std::vector<uint64_t>& go) {
+    for (const auto& [position, bytes] : needed) {
+      std::vector<EvictionSlot> slots = layout;
+      for (size_t i = 0; i < slots.size(); ++i) {
+        if (go[i] <= position) slots[i].kind = EvictionSlot::Kind::kFree;
+      }
+      if (!CheapestWindow(slots, bytes).has_value()) return false;
     }
-    if (!CheapestWindow(slots, bytes).has_value()) return false;
+    return true;
+  };
+  if (!placed.has_value()) return holes(plan.slots, let_go);
+  // Before the window [placed->begin, placed->end) is evicted for t: t would take `bytes` of
+  // the hole it leaves, at one end or the other; either will do.
+  for (const bool low : {true, false}) {
+    std::vector<EvictionSlot> slots;
+    std::vector<uint64_t> go;
+    bool inside = false;
+    for (size_t i = 0; i < plan.slots.size(); ++i) {
+      const uint64_t begin = plan.offsets[i], end = begin + plan.slots[i].size;
+      if (end <= placed->begin || begin >= placed->end) {
+        slots.push_back(plan.slots[i]);
+        go.push_back(let_go[i]);
+        continue;
+      }
+      // The layout changed since the window was chosen (a deferred extent was freed): no
+      // judgement before, the check after the allocation still holds.
+      if (begin < placed->begin || end > placed->end) return true;
+      if (inside) continue;
+      inside = true;
+      EvictionSlot mine{placed->bytes, EvictionSlot::Kind::kWall};
+      EvictionSlot rest{placed->end - placed->begin - placed->bytes, EvictionSlot::Kind::kFree};
+      slots.push_back(low ? mine : rest);
+      slots.push_back(low ? rest : mine);
+      go.insert(go.end(), 2, Schedule::kNever);
+    }
+    if (holes(slots, go)) return true;
   }
-  return true;
+  return false;
 }
 
 }  // namespace tiermem

@@ -31,6 +31,7 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
     EvictionSlot slot;
     slot.size = b.size;
     plan.owners.push_back(b.owner);
+    plan.offsets.push_back(b.offset);
     if (b.free) {
       plan.free_bytes += b.size;
       plan.reclaimable += b.size;
@@ -76,13 +77,15 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
     // HBM from the framework's allocator: no adjacency to keep, any victims whose bytes suffice
     // make room. Taken in CountedOrder, the cheapest of them form a window.
     std::vector<EvictionSlot> slots;
-    std::vector<uint64_t> owners;
+    std::vector<uint64_t> owners, offsets;
     for (size_t i : CountedOrder(plan.slots, clean_first)) {
       slots.push_back(plan.slots[i]);
       owners.push_back(plan.owners[i]);
+      offsets.push_back(plan.offsets[i]);
     }
     plan.slots = std::move(slots);
     plan.owners = std::move(owners);
+    plan.offsets = std::move(offsets);
   }
   plan.window = CheapestWindow(plan.slots, need, clean_first);
   return plan;
@@ -117,6 +120,9 @@ namespace {
 bool UsedAgain(const EvictionWindow& w) {
   return w.cost > 1.001 * static_cast<double>(w.evicted_bytes + w.dirty_bytes);
 }
+
+constexpr absl::string_view kLeavesNoHole =
+    "in the slab it would leave an earlier use no hole of its size";
 
 }  // namespace
 
@@ -226,8 +232,7 @@ absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, Dro
   if (result.ok() && want.kind == Want::kPrefetch && tier != TM_TIER_NVME && !space.counted() &&
       !LeavesHoles(t, tier, want)) {
     space.Free(*result);
-    return DroppedPrefetch(t, tier, DropReason::kNoRoom,
-                           "in the slab it would leave an earlier use no hole of its size", why);
+    return DroppedPrefetch(t, tier, DropReason::kNoRoom, kLeavesNoHole, why);
   }
   if (st.waited) {
     ++counters_.demand_waits;
@@ -285,6 +290,11 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
       // Free bytes sufficed, no hole did: the window clears contiguity, not bytes.
       const bool fragmented = !backing_short && plan.free_bytes >= need;
       if (fragmented && SlidRatherThanEvict(plan, tier, need, st)) continue;
+      // A prefetch whose allocation the hole check would undo evicts nothing first.
+      if (want.kind == Want::kPrefetch && !space.counted() &&
+          !LeavesHoles(t, tier, want, WindowPlaced(plan, need))) {
+        return DroppedPrefetch(t, tier, DropReason::kNoRoom, kLeavesNoHole, why);
+      }
       if (auto s = EvictWindow(plan, tier, want, fragmented, why); !s.ok()) return s;
       continue;
     }

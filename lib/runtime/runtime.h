@@ -361,7 +361,16 @@ class Runtime {
   // Do no harm in a slab, after a prefetch of t took its extent: whether each earlier use that
   // still needs room there can find a hole of its bytes without evicting anything used before
   // t's use (copies let go before that use count as free).
-  bool LeavesHoles(const Tensor& t, tm_tier tier, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With `placed`, the same judged before a window is evicted for t: t's `bytes` in the hole
+  // [begin, end) the window would leave, so that no copy is evicted for a prefetch that the
+  // check after its allocation would then drop.
+  struct Placed {
+    uint64_t begin = 0, end = 0, bytes = 0;
+  };
+  bool LeavesHoles(const Tensor& t, tm_tier tier, Want want,
+                   std::optional<Placed> placed = std::nullopt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The hole plan's window leaves, with the `need` bytes a request would take there.
+  static Placed WindowPlaced(const EvictionPlan& plan, uint64_t need);
   // Frees v's copy in `tier`: dropped when another copy is valid, written down first if not.
   absl::Status Evict(Tensor& v, tm_tier tier, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the queued (not yet started) prefetches into `tier`: a demand needs the room.

@@ -72,7 +72,8 @@ class Runtime::RoomScope {
 // What eviction sees in a tier for one request.
 struct Runtime::EvictionPlan {
   std::optional<EvictionWindow> window;
-  std::vector<uint64_t> owners;  // the owner of each slot (0: free)
+  std::vector<uint64_t> owners;   // the owner of each slot (0: free)
+  std::vector<uint64_t> offsets;  // where each slot starts in the tier
   std::vector<EvictionSlot> slots;
   uint64_t free_bytes = 0;   // in holes, anywhere
   uint64_t reclaimable = 0;  // free bytes plus the evictable copies' bytes
