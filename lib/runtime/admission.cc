@@ -104,8 +104,12 @@ std::vector<std::pair<uint64_t, uint64_t>> Runtime::ReleasedBefore(const Tensor&
 }
 
 Runtime::Placed Runtime::WindowPlaced(const EvictionPlan& plan, uint64_t need) {
-  const EvictionWindow& w = *plan.window;
-  return Placed{plan.offsets[w.first], plan.offsets[w.last] + plan.slots[w.last].size, need};
+  // The hole also takes in the free blocks on either side of the window.
+  size_t first = plan.window->first, last = plan.window->last;
+  auto free = [&](size_t i) { return plan.slots[i].kind == EvictionSlot::Kind::kFree; };
+  while (first > 0 && free(first - 1)) --first;
+  while (last + 1 < plan.slots.size() && free(last + 1)) ++last;
+  return Placed{plan.offsets[first], plan.offsets[last] + plan.slots[last].size, need};
 }
 
 bool Runtime::LeavesHoles(const Tensor& t, tm_tier tier, Want want, std::optional<Placed> placed) {

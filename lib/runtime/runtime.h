@@ -369,7 +369,8 @@ class Runtime {
   };
   bool LeavesHoles(const Tensor& t, tm_tier tier, Want want,
                    std::optional<Placed> placed = std::nullopt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The hole plan's window leaves, with the `need` bytes a request would take there.
+  // The hole plan's window leaves (with the free blocks beside it), and the `need` bytes a
+  // request would take there.
   static Placed WindowPlaced(const EvictionPlan& plan, uint64_t need);
   // Frees v's copy in `tier`: dropped when another copy is valid, written down first if not.
   absl::Status Evict(Tensor& v, tm_tier tier, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
