@@ -369,6 +369,22 @@ class PressureApi : public ::testing::Test {
   }
   // TIERMEM_HBM_LAYOUT for the runtime Open creates next ("slab", "mapped").
   void UseLayout(const char* layout) { env_.Set("TIERMEM_HBM_LAYOUT", layout); }
+  // A step's body in the hole tests: a fresh f of f_bytes written in HBM and destroyed, then y
+  // read there, checked against ys, and destroyed.
+  void WriteFreshThenRead(uint64_t f_bytes, tm_tensor y, const std::vector<uint8_t>& ys) {
+    void* p = nullptr;
+    tm_tensor f = Make(f_bytes, "f");
+    ASSERT_EQ(tm_tensor_acquire(rt_, f, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
+        << tm_last_error();
+    std::memset(p, 5, f_bytes);
+    ASSERT_EQ(tm_tensor_release(rt_, f, TM_TIER_HBM), TM_OK);
+    ASSERT_EQ(tm_tensor_destroy(rt_, f), TM_OK);
+    ASSERT_EQ(tm_tensor_acquire(rt_, y, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
+        << tm_last_error();
+    EXPECT_EQ(std::memcmp(p, ys.data(), ys.size()), 0);
+    ASSERT_EQ(tm_tensor_release(rt_, y, TM_TIER_HBM), TM_OK);
+    ASSERT_EQ(tm_tensor_destroy(rt_, y), TM_OK);
+  }
   testing::ScopedEnv env_;
   TempDir dir_;
   tm_runtime rt_{};
@@ -752,18 +768,7 @@ TEST_F(PressureApi, PrefetchLeavesAnEarlierFreshTensorItsHole) {
     uint32_t mask = 0;
     ASSERT_EQ(tm_tensor_residency(rt_, y, &mask), TM_OK);
     EXPECT_EQ(mask & TM_TIER_BIT(TM_TIER_HBM), 0u) << "y took the only hole f fits in";
-    tm_tensor f = Make(10 * kMiB, "f");
-    void* p = nullptr;
-    ASSERT_EQ(tm_tensor_acquire(rt_, f, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
-        << tm_last_error();
-    std::memset(p, 5, 10 * kMiB);
-    ASSERT_EQ(tm_tensor_release(rt_, f, TM_TIER_HBM), TM_OK);
-    ASSERT_EQ(tm_tensor_destroy(rt_, f), TM_OK);
-    ASSERT_EQ(tm_tensor_acquire(rt_, y, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
-        << tm_last_error();
-    EXPECT_EQ(std::memcmp(p, ys.data(), ys.size()), 0);
-    ASSERT_EQ(tm_tensor_release(rt_, y, TM_TIER_HBM), TM_OK);
-    ASSERT_EQ(tm_tensor_destroy(rt_, y), TM_OK);
+    ASSERT_NO_FATAL_FAILURE(WriteFreshThenRead(10 * kMiB, y, ys));
     ASSERT_EQ(tm_step_end(rt_), TM_OK);
   }
   ASSERT_EQ(tm_runtime_sync(rt_), TM_OK);
@@ -845,17 +850,7 @@ TEST_F(PressureApi, PrefetchTheHoleCheckDropsEvictsNothingFirst) {
       EXPECT_FALSE(resident(y));
       EXPECT_TRUE(resident(c)) << "c was evicted for a prefetch that was then dropped";
     }
-    tm_tensor f = Make(10 * kMiB, "f");
-    ASSERT_EQ(tm_tensor_acquire(rt_, f, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
-        << tm_last_error();
-    std::memset(p, 5, 10 * kMiB);
-    ASSERT_EQ(tm_tensor_release(rt_, f, TM_TIER_HBM), TM_OK);
-    ASSERT_EQ(tm_tensor_destroy(rt_, f), TM_OK);
-    ASSERT_EQ(tm_tensor_acquire(rt_, y, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
-        << tm_last_error();
-    EXPECT_EQ(std::memcmp(p, ys.data(), ys.size()), 0);
-    ASSERT_EQ(tm_tensor_release(rt_, y, TM_TIER_HBM), TM_OK);
-    ASSERT_EQ(tm_tensor_destroy(rt_, y), TM_OK);
+    ASSERT_NO_FATAL_FAILURE(WriteFreshThenRead(10 * kMiB, y, ys));
     ASSERT_EQ(tm_step_end(rt_), TM_OK);
     ASSERT_EQ(tm_runtime_sync(rt_), TM_OK);
     // Outside the step, so that no replayed prefetch of c takes e's room for it.
