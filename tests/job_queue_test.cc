@@ -184,16 +184,33 @@ class TestFence : public io::Fence {
 };
 
 TEST(LinkOrder, EachCopyStartsAfterTheOneBeforeItUntilThatPassed) {
+  using Fences = std::vector<io::FencePtr>;
   LinkOrder order;
-  EXPECT_EQ(order.Enter(5), nullptr) << "nothing in flight";
+  EXPECT_EQ(order.Enter(5), Fences{}) << "nothing in flight";
   auto first = std::make_shared<TestFence>();
   order.Leave(first);
-  EXPECT_EQ(order.Enter(6), first) << "the copy before is still on the link";
+  EXPECT_EQ(order.Enter(6), Fences{first}) << "the copy before is still on the link";
   order.Leave(nullptr);  // could not be enqueued: the one before stays the last
-  EXPECT_EQ(order.Enter(7), first);
+  EXPECT_EQ(order.Enter(7), Fences{first});
   first->passed_ = true;
   order.Leave(nullptr);
-  EXPECT_EQ(order.Enter(8), nullptr) << "passed: no wait on the device";
+  EXPECT_EQ(order.Enter(8), Fences{}) << "passed: no wait on the device";
+  order.Leave(nullptr);
+}
+
+TEST(LinkOrder, PrefetchesStartAfterAnUrgentCopyUntilItPassed) {
+  using Fences = std::vector<io::FencePtr>;
+  LinkOrder order;
+  auto before = std::make_shared<TestFence>();
+  (void)order.Enter(3);
+  order.Leave(before);
+  auto demand = std::make_shared<TestFence>();
+  order.Urgent(demand);  // a use waits for it: it should have the link to itself
+  EXPECT_EQ(order.Enter(4), (Fences{demand, before}));
+  order.Leave(nullptr);
+  demand->passed_ = true;
+  before->passed_ = true;
+  EXPECT_EQ(order.Enter(5), Fences{}) << "both passed: no wait on the device";
   order.Leave(nullptr);
 }
 

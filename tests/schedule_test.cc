@@ -202,6 +202,53 @@ TEST_F(Scheduled, PrefetchHeldBackByBytesGoesWhenTheOneBeforeLands) {
   EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
 }
 
+// A demand up the link has it to itself: a scheduled prefetch issued while the demand's copy
+// runs starts after it, rather than share the link and double the demand's wait (LinkOrder).
+TEST_F(Scheduled, APrefetchIssuedDuringADemandWaitsForIt) {
+  tm_config c = Config();
+  c.prefetch_depth = 1;
+  c.emu_link_gbps = 0.05;  // the demand's 16 MiB take about 340 ms, the prefetch's 4 MiB 84 ms
+  tm_runtime rt;
+  ASSERT_EQ(tm_runtime_create(&c, &rt), TM_OK) << tm_last_error();
+  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+  d.bytes = 16 * kMiB;
+  d.home_tier = TM_TIER_DRAM;
+  d.name = "demanded";
+  tm_tensor demanded;
+  ASSERT_EQ(tm_tensor_create(rt, &d, &demanded), TM_OK);
+  auto bytes = RandomBytes(d.bytes, 7);
+  ASSERT_EQ(tm_tensor_write(rt, demanded, 0, bytes.data(), d.bytes), TM_OK) << tm_last_error();
+  Create(rt, 2, 4 * kMiB, TM_TIER_DRAM);  // w0 (in HBM from the start), w1
+  void* p = nullptr;
+  ASSERT_EQ(tm_tensor_acquire(rt, tensors_[0], TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK);
+  ASSERT_EQ(tm_tensor_release(rt, tensors_[0], TM_TIER_HBM), TM_OK);
+  ASSERT_EQ(tm_schedule_set(rt, tensors_.data(), nullptr, tensors_.size()), TM_OK);
+  ASSERT_EQ(tm_step_begin(rt), TM_OK);  // its first use is in HBM: nothing moves
+  const uint64_t before = Stats(rt).bytes_moved[TM_TIER_DRAM][TM_TIER_HBM];
+  uint64_t up_when_demand_done = 0;
+  std::thread demand([&] {
+    void* q = nullptr;
+    EXPECT_EQ(tm_tensor_acquire(rt, demanded, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &q), TM_OK)
+        << tm_last_error();
+    up_when_demand_done = Stats(rt).bytes_moved[TM_TIER_DRAM][TM_TIER_HBM] - before;
+    EXPECT_EQ(tm_tensor_release(rt, demanded, TM_TIER_HBM), TM_OK);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the demand's copy is running
+  // The first scheduled use: its lookahead prefetches w1, used next.
+  ASSERT_EQ(tm_tensor_acquire(rt, tensors_[0], TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK);
+  demand.join();
+  EXPECT_EQ(up_when_demand_done, 16 * kMiB)
+      << "the prefetch shared the link with the demand and finished first";
+  ASSERT_EQ(tm_tensor_release(rt, tensors_[0], TM_TIER_HBM), TM_OK);
+  ASSERT_EQ(tm_tensor_acquire(rt, tensors_[1], TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK);
+  auto want = RandomBytes(4 * kMiB, 1);
+  EXPECT_EQ(std::memcmp(p, want.data(), want.size()), 0);
+  ASSERT_EQ(tm_tensor_release(rt, tensors_[1], TM_TIER_HBM), TM_OK);
+  EXPECT_EQ(Stats(rt).bytes_moved[TM_TIER_DRAM][TM_TIER_HBM] - before, 20 * kMiB);
+  EXPECT_EQ(tm_step_end(rt), TM_OK);
+  EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
+}
+
 // With compute between acquires and a capped link, prefetching turns misses into hits. (How
 // much, and at what step time, is bench/step_bench's business: this checks the direction.)
 TEST_F(Scheduled, PrefetchHidesTransfers) {

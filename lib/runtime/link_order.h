@@ -5,12 +5,16 @@
 // DRAM -> HBM prefetch is therefore enqueued after the one before it (its copy waits, on the
 // device, for that copy's fence: no host wake-up between them), and among prefetches about to
 // enqueue, the one serving the earliest use goes first. Demands and small copies (latency, not
-// bandwidth, bound) are not ordered. Its own lock: the turns are taken without the runtime's.
+// bandwidth, bound) are not ordered, and go before: a large copy up the link that a use waits
+// for (a demand) is urgent, and the ordered prefetches enqueued while it runs start after it,
+// rather than share the link with it (a demand sharing the link with a prefetch of a tensor used
+// later took twice its time). Its own lock: the turns are taken without the runtime's.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <set>
+#include <vector>
 
 #include "io/copy_engine.h"
 #include "io/sync.h"
@@ -23,16 +27,26 @@ class LinkOrder {
   static constexpr uint64_t kMinBytes = 1 << 20;
 
   // Blocks while a prefetch is enqueuing, or one serving an earlier position waits to; returns
-  // the fence the copy must start after (null when no ordered copy is still in flight). Every
-  // Enter is followed by one Leave.
-  io::FencePtr Enter(uint64_t position) {
+  // the fences the copy must start after: the ordered copy before it and the urgent copies, those
+  // still in flight (none: nothing to wait for). Every Enter is followed by one Leave.
+  std::vector<io::FencePtr> Enter(uint64_t position) {
     MutexLock lock(&mu_);
     auto me = waiting_.insert(position);
     while (enqueuing_ || *waiting_.begin() != position) turn_.Wait(&mu_);
     waiting_.erase(me);
     enqueuing_ = true;
     if (last_ != nullptr && last_->Passed()) last_ = nullptr;
-    return last_;
+    PruneUrgent();
+    std::vector<io::FencePtr> after = urgent_;
+    if (last_ != nullptr) after.push_back(last_);
+    return after;
+  }
+  // A copy up the link that a use waits for, just enqueued: ordered prefetches that enter from
+  // now on start after it.
+  void Urgent(io::FencePtr fence) {
+    MutexLock lock(&mu_);
+    PruneUrgent();
+    urgent_.push_back(std::move(fence));
   }
   // Prefetches waiting for their turn (for tests).
   size_t waiting() {
@@ -48,11 +62,16 @@ class LinkOrder {
   }
 
  private:
+  void PruneUrgent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::erase_if(urgent_, [](const io::FencePtr& f) { return f->Passed(); });
+  }
+
   Mutex mu_;
   CondVar turn_;
   bool enqueuing_ ABSL_GUARDED_BY(mu_) = false;
   std::multiset<uint64_t> waiting_ ABSL_GUARDED_BY(mu_);
   io::FencePtr last_ ABSL_GUARDED_BY(mu_);
+  std::vector<io::FencePtr> urgent_ ABSL_GUARDED_BY(mu_);  // urgent copies, maybe passed
 };
 
 }  // namespace tiermem

@@ -125,19 +125,22 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, const CallerStream& call
   const bool ordered = want.kind == Want::kPrefetch && dst == TM_TIER_HBM &&
                        plan.src == TM_TIER_DRAM && plan.stream == nullptr &&
                        plan.bytes >= LinkOrder::kMinBytes;
+  // A large demand up the link: the ordered prefetches enqueued while it runs wait for it.
+  const bool urgent = want.kind == Want::kDemand && dst == TM_TIER_HBM &&
+                      plan.src == TM_TIER_DRAM && plan.bytes >= LinkOrder::kMinBytes;
 
   // Execute without the lock.
   std::optional<io::CopyTicket> pending;
   mu_.Unlock();
   bool left = false;
   if (ordered) {
-    if (io::FencePtr before = link_order_.Enter(want.horizon); before != nullptr) {
-      plan.after.push_back(std::move(before));
-    }
+    for (io::FencePtr& f : link_order_.Enter(want.horizon)) plan.after.push_back(std::move(f));
     plan.on_enqueued = [this, &left](const io::FencePtr& fence) {
       link_order_.Leave(fence);
       left = true;
     };
+  } else if (urgent) {
+    plan.on_enqueued = [this](const io::FencePtr& fence) { link_order_.Urgent(fence); };
   }
   const Trace::Clock::time_point start = Trace::Clock::now();
   absl::Status s = mover_->Execute(plan, &pending);
