@@ -13,6 +13,9 @@
 //   own: the bytes this run moved (steps after the first); redundant moves raise only this one.
 // "/ slept" is the step against the minimum bound with the compute term as the step's thread
 // slept it (a loaded machine wakes a sleeper late, tiermem or not): the share the moves cost.
+// Each ratio sets every step after the first against the bound with that step's own checking,
+// and is the median of those ratios (then the median over --repeats runs); step, check and bound
+// in ms are the median run's medians.
 // PRESSURE_BENCH_TERMS=1 also prints the bytes and where the step's thread spent its time.
 // Inclusive DRAM (TIERMEM_DRAM_INCLUSIVE) on and off side by side, each row the median step of
 // --repeats runs, interleaved (every combination once per round) so that a drifting disk or a
@@ -175,6 +178,9 @@ struct Result {
   double h2d = 0, d2h = 0;  // link bytes per step
   double nvme_read = 0, nvme_write = 0;
   double slid = 0;  // bytes per step slid within HBM (compaction, device-to-device)
+  // Each step after the first: wall, checking and slept seconds. Its ratios to the bounds are
+  // taken step by step, each step against the bound with its own checking (StepRatio).
+  std::vector<double> steps, checks, sleeps;
   tm_stats stats{};
 };
 
@@ -314,6 +320,9 @@ absl::StatusOr<Result> Run(Runtime& rt, const Options& o) {
     others.push_back(times[i] - checks[i] - sleeps[i] - acquires[i]);
   }
   r.other_calls = median_after_first(others);
+  r.steps.assign(times.begin() + 1, times.end());
+  r.checks.assign(checks.begin() + 1, checks.end());
+  r.sleeps.assign(sleeps.begin() + 1, sleeps.end());
   for (uint64_t h : params) BENCH_RETURN_IF_ERROR(rt.DestroyTensor(h));
   return r;
 }
@@ -357,22 +366,51 @@ double Bound(double compute, const Bytes& b, double link, double nvme_r, double 
   return terms[i];
 }
 
-// One row of the table: the run against both bounds (and its bytes, with PRESSURE_BENCH_TERMS).
-void PrintRow(const Options& o, int k, uint64_t hbm, int depth, bool inclusive, const Result& r,
-              const Bytes& least, double compute, double nvme_r, double nvme_w, double base) {
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// A run's step against a bound, like for like: each step after the first against the bound with
+// that step's own checking (and, `as_slept`, its own sleeps), the median of those ratios. The
+// median step over the bound of the median checking would set one step's wall time against
+// another step's checking: checking swings by tens of ms from step to step on a loaded VM.
+double StepRatio(const Result& r, const Bytes& b, double compute, double link, double nvme_r,
+                 double nvme_w, bool as_slept) {
+  std::vector<double> ratios;
+  for (size_t i = 0; i < r.steps.size(); ++i) {
+    const char* by = nullptr;
+    const double c = as_slept ? std::max(compute, r.sleeps[i]) : compute;
+    ratios.push_back(r.steps[i] / Bound(c + r.checks[i], b, link, nvme_r, nvme_w, &by));
+  }
+  return Median(std::move(ratios));
+}
+
+// One row of the table: the runs against both bounds (and the bytes, with PRESSURE_BENCH_TERMS).
+// Times, bytes and counts are the median run's (by step time); each ratio is the median over the
+// runs of StepRatio.
+void PrintRow(const Options& o, int k, uint64_t hbm, int depth, bool inclusive,
+              const std::vector<Result>& runs, const Bytes& least, double compute, double nvme_r,
+              double nvme_w, double base) {
+  const Result& r = runs[runs.size() / 2];
   const double link = o.link_gbps * 1e9;
   const Bytes moved{r.h2d, r.d2h, r.nvme_read, r.nvme_write};
+  auto ratio = [&](auto bytes_of, bool as_slept) {
+    std::vector<double> v;
+    for (const Result& run : runs) {
+      v.push_back(StepRatio(run, bytes_of(run), compute, link, nvme_r, nvme_w, as_slept));
+    }
+    return Median(std::move(v));
+  };
+  auto minimum = [&](const Result&) { return least; };
+  auto own = [](const Result& run) {
+    return Bytes{run.h2d, run.d2h, run.nvme_read, run.nvme_write};
+  };
   const char* min_by = nullptr;
   const char* own_by = nullptr;
   const double work = compute + r.checking;
   const double min_bound = Bound(work, least, link, nvme_r, nvme_w, &min_by);
   const double own_bound = Bound(work, moved, link, nvme_r, nvme_w, &own_by);
-  // Like for like: the compute term as the step's thread really spent it. On a loaded machine a
-  // sleep of 4 ms wakes late (the scheduler's latency, with or without tiermem running), and no
-  // schedule of moves can win that back; the ratio to this bound is what the moves cost.
-  const char* slept_by = nullptr;
-  const double slept_bound =
-      Bound(std::max(compute, r.slept) + r.checking, least, link, nvme_r, nvme_w, &slept_by);
   if (getenv("PRESSURE_BENCH_TERMS") != nullptr) {
     std::printf(
         "  bytes MiB/step (minimum / moved): h2d %.0f / %.0f, d2h %.0f / %.0f, NVMe read "
@@ -381,15 +419,16 @@ void PrintRow(const Options& o, int k, uint64_t hbm, int depth, bool inclusive, 
         r.nvme_read / kMiB, least.nvme_write / kMiB, r.nvme_write / kMiB, r.slid / kMiB, min_by);
     std::printf(
         "  step ms: slept %.1f (compute %.1f), checking %.1f, in acquire %.1f, in other "
-        "calls %.1f\n",
-        r.slept * 1e3, compute * 1e3, r.checking * 1e3, r.acquiring * 1e3, r.other_calls * 1e3);
+        "calls %.1f; median step / minimum bound at the median checking %.3f\n",
+        r.slept * 1e3, compute * 1e3, r.checking * 1e3, r.acquiring * 1e3, r.other_calls * 1e3,
+        r.step / min_bound);
   }
   std::printf(
       "%2d (%3.0f MiB) %3d %4s %8.1f %7.1f %8.1f %6.2f %7.2f %8.1f %6.2f %8s %9.2fx %7llu %8llu "
       "%8llu %6llu %8.0f %8.0f\n",
       k, static_cast<double>(hbm) / kMiB, depth, inclusive ? "on" : "off", r.step * 1e3,
-      r.checking * 1e3, min_bound * 1e3, r.step / min_bound, r.step / slept_bound, own_bound * 1e3,
-      r.step / own_bound, own_by, base > 0 ? base / r.step : 0.0,
+      r.checking * 1e3, min_bound * 1e3, ratio(minimum, false), ratio(minimum, true),
+      own_bound * 1e3, ratio(own, false), own_by, base > 0 ? base / r.step : 0.0,
       static_cast<unsigned long long>(r.stats.acquire_misses),
       static_cast<unsigned long long>(r.stats.evictions),
       static_cast<unsigned long long>(r.stats.prefetches_dropped),
@@ -523,7 +562,6 @@ int Main(int argc, char** argv) {
     if (runs.empty()) continue;
     std::sort(runs.begin(), runs.end(),
               [](const Result& a, const Result& b) { return a.step < b.step; });
-    const Result& median = runs[runs.size() / 2];
     double depth0 = 0;
     for (size_t j = 0; j < keys.size(); ++j) {
       if (keys[j].k == keys[i].k && keys[j].inclusive == keys[i].inclusive && keys[j].depth == 0 &&
@@ -532,7 +570,7 @@ int Main(int argc, char** argv) {
       }
     }
     const uint64_t hbm = static_cast<uint64_t>(keys[i].k) * widest;
-    PrintRow(o, keys[i].k, hbm, keys[i].depth, keys[i].inclusive, median,
+    PrintRow(o, keys[i].k, hbm, keys[i].depth, keys[i].inclusive, runs,
              MinimumBytes(o, hbm, keys[i].inclusive), compute, nvme_r, nvme_w, depth0);
   }
   return ok ? 0 : 1;
