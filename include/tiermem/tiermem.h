@@ -274,10 +274,10 @@ typedef struct tm_stats {
   /* Appended in 0.4: inclusive DRAM (TIERMEM_DRAM_INCLUSIVE). */
   uint64_t write_throughs;      /**< offloads that wrote NVMe and kept a clean DRAM copy */
   uint64_t write_through_bytes; /**< bytes of those offloads */
-  uint64_t clean_reads;         /**< moves to HBM, copies out to callers and acquires in DRAM
-                                     (the first after the copy was kept) served by a DRAM copy
-                                     a write-through (or read-through) kept, instead of NVMe */
-  uint64_t clean_read_bytes;    /**< bytes of those reads: NVMe reads saved */
+  uint64_t clean_reads;         /**< moves to HBM and copies out to callers (each), acquires in
+                                     DRAM (the first after the copy was kept), served by a DRAM
+                                     copy a write-through (or read-through) kept, not NVMe */
+  uint64_t clean_read_bytes;    /**< bytes of those reads (a copy out: the bytes it served) */
   uint64_t clean_drops;         /**< evictions that freed a clean copy without writing it
                                      (another tier held the bytes); counted in evictions too */
   uint64_t clean_drop_bytes;    /**< bytes of those copies */
