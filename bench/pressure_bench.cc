@@ -168,6 +168,11 @@ absl::Status MeasureNvme(Runtime& rt, double* write_gbps, double* read_gbps) {
   return rt.DestroyTensor(*h);
 }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 struct Result {
   double step = 0;      // median wall seconds of the steps after the first
   double checking = 0;  // median seconds of those steps spent writing and checking bytes
@@ -308,8 +313,7 @@ absl::StatusOr<Result> Run(Runtime& rt, const Options& o) {
   r.slid = static_cast<double>(r.stats.relocation_bytes - first.relocation_bytes) / n;
   auto median_after_first = [](std::vector<double> v) {
     v.erase(v.begin());
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
+    return Median(std::move(v));
   };
   r.step = median_after_first(times);
   r.checking = median_after_first(checks);
@@ -366,11 +370,6 @@ double Bound(double compute, const Bytes& b, double link, double nvme_r, double 
   return terms[i];
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 // A run's step against a bound, like for like: each step after the first against the bound with
 // that step's own checking (and, `as_slept`, its own sleeps), the median of those ratios. The
 // median step over the bound of the median checking would set one step's wall time against
@@ -394,7 +393,6 @@ void PrintRow(const Options& o, int k, uint64_t hbm, int depth, bool inclusive,
               double nvme_w, double base) {
   const Result& r = runs[runs.size() / 2];
   const double link = o.link_gbps * 1e9;
-  const Bytes moved{r.h2d, r.d2h, r.nvme_read, r.nvme_write};
   auto ratio = [&](auto bytes_of, bool as_slept) {
     std::vector<double> v;
     for (const Result& run : runs) {
@@ -406,6 +404,7 @@ void PrintRow(const Options& o, int k, uint64_t hbm, int depth, bool inclusive,
   auto own = [](const Result& run) {
     return Bytes{run.h2d, run.d2h, run.nvme_read, run.nvme_write};
   };
+  const Bytes moved = own(r);
   const char* min_by = nullptr;
   const char* own_by = nullptr;
   const double work = compute + r.checking;
