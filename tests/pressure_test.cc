@@ -615,6 +615,52 @@ TEST_F(PressureApi, DroppedPrefetchesAreOnTheTraceWithTheirReason) {
   EXPECT_EQ(events, st.prefetches_dropped);
 }
 
+// An eviction on the trace says whose room it made and for what kind of move: a stall behind a
+// write-down is traced to the move that caused it.
+TEST_F(PressureApi, EvictionsOnTheTraceNameTheTensorTheyMadeRoomFor) {
+  const std::string path = dir_.path() + "/trace.json";
+  env_.Set("TIERMEM_TRACE", path.c_str());
+  Open(16 * kMiB, 96 * kMiB, 0);
+  tm_tensor old_one = Make(12 * kMiB, "old", TM_CLASS_OTHER, TM_TIER_HBM);
+  tm_tensor new_one = Make(12 * kMiB, "new", TM_CLASS_OTHER, TM_TIER_HBM);
+  auto data = RandomBytes(12 * kMiB, 6);
+  ASSERT_EQ(tm_tensor_write(rt_, old_one, 0, data.data(), data.size()), TM_OK);
+  // "old" is HBM's only copy: the acquire of "new" writes it down (an eviction).
+  void* p = nullptr;
+  ASSERT_EQ(tm_tensor_acquire(rt_, new_one, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK)
+      << tm_last_error();
+  ASSERT_EQ(tm_tensor_release(rt_, new_one, TM_TIER_HBM), TM_OK);
+  // "old" read up again is clean (DRAM holds it too): "new" is written down for it (an
+  // eviction), and "old" is then dropped for "new" without a write (a clean drop).
+  ASSERT_EQ(tm_tensor_acquire(rt_, old_one, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
+      << tm_last_error();
+  EXPECT_EQ(std::memcmp(p, data.data(), data.size()), 0);
+  ASSERT_EQ(tm_tensor_release(rt_, old_one, TM_TIER_HBM), TM_OK);
+  ASSERT_EQ(tm_tensor_acquire(rt_, new_one, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
+      << tm_last_error();
+  ASSERT_EQ(tm_tensor_release(rt_, new_one, TM_TIER_HBM), TM_OK);
+  const tm_stats st = Stats();
+  ASSERT_EQ(st.evictions, 3u);
+  ASSERT_EQ(st.clean_drops, 1u);
+  ASSERT_EQ(tm_runtime_destroy(rt_), TM_OK);  // writes the trace
+  rt_ = {};
+  const std::string text = testing::ReadText(path);
+  EXPECT_TRUE(testing::Json(text).Valid()) << text.substr(0, 400);
+  std::vector<std::string> seen;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const bool eviction = line.find("\"cat\":\"eviction\"") != std::string::npos;
+    const bool drop = line.find("\"cat\":\"clean drop\"") != std::string::npos;
+    if (!eviction && !drop) continue;
+    const bool of_old = line.find("\"name\":\"old\"") != std::string::npos;
+    seen.push_back(std::string(drop ? "drop " : "eviction ") + (of_old ? "old" : "new"));
+    const char* for_whom = of_old ? "\"reason\":\"room in hbm for tensor \\\"new\\\", a demand"
+                                  : "\"reason\":\"room in hbm for tensor \\\"old\\\", a demand";
+    EXPECT_NE(line.find(for_whom), std::string::npos) << line;
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"eviction old", "eviction new", "drop old"}));
+}
+
 // A scheduled prefetch that cannot fit is dropped once per chance, not retried in a loop: the
 // mover threads do not spin while room stays short.
 TEST_F(PressureApi, DroppedScheduledPrefetchIsNotRetriedInALoop) {

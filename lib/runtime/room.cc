@@ -126,8 +126,9 @@ constexpr absl::string_view kLeavesNoHole =
 
 }  // namespace
 
-absl::Status Runtime::EvictWindow(const EvictionPlan& plan, tm_tier tier, Want want,
-                                  bool fragmented, DropReason* why) {
+absl::Status Runtime::EvictWindow(const Tensor& t, const EvictionPlan& plan, tm_tier tier,
+                                  Want want, bool fragmented, DropReason* why) {
+  const std::string for_whom = t.name;  // t is busy (being moved), but the lock is released
   for (size_t i = plan.window->first; i <= plan.window->last; ++i) {
     if (plan.slots[i].kind != EvictionSlot::Kind::kEvictable) continue;
     // Evictions release the lock: look the victim up again, and skip it when it changed.
@@ -136,7 +137,7 @@ absl::Status Runtime::EvictWindow(const EvictionPlan& plan, tm_tier tier, Want w
         v->copies[tier].state == CopyState::kWriting) {
       continue;
     }
-    if (auto s = Evict(*v, tier, want); !s.ok()) {
+    if (auto s = Evict(*v, tier, want, for_whom); !s.ok()) {
       if (want.kind != Want::kDemand && why != nullptr) *why = DropReason::kNoRoom;
       return WithContext(s, absl::StrFormat("evicting \"%s\" to make room", v->name));
     }
@@ -295,7 +296,7 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
           !LeavesHoles(t, tier, want, WindowPlaced(plan, need))) {
         return DroppedPrefetch(t, tier, DropReason::kNoRoom, kLeavesNoHole, why);
       }
-      if (auto s = EvictWindow(plan, tier, want, fragmented, why); !s.ok()) return s;
+      if (auto s = EvictWindow(t, plan, tier, want, fragmented, why); !s.ok()) return s;
       continue;
     }
     // No window: the free bytes may still be there, split by copies nobody holds. Slide those
@@ -344,7 +345,7 @@ void Runtime::CancelPrefetches(tm_tier tier) {
   changed_.SignalAll();
 }
 
-absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want) {
+absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want, const std::string& for_whom) {
   const Trace::Clock::time_point start = Trace::Clock::now();
   const uint64_t bytes = v.bytes;
   if (v.landing.has_value() && v.landing_tier == tier) {
@@ -377,8 +378,15 @@ absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want) {
     ++counters_.clean_drops;
     counters_.clean_drop_bytes += bytes;
   }
-  trace_->Add(clean ? Trace::kCleanDrop : Trace::kEviction, v.name, start, Trace::Clock::now(),
-              bytes);
+  if (trace_->enabled()) {
+    static constexpr const char* kFor[] = {"a demand (an acquire, write or offload)",
+                                           "a prefetch (tm_tensor_prefetch)",
+                                           "a scheduled prefetch"};
+    trace_->Add(clean ? Trace::kCleanDrop : Trace::kEviction, v.name, start, Trace::Clock::now(),
+                bytes,
+                absl::StrFormat("room in %s for tensor \"%s\", %s", tm_tier_name(tier), for_whom,
+                                kFor[want.kind]));
+  }
   return absl::OkStatus();
 }
 

@@ -308,10 +308,10 @@ class Runtime {
   // Do no harm: whether a scheduled prefetch may take `need` bytes in `tier` at all.
   absl::Status AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t need, DropReason* why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Evicts the victims of a window; an error ends the allocation.
+  // Evicts the victims of a window to make room for `t`; an error ends the allocation.
   struct EvictionPlan;
-  absl::Status EvictWindow(const EvictionPlan& plan, tm_tier tier, Want want, bool fragmented,
-                           DropReason* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EvictWindow(const Tensor& t, const EvictionPlan& plan, tm_tier tier, Want want,
+                           bool fragmented, DropReason* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The error of a demand for `t` that cannot fit even with every unpinned copy evicted.
   absl::Status OutOfRoom(const absl::Status& failed, EvictionPlan& plan, const Tensor& t,
                          tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -373,7 +373,9 @@ class Runtime {
   // request would take there.
   static Placed WindowPlaced(const EvictionPlan& plan, uint64_t need);
   // Frees v's copy in `tier`: dropped when another copy is valid, written down first if not.
-  absl::Status Evict(Tensor& v, tm_tier tier, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `for_whom` is the tensor the room is for (the trace says whose room and why).
+  absl::Status Evict(Tensor& v, tm_tier tier, Want want, const std::string& for_whom)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the queued (not yet started) prefetches into `tier`: a demand needs the room.
   void CancelPrefetches(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
