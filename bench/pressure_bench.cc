@@ -13,6 +13,8 @@
 //   own: the bytes this run moved (steps after the first); redundant moves raise only this one.
 // "/ slept" is the step against the minimum bound with the compute term as the step's thread
 // slept it (a loaded machine wakes a sleeper late, tiermem or not): the share the moves cost.
+// The emulated compute sleeps with a 1 ns timer slack and spins its last 200 us, so that on a
+// quiet machine it takes its nominal time, as a GPU's kernels do.
 // Each ratio sets every step after the first against the bound with that step's own checking,
 // and is the median of those ratios (then the median over --repeats runs); step, check and bound
 // in ms are the median run's medians.
