@@ -18,6 +18,7 @@ import weakref
 
 from . import _capi
 from ._errors import _ACCESS, _CLASSES, TiermemError, _check, _choice, _ptr, _tier
+from ._errors import _name as _tensor_name
 from ._loaded import lib as _lib
 from ._loaded import version as _version
 from ._loaded import where as _where
@@ -314,7 +315,7 @@ class Runtime:
         d.bytes = parse_size(nbytes, "nbytes")
         d.cls = _choice(_CLASSES, cls, "cls")
         d.home_tier = _capi.TIER_BY_PLACEMENT if home is None else _tier(home)
-        encoded = name.encode() if name else None
+        encoded = _tensor_name(name)  # kept alive until the call returns
         d.name = encoded
         h = _capi.Tensor()
         _check(_lib.tm_tensor_create(self._handle(), ctypes.byref(d), ctypes.byref(h)),
@@ -330,7 +331,8 @@ class Runtime:
         d.bytes = parse_size(nbytes, "nbytes")
         d.cls = _choice(_CLASSES, cls, "cls")
         d.home_tier = _capi.TIER_BY_PLACEMENT if home is None else _tier(home)
-        d.name = name.encode() if name else None
+        encoded = _tensor_name(name)
+        d.name = encoded
         h, done = _capi.Tensor(), ctypes.c_int32()
         _check(_lib.tm_tensor_create_copy_in_async(self._handle(), ctypes.byref(d), _ptr(src_ptr),
                                                    _ptr(stream), ctypes.byref(h),

@@ -57,5 +57,27 @@ def _choice(table, value, field):
                          (field, value, ", ".join(k for k in table if k != "default"))) from None
 
 
+def _name(name, what="name"):
+    """A tensor's name as the C string tm_tensor_desc.name takes: None or "" for none, a str
+    (UTF-8) or bytes as they are (the trace writes bytes that are not UTF-8 as U+FFFD). A NUL
+    byte would cut the name silently, and ctypes would raise an AttributeError for anything but
+    a str: both are refused here, naming the argument."""
+    if name is None:
+        return None
+    if isinstance(name, str):
+        try:
+            name = name.encode()
+        except UnicodeEncodeError as e:
+            raise ValueError("%s: %r is not encodable as UTF-8 (%s)" % (what, name, e.reason)) \
+                from None
+    elif isinstance(name, (bytes, bytearray)):
+        name = bytes(name)
+    else:
+        raise TypeError("%s must be a str or bytes, not %s" % (what, type(name).__name__))
+    if b"\0" in name:
+        raise ValueError("%s: %r contains a NUL byte" % (what, name))
+    return name or None
+
+
 def _ptr(p, what="address"):
     return None if p is None else ctypes.c_void_p(u64(p, what))

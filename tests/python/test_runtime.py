@@ -1,6 +1,7 @@
 """tiermem.Runtime and tiermem.Tensor: settings, errors, stats, steps, the library's lookup."""
 
 import ctypes
+import json
 import glob
 import os
 import subprocess
@@ -160,3 +161,30 @@ def test_source_checkout_finds_its_own_build(tmp_path):
         [sys.executable, "-c", "import sys; sys.path.insert(0, %r); %s" % (package_root, code)],
         cwd=str(tmp_path), env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert out == os.path.join(build_dir, "lib", "libtiermem.so"), out
+
+
+def test_tensor_names_are_checked(make_runtime, tmp_path):
+    """A name is a str (UTF-8) or bytes; anything else, a NUL byte (which would cut the C string
+    silently) or a str that UTF-8 cannot encode is refused naming the argument, and no tensor is
+    made. Bytes that are not UTF-8 reach the library as they are (the trace shows U+FFFD)."""
+    trace = tmp_path / "names.json"
+    rt = make_runtime(trace=str(trace))
+    for bad in (123, 1.5, ["x"], object()):
+        with pytest.raises(TypeError, match="name must be a str or bytes"):
+            rt.tensor(4096, "activation", "dram", bad)
+    for bad in ("nul\x00inside", b"nul\x00inside", "bad\udcff"):
+        with pytest.raises(ValueError, match="name: "):
+            rt.tensor(4096, "activation", "dram", bad)
+        with pytest.raises(ValueError, match="name: "):
+            rt.tensor_copied_in(0, 0, "activation", "dram", bad)
+    assert rt.stats()["tensors"] == 0, "a refused name made no tensor"
+    data = bytes(range(256)) * 16
+    for name in (b"raw\xff", bytearray(b"array"), "", None, "ok"):
+        with rt.tensor(len(data), "activation", "dram", name) as t:
+            t.write(data)
+            t.offload("nvme")
+            t.sync()
+            assert t.read() == data
+    rt.close()
+    names = {e["name"] for e in json.loads(trace.read_text(encoding="utf-8"))["traceEvents"]}
+    assert {"raw\ufffd", "array", "ok"} <= names, names
