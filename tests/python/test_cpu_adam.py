@@ -342,3 +342,40 @@ def test_failure_in_one_group_leaves_every_group_untouched(make_runtime, nvme_di
         assert torch.equal(p.detach(), q.detach()), "the retried step equals a clean one"
     opt.close()
     twin.close()
+
+
+def test_transposed_and_empty_parameters_follow_adamw(make_runtime):
+    """A parameter that is a transposed view (non-contiguous) is stepped in its logical order, as
+    torch.optim.AdamW steps it, and an empty one is counted but holds no state in tiermem: neither
+    fails the step (both did, the first after counting the step). The checkpoint loads into AdamW."""
+    def params():
+        g = torch.Generator().manual_seed(11)
+        ps = [torch.nn.Parameter(torch.randn(8, 5, generator=g).t()),  # strides (1, 5)
+              torch.nn.Parameter(torch.randn(0, 4, generator=g)),
+              torch.nn.Parameter(torch.randn(6, generator=g))]
+        assert not ps[0].is_contiguous()
+        return ps
+
+    ours, ref = params(), params()
+    c = CPUAdam(ours, runtime=make_runtime(dram_bytes="1MiB"), **HYPER)
+    a = torch.optim.AdamW(ref, foreach=False, **HYPER)
+    for step in range(4):
+        g = torch.Generator().manual_seed(100 + step)
+        grads = [torch.randn(p.shape, generator=g) for p in ours]
+        for ps in (ours, ref):
+            for p, grad in zip(ps, grads):
+                p.grad = grad.clone()
+        c.step()
+        a.step()
+        for p, q in zip(ours, ref):
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-7)
+    assert [int(c.state[p]["step"].item()) for p in ours] == [4, 4, 4]
+    assert ours[0].stride() == (1, 5), "the parameter keeps its layout"
+    sd = c.state_dict()
+    assert {k: set(v) for k, v in sd["state"].items()} == \
+        {k: set(v) for k, v in a.state_dict()["state"].items()}
+    b = torch.optim.AdamW(params(), foreach=False, **HYPER)
+    b.load_state_dict(sd)
+    assert [tuple(b.state_dict()["state"][i]["exp_avg"].shape) for i in range(3)] == \
+        [(5, 8), (0, 4), (6,)]
+    c.close()

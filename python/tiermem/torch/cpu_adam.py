@@ -204,14 +204,22 @@ class CPUAdam(torch.optim.Optimizer):
         all or nothing: one C group per parameter group and step count (a parameter added to
         a group later has taken fewer steps), each with the group's hyperparameters."""
         runs = {}  # (id(group), step number) -> (group, step, [(param, grad)])
+        empty = []  # no elements, nothing to update (torch.optim.AdamW steps them too): counted
         for p, group, grad in items:
             st = self.state[p]
             if "step" not in st:
                 st["step"] = torch.tensor(0.0)
+            if p.numel() == 0:
+                empty.append(p)
+                continue
             step = int(st["step"].item()) + 1
             runs.setdefault((id(group), step), (group, step, []))[2].append((p, grad))
         with self._lock:
-            self._step_groups(list(runs.values()), grad_scale)
+            if runs:
+                self._step_groups(list(runs.values()), grad_scale)
+            for p in empty:  # once the others have stepped: all or nothing
+                self._stepped.add(p)
+                self.state[p]["step"] += 1
 
     def _step_groups(self, runs, grad_scale):
         keep = []  # the gradients, bucket arrays and configs the C call reads
@@ -238,7 +246,9 @@ class CPUAdam(torch.optim.Optimizer):
                     self.state[p]["step"] += 1
                     slot = self._slots[p]
                     if slot.out_host is not None:
-                        p.data.view(-1).copy_(slot.out_host, non_blocking=True)
+                        # In the parameter's logical order (as its master was written and its
+                        # gradient read): any strides, a transposed weight's too.
+                        p.data.copy_(slot.out_host.view(p.shape), non_blocking=True)
         _check(status, "tm_adam_step_groups")
 
     @torch.no_grad()
@@ -280,6 +290,12 @@ class CPUAdam(torch.optim.Optimizer):
             i = index[id(p)]
             entry = dict(st)
             slot = self._slots.get(p)
+            if slot is None and p.numel() == 0 and "step" in st:
+                # As torch.optim.AdamW keeps it, so that the checkpoint loads there too.
+                entry["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32)
+                entry["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
+                if any(p is q and g["amsgrad"] for g in self.param_groups for q in g["params"]):
+                    entry["max_exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
             if slot is not None:
                 parts = self._read(slot)
                 entry["exp_avg"] = parts[1].clone().view_as(p)
@@ -312,6 +328,8 @@ class CPUAdam(torch.optim.Optimizer):
             step = entry.get("step", 0)
             self.state[p]["step"] = torch.tensor(float(step.item() if torch.is_tensor(step)
                                                        else step))
+            if p.numel() == 0:
+                continue  # no state in tiermem: nothing to hold
             slot = self._slot(p, group, init=False)
             master = entry.get("master_param", p.detach())
             vmax = entry.get("max_exp_avg_sq")

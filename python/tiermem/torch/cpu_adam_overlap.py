@@ -37,7 +37,7 @@ class Overlap:
         self.handles = []
         for group in opt.param_groups:
             for p in group["params"]:
-                if p.requires_grad:
+                if p.requires_grad and p.numel() > 0:  # an empty one has nothing to step
                     self.group_of[p] = group
                     self.handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
         self.worker = threading.Thread(target=self._run, name="cpu_adam_overlap", daemon=True)
