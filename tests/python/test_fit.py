@@ -136,6 +136,8 @@ def test_measured_peak_within_budget(rt):
     model, plan, lines = _fit(rt, budget)
     assert "fitted plan" in lines[0] and "predicted: step" in lines[0]
     assert plan.choices.count(KEEP) < 3 and plan.prediction.peak <= budget < full
+    # Right after fit, .peak is the check step's under the plan, not the profile's keep-all.
+    assert 0 < plan.peak <= budget, (plan.peak, budget, plan.choices)
     for x, y in _data(2):
         plan.meter.reset()
         with rt.step(), plan:
@@ -211,3 +213,16 @@ def test_check_replans_when_the_step_drifts(rt):
     assert plan.prediction is not first and plan.choices == [KEEP] * 3
     assert any("re-planning" in line for line in lines)
     plan.remove()
+
+
+def test_a_block_called_twice_is_refused(rt):
+    """A ModuleList holding one block twice (weights shared across layers): fit measures per
+    module and would fold the two calls into one, so it says so rather than plan wrongly."""
+    model = _model()
+    model.blocks[2] = model.blocks[0]
+    x, y = _data(1)[0]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(tt.FitError, match="blocks 0 and 2 are the same .*called twice"):
+        tt.fit(model, rt, "1MiB", (x, y), min_bytes=1024, profile_steps=1, check_steps=1,
+               log=lambda s: None)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

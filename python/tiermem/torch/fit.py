@@ -214,6 +214,8 @@ class FittedPlan:
             self._profile()
         finally:
             self._profiling = False
+            # .peak is the plan's: the profile's keep-all steps are not (they exceed budgets).
+            self.meter.reset()
         return self._choose()
 
     def refit(self, hbm_budget):
@@ -225,10 +227,12 @@ class FittedPlan:
         old = self.budget
         self.budget = budget
         try:
-            return self._choose()
+            chosen = self._choose()
         except FitError:
             self.budget = old
             raise
+        self.meter.reset()  # .peak is the new plan's
+        return chosen
 
     def _choose(self):
         n = len(self.costs)
@@ -348,6 +352,16 @@ def fit(model, runtime, hbm_budget, inputs, loss_fn=None, min_bytes=16384, link_
         raise FitError("the model has no blocks to plan: no nn.ModuleList holding parameters (by "
                        "default the blocks are the entries of the largest, by parameters); give "
                        "units=")
+    where = {}
+    for i, b in enumerate(blocks):
+        # Hooks and choices are per module: the calls of a block used twice (weights shared
+        # across layers) would be measured as one, and the plan's figures would be wrong.
+        if id(b) in where:
+            raise FitError("blocks %d and %d are the same %s, called twice (shared weights): fit "
+                           "plans each block's activations apart and cannot tell its calls "
+                           "apart; give units= naming modules that are each called once, or use "
+                           "offload_saved_tensors" % (where[id(b)], i, type(b).__name__))
+        where[id(b)] = i
     if int(profile_steps) < 1:
         raise ValueError("profile_steps=%r: at least 1" % (profile_steps,))
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
