@@ -128,7 +128,8 @@ constexpr absl::string_view kLeavesNoHole =
 
 absl::Status Runtime::EvictWindow(const Tensor& t, const EvictionPlan& plan, tm_tier tier,
                                   Want want, bool fragmented, DropReason* why) {
-  const std::string for_whom = t.name;  // t is busy (being moved), but the lock is released
+  // For the trace only (t is busy, being moved, but the lock is released meanwhile).
+  const std::string for_whom = trace_->enabled() ? t.name : std::string();
   for (size_t i = plan.window->first; i <= plan.window->last; ++i) {
     if (plan.slots[i].kind != EvictionSlot::Kind::kEvictable) continue;
     // Evictions release the lock: look the victim up again, and skip it when it changed.
