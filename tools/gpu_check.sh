@@ -160,7 +160,7 @@ if grep -q '^cuda True' "$logs/python.txt" && grep -q '^pytest [0-9]' "$logs/pyt
   log "offload_bench on CUDA"
   record offload_bench timeout 200 "${pyenv[@]}" "$py" "$root/python/examples/offload_bench.py" \
     --hidden 1024 --blocks 4 --seq 512 --batch 4 --rounds 3 --steps 3 --warmup 2 \
-    --dram-bytes 4GiB --nvme-bytes 16GiB --nvme-run-dram-bytes 512MiB --nvme-dir "$work"
+    --dram-bytes 4GiB --nvme-bytes 8GiB --nvme-run-dram-bytes 512MiB --nvme-dir "$work"
   if [ -f "$root/python/examples/fit_bench.py" ]; then
     log "fit_bench on CUDA"
     record fit_bench timeout 200 "${pyenv[@]}" "$py" "$root/python/examples/fit_bench.py" \
