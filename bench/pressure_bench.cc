@@ -188,6 +188,8 @@ struct Result {
   double h2d = 0, d2h = 0;  // link bytes per step
   double nvme_read = 0, nvme_write = 0;
   double slid = 0;  // bytes per step slid within HBM (compaction, device-to-device)
+  // Bytes per step of HBM handed on behind copies down, and moved up behind them (vacate.cc).
+  double handed_on = 0, behind = 0;
   // Each step after the first: wall, checking and slept seconds. Its ratios to the bounds are
   // taken step by step, each step against the bound with its own checking (StepRatio).
   std::vector<double> steps, checks, sleeps;
@@ -321,6 +323,8 @@ absl::StatusOr<Result> Run(Runtime& rt, const Options& o) {
   r.nvme_read = per_step(TM_TIER_NVME, TM_TIER_DRAM);
   r.nvme_write = per_step(TM_TIER_DRAM, TM_TIER_NVME);
   r.slid = static_cast<double>(r.stats.relocation_bytes - first.relocation_bytes) / n;
+  r.handed_on = static_cast<double>(r.stats.hbm_handed_on_bytes - first.hbm_handed_on_bytes) / n;
+  r.behind = static_cast<double>(r.stats.moves_behind_bytes - first.moves_behind_bytes) / n;
   auto median_after_first = [](std::vector<double> v) {
     v.erase(v.begin());
     return Median(std::move(v));
@@ -423,9 +427,11 @@ void PrintRow(const Options& o, int k, uint64_t hbm, int depth, bool inclusive,
   if (getenv("PRESSURE_BENCH_TERMS") != nullptr) {
     std::printf(
         "  bytes MiB/step (minimum / moved): h2d %.0f / %.0f, d2h %.0f / %.0f, NVMe read "
-        "%.0f / %.0f, NVMe write %.0f / %.0f; slid in HBM %.0f; minimum bound by %s\n",
+        "%.0f / %.0f, NVMe write %.0f / %.0f; slid in HBM %.0f; HBM handed on %.0f, moved up "
+        "behind %.0f; minimum bound by %s\n",
         least.h2d / kMiB, r.h2d / kMiB, least.d2h / kMiB, r.d2h / kMiB, least.nvme_read / kMiB,
-        r.nvme_read / kMiB, least.nvme_write / kMiB, r.nvme_write / kMiB, r.slid / kMiB, min_by);
+        r.nvme_read / kMiB, least.nvme_write / kMiB, r.nvme_write / kMiB, r.slid / kMiB,
+        r.handed_on / kMiB, r.behind / kMiB, min_by);
     std::printf(
         "  step ms: slept %.1f (compute %.1f), checking %.1f, in acquire %.1f, in other "
         "calls %.1f; median step / minimum bound at the median checking %.3f\n",

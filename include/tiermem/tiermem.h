@@ -301,12 +301,21 @@ typedef struct tm_stats {
   /* Appended in 0.7: offloads that wait for a release. */
   uint64_t offloads_parked; /**< asynchronous offloads that found no room while callers held
                                  copies, and waited for a release or destroy to try again */
+  /* Appended in 0.8: HBM handed on behind copies down. */
+  uint64_t hbm_handed_on;       /**< copies down from HBM (offloads, evictions' write-downs)
+                                     whose HBM memory was freed once their pieces were enqueued,
+                                     each part fenced until its piece had read it */
+  uint64_t hbm_handed_on_bytes; /**< bytes of those copies */
+  uint64_t moves_behind;        /**< moves into HBM whose memory such a copy down was still
+                                     reading: written piece by piece, each after the piece down
+                                     it follows (or after all of them) */
+  uint64_t moves_behind_bytes;  /**< bytes of those moves */
 } tm_stats;
 
 #define TM_STATS_INIT                                                                              \
   {                                                                                                \
     sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                             \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                 \
   }
 
 /** What a runtime resolved when it was created. Fill with TM_INFO_INIT. */

@@ -54,6 +54,7 @@ struct ConfigOverrides {
   // No tm_config field: set in code by benches and tests.
   std::optional<HbmLayout> hbm_layout;
   std::optional<bool> dram_inclusive;
+  std::optional<bool> hbm_hand_on;
   std::optional<std::string> nvme_paths;
   std::optional<IoEngineKind> io_engine;
   std::optional<uint32_t> io_block_size, io_queue_depth, io_threads;
@@ -97,6 +98,9 @@ struct Config {
   ChecksumKind checksum = ChecksumKind::kOff;  // sums of what is written to NVMe, checked on read
   // An offload to NVMe keeps a clean DRAM copy while DRAM has room (TIERMEM_DRAM_INCLUSIVE).
   bool dram_inclusive = true;
+  // A copy down from HBM to DRAM hands its HBM memory on piece by piece as it runs
+  // (TIERMEM_HBM_HAND_ON; lib/runtime/vacate.cc).
+  bool hbm_hand_on = true;
   HbmLayout hbm_layout = HbmLayout::kSlab;  // TIERMEM_HBM_LAYOUT
   // Bandwidths per direction in GB/s that price a recompute against the round trip it saves
   // (TIERMEM_LINK_GBPS, TIERMEM_NVME_GBPS; lib/config/settings_bandwidth.cc); 0: the default.

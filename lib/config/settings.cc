@@ -354,6 +354,10 @@ void PolicyRows(std::vector<Setting>& rows) {
       ChoiceRow("TIERMEM_DRAM_INCLUSIVE", "on",
                 "Whether an offload to NVMe keeps a clean DRAM copy while DRAM has room.",
                 &Config::dram_inclusive, &ConfigOverrides::dram_inclusive, kOnOff));
+  rows.push_back(
+      ChoiceRow("TIERMEM_HBM_HAND_ON", "on",
+                "Whether a copy down from HBM to DRAM hands its HBM memory on as it runs.",
+                &Config::hbm_hand_on, &ConfigOverrides::hbm_hand_on, kOnOff));
 }
 
 // Ranks on a node.

@@ -1,6 +1,7 @@
 // The move paths between tiers.
 #include "lib/move/mover.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -48,9 +49,92 @@ absl::Status Mover::Execute(const MovePlan& p, std::optional<CopyTicket>* pendin
   return s;
 }
 
-absl::Status Mover::ExecuteUncounted(const MovePlan& p, std::optional<CopyTicket>* pending) {
+absl::Status Mover::EnqueuePieces(CopyDirection dir, char* dst, const char* src, uint64_t bytes,
+                                  const std::vector<io::FencePtr>& after,
+                                  const std::vector<RangeFence>& behind,
+                                  std::vector<CopyTicket>* pieces) {
   io::CopyEngine& copy = device_.copy_engine();
-  const bool by_engine = p.src >= 0 && p.src != TM_TIER_NVME && p.dst != TM_TIER_NVME;
+  absl::Status status;
+  for (uint64_t off = 0; off < bytes; off += MovePlan::kPiece) {
+    const uint64_t n = std::min(MovePlan::kPiece, bytes - off);
+    // Each piece after the one before (a lane that interleaves copies would otherwise finish
+    // them all at the end), after the fences over its own bytes, and the first after `after`.
+    std::vector<io::FencePtr> wait = pieces->empty() ? after : std::vector<io::FencePtr>{};
+    if (!pieces->empty()) wait.push_back(pieces->back().fence);
+    for (const RangeFence& r : behind) {
+      if (r.offset < off + n && off < r.offset + r.size) wait.push_back(r.fence);
+    }
+    auto t = copy.Enqueue(dir, dst + off, src + off, n, wait);
+    if (!t.ok()) {
+      status = Retag(t.status(), TM_ERR_DEVICE);
+      break;
+    }
+    pieces->push_back(*std::move(t));
+  }
+  if (!status.ok()) {  // nothing of the copy is left running: drain what was enqueued
+    for (const CopyTicket& t : *pieces) (void)copy.Wait(t);
+  }
+  return status;
+}
+
+absl::Status Mover::WaitPieces(const std::vector<CopyTicket>& pieces) {
+  absl::Status first;
+  for (const CopyTicket& t : pieces) {
+    absl::Status s = Retag(device_.copy_engine().Wait(t), TM_ERR_DEVICE);
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+
+std::optional<absl::Status> Mover::ExecutePieces(const MovePlan& plan,
+                                                 std::optional<CopyTicket>* pending) {
+  const bool by_engine = plan.src >= 0 && plan.src != TM_TIER_NVME && plan.dst != TM_TIER_NVME;
+  // Into HBM from DRAM, host-waited: up piece by piece behind the copy down it follows.
+  const bool up_behind =
+      by_engine && plan.dst == TM_TIER_HBM && plan.stream == nullptr && !plan.behind.empty();
+  if (up_behind) {
+    std::vector<CopyTicket> pieces;
+    if (auto s = EnqueuePieces(CopyDirection::kHostToDevice, plan.dst_addr, plan.src_addr,
+                               plan.bytes, plan.after, plan.behind, &pieces);
+        !s.ok()) {
+      return s;
+    }
+    if (plan.on_enqueued && !pieces.empty()) plan.on_enqueued(pieces.back().fence);
+    return WaitPieces(pieces);
+  }
+  if (by_engine && plan.src == TM_TIER_HBM && plan.on_vacate) {
+    std::vector<CopyTicket> pieces;
+    if (auto s = EnqueuePieces(CopyDirection::kDeviceToHost, plan.dst_addr, plan.src_addr,
+                               plan.bytes, plan.after, {}, &pieces);
+        !s.ok()) {
+      return s;
+    }
+    std::vector<RangeFence> vacating;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const uint64_t off = i * MovePlan::kPiece;
+      vacating.push_back(
+          RangeFence{off, std::min(MovePlan::kPiece, plan.bytes - off), pieces[i].fence});
+    }
+    if (plan.on_vacate(std::move(vacating)) && plan.lands && pending != nullptr) {
+      *pending = pieces.back();
+      return absl::OkStatus();
+    }
+    return WaitPieces(pieces);
+  }
+  return std::nullopt;
+}
+
+absl::Status Mover::ExecuteUncounted(const MovePlan& plan, std::optional<CopyTicket>* pending) {
+  if (std::optional<absl::Status> s = ExecutePieces(plan, pending)) return *s;
+  io::CopyEngine& copy = device_.copy_engine();
+  const bool by_engine = plan.src >= 0 && plan.src != TM_TIER_NVME && plan.dst != TM_TIER_NVME;
+  // Every other path waits for the whole of what its destination is behind.
+  MovePlan merged;
+  if (!plan.behind.empty()) {
+    merged = plan;
+    for (const RangeFence& r : plan.behind) merged.after.push_back(r.fence);
+  }
+  const MovePlan& p = plan.behind.empty() ? plan : merged;
   if (!by_engine) {  // the host reads or writes: the fences pass first
     if (auto s = Retag(io::WaitAll(p.after), TM_ERR_DEVICE); !s.ok()) return s;
   }

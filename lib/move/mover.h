@@ -21,6 +21,14 @@
 
 namespace tiermem {
 
+// A fence over part of a destination: bytes [offset, offset + size) of it must not be written
+// before `fence` passes (a copy down still reading the memory there: Runtime::Vacate).
+struct RangeFence {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  io::FencePtr fence;
+};
+
 // Everything Execute needs, copied out of the tensor so that it runs without the lock.
 struct MovePlan {
   int src = -1;  // a tier, or -1: the tensor was never written and the destination is zeroed
@@ -36,6 +44,23 @@ struct MovePlan {
   // Called with the copy's fence once a copy engine has the copy (DRAM <-> HBM only), before
   // the host waits for it: the runtime orders the next prefetch after it (LinkOrder).
   std::function<void(const io::FencePtr&)> on_enqueued;
+  // HBM -> DRAM by the copy engine: the copy goes down in pieces, each after the one before,
+  // and once all are enqueued on_vacate gets their fences (offsets from the source's start),
+  // so that the runtime can hand the source's memory on while they run (Runtime::Vacate).
+  // It returns whether it handed the memory on; when it did not, Execute waits for the pieces
+  // whatever `lands` says.
+  std::function<bool(std::vector<RangeFence>)> on_vacate;
+  // With on_vacate: once the memory is handed on, Execute returns without waiting, the last
+  // piece's ticket in *pending (each piece follows the one before): the destination lands (an
+  // eviction's write-down, so that the move it makes room for can follow it at once).
+  bool lands = false;
+  // Parts of the destination that a copy down is still vacating (offsets from its start). Into
+  // HBM from DRAM without a caller's stream, the copy goes up in pieces, each after the fences
+  // over its bytes, so that it follows the copy down piece by piece; every other path waits
+  // for all of them first.
+  std::vector<RangeFence> behind;
+  // Pieces of those two piecewise copies.
+  static constexpr uint64_t kPiece = uint64_t{2} << 20;
 };
 
 // Where a caller's buffer is, for tm_tensor_copy_in / copy_out.
@@ -96,7 +121,20 @@ class Mover {
   absl::Status CountedIo(const Extent& e, uint64_t offset, char* buffer, uint64_t n, bool write,
                          NvmeTally* tally);
 
-  absl::Status ExecuteUncounted(const MovePlan& p, std::optional<io::CopyTicket>* pending);
+  absl::Status ExecuteUncounted(const MovePlan& plan, std::optional<io::CopyTicket>* pending);
+  // The two piecewise plans (a move up behind copies down, a copy down handing its memory on);
+  // nullopt for any other.
+  std::optional<absl::Status> ExecutePieces(const MovePlan& plan,
+                                            std::optional<io::CopyTicket>* pending);
+  // A copy by the engine in pieces of MovePlan::kPiece, each after the one before; the first
+  // after `after`, each after the fences of `behind` over its bytes. On failure what was
+  // enqueued has drained.
+  absl::Status EnqueuePieces(io::CopyDirection dir, char* dst, const char* src, uint64_t bytes,
+                             const std::vector<io::FencePtr>& after,
+                             const std::vector<RangeFence>& behind,
+                             std::vector<io::CopyTicket>* pieces);
+  // Waits for every piece; the first failure.
+  absl::Status WaitPieces(const std::vector<io::CopyTicket>& pieces);
   void Count(const MovePlan& p);
 
   Tiers& tiers_;

@@ -17,6 +17,8 @@ bool Runtime::Slidable(Tensor& v, tm_tier tier, uint64_t shift) {
   if (c.state != CopyState::kValid || c.pins > 0 || v.busy()) return false;
   if (v.landing.has_value() && v.landing_tier == tier) return false;
   if (!PendingUses(v, tier).empty()) return false;  // a caller's stream may still read it
+  // A copy down still reads the hole (vacate.cc): sliding now would overwrite its bytes.
+  if (!BehindFences(tier, c.extent.offset - shift, shift).empty()) return false;
   // The copy runs in pieces no longer than the shift, lowest first, so no piece overwrites
   // bytes not yet copied. A failed piece would leave the bytes split between the old and the
   // new place: only a copy another tier also holds may take that risk (it is then dropped);

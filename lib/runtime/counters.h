@@ -21,6 +21,8 @@ struct Counters {
   uint64_t copied_in_bytes = 0, copied_out_bytes = 0;
   // Asynchronous offloads parked until a release (lib/runtime/job_queue.cc).
   uint64_t offloads_parked = 0;
+  // HBM memory handed on behind copies down (lib/runtime/vacate.cc).
+  uint64_t handed_on = 0, handed_on_bytes = 0, moves_behind = 0, moves_behind_bytes = 0;
   // Inclusive DRAM (lib/runtime/write_through.cc).
   uint64_t write_throughs = 0, write_through_bytes = 0, clean_reads = 0, clean_read_bytes = 0,
            clean_drops = 0, clean_drop_bytes = 0;
@@ -75,6 +77,10 @@ struct Counters {
     s.copied_in_bytes = copied_in_bytes;
     s.copied_out_bytes = copied_out_bytes;
     s.offloads_parked = offloads_parked;
+    s.hbm_handed_on = handed_on;
+    s.hbm_handed_on_bytes = handed_on_bytes;
+    s.moves_behind = moves_behind;
+    s.moves_behind_bytes = moves_behind_bytes;
   }
 };
 

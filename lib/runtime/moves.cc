@@ -45,6 +45,12 @@ void Runtime::WaitLanded(Tensor& t) {
   } else {
     t.Landed(tier);
   }
+  if (!t.materialized()) {
+    // Its only copy failed to land: an eviction's copy down whose HBM memory was handed on
+    // (vacate.cc). The bytes are lost; the tensor says so when next used.
+    t.dropped = true;
+    t.lost = true;
+  }
   RecordFailure(t, WithContext(s, absl::StrFormat("stream-ordered copy of tensor \"%s\" to %s",
                                                   t.name, tm_tier_name(tier))));
 }
@@ -116,11 +122,16 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, const CallerStream& call
   // Inclusive DRAM: a prefetch from NVMe to HBM reads through DRAM and keeps that copy.
   const bool read_through = dst == TM_TIER_HBM && ReadThroughDram(t, want);
   BusyScope busy(t, changed_);  // for the whole move: eviction below may release the lock too
-  auto extent = Allocate(t, dst, want, why);
+  std::vector<RangeFence> behind;
+  auto extent = Allocate(t, dst, want, why, nullptr, &behind);
   if (want.release_room) room_.Release(changed_);  // the room is made; the move needs no token
   if (!extent.ok()) return extent.status();
 
   MovePlan plan = PrepareMove(t, dst, *extent, caller);
+  plan.behind = std::move(behind);
+  const bool moves_behind = !plan.behind.empty();
+  bool vacated = false;  // a copy down whose HBM memory was handed on as it ran
+  OfferVacate(t, plan, want, &vacated);
   // A large scheduled prefetch up the link goes in the order of the uses (LinkOrder).
   const bool ordered = want.kind == Want::kPrefetch && dst == TM_TIER_HBM &&
                        plan.src == TM_TIER_DRAM && plan.stream == nullptr &&
@@ -145,27 +156,55 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, const CallerStream& call
   const Trace::Clock::time_point start = Trace::Clock::now();
   absl::Status s = mover_->Execute(plan, &pending);
   if (ordered && !left) link_order_.Leave(nullptr);
-  if (trace_->enabled() && plan.src >= 0) {
-    static constexpr Trace::Track kTrack[TM_TIER_COUNT][TM_TIER_COUNT] = {
-        {Trace::kAcquire, Trace::kDeviceToHost, Trace::kHbmToNvme},
-        {Trace::kHostToDevice, Trace::kAcquire, Trace::kNvmeWrite},
-        {Trace::kNvmeToHbm, Trace::kNvmeRead, Trace::kAcquire}};
-    trace_->Add(kTrack[plan.src][dst], t.name, start, Trace::Clock::now(), plan.bytes);
-  }
+  if (trace_->enabled() && plan.src >= 0) TraceMove(t, plan, start, vacated);
   mu_.Lock();
 
   // Commit: the destination becomes valid only now; a failure frees it and leaves the rest.
   if (!s.ok()) {
     FreeCopy(t, dst);
+    if (vacated && !t.materialized()) {
+      // Its HBM memory was handed on before the device failed the copy (see vacate.cc).
+      t.dropped = true;
+      t.lost = true;
+      s = WithContext(s, absl::StrFormat("tensor \"%s\" is lost: its HBM memory was handed on "
+                                         "while the copy down ran",
+                                         t.name));
+    }
     return WithContext(s, absl::StrFormat("moving tensor \"%s\" (%s) to %s", t.name,
                                           HumanBytes(t.bytes), tm_tier_name(dst)));
   }
   t.EndFill(dst);
+  if (moves_behind) {
+    ++counters_.moves_behind;
+    counters_.moves_behind_bytes += t.bytes;
+  }
   if (pending.has_value()) t.Land(dst, *pending);
   if (dst == TM_TIER_HBM) NoteCleanRead(t, plan.src, t.bytes, start);
   // Kept: its next read saves one of NVMe (this one did not; it read NVMe to make the copy).
   if (read_through && t.copy(TM_TIER_DRAM).valid()) t.copy(TM_TIER_DRAM).kept_clean = true;
   return absl::OkStatus();
+}
+
+void Runtime::TraceMove(const Tensor& t, const MovePlan& plan, Trace::Clock::time_point start,
+                        bool vacated) {
+  static constexpr Trace::Track kTrack[TM_TIER_COUNT][TM_TIER_COUNT] = {
+      {Trace::kAcquire, Trace::kDeviceToHost, Trace::kHbmToNvme},
+      {Trace::kHostToDevice, Trace::kAcquire, Trace::kNvmeWrite},
+      {Trace::kNvmeToHbm, Trace::kNvmeRead, Trace::kAcquire}};
+  const Trace::Track track = kTrack[plan.src][plan.dst];
+  if (!plan.behind.empty()) {
+    uint64_t behind = 0;
+    for (const RangeFence& r : plan.behind) behind += r.size;
+    trace_->Add(track, t.name, start, Trace::Clock::now(), plan.bytes,
+                absl::StrFormat("written behind copies down still reading %s of its memory",
+                                HumanBytes(behind)));
+  } else if (vacated) {
+    trace_->Add(track, t.name, start, Trace::Clock::now(), plan.bytes,
+                plan.lands ? "its hbm memory handed on once enqueued; lands (not waited for)"
+                           : "its hbm memory handed on once enqueued");
+  } else {
+    trace_->Add(track, t.name, start, Trace::Clock::now(), plan.bytes);
+  }
 }
 
 MovePlan Runtime::PrepareMove(Tensor& t, tm_tier dst, const Extent& extent,
@@ -228,9 +267,13 @@ void Runtime::DropOthers(Tensor& t, tm_tier keep) {
 absl::Status Runtime::Reserve(Tensor& t, tm_tier tier, bool* made_room) {
   if (t.copy(tier).valid()) return absl::OkStatus();
   BusyScope busy(t, changed_);
-  auto e = Allocate(t, tier, Want{}, nullptr, made_room);
+  std::vector<RangeFence> behind;
+  auto e = Allocate(t, tier, Want{}, nullptr, made_room, &behind);
   if (!e.ok()) return e.status();
   t.BeginFill(tier, *e);
+  // Memory a copy down still reads: the caller's writes wait for it as for a caller's use (on
+  // its stream, or the host before the pointer is handed out).
+  for (RangeFence& r : behind) t.copy(tier).uses.push_back(std::move(r.fence));
   return absl::OkStatus();
 }
 
@@ -246,16 +289,18 @@ absl::Status Runtime::OffloadClaimed(Tensor& t, tm_tier tier) {
   // so that the prefetches and demands waiting for HBM room get it a write's time sooner. A
   // failed write then leaves the tensor valid in DRAM. (Unless an acquire in HBM waits for
   // this offload: that copy stays, below.)
-  bool freed_hbm = false;
   if (keep_dram && t.copy(TM_TIER_DRAM).valid() && t.copy(TM_TIER_HBM).valid() &&
       !wanted_in_hbm_.contains(t.handle)) {
     FreeCopy(t, TM_TIER_HBM);
-    freed_hbm = true;
     IssuePrefetches();
     changed_.SignalAll();
   }
-  if (auto s = MakeValid(t, tier, {}, Demand()); !s.ok()) {
-    if (made && !freed_hbm && t.copy(TM_TIER_DRAM).state == CopyState::kValid) {
+  Want want = Demand();
+  want.vacates = tier == TM_TIER_DRAM;  // HBM's copy goes once DRAM has it: hand it on
+  if (auto s = MakeValid(t, tier, {}, want); !s.ok()) {
+    // The clean copy made for it goes, unless it holds the bytes now: HBM's copy was freed
+    // (above, or handed on as the copy down ran).
+    if (made && t.copy(TM_TIER_HBM).valid() && t.copy(TM_TIER_DRAM).state == CopyState::kValid) {
       FreeCopy(t, TM_TIER_DRAM);
     }
     return s;

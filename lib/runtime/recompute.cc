@@ -79,6 +79,14 @@ absl::Status Runtime::Recompute(Tensor& t, tm_tier dst, const CallerStream& call
                                  "recompute, and only a use of its bytes rebuilds it",
                                  t.name, tm_tier_name(dst)));
   }
+  if (t.lost && (dst == TM_TIER_NVME || t.recompute.fn == nullptr)) {
+    return Error(TM_ERR_DEVICE,
+                 absl::StrFormat("tensor \"%s\" lost its bytes: the device failed its copy down "
+                                 "from HBM after that memory was handed on; a whole write (an "
+                                 "acquire for writing, tm_tensor_copy_in of all of it) or a "
+                                 "recompute callback makes it usable again",
+                                 t.name));
+  }
   if (dst == TM_TIER_NVME || t.recompute.fn == nullptr) {
     return Error(TM_ERR_INTERNAL,
                  absl::StrFormat("tensor \"%s\" was dropped for recompute and is to be rebuilt in "

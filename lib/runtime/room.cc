@@ -223,7 +223,7 @@ struct Runtime::AllocateState {
 };
 
 absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why,
-                                         bool* made_room) {
+                                         bool* made_room, std::vector<RangeFence>* behind) {
   TierSpace& space = tiers_->space(tier);
   const uint64_t need = space.Rounded(t.bytes);
   if (auto s = AdmitPrefetch(t, tier, want, need, why); !s.ok()) return s;
@@ -235,6 +235,19 @@ absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, Dro
       !LeavesHoles(t, tier, want)) {
     space.Free(*result);
     return DroppedPrefetch(t, tier, DropReason::kNoRoom, kLeavesNoHole, why);
+  }
+  if (result.ok()) {
+    // Memory a copy down is still reading (Vacate): the caller writes after its fences, or
+    // this waits for them (t is busy: nothing else touches it meanwhile).
+    std::vector<RangeFence> fences = BehindFences(tier, result->offset, result->size);
+    if (behind != nullptr) {
+      *behind = std::move(fences);
+    } else if (!fences.empty()) {
+      st.waited = true;
+      mu_.Unlock();
+      for (const RangeFence& r : fences) (void)r.fence->Wait();  // a failure is the copy's
+      mu_.Lock();
+    }
   }
   if (st.waited) {
     ++counters_.demand_waits;
@@ -364,13 +377,19 @@ absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want, const std::strin
     const tm_tier lower = static_cast<tm_tier>(tier + 1);
     Want down = want;
     down.release_room = false;  // part of making room: the token stays
+    // HBM's copy goes once DRAM has it: hand it on, and let the move making room follow.
+    down.vacates = down.lands = tier == TM_TIER_HBM;
     absl::Status s = MakeValid(v, lower, {}, down);
     if (!s.ok() && tier == TM_TIER_HBM && absl::IsResourceExhausted(s)) {
       s = MakeValid(v, TM_TIER_NVME, {}, down);
     }
     if (!s.ok()) return s;
-    // Acquired or changed while the lock was released: look again.
-    if (v.copy(tier).pins > 0 || v.copy(tier).state != CopyState::kValid) return absl::OkStatus();
+    // Acquired or changed while the lock was released: look again. (Absent: handed on as its
+    // copy down ran, see vacate.cc.)
+    const CopyState state = v.copy(tier).state;
+    if (v.copy(tier).pins > 0 || (state != CopyState::kValid && state != CopyState::kAbsent)) {
+      return absl::OkStatus();
+    }
   }
   FreeCopy(v, tier);
   ++counters_.evictions;

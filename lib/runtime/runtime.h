@@ -157,6 +157,10 @@ class Runtime {
     // false: take only free room, evict nothing (a write-through's clean DRAM copy, which is
     // worth keeping only when it costs no other copy its place).
     bool evicts = true;
+    // A copy down from HBM to DRAM whose HBM copy goes after it (an offload, an eviction's
+    // write-down): its memory is handed on as it runs (Vacate). With `lands`, it is not
+    // waited for then: the DRAM copy lands (an eviction's, so that the move evicting follows).
+    bool vacates = false, lands = false;
   };
   static Want Demand() { return Want{Want::kDemand, Schedule::kNever, true}; }
 
@@ -219,9 +223,11 @@ class Runtime {
   // while evicting to make room.
   absl::Status MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
                          DropReason* why = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The plan of MakeValid's move, its destination reserved (the lock is held).
+  // The plan of MakeValid's move, its destination reserved; its trace event (t busy, unlocked).
   MovePlan PrepareMove(Tensor& t, tm_tier dst, const Extent& extent, const CallerStream& caller)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TraceMove(const Tensor& t, const MovePlan& plan, Trace::Clock::time_point start,
+                 bool vacated) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // The fences of t's copy in `tier` that have not passed yet (the passed ones are forgotten).
   std::vector<io::FencePtr> PendingUses(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the deferred extents whose uses have passed; true when any of `tier` remain.
@@ -298,8 +304,12 @@ class Runtime {
   // Space for t in `tier`: evicts the cheapest window of copies when the tier is full, waits
   // for moves in flight when a demand finds nothing to evict. *made_room (when given) is set
   // when the first try found no hole: copies were evicted or slid, or the call waited.
+  // In HBM where copies down still read (Vacate): their fences go to *behind, for the caller
+  // to write after; without `behind`, Allocate waits for them.
   absl::StatusOr<Extent> Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why,
-                                  bool* made_room = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                  bool* made_room = nullptr,
+                                  std::vector<RangeFence>* behind = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct AllocateState;
   // Allocate's loop: allocates, else evicts a window, waits (a demand) or gives up.
   absl::StatusOr<Extent> MakeRoom(Tensor& t, tm_tier tier, Want want, uint64_t need,
@@ -326,6 +336,18 @@ class Runtime {
   // Compaction (compaction.cc): slides copies nobody holds down into the holes before them
   // until a hole of `need` bytes forms; true when any copy moved.
   bool Compact(tm_tier tier, uint64_t need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- memory handed on behind a copy down (vacate.cc) ----
+  // Whether t's move down to `dst` may hand its HBM memory on (want.vacates, the slab layout);
+  // OfferVacate sets plan.on_vacate then, which sets *vacated when it does (Vacate: frees t's
+  // HBM copy at `extent`, its parts fenced by the pieces; false when the copy changed, or an
+  // acquire waits for it in HBM). BehindFences: the fences over [offset, offset + size).
+  bool MayVacate(const Tensor& t, tm_tier dst, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OfferVacate(Tensor& t, MovePlan& plan, Want want, bool* vacated)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Vacate(Tensor& t, const Extent& extent, std::vector<RangeFence> pieces)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<RangeFence> BehindFences(tm_tier tier, uint64_t offset, uint64_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With free bytes enough but split: compacts instead of evicting plan's window when that
   // window takes copies used again and the slide moves no more bytes; true when it did.
   bool SlidRatherThanEvict(const EvictionPlan& plan, tm_tier tier, uint64_t need, AllocateState& st)
@@ -451,6 +473,8 @@ class Runtime {
   RoomToken room_ ABSL_GUARDED_BY(mu_);
   FailureLog failures_ ABSL_GUARDED_BY(mu_);
   DeferredFrees deferred_ ABSL_GUARDED_BY(mu_);
+  // Parts of HBM handed on while copies down read them (Vacate): written after their fences.
+  std::vector<RangeFence> vacating_ ABSL_GUARDED_BY(mu_);
   // Copies between tensors and callers' memory (tm_tensor_copy_in / copy_out) not yet reaped:
   // their outcome is reported by tm_tensor_sync, tm_runtime_sync or tm_step_end.
   struct CopyInFlight {

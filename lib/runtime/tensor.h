@@ -113,6 +113,9 @@ struct Tensor {
     double cost_seconds = 0;
   } recompute;
   bool dropped = false;
+  // Dropped because its bytes were lost: a device error failed its copy down after its HBM
+  // memory was handed on (lib/runtime/vacate.cc). Only a rebuild or a whole overwrite ends it.
+  bool lost = false;
 
   TensorCopy& copy(tm_tier t) { return copies[t]; }
   const TensorCopy& copy(tm_tier t) const { return copies[t]; }
@@ -129,11 +132,13 @@ struct Tensor {
     Expect(t, "EndFill", {CopyState::kFilling});
     copies[t].state = CopyState::kValid;
     dropped = false;
+    lost = false;
   }
   void PinWrite(tm_tier t) {
     Expect(t, "PinWrite", {CopyState::kValid, CopyState::kFilling, CopyState::kWriting});
     copies[t].state = CopyState::kWriting;
     dropped = false;  // overwritten whole: nothing to rebuild
+    lost = false;
   }
   void UnpinWrite(tm_tier t) {
     Expect(t, "UnpinWrite", {CopyState::kWriting});

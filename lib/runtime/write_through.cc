@@ -37,6 +37,7 @@ bool Runtime::KeepCleanDramCopy(Tensor& t, bool* made) {
   // From HBM: a copy down to DRAM first, then NVMe is written from it.
   Want want;
   if (!CleanCopyWant(t, &want)) return false;
+  want.vacates = true;  // HBM's copy goes once DRAM has it (OffloadClaimed): hand it on
   DropReason why = DropReason::kNone;
   if (!MakeValid(t, TM_TIER_DRAM, {}, want, &why).ok()) return false;
   *made = true;

@@ -145,6 +145,11 @@ class Stats(ctypes.Structure):
         ("copied_in_bytes", ctypes.c_uint64),
         ("copied_out_bytes", ctypes.c_uint64),
         ("offloads_parked", ctypes.c_uint64),
+        # Appended in 0.8: HBM handed on behind copies down (TIERMEM_HBM_HAND_ON).
+        ("hbm_handed_on", ctypes.c_uint64),
+        ("hbm_handed_on_bytes", ctypes.c_uint64),
+        ("moves_behind", ctypes.c_uint64),
+        ("moves_behind_bytes", ctypes.c_uint64),
     ]
 
     def __init__(self):
@@ -202,7 +207,7 @@ RECOMPUTE_FN = ctypes.CFUNCTYPE(_enum, ctypes.c_void_p, ctypes.c_uint64, _enum, 
 # sizeof on x86-64 and aarch64 Linux (LP64) of the header at API_MAJOR.API_MINOR. A mismatch
 # means this file no longer mirrors the header: checked at import, and field by field against
 # the C compiler's offsets by tests/python/test_abi.py.
-LP64_SIZES = {"Config": 160, "TensorDesc": 32, "Stats": 432, "Info": 232}
+LP64_SIZES = {"Config": 160, "TensorDesc": 32, "Stats": 464, "Info": 232}
 
 
 def _prototypes(lib):

@@ -87,6 +87,10 @@ int main(void) {
   FIELD(tm_stats, copied_in_bytes);
   FIELD(tm_stats, copied_out_bytes);
   FIELD(tm_stats, offloads_parked);
+  FIELD(tm_stats, hbm_handed_on);
+  FIELD(tm_stats, hbm_handed_on_bytes);
+  FIELD(tm_stats, moves_behind);
+  FIELD(tm_stats, moves_behind_bytes);
   END();
   BEGIN(tm_info);
   FIELD(tm_info, struct_size);
