@@ -18,7 +18,8 @@
 // Each ratio sets every step after the first against the bound with that step's own checking,
 // and is the median of those ratios (then the median over --repeats runs); step, check and bound
 // in ms are the median run's medians.
-// PRESSURE_BENCH_TERMS=1 also prints the bytes and where the step's thread spent its time.
+// PRESSURE_BENCH_TERMS=1 also prints the bytes (with the HBM handed on behind copies down and
+// moved up behind them, TIERMEM_HBM_HAND_ON) and where the step's thread spent its time.
 // Inclusive DRAM (TIERMEM_DRAM_INCLUSIVE) on and off side by side, each row the median step of
 // --repeats runs, interleaved (every combination once per round) so that a drifting disk or a
 // loaded machine weighs on both alike. --sizes large: a second workload, parameters and
