@@ -166,5 +166,26 @@ TEST(HandOn, AStreamWritingTheMemoryWaitsForTheCopyDown) {
   EXPECT_EQ(ReadAll(*rt, c, 8 * kMiB), std::vector<uint8_t>(8 * kMiB, 0xcd));
 }
 
+TEST(HandOn, AnEvictionsCopyStillLandingIsNoCallersCopy) {
+  TempDir dir;
+  auto rt = MakeRuntime(dir.path(), true);
+  ASSERT_NE(rt, nullptr);
+  TwoTensors t = Written(*rt);
+  const uint64_t d = NewTensor(*rt, "d", 8 * kMiB, TM_TIER_DRAM);
+  const std::vector<uint8_t> d_bytes = RandomBytes(8 * kMiB, 3);
+  ASSERT_TRUE(rt->Write(d, 0, d_bytes.data(), d_bytes.size()).ok());
+  // b's acquire evicts a; a's copy down is not waited for: its DRAM copy lands.
+  ASSERT_TRUE(rt->Acquire(t.b, TM_TIER_HBM, TM_ACCESS_READ, nullptr).ok());
+  ASSERT_TRUE(rt->Release(t.b, TM_TIER_HBM).ok());
+  EXPECT_EQ(rt->Stats().hbm_handed_on, 1u);
+  // No copy between a and a caller's memory is in flight, and a swap waits for tiermem's own.
+  auto done = rt->CopyDone(t.a);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(*done);
+  ASSERT_TRUE(rt->SwapContents({{t.a, d}}).ok());
+  EXPECT_EQ(ReadAll(*rt, t.a, 8 * kMiB), d_bytes);
+  EXPECT_EQ(ReadAll(*rt, d, 8 * kMiB), t.a_bytes);
+}
+
 }  // namespace
 }  // namespace tiermem

@@ -240,7 +240,7 @@ absl::StatusOr<bool> Runtime::CopyDone(uint64_t handle) {
   const Tensor& t = **found;
   // A copy_in (or a stream-ordered acquire) lands as the tensor's landing copy; copy_outs are
   // listed until reaped.
-  if (t.landing.has_value() && !t.landing->fence->Passed()) return false;
+  if (t.landing.has_value() && !t.landing_own && !t.landing->fence->Passed()) return false;
   return std::none_of(caller_copies_.begin(), caller_copies_.end(),
                       [&](const CopyInFlight& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
                         return c.handle == handle && !c.ticket.fence->Passed();

@@ -1,6 +1,7 @@
 // The move protocol: claim a tensor, prepare a move under the lock, run it without the lock,
 // commit its outcome to the copy states; copies freed (or deferred), checks on pins.
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -51,8 +52,14 @@ void Runtime::WaitLanded(Tensor& t) {
     t.dropped = true;
     t.lost = true;
   }
-  RecordFailure(t, WithContext(s, absl::StrFormat("stream-ordered copy of tensor \"%s\" to %s",
-                                                  t.name, tm_tier_name(tier))));
+  const std::string what =
+      t.lost ? absl::StrFormat(
+                   "copy down of tensor \"%s\" to %s, its HBM memory handed on (it is "
+                   "lost)",
+                   t.name, tm_tier_name(tier))
+             : absl::StrFormat("stream-ordered copy of tensor \"%s\" to %s", t.name,
+                               tm_tier_name(tier));
+  RecordFailure(t, WithContext(s, what));
 }
 
 absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle, bool land) {
@@ -178,7 +185,7 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, const CallerStream& call
     ++counters_.moves_behind;
     counters_.moves_behind_bytes += t.bytes;
   }
-  if (pending.has_value()) t.Land(dst, *pending);
+  if (pending.has_value()) t.Land(dst, *pending, /*replaces=*/false, /*own=*/vacated);
   if (dst == TM_TIER_HBM) NoteCleanRead(t, plan.src, t.bytes, start);
   // Kept: its next read saves one of NVMe (this one did not; it read NVMe to make the copy).
   if (read_through && t.copy(TM_TIER_DRAM).valid()) t.copy(TM_TIER_DRAM).kept_clean = true;

@@ -87,6 +87,7 @@ Runtime::~Runtime() {
     });
     for (const CopyInFlight& c : caller_copies_) (void)c.ticket.fence->Wait();
     (void)io::WaitAll(deferred_.Fences());
+    for (const RangeFence& r : vacating_) (void)r.fence->Wait();
   }
 }
 

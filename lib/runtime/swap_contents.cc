@@ -50,12 +50,20 @@ absl::Status Runtime::SwapContents(const std::vector<std::pair<uint64_t, uint64_
   std::vector<std::pair<Tensor*, Tensor*>> found;
   for (;;) {
     found.clear();
-    bool moving = false;
+    bool moving = false, landed = false;
     for (const auto& [ha, hb] : pairs) {
       auto a = Find(ha);
       if (!a.ok()) return a.status();
       auto b = Find(hb);
       if (!b.ok()) return b.status();
+      for (Tensor* t : {*a, *b}) {
+        // tiermem's own copy down (an eviction's, vacate.cc), not a caller's: waited for here.
+        if (t->landing.has_value() && t->landing_own && !t->busy()) {
+          WaitLanded(*t);
+          landed = true;
+        }
+      }
+      if (landed) break;  // the lock was released: look at every pair again
       if (absl::Status s = CheckPair(**a, **b); !s.ok()) return s;
       for (const Tensor* t : {*a, *b}) {
         if (absl::Status s = CheckOthersUnpinned(*t, -1); !s.ok()) {
@@ -65,6 +73,7 @@ absl::Status Runtime::SwapContents(const std::vector<std::pair<uint64_t, uint64_
       }
       found.emplace_back(*a, *b);
     }
+    if (landed) continue;
     if (!moving) break;
     changed_.Wait(&mu_);  // a move finishing signals; then look again (a tensor may be gone)
   }

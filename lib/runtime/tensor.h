@@ -104,6 +104,10 @@ struct Tensor {
   // The landing copy replaces the others once it lands (tm_tensor_copy_in): until then they
   // keep the old bytes, so that a copy that fails loses nothing.
   bool landing_replaces = false;
+  // The landing copy is tiermem's own copy down (an eviction's write-down that handed its HBM
+  // memory on, lib/runtime/vacate.cc), not ordered on a caller's stream: tm_tensor_copy_done
+  // and tm_tensor_swap do not count it, and a failure loses the bytes (Tensor::lost).
+  bool landing_own = false;
   // The caller's callback that rebuilds the bytes (tm_tensor_set_recompute; lib/runtime/
   // recompute.cc), and whether the tensor is dropped: no copy holds its bytes, the callback
   // rebuilds them. A copy becoming valid (EndFill, PinWrite) ends the drop.
@@ -144,12 +148,13 @@ struct Tensor {
     Expect(t, "UnpinWrite", {CopyState::kWriting});
     copies[t].state = CopyState::kValid;
   }
-  void Land(tm_tier t, io::CopyTicket ticket, bool replaces = false) {
+  void Land(tm_tier t, io::CopyTicket ticket, bool replaces = false, bool own = false) {
     Expect(t, "Land", {CopyState::kValid});
     copies[t].state = CopyState::kLanding;
     landing = std::move(ticket);
     landing_tier = t;
     landing_replaces = replaces;
+    landing_own = own;
   }
   void Landed(tm_tier t) {
     Expect(t, "Landed", {CopyState::kLanding});
