@@ -37,6 +37,16 @@ bool DeferredFrees::Reap(Tiers& tiers, tm_tier tier) {
   return remain;
 }
 
+bool DeferredFrees::ReleaseHandedOn(Tiers& tiers, tm_tier tier) {
+  const size_t before = deferred_.size();
+  std::erase_if(deferred_, [&](Deferred& d) {
+    if (!d.handed_on || d.tier != tier) return false;
+    tiers.space(d.tier).Free(d.extent);
+    return true;
+  });
+  return deferred_.size() != before;
+}
+
 std::vector<io::FencePtr> DeferredFrees::Fences() const {
   std::vector<io::FencePtr> fences;
   for (const Deferred& d : deferred_) fences.insert(fences.end(), d.uses.begin(), d.uses.end());

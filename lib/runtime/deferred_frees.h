@@ -13,9 +13,21 @@ namespace tiermem {
 class DeferredFrees {
  public:
   // Takes e out of its tier's accounting until `uses` have passed.
-  void Add(Tiers& tiers, tm_tier tier, const Extent& e, std::vector<io::FencePtr> uses) {
+  // `handed_on`: memory a copy down still reads (lib/runtime/vacate.cc), which a request that
+  // finds no other hole may take at once (ReleaseHandedOn) and write behind the copy's fences.
+  void Add(Tiers& tiers, tm_tier tier, const Extent& e, std::vector<io::FencePtr> uses,
+           bool handed_on = false) {
     tiers.space(tier).Disown(e);
-    deferred_.push_back(Deferred{tier, e, std::move(uses)});
+    deferred_.push_back(Deferred{tier, e, std::move(uses), handed_on});
+  }
+  // Frees the handed-on extents of `tier` now; true when there were any.
+  bool ReleaseHandedOn(Tiers& tiers, tm_tier tier);
+  // Whether the deferred extent at `offset` of `tier` is handed on: room, for eviction's plans.
+  bool HandedOnAt(tm_tier tier, uint64_t offset) const {
+    for (const Deferred& d : deferred_) {
+      if (d.handed_on && d.tier == tier && d.extent.offset == offset) return true;
+    }
+    return false;
   }
   // Frees the extents whose uses have passed; true when any of `tier` remain.
   bool Reap(Tiers& tiers, tm_tier tier);
@@ -31,6 +43,7 @@ class DeferredFrees {
     tm_tier tier;
     Extent extent;
     std::vector<io::FencePtr> uses;
+    bool handed_on = false;
   };
   std::vector<Deferred> deferred_;
 };

@@ -32,7 +32,8 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
     slot.size = b.size;
     plan.owners.push_back(b.owner);
     plan.offsets.push_back(b.offset);
-    if (b.free) {
+    // Memory a copy down is leaving (vacate.cc) is room: MakeRoom takes it when nothing else fits.
+    if (b.free || (b.owner == 0 && deferred_.HandedOnAt(tier, b.offset))) {
       plan.free_bytes += b.size;
       plan.reclaimable += b.size;
       plan.slots.push_back(slot);
@@ -269,7 +270,10 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
                            ABSL_NO_THREAD_SAFETY_ANALYSIS { return FreesAfter(owner, tier); };
     auto e = space.Allocate(t.bytes, t.name, t.handle, frees_after);
     if (!e.ok() && absl::IsResourceExhausted(e.status()) && !deferred_.empty()) {
-      ReapDeferred(tier);  // memory that callers' work has finished with since
+      // Memory that callers' work has finished with since, and memory copies down are leaving
+      // (vacate.cc): written behind them, it is room now.
+      ReapDeferred(tier);
+      deferred_.ReleaseHandedOn(*tiers_, tier);
       e = space.Allocate(t.bytes, t.name, t.handle, frees_after);
     }
     // The framework's allocator was short though the budget had room (lib/tiers/tier_space.h):

@@ -48,13 +48,17 @@ bool Runtime::Vacate(Tensor& t, const Extent& extent, std::vector<RangeFence> pi
   // The pieces start after the copy's uses (the move's `after`), each after the one before:
   // each piece's fence covers them.
   Extent e = t.Drop(TM_TIER_HBM);
+  std::vector<io::FencePtr> fences;
   for (RangeFence& p : pieces) {
     p.offset += e.offset;
+    fences.push_back(p.fence);
     vacating_.push_back(std::move(p));
   }
   ++counters_.handed_on;
   counters_.handed_on_bytes += t.bytes;
-  tiers_->space(TM_TIER_HBM).Free(e);
+  // Kept out of the tier until the copy is done, unless a request finds no other hole
+  // (MakeRoom): a move into free memory runs at once, one behind the copy waits for it.
+  deferred_.Add(*tiers_, TM_TIER_HBM, e, std::move(fences), /*handed_on=*/true);
   IssuePrefetches();
   changed_.SignalAll();
   return true;
