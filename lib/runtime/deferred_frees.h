@@ -22,6 +22,11 @@ class DeferredFrees {
   }
   // Frees the handed-on extents of `tier` now; true when there were any.
   bool ReleaseHandedOn(Tiers& tiers, tm_tier tier);
+  // For a request that found no hole: Reap, then ReleaseHandedOn.
+  void ReapForRoom(Tiers& tiers, tm_tier tier) {
+    Reap(tiers, tier);
+    ReleaseHandedOn(tiers, tier);
+  }
   // Whether the deferred extent at `offset` of `tier` is handed on: room, for eviction's plans.
   bool HandedOnAt(tm_tier tier, uint64_t offset) const {
     for (const Deferred& d : deferred_) {

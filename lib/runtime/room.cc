@@ -270,10 +270,8 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
                            ABSL_NO_THREAD_SAFETY_ANALYSIS { return FreesAfter(owner, tier); };
     auto e = space.Allocate(t.bytes, t.name, t.handle, frees_after);
     if (!e.ok() && absl::IsResourceExhausted(e.status()) && !deferred_.empty()) {
-      // Memory that callers' work has finished with since, and memory copies down are leaving
-      // (vacate.cc): written behind them, it is room now.
-      ReapDeferred(tier);
-      deferred_.ReleaseHandedOn(*tiers_, tier);
+      // What callers' work has finished with, and memory copies down leave (vacate.cc).
+      deferred_.ReapForRoom(*tiers_, tier);
       e = space.Allocate(t.bytes, t.name, t.handle, frees_after);
     }
     // The framework's allocator was short though the budget had room (lib/tiers/tier_space.h):
