@@ -6,7 +6,9 @@
 #                         -Wthread-safety, fuzz each target for FUZZ_SECONDS, check the format
 # Environment: BUILD_DIR (default build), JOBS (default: all cores), TIERMEM_WITH_CUDA (AUTO),
 #   FUZZ_SECONDS (per fuzz target, default 30; 0 skips the fuzz run),
-#   FORMAT_CHECK (1, the default: tools/format.sh --check is a step of test; 0 skips it).
+#   FORMAT_CHECK (1, the default: tools/format.sh --check is a step of test; 0 skips it),
+#   TIERMEM_VENV (default .venv in the checkout: the Python environment made from
+#   python/requirements.txt, torch 2.x; TIERMEM_VENV=none leaves Python out).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -19,7 +21,7 @@ format_check=${FORMAT_CHECK:-1}
 
 packages=(cmake ninja-build g++ pkg-config binutils liburing-dev libhwloc-dev libabsl-dev
           libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev fio
-          python3-torch python3-pytest python3-numpy)
+          python3 python3-venv)
 # Only test needs these: clang for the thread-safety check and libFuzzer, the formatter.
 test_packages=(clang-14 libclang-rt-14-dev libfuzzer-14-dev clang-format-14)
 
@@ -42,12 +44,35 @@ install_missing() {
 # Each step's header says how long the run has taken so far: CI's budget is watched step by step.
 stage() { echo "== $* (at ${SECONDS} s)"; }
 
+# The Python side runs in a virtual environment inside the checkout (ignored by git), made from
+# the one pinned requirements file: torch 2.x from PyPI, numpy, pytest, transformers. It is made
+# again only when that file changes (its hash is kept in the environment).
+venv=${TIERMEM_VENV:-$root/.venv}
+python_env() {
+  [ "$venv" = none ] && return 0
+  local req="$root/python/requirements.txt" stamp="$venv/.tiermem-requirements"
+  local want
+  want=$(sha256sum "$req" | cut -d' ' -f1)
+  if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    return 0
+  fi
+  stage "python environment $venv (python/requirements.txt)"
+  local base=/usr/bin/python3
+  [ -x "$base" ] || base=$(command -v python3)
+  "$base" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req"
+  echo "$want" >"$stamp"
+}
+python_args() {
+  if [ "$venv" = none ]; then echo "-DTIERMEM_PYTHON="; else echo "-DTIERMEM_PYTHON=$venv/bin/python"; fi
+}
+
 configure_and_build() {  # dir, extra cmake args...
   local dir=$1
   shift
   stage "build $(basename "$dir")"
   cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTIERMEM_WERROR=ON \
-    -DTIERMEM_WITH_CUDA="$cuda" "$@"
+    -DTIERMEM_WITH_CUDA="$cuda" "$(python_args)" "$@"
   cmake --build "$dir" -j "$jobs"
 }
 
@@ -96,6 +121,9 @@ pch=(-DTIERMEM_TEST_PCH=ON)
 case "$mode" in
   demo) install_missing "${packages[@]}" ;;
   test) install_missing "${packages[@]}" "${test_packages[@]}" ;;
+esac
+case "$mode" in
+  demo | test) python_env ;;
 esac
 case "$mode" in
   demo)
