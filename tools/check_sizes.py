@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Checks the sizes STYLE.md sets for a folder's C/C++ sources: no file over --max-file lines and
-no function body over --max-function lines. Prints each offender with its place; exit 1 if any.
+"""Checks the sizes CONTRIBUTING.md sets for a folder's C/C++ sources: no file over --max-file
+lines and no function body over --max-function lines. Prints each offender with its place; exit 1
+if any.
 
 usage: tools/check_sizes.py [--max-file N] [--max-function N] DIR...
 """
