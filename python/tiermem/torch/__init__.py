@@ -20,10 +20,11 @@ driver), parameters (ZeRO-Infinity).
 from .allocator import caching_allocator, runtime
 from .cpu_adam import CPUAdam
 from .fit import FitError, FittedPlan, fit
+from .fsdp import FSDPCPUAdam
 from .optimizer_state import OptimizerStateOffload, offload_optimizer_state
 from .parameters import ParameterOffload, offload_parameters
 from .saved_tensors import SavedTensorOffload, offload_saved_tensors
 
 __all__ = ["CPUAdam", "offload_saved_tensors", "offload_optimizer_state", "offload_parameters",
            "SavedTensorOffload", "OptimizerStateOffload", "ParameterOffload", "runtime",
-           "caching_allocator", "fit", "FittedPlan", "FitError"]
+           "caching_allocator", "fit", "FittedPlan", "FitError", "FSDPCPUAdam"]

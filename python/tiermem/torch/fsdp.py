@@ -1,0 +1,274 @@
+"""FSDPCPUAdam: CPUAdam over the shards of a model sharded by FSDP2 (torch.distributed.fsdp.
+fully_shard), so that each rank's fp32 master weights and Adam moments live in its own tiermem
+runtime (DRAM, or NVMe with state_tier="nvme") and its step runs on the CPU over its local shard.
+
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    opt = FSDPCPUAdam(model, lr=1e-3, max_grad_norm=1.0, runtime=rt, state_tier="nvme")
+    loss.backward(); opt.step(); opt.zero_grad()
+
+FSDP2 keeps each parameter as a DTensor sharded over a 1-D mesh; after backward it leaves the
+reduce-scattered gradient on it as a DTensor with the same sharding. FSDPCPUAdam steps each
+DTensor's local tensor through a CPUAdam of its own (imported, not copied), whose parameters are
+plain tensors aliasing the local shards: the kernel writes the updated shard in place, where
+FSDP2's next all-gather reads it. Clipping by global norm needs the whole gradient's norm: each
+rank sums its shards' squared norms and one all_reduce adds the ranks' sums.
+
+The optimizer holds the model's own DTensor parameters in its param_groups, and state_dict()
+returns torch.optim.AdamW's layout with each state tensor a DTensor sharded as its parameter, so
+torch.distributed.checkpoint's get/set_optimizer_state_dict treat it as they treat AdamW's, and
+checkpoints move between the two. Nothing of the model is changed: no hook, no wrapper.
+
+Refused, by name: FSDP1 (FullyShardedDataParallel), fully_shard's offload_policy=CPUOffloadPolicy
+(the state would be offloaded twice), meshes that are not 1-D shardings (HSDP, FSDP2's
+replicate, FSDP with tensor parallelism) and parameters FSDP2 does not shard (ignored_params).
+"""
+
+from collections import defaultdict
+
+import torch
+
+from tiermem.torch.cpu_adam import CPUAdam
+
+__all__ = ["FSDPCPUAdam"]
+
+
+def _fsdp2():
+    """FSDP2's public names, imported when first used: tiermem.torch imports on a torch without
+    them (Debian's 1.13), where only FSDPCPUAdam is unavailable."""
+    try:
+        from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule,
+                                            FullyShardedDataParallel)
+        from torch.distributed.tensor import DTensor, Shard
+    except ImportError as e:
+        raise ImportError("FSDPCPUAdam needs torch 2.6 or later (torch.distributed.fsdp."
+                          "fully_shard and DTensor); this is torch %s" % torch.__version__) from e
+    return CPUOffloadPolicy, FSDPModule, FullyShardedDataParallel, DTensor, Shard
+
+
+def _check_module(module):
+    """Refuses what FSDPCPUAdam does not step, naming it; returns {parameter: its name}."""
+    CPUOffloadPolicy, FSDPModule, FSDP1, _, _ = _fsdp2()
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError("FSDPCPUAdam: module is %s, want the nn.Module fully_shard sharded" %
+                        type(module).__name__)
+    sharded = False
+    for name, m in module.named_modules():
+        where = "the module" if not name else "module %r" % name
+        if isinstance(m, FSDP1):
+            raise ValueError("FSDPCPUAdam: %s is wrapped by FullyShardedDataParallel (FSDP1), "
+                             "which is not supported: shard it with torch.distributed.fsdp."
+                             "fully_shard (FSDP2)" % where)
+        if isinstance(m, FSDPModule):
+            sharded = True
+            # FSDP2 keeps the policy on the module's parameter group only (no public getter);
+            # where that moved, _check_param still finds shards off their mesh's device.
+            state = getattr(m, "_get_fsdp_state", lambda: None)()
+            group = getattr(state, "_fsdp_param_group", None)
+            if isinstance(getattr(group, "offload_policy", None), CPUOffloadPolicy):
+                raise ValueError("FSDPCPUAdam: %s was sharded with fully_shard(..., "
+                                 "offload_policy=CPUOffloadPolicy()), which is not supported: "
+                                 "FSDPCPUAdam keeps the optimizer state in tiermem itself; "
+                                 "shard without it" % where)
+    if not sharded:
+        raise ValueError("FSDPCPUAdam: the module is not sharded by torch.distributed.fsdp."
+                         "fully_shard (no FSDPModule in it)")
+    return {p: n for n, p in module.named_parameters()}
+
+
+def _check_param(p, name):
+    _, _, _, DTensor, Shard = _fsdp2()
+    what = "parameter %r" % name if name else "a parameter not in the module"
+    if not isinstance(p, DTensor):
+        raise ValueError("FSDPCPUAdam: %s is not sharded by fully_shard (ignored_params, or a "
+                         "module outside the sharded one), which is not supported" % what)
+    if p.device_mesh.ndim != 1 or not isinstance(p.placements[0], Shard):
+        raise ValueError("FSDPCPUAdam: %s is placed %s on a %d-D mesh; only fully_shard's 1-D "
+                         "sharding is supported (not HSDP, replicate, or tensor parallelism)" %
+                         (what, tuple(p.placements), p.device_mesh.ndim))
+    local = p.to_local()
+    if local.device.type != p.device_mesh.device_type:
+        raise ValueError("FSDPCPUAdam: %s has its shard on %s, its mesh on %s (CPUOffloadPolicy?),"
+                         " which is not supported" % (what, local.device, p.device_mesh.device_type))
+
+
+def _adamw_defaults():
+    """torch.optim.AdamW's parameter-group keys in this torch, with its defaults: DCP loads a
+    checkpoint only when it holds every key of the loading optimizer's state_dict, so our groups
+    carry all of AdamW's (differentiable, fused, ...) for its checkpoints and ours to load into
+    each other."""
+    return dict(torch.optim.AdamW([torch.zeros(0, requires_grad=True)]).defaults)
+
+
+class _ShardAdam(CPUAdam):
+    """The CPUAdam stepping the local shards; only the clipping coefficient differs: the norm is
+    the whole gradient's, across the ranks of the mesh."""
+
+    def __init__(self, params, group, device, **kwargs):
+        self._group, self._device = group, device
+        super().__init__(params, **kwargs)
+
+    def _grad_scale(self, grads):
+        # Every rank joins the all_reduce, also with no gradient of its own this step.
+        if self.max_grad_norm is None:
+            return 1.0
+        device = grads[0].device if grads else self._device
+        total = torch.zeros((), dtype=torch.float32, device=device)
+        for g in grads:
+            total += torch.linalg.vector_norm(g.detach(), 2.0).to(torch.float32) ** 2
+        torch.distributed.all_reduce(total, group=self._group)
+        # As torch.nn.utils.clip_grad_norm_ (and CPUAdam) make it from the total norm.
+        coef = torch.clamp(self.max_grad_norm / (total.sqrt() + 1e-6), max=1.0)
+        return float(coef.item())
+
+
+class FSDPCPUAdam(torch.optim.Optimizer):
+    """Adam / AdamW over FSDP2's sharded parameters, stepped on the CPU over state in tiermem.
+
+    module: the model fully_shard sharded (its root). params: its parameters or parameter
+    groups (None: every parameter of module that requires grad), each a DTensor fully_shard
+    made. lr, betas, eps, weight_decay, amsgrad, adamw, max_grad_norm, runtime, state_tier,
+    threads: as CPUAdam, for this rank's shards (runtime: this rank's; None: a private DRAM one
+    sized for the shards). max_grad_norm clips by the norm of the whole gradient, all ranks
+    together, as torch.nn.utils.clip_grad_norm_ over the DTensor gradients.
+    """
+
+    def __init__(self, module, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=1e-2, amsgrad=False, *, adamw=True, max_grad_norm=None,
+                 runtime=None, state_tier="dram", threads=0):
+        names = _check_module(module)
+        if params is None:
+            params = [p for p in module.parameters() if p.requires_grad]
+        defaults = _adamw_defaults()
+        defaults.update(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
+        if "decoupled_weight_decay" in defaults:  # AdamW is Adam with it on (torch 2.6+)
+            defaults["decoupled_weight_decay"] = bool(adamw)
+        super().__init__(params, defaults)  # refuses an empty list
+        meshes = set()
+        for p in self._params():
+            _check_param(p, names.get(p))
+            meshes.add(tuple(p.device_mesh.mesh.tolist()))
+        if len(meshes) != 1:
+            raise ValueError("FSDPCPUAdam: the parameters are sharded over different meshes %s; "
+                             "one mesh is supported" % sorted(meshes))
+        mesh = next(iter(self._params())).device_mesh
+        # Plain tensors aliasing the local shards: CPUAdam's state is keyed by them, and the
+        # kernel writes the updated values into the shards' memory through them; their .grad
+        # is set for the step only, so that no attribute of FSDP2's own tensors changes.
+        with torch.no_grad():
+            self._shards = {p: p.to_local().detach() for p in self._params()}
+        # FSDP2 sets the sharded gradients itself at the end of backward (no accumulate-grad
+        # hook fires), so CPUAdam's overlap with backward does not apply.
+        device = next(iter(self._shards.values())).device
+        self._adam = _ShardAdam(self._inner_groups(self.param_groups), mesh.get_group(), device,
+                                lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                amsgrad=amsgrad, adamw=adamw, max_grad_norm=max_grad_norm,
+                                runtime=runtime, state_tier=state_tier, threads=threads,
+                                overlap=False)
+
+    def _params(self):
+        return (p for g in self.param_groups for p in g["params"])
+
+    def _inner_groups(self, groups):
+        return [dict({k: v for k, v in g.items() if k != "params"},
+                     params=[self._shards[p] for p in g["params"]]) for g in groups]
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        if hasattr(self, "_adam"):  # not while torch.optim.Optimizer.__init__ adds the first
+            group = self.param_groups[-1]
+            for p in group["params"]:
+                _check_param(p, None)
+                with torch.no_grad():
+                    self._shards[p] = p.to_local().detach()
+            self._adam.add_param_group(self._inner_groups([group])[0])
+
+    @property
+    def runtime(self):
+        """The tiermem.Runtime holding this rank's state."""
+        return self._adam.runtime
+
+    def _sync(self):
+        """The hyperparameters as the user (or a scheduler) left them in param_groups, and the
+        aliases on the shards as FSDP2 holds them now (a load_state_dict may re-pad them)."""
+        for outer, inner in zip(self.param_groups, self._adam.param_groups):
+            for k, v in outer.items():
+                if k != "params":
+                    inner[k] = v
+        with torch.no_grad():
+            for p, a in self._shards.items():
+                a.data = p.to_local()
+
+    def _mirror_state(self):
+        # The same dicts as CPUAdam's ("step"): DCP's get_optimizer_state_dict looks at
+        # optimizer.state to tell a fresh optimizer from one that has stepped.
+        inner = self._adam.state
+        self.state = defaultdict(dict, {p: inner[a] for p, a in self._shards.items()
+                                        if a in inner})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._sync()
+        for p, a in self._shards.items():
+            a.grad = None if p.grad is None else p.grad.to_local()
+        try:
+            self._adam.step()
+        finally:
+            for a in self._shards.values():
+                a.grad = None
+            self._mirror_state()
+        return loss
+
+    def state_dict(self):
+        """torch.optim.AdamW's layout; each state tensor a DTensor sharded as its parameter."""
+        DTensor = _fsdp2()[3]
+        self._sync()
+        sd = self._adam.state_dict()
+        params = list(self._params())
+        for i, entry in sd["state"].items():
+            p = params[i]
+            for k, v in entry.items():
+                if k != "step" and torch.is_tensor(v):
+                    entry[k] = DTensor.from_local(v, p.device_mesh, p.placements, run_check=False,
+                                                  shape=p.shape, stride=p.stride())
+        return sd
+
+    def load_state_dict(self, state_dict):
+        """From state_dict()'s layout or torch.optim.AdamW's (DTensor state, as DCP loads it, or
+        this rank's local shards)."""
+        DTensor = _fsdp2()[3]
+        self._sync()
+        params = list(self._params())
+        saved = [i for g in state_dict["param_groups"] for i in g["params"]]
+        index = dict(zip(saved, range(len(saved))))
+        state = {}
+        for key, entry in state_dict["state"].items():
+            if key not in index or index[key] >= len(params):
+                raise ValueError("FSDPCPUAdam.load_state_dict: state %r names no parameter of "
+                                 "this optimizer" % (key,))
+            shard = self._shards[params[index[key]]]
+            local = {}
+            for k, v in entry.items():
+                if isinstance(v, DTensor):
+                    v = v.to_local()
+                if k != "step" and torch.is_tensor(v) and v.shape != shard.shape:
+                    raise ValueError("FSDPCPUAdam.load_state_dict: %r of state %r has shape %s, "
+                                     "this rank's shard %s" % (k, key, tuple(v.shape),
+                                                               tuple(shard.shape)))
+                local[k] = v
+            state[key] = local
+        self._adam.load_state_dict(dict(state_dict, state=state))
+        for outer, inner in zip(self.param_groups, self._adam.param_groups):
+            for k, v in inner.items():
+                if k != "params":
+                    outer[k] = v
+        self._mirror_state()
+
+    def close(self):
+        """Frees this rank's state in tiermem (also done when the optimizer is collected)."""
+        self._adam.close()
