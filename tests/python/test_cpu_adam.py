@@ -116,6 +116,11 @@ def test_checkpoints_move_between_the_two(make_runtime):
     assert_same_curve(cont_c, cont_a)
     # CPUAdam -> AdamW, and the layouts agree key for key.
     sd_c = c.state_dict()
+    # A snapshot, the step counters too: torch's load_state_dict keeps a CPU `step` tensor as
+    # given, so an AdamW loading a live counter would advance CPUAdam's step (and CPUAdam its):
+    # the curves below then drifted apart from their second step (5.5e-5 under torch 2.11).
+    for i, p in enumerate(m2.parameters()):
+        assert sd_c["state"][i]["step"] is not c.state[p]["step"], "the checkpoint's own step"
     sd_a = a.state_dict()
     assert sd_c["state"].keys() == sd_a["state"].keys()
     for k in sd_a["state"]:
@@ -189,21 +194,39 @@ def test_bad_arguments():
         set_isa_limit("sse9")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the overlap path copies "
-                    "gradients down on a side stream and steps during backward")
-def test_overlap_on_gpu_follows_adamw(make_runtime, ref_curves):
+def cuda_curve(make_opt, steps):
+    """The tiny GPT trained on the GPU for `steps` steps by the optimizer make_opt(model) makes,
+    with run()'s batches and dropout seeds: its loss curve."""
     m = model().cuda()
-    opt = CPUAdam(m.parameters(), runtime=make_runtime(dram_bytes="4MiB"), overlap=True,
-                  **HYPER)
+    opt = make_opt(m)
     losses = []
-    for i, (x, y) in enumerate(batches(50, BATCH, SEQ, VOCAB)):
+    for i, (x, y) in enumerate(batches(steps, BATCH, SEQ, VOCAB)):
         torch.manual_seed(1000 + i)
         loss = m(x.cuda(), y.cuda())
         loss.backward()
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    assert_same_curve(losses, ref_curves[None][:50])
+    return losses, opt
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the overlap path copies "
+                    "gradients down on a side stream and steps during backward")
+def test_overlap_on_gpu_follows_adamw(make_runtime):
+    # The reference is torch.optim.AdamW stepping the same model on the same GPU, not the CPU
+    # curve: a CUDA forward and backward is another computation (dropout's masks come from
+    # CUDA's Philox generator, not the CPU's, for the same seed; cuBLAS and the CUDA reductions
+    # round differently), so a GPU curve leaves the CPU one within a few steps (0.55% relative
+    # on the H200 under torch 2.11), whichever optimizer steps it. On one GPU the same
+    # parameters give the same gradients in both runs (the tiny GPT's backward kernels, cuBLAS
+    # on one stream, embedding, layer norm, cross entropy, sum without atomics), so only the
+    # optimizers' last bits differ, as on the CPU, where 1e-5 holds over 200 steps.
+    want, _ = cuda_curve(lambda m: torch.optim.AdamW(m.parameters(), foreach=False, **HYPER), 50)
+    got, opt = cuda_curve(lambda m: CPUAdam(m.parameters(),
+                                            runtime=make_runtime(dram_bytes="4MiB"),
+                                            overlap=True, **HYPER), 50)
+    assert opt._overlap is not None, "the overlap path ran"
+    assert_same_curve(got, want)
     opt.close()
 
 

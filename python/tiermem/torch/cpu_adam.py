@@ -288,7 +288,11 @@ class CPUAdam(torch.optim.Optimizer):
         state = {}
         for p, st in self.state.items():
             i = index[id(p)]
-            entry = dict(st)
+            # A snapshot, as the moments read from tiermem below are: the step counters are
+            # copied too. torch >= 2.x's load_state_dict keeps a CPU `step` tensor as it is
+            # given (no deep copy), so an AdamW loading a live counter would share it with this
+            # optimizer, and each would advance the other's step (its bias correction).
+            entry = {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
             slot = self._slots.get(p)
             if slot is None and p.numel() == 0 and "step" in st:
                 # As torch.optim.AdamW keeps it, so that the checkpoint loads there too.
