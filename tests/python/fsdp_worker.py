@@ -1,0 +1,352 @@
+"""One rank of test_fsdp.py (run by torchrun, gloo, CPU): a small transformer under FSDP2's
+fully_shard trained with tiermem's FSDPCPUAdam and with torch.optim.AdamW, each case's figures
+written as JSON to $FSDP_OUT/<case>.rank<R>.json for test_fsdp.py to judge. FSDP_CASES lists the
+cases to run (comma-separated). The swap files go to $FSDP_OUT/nvme-node<N> (one directory per
+node, shared by its ranks as they share its drives), the checkpoints to $FSDP_OUT/dcp."""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
+                                                     get_optimizer_state_dict,
+                                                     set_model_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.fsdp import CPUOffloadPolicy, FullyShardedDataParallel, fully_shard
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn import functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import tiermem  # noqa: E402
+from tiermem.torch import FSDPCPUAdam  # noqa: E402
+
+torch.set_num_threads(1)  # two ranks on a shared 2-core machine
+# CPUAdam's test uses these: lr 1e-3 keeps last-bit differences from growing (test_cpu_adam.py).
+HYPER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+STEPS, BATCH, SEQ, VOCAB = 20, 4, 16, 128
+CLIP = 0.05
+
+
+class Net(nn.Module):
+    """Stock nn modules: an embedding, pre-norm nn.TransformerEncoderLayer blocks, a head."""
+
+    def __init__(self, hidden=64, heads=4, blocks=2):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, hidden)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(hidden, heads, 2 * hidden, dropout=0.0, batch_first=True,
+                                       norm_first=True) for _ in range(blocks))
+        self.norm = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, VOCAB)
+
+    def forward(self, x, y):
+        h = self.tok(x)
+        for layer in self.layers:
+            h = layer(h, is_causal=False)
+        logits = self.head(self.norm(h))
+        return F.cross_entropy(logits.view(-1, VOCAB), y.view(-1))
+
+
+def llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=SEQ, tie_word_embeddings=False)
+    cfg._attn_implementation = "eager"
+    return LlamaForCausalLM(cfg)
+
+
+def build(kind="nn", **shard_opts):
+    """The same initial weights on every rank and in every run, sharded block by block."""
+    torch.manual_seed(0)
+    if kind == "llama":
+        model = llama()
+        blocks = model.model.layers
+    else:
+        model = Net()
+        blocks = model.layers
+    for block in blocks:
+        fully_shard(block, **shard_opts)
+    fully_shard(model, **shard_opts)
+    return model
+
+
+def loss_of(model, x, y):
+    if isinstance(model, Net):
+        return model(x, y)
+    return model(input_ids=x, labels=x).loss
+
+
+def batch(i):
+    g = torch.Generator().manual_seed(1000 * i + dist.get_rank())  # each rank its own data
+    x = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    return x, torch.roll(x, -1, dims=1)
+
+
+def train(model, opt, steps, start=0, clip=None):
+    """clip: torch's clip_grad_norm_ before the step (the reference's clipping)."""
+    losses = []
+    for i in range(start, start + steps):
+        loss = loss_of(model, *batch(i))
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def full(model):
+    return {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+
+
+def adamw(model):
+    return torch.optim.AdamW(model.parameters(), foreach=False, **HYPER)
+
+
+def compare(losses, params, ref_losses, ref_params, kind="nn"):
+    """The worst relative difference of the losses; whether every parameter is within
+    torch.testing.assert_close's float32 tolerance of the reference (|a - b| <= 1e-5 + 1.3e-6
+    |b|: torch's own optimizer tests compare implementations so), and the worst difference; and
+    the most a reference parameter moved from the initial weights (so that a run that did not
+    step cannot pass). nn.MultiheadAttention's key bias (in_proj_bias[hidden:2 * hidden]) is
+    left out of the parameters: softmax is invariant to it, so its gradient is zero in exact
+    arithmetic and rounding noise in practice, which Adam scales to steps of +-lr, and a
+    last-bit difference anywhere changes it by up to lr a step (here only those elements differ
+    by more than 1e-6 relative)."""
+    worst_loss = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+    worst_param, close = 0.0, True
+    for name, b in ref_params.items():
+        a = params[name]
+        if name.endswith("in_proj_bias"):
+            h = b.numel() // 3
+            a, b = torch.cat([a[:h], a[2 * h:]]), torch.cat([b[:h], b[2 * h:]])
+        worst_param = max(worst_param, (a - b).abs().max().item())
+        close = close and torch.allclose(a, b, rtol=1.3e-6, atol=1e-5)
+    init = _initial(kind)
+    moved = max((ref_params[n] - init[n]).abs().max().item() for n in init)
+    identical = losses == ref_losses and all(torch.equal(params[n], ref_params[n])
+                                             for n in ref_params)
+    return dict(worst_loss=worst_loss, worst_param=worst_param, params_close=close,
+                moved=moved, steps=len(losses), bit_identical=identical)
+
+
+_INITIAL = {}
+
+
+def _initial(kind):
+    if kind not in _INITIAL:
+        _INITIAL[kind] = full(build(kind))
+    return _INITIAL[kind]
+
+
+def state_bytes(model):
+    return sum(12 * p.to_local().numel() for p in model.parameters())
+
+
+class Cases:
+    def __init__(self, base):
+        self.nvme_dir = os.path.join(base, "nvme-node%s" % os.environ.get("GROUP_RANK", "0"))
+        self.dcp_dir = os.path.join(base, "dcp")
+        os.makedirs(self.nvme_dir, exist_ok=True)
+        self._refs = {}
+        self._dram = None
+
+    def ref(self, kind="nn", clip=None):
+        key = (kind, clip)
+        if key not in self._refs:
+            model = build(kind)
+            losses = train(model, adamw(model), STEPS, clip=clip)
+            self._refs[key] = losses, full(model)
+        return self._refs[key]
+
+    def runtime(self, **kw):
+        settings = dict(device="emulated", hbm_bytes="8MiB", dram_bytes="4MiB",
+                        log_level="error")
+        settings.update(kw)
+        return tiermem.Runtime(**settings)
+
+    def dram(self):
+        with self.runtime() as rt:
+            model = build()
+            opt = FSDPCPUAdam(model, runtime=rt, state_tier="dram", threads=1, **HYPER)
+            losses = train(model, opt, STEPS)
+            opt.close()
+        self._dram = losses, full(model)
+        return compare(*self._dram, *self.ref())
+
+    def nvme(self):
+        # A DRAM budget below this rank's state: each step streams the state through NVMe.
+        # 128 KiB of it is the runtime's staging pool; the rest holds a few buckets.
+        dram = 384 << 10
+        with self.runtime(dram_bytes=dram, nvme_paths=self.nvme_dir, nvme_bytes="16MiB",
+                          prefetch_depth=2) as rt:
+            model = build()
+            opt = FSDPCPUAdam(model, runtime=rt, state_tier="nvme", threads=1, **HYPER)
+            losses = train(model, opt, STEPS)
+            opt.close()
+            stats, info = rt.stats(), rt.info()
+        params = full(model)
+        out = compare(losses, params, *self.ref())
+        if self._dram is not None:  # the same steps, the state in another tier: the same bits
+            out["vs_dram"] = compare(losses, params, *self._dram)
+        out.update(dram_bytes=dram, state_bytes=state_bytes(model),
+                   to_nvme=stats["bytes_moved"]["dram"]["nvme"],
+                   from_nvme=stats["bytes_moved"]["nvme"]["dram"],
+                   local_rank=info["local_rank"], local_world_size=info["local_world_size"])
+        return out
+
+    def clip(self):
+        model = build()
+        opt = FSDPCPUAdam(model, max_grad_norm=CLIP, threads=1, **HYPER)
+        losses = train(model, opt, STEPS)
+        opt.close()
+        out = compare(losses, full(model), *self.ref(clip=CLIP))
+        out["clipping_changed_the_reference"] = self.ref(clip=CLIP)[0] != self.ref()[0]
+        return out
+
+    def llama(self):
+        try:
+            import transformers  # noqa: F401
+        except ImportError as e:
+            return dict(skipped="transformers is not installed (%s)" % e)
+        model = build("llama")
+        opt = FSDPCPUAdam(model, threads=1, **HYPER)
+        losses = train(model, opt, STEPS)
+        opt.close()
+        return compare(losses, full(model), *self.ref("llama"), kind="llama")
+
+    def budget(self):
+        """A percentage budget is split over this node's ranks only (TIERMEM_DRAM_BYTES=1%:
+        each of a node's ranks gets 1% of its RAM / its local world size)."""
+        saved = os.environ.get("TIERMEM_DRAM_BYTES")
+        os.environ["TIERMEM_DRAM_BYTES"] = "1%"
+        try:
+            with tiermem.Runtime(device="emulated", hbm_bytes="8MiB", log_level="error") as rt:
+                info = rt.info()
+        finally:
+            if saved is None:
+                del os.environ["TIERMEM_DRAM_BYTES"]
+            else:
+                os.environ["TIERMEM_DRAM_BYTES"] = saved
+        return dict(dram=info["tier_bytes"]["dram"], local_rank=info["local_rank"],
+                    local_world_size=info["local_world_size"], rank=dist.get_rank(),
+                    node=int(os.environ.get("GROUP_RANK", "0")))
+
+    def refusals(self):
+        out = {}
+
+        def refused(name, make):
+            try:
+                make()
+            except (ValueError, TypeError) as e:
+                out[name] = "%s: %s" % (type(e).__name__, e)
+            else:
+                out[name] = "accepted"
+
+        torch.manual_seed(0)
+        fsdp1 = nn.Sequential(FullyShardedDataParallel(Net(), device_id=torch.device("cpu")))
+        refused("fsdp1", lambda: FSDPCPUAdam(fsdp1))
+        refused("cpu_offload_policy",
+                lambda: FSDPCPUAdam(build(offload_policy=CPUOffloadPolicy(pin_memory=False))))
+        mesh = init_device_mesh("cpu", (1, dist.get_world_size()),
+                                mesh_dim_names=("replicate", "shard"))
+        refused("hsdp", lambda: FSDPCPUAdam(build(mesh=mesh)))
+
+        def ignored():
+            torch.manual_seed(0)
+            model = Net()
+            fully_shard(model, ignored_params={model.head.bias})
+            FSDPCPUAdam(model)
+
+        refused("ignored_params", ignored)
+        refused("not_sharded", lambda: FSDPCPUAdam(Net()))
+        return out
+
+    def dcp(self):
+        """Saved and loaded through torch.distributed.checkpoint, mid-run: the resumed run
+        is bit-identical to the one that went on; AdamW's checkpoint loads into FSDPCPUAdam and
+        FSDPCPUAdam's into AdamW, each going on along the other's curve."""
+        half = STEPS // 2
+
+        def save(model, opt, path):
+            dcp.save({"model": get_model_state_dict(model),
+                      "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=path)
+
+        def load(model, opt, path):
+            sd = {"model": get_model_state_dict(model),
+                  "optim": get_optimizer_state_dict(model, opt)}
+            dcp.load(sd, checkpoint_id=path)
+            set_model_state_dict(model, sd["model"])
+            set_optimizer_state_dict(model, opt, sd["optim"])
+
+        ours, theirs = os.path.join(self.dcp_dir, "ours"), os.path.join(self.dcp_dir, "theirs")
+        a = build()
+        opt_a = FSDPCPUAdam(a, max_grad_norm=CLIP, threads=1, **HYPER)
+        train(a, opt_a, half)
+        save(a, opt_a, ours)
+        layout_ours = layout(get_optimizer_state_dict(a, opt_a))
+        groups_ours = sorted(opt_a.state_dict()["param_groups"][0])
+        went_on = train(a, opt_a, half, start=half), full(a)
+
+        b = build()
+        opt_b = FSDPCPUAdam(b, max_grad_norm=CLIP, threads=1, **HYPER)
+        load(b, opt_b, ours)
+        resumed = train(b, opt_b, half, start=half), full(b)
+
+        c = build()
+        opt_c = adamw(c)
+        train(c, opt_c, half, clip=CLIP)
+        save(c, opt_c, theirs)
+        layout_theirs = layout(get_optimizer_state_dict(c, opt_c))
+        groups_theirs = sorted(opt_c.state_dict()["param_groups"][0])
+        adamw_went_on = train(c, opt_c, half, start=half, clip=CLIP), full(c)
+
+        d = build()
+        opt_d = FSDPCPUAdam(d, max_grad_norm=CLIP, threads=1, **HYPER)
+        load(d, opt_d, theirs)
+        from_adamw = train(d, opt_d, half, start=half), full(d)
+
+        e = build()
+        opt_e = adamw(e)
+        load(e, opt_e, ours)
+        into_adamw = train(e, opt_e, half, start=half, clip=CLIP), full(e)
+        for o in (opt_a, opt_b, opt_d):
+            o.close()
+        return dict(resumed=compare(*resumed, *went_on),
+                    from_adamw=compare(*from_adamw, *adamw_went_on),
+                    into_adamw=compare(*into_adamw, *went_on),
+                    entries=len(layout_ours), same_layout=layout_ours == layout_theirs,
+                    group_keys_ours=groups_ours, group_keys_theirs=groups_theirs)
+
+
+def layout(osd):
+    """What DCP sees of an optimizer's state: per FQN the keys, DTensor or not, shapes."""
+    from torch.distributed.tensor import DTensor
+    return {fqn: {k: [type(v).__name__, list(v.shape) if torch.is_tensor(v) else None,
+                      list(v.to_local().shape) if isinstance(v, DTensor) else None]
+                  for k, v in sorted(entry.items())}
+            for fqn, entry in sorted(osd["state"].items())}
+
+
+def main():
+    dist.init_process_group("gloo")
+    torch.use_deterministic_algorithms(True)
+    out = os.environ["FSDP_OUT"]
+    runner = Cases(out)
+    for name in os.environ.get("FSDP_CASES", "dram,nvme,clip,refusals,dcp,llama").split(","):
+        result = getattr(runner, name)()
+        with open(os.path.join(out, "%s.rank%d.json" % (name, dist.get_rank())), "w") as f:
+            json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
