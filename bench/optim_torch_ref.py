@@ -1,7 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The reference for bench/optim_bench: torch.optim.AdamW on CPU over one flat fp32 parameter.
 
-Usage: optim_torch_ref.py N THREADS REPS. Prints "foreach SECONDS" and "fused SECONDS" (the
+Usage: optim_torch_ref.py N THREADS REPS, run by bench/optim_bench under its --python (the
+Python whose torch is measured: tools/gpu_check.sh passes the one it runs the PyTorch tests
+with). Prints "foreach SECONDS" and "fused SECONDS" (the
 best step time of REPS after a warm-up step, as optim_bench takes its own), or "fused unavailable: WHY" where this torch has no
 fused CPU AdamW (torch < 2.4).
 """
