@@ -18,7 +18,10 @@ Overlap bound of a mode: max(fwd, D2H bytes / D2H link, NVMe write bytes / NVMe 
 + max(bwd, H2D bytes / H2D link, NVMe read bytes / NVMe read bw), with fwd and bwd the plain
 step's (of the same model), the link from a pinned-copy measurement and the NVMe bandwidths
 through tiermem, all in this run. `ratio NAME VALUE` lines at the end are what tools/gpu_check.sh
-gates.
+gates; each is the median over the rounds of that round's ratio (the mode's steps in the round
+against the bound from the plain steps of the same round, or against the reference's steps of
+the same round), so that a machine that drifts between rounds (clocks, other load) moves both
+sides of a ratio alike; the per-round values follow on an `info` line.
 
     python3 python/examples/offload_bench.py [--rounds 3] [--steps 3] [--nvme-dir /var/tmp]
 """
@@ -85,6 +88,8 @@ class Mode:
         self.name, self.model, self.data, self.make_hooks = name, model, data, hooks
         self.runtime, self.label = runtime, label
         self.fwd, self.bwd, self.step = [], [], []
+        self.rounds = []  # the round of each recorded step (parallel to fwd, bwd, step)
+        self.round = 0  # the round being run
         self.bytes = [0, 0, 0, 0]
         self.clean = 0  # bytes read from clean DRAM copies instead of NVMe (inclusive DRAM)
         self.steps_counted = 0
@@ -128,6 +133,7 @@ class Mode:
         self.fwd.append(fwd)
         self.bwd.append(bwd)
         self.step.append(fwd + bwd)
+        self.rounds.append(self.round)
         after = self._counters()
         if hooks is not None and not isinstance(hooks, tt.SavedTensorOffload):
             after = [hooks.packed_bytes, hooks.unpacked_bytes, 0, 0]
@@ -202,14 +208,40 @@ def nvme_gbps(swap, nbytes):
     return statistics.median(w) / 1e9, statistics.median(r) / 1e9
 
 
-def bound_ms(mode, link, nvme):
-    """The overlap bound of a mode (see the module docstring), from its bytes per step."""
+def in_round(mode, values, r):
+    """The values of `mode`'s steps (one of its fwd, bwd, step lists) recorded in round r."""
+    return [v for v, rr in zip(values, mode.rounds) if rr == r]
+
+
+def bound_ms(mode, link, nvme, r=None):
+    """The overlap bound of a mode (see the module docstring), from its bytes per step; with the
+    plain step's compute of round r alone when r is given, else of every round."""
     d2h, h2d, nw, nr = mode.per_step()
-    fwd = statistics.median(mode.plain.fwd)
-    bwd = statistics.median(mode.plain.bwd)
+    plain = mode.plain
+    fwd = statistics.median(plain.fwd if r is None else in_round(plain, plain.fwd, r))
+    bwd = statistics.median(plain.bwd if r is None else in_round(plain, plain.bwd, r))
     f = max(fwd, 1e3 * d2h / (link[1] * 1e9), 1e3 * nw / (nvme[0] * 1e9))
     b = max(bwd, 1e3 * h2d / (link[0] * 1e9), 1e3 * nr / (nvme[1] * 1e9))
     return f + b
+
+
+def round_ratios(mode, link, nvme, against=None):
+    """Per round: the median of `mode`'s steps in it over its bound from that round's plain
+    steps, or over the median of `against`'s steps in that round."""
+    out = []
+    for r in sorted(set(mode.rounds)):
+        step = statistics.median(in_round(mode, mode.step, r))
+        if against is None:
+            out.append(step / bound_ms(mode, link, nvme, r))
+        else:
+            out.append(step / statistics.median(in_round(against, against.step, r)))
+    return out
+
+
+def print_ratio(kind, name, ratios):
+    """`kind NAME median` and, as info, the per-round values it is the median of."""
+    print("%s %s %.3f" % (kind, name, statistics.median(ratios)))
+    print("info %s_per_round %s" % (name, " ".join("%.3f" % v for v in ratios)))
 
 
 def parse_args():
@@ -318,11 +350,9 @@ def report(args, modes, link, nvme, pbytes):
     print("%-17s %9s %9s %21s %9s %9s %9s %9s %9s %6s %8s" %
           ("mode", "fwd ms", "bwd ms", "step ms [min-max]", "D2H MiB", "H2D MiB", "NVMe w",
            "NVMe r", "bound ms", "/bound", "/plain"))
-    rows = {}
     for m in modes:
         step = statistics.median(m.step)
         bound = bound_ms(m, link, nvme)
-        rows[m.name] = (step, bound)
         d2h, h2d, nw, nr = m.per_step()
         print("%-17s %9.2f %9.2f %9.2f [%.1f-%.1f] %9.1f %9.1f %9.1f %9.1f %9.2f %6.2f %8.2f" %
               (m.name, statistics.median(m.fwd), statistics.median(m.bwd), step, min(m.step),
@@ -362,17 +392,22 @@ def report(args, modes, link, nvme, pbytes):
             if m.name.startswith("params"):
                 print("  %s: peak CUDA memory in a step %.1f MiB (torch's allocator: parameters, "
                       "activations and gradients)" % (m.name, m.peak / MIB))
-    ratio = lambda a, b: rows[a][0] / rows[b][0]  # noqa: E731
-    print("ratio dram_step_over_bound %.3f" % (rows["tiermem dram"][0] / rows["tiermem dram"][1]))
-    print("ratio dram_step_over_reference %.3f" % ratio("tiermem dram", "side-stream ref"))
-    # Shown, not gated (no target): an `info` line, so that every `ratio` line has a target.
-    print("info dram_step_over_like_for_like %.3f" % ratio("tiermem dram", "save_on_cpu same"))
-    print("ratio nvme_step_over_bound %.3f" % (rows["tiermem nvme"][0] / rows["tiermem nvme"][1]))
-    print("info nvme_inclusive_step_over_exclusive %.3f" % ratio("tiermem nvme",
-                                                                 "tiermem nvme excl"))
-    print("ratio params_step_over_bound %.3f" %
-          (rows["params offload"][0] / rows["params offload"][1]))
-    print("info params_views_step_over_copies %.3f" % ratio("params offload", "params copies"))
+    by = {m.name: m for m in modes}
+
+    def per_round(name, against=None):
+        return round_ratios(by[name], link, nvme, by[against] if against else None)
+
+    print_ratio("ratio", "dram_step_over_bound", per_round("tiermem dram"))
+    print_ratio("ratio", "dram_step_over_reference", per_round("tiermem dram", "side-stream ref"))
+    # Shown, not gated (no target): `info` lines, so that every `ratio` line has a target.
+    print_ratio("info", "dram_step_over_like_for_like",
+                per_round("tiermem dram", "save_on_cpu same"))
+    print_ratio("ratio", "nvme_step_over_bound", per_round("tiermem nvme"))
+    print_ratio("info", "nvme_inclusive_step_over_exclusive",
+                per_round("tiermem nvme", "tiermem nvme excl"))
+    print_ratio("ratio", "params_step_over_bound", per_round("params offload"))
+    print_ratio("info", "params_views_step_over_copies", per_round("params offload",
+                                                                   "params copies"))
 
 
 def main():
@@ -390,6 +425,7 @@ def main():
             for r in range(args.rounds):
                 order = modes[r % len(modes):] + modes[:r % len(modes)]
                 for m in order:
+                    m.round = r
                     for _ in range(args.steps):
                         m.run(record=True)
             report(args, modes, link, nvme, pbytes)
