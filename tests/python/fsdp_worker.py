@@ -212,6 +212,19 @@ class Cases:
         out["clipping_changed_the_reference"] = self.ref(clip=CLIP)[0] != self.ref()[0]
         return out
 
+    def mixed(self):
+        """MixedPrecisionPolicy(bf16 compute, fp32 reduce): the shards the optimizer steps stay
+        fp32; against AdamW under the same policy."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        ref = build(mp_policy=policy)
+        ref_losses = train(ref, adamw(ref), STEPS)
+        model = build(mp_policy=policy)
+        opt = FSDPCPUAdam(model, threads=1, **HYPER)
+        losses = train(model, opt, STEPS)
+        opt.close()
+        return compare(losses, full(model), ref_losses, full(ref))
+
     def llama(self):
         try:
             import transformers  # noqa: F401

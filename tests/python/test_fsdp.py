@@ -1,7 +1,8 @@
 """FSDPCPUAdam under FSDP2 (fully_shard), 2 gloo ranks on the CPU run by torchrun: 20 steps of a
 small transformer of stock nn modules, and of transformers' Llama from a small config, follow
 fully_shard with torch.optim.AdamW; the state on NVMe below a DRAM budget gives the same bits as
-in DRAM; clipping follows clip_grad_norm_ over the DTensor gradients; checkpoints through
+in DRAM; clipping follows clip_grad_norm_ over the DTensor gradients; a MixedPrecisionPolicy
+(bf16 compute) follows AdamW under the same policy; checkpoints through
 torch.distributed.checkpoint resume bit-identically and move between FSDPCPUAdam and AdamW;
 FSDP1, CPUOffloadPolicy, HSDP and ignored parameters are refused by name; and a run over two
 "nodes" (torchrun --nnodes 2 on 127.0.0.1) splits each node's budget over its own ranks.
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fsdp_worker.py")
-CASES = "dram,nvme,clip,refusals,dcp,llama,budget"
+CASES = "dram,nvme,clip,mixed,refusals,dcp,llama,budget"
 # The tolerance of test_cpu_adam.py: CPUAdam's kernel and torch's scalar AdamW round differently
 # in the last bit (FMA or not), so the curves agree to 1e-5 relative, not bit for bit, at lr 1e-3.
 LOSS_RTOL = 1e-5
@@ -84,8 +85,8 @@ def single_node(tmp_path_factory):
     return out
 
 
-def assert_follows(r, what):
-    assert r["steps"] == 20, what
+def assert_follows(r, what, steps=20):
+    assert r["steps"] == steps, what
     assert r["worst_loss"] <= LOSS_RTOL, "%s: losses differ by %.3g relative" % (
         what, r["worst_loss"])
     assert r["params_close"], "%s: parameters differ by up to %.3g" % (what, r["worst_param"])
@@ -114,6 +115,11 @@ def test_clipping_follows_clip_grad_norm(single_node):
         assert_follows(r, "rank %d" % rank)
 
 
+def test_mixed_precision_policy_follows_adamw(single_node):
+    for rank, r in results(single_node, "mixed").items():
+        assert_follows(r, "rank %d" % rank)
+
+
 def test_llama_follows_adamw(single_node):
     for rank, r in results(single_node, "llama").items():
         if "skipped" in r:
@@ -124,9 +130,9 @@ def test_llama_follows_adamw(single_node):
 def test_dcp_round_trip(single_node):
     for rank, r in results(single_node, "dcp").items():
         assert r["resumed"]["bit_identical"], "rank %d: the resumed run differs" % rank
-        for way in ("from_adamw", "into_adamw"):
-            r[way]["steps"] = 20  # 10 steps on from the checkpoint
-            assert_follows(r[way], "rank %d, %s" % (rank, way))
+        assert r["resumed"]["steps"] == 10
+        for way in ("from_adamw", "into_adamw"):  # 10 steps on from the checkpoint
+            assert_follows(r[way], "rank %d, %s" % (rank, way), steps=10)
         assert r["entries"] > 0 and r["same_layout"], "rank %d: layouts differ" % rank
         assert r["group_keys_ours"] == r["group_keys_theirs"]
 

@@ -137,7 +137,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     def __init__(self, module, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=1e-2, amsgrad=False, *, adamw=True, max_grad_norm=None,
                  runtime=None, state_tier="dram", threads=0):
-        names = _check_module(module)
+        self._names = names = _check_module(module)
         if params is None:
             params = [p for p in module.parameters() if p.requires_grad]
         defaults = _adamw_defaults()
@@ -179,7 +179,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         if hasattr(self, "_adam"):  # not while torch.optim.Optimizer.__init__ adds the first
             group = self.param_groups[-1]
             for p in group["params"]:
-                _check_param(p, None)
+                _check_param(p, self._names.get(p))
                 with torch.no_grad():
                     self._shards[p] = p.to_local().detach()
             self._adam.add_param_group(self._inner_groups([group])[0])
