@@ -9,16 +9,13 @@ import torch
 from .. import Runtime, parse_size
 from . import fit_cost
 from .fit_cost import CHOICES, DRAM, KEEP, NVME, RECOMPUTE, BlockCost, Machine, RestCost
-from .fit_hooks import _State, Router, SavedBytesMeter, SavedCounter, track_blocks, wrap_recompute
+from .fit_hooks import (FitError, _State, Router, SavedBytesMeter, SavedCounter, track_blocks,
+                        wrap_recompute)
 from .fit_profile import BlockTimer, Clock, bandwidths
 from .parameters import _unit_modules
 
 MIB = 1 << 20
 DRIFT = 0.15  # a measured step this far from the prediction re-plans
-
-
-class FitError(ValueError):
-    """No plan fits the budget, or fit was given something it cannot fit."""
 
 
 class FittedPlan:

@@ -6,6 +6,7 @@ saved activations held in HBM (docs/pytorch.md, "Fitting a model to an HBM budge
 import weakref
 
 import torch
+from torch.utils import _pytree
 from torch.utils import checkpoint as _checkpoint
 
 from .fit_cost import DRAM, NVME
@@ -184,26 +185,62 @@ class SavedCounter(torch.autograd.graph.saved_tensors_hooks):
         return t
 
 
+class FitError(ValueError):
+    """No plan fits the budget, or fit was given something it cannot fit."""
+
+
+def _is_kv_cache(x):
+    # transformers' Cache (DynamicCache, StaticCache, ...), recognised by name so that tiermem
+    # needs no transformers: a decoder layer updates it in place in its forward.
+    return any(c.__name__ == "Cache" and c.__module__.startswith("transformers")
+               for c in type(x).__mro__)
+
+
 def wrap_recompute(block, index, state):
     """Replaces block.forward (on the instance) with one that runs it under
-    torch.utils.checkpoint, the recompute attributed to the block; returns the undo. A call with
-    keyword arguments or without an input that requires grad runs as it is (the reentrant
-    checkpoint would lose the parameters' gradients)."""
+    torch.utils.checkpoint, the recompute attributed to the block; returns the undo. The call's
+    positional and keyword arguments are flattened (torch.utils._pytree) into the checkpoint's
+    positional inputs, so that every tensor in them, nested in tuples, lists or dicts too, is an
+    input of the checkpoint and gets its gradient. A call without an input that requires grad
+    (no backward to replay it) runs as it is."""
     orig = block.forward
 
-    def run(*args):
+    def run(*args, **kwargs):
         prev = state.current, state.recomputing
         state.current, state.recomputing = index, torch.is_grad_enabled()
         try:
-            return orig(*args)
+            return orig(*args, **kwargs)
         finally:
             state.current, state.recomputing = prev
 
     def forward(*args, **kwargs):
-        if kwargs or not torch.is_grad_enabled() or not any(
-                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        # The reentrant checkpoint takes positional inputs only, and treats anything but a
+        # top-level tensor as a constant, losing its gradient. Blocks called with keyword
+        # arguments (every transformers decoder layer: hidden_states, attention_mask=...,
+        # position_embeddings=(cos, sin)) used to run here as they were, never recomputed,
+        # while the plan counted them as recomputed (their activations kept in HBM beyond the
+        # predicted peak). Flattened, every tensor leaf is a checkpoint input.
+        leaves, spec = _pytree.tree_flatten((args, kwargs))
+        if not torch.is_grad_enabled() or not any(
+                isinstance(a, torch.Tensor) and a.requires_grad for a in leaves):
             return orig(*args, **kwargs)
-        return _checkpoint.checkpoint(run, *args, use_reentrant=True)
+        cache = next((a for a in leaves if _is_kv_cache(a)), None)
+        if cache is not None:
+            # Recomputed in backward, the block would append its keys and values to the cache a
+            # second time and attend over both: wrong gradients, silently (or a shape error).
+            raise FitError(
+                "block %d (%s) was called with a KV cache (%s: transformers' use_cache=True), "
+                "which its forward updates in place: recomputed in backward it would add its keys "
+                "and values a second time and attend over both, giving wrong gradients; train "
+                "with use_cache=False (model.config.use_cache = False, or model(..., "
+                "use_cache=False)), as transformers' own gradient checkpointing does, or give "
+                "this block another choice" % (index, type(block).__name__, type(cache).__name__))
+
+        def run_flat(*flat):
+            a, k = _pytree.tree_unflatten(list(flat), spec)
+            return run(*a, **k)
+
+        return _checkpoint.checkpoint(run_flat, *leaves, use_reentrant=True)
 
     block.forward = forward
 
@@ -229,4 +266,5 @@ def track_blocks(blocks, state):
     return handles
 
 
-__all__ = ["Router", "SavedBytesMeter", "SavedCounter", "wrap_recompute", "track_blocks"]
+__all__ = ["FitError", "Router", "SavedBytesMeter", "SavedCounter", "wrap_recompute",
+           "track_blocks"]
