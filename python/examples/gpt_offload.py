@@ -59,7 +59,7 @@ def main():
                 with saved:
                     loss = model(x, y)
                 loss.backward()
-                opt.step()
+                state.step()  # the optimizer's step, bucket by bucket with its state in
                 opt.zero_grad()
             s = rt.stats()
             print("step %d  loss %.4f  %6.1f ms  saved %3d tensors (%s)  prefetches so far %d" %

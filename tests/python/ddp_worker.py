@@ -36,7 +36,7 @@ def train(rt):
                 with tt.offload_saved_tensors(rt, "nvme", min_bytes=1024):
                     loss = ddp(x, y)
                 loss.backward()
-                opt.step()
+                handles[-1].step()  # the offloads' bucketed step
         else:
             loss = ddp(x, y)
             loss.backward()

@@ -67,6 +67,7 @@ def train(rt=None, saved=None, optim=None, params=None, steps=3, counts=None):
         handles.append(tt.offload_parameters(model, rt, params, optimizer=opt))
     if optim:
         handles.append(tt.offload_optimizer_state(opt, rt, optim))
+    step_with = handles[-1] if handles else opt  # the offloads' bucketed step
     losses = []
     for x, y in batches(steps, 4, 32, 128):
         x, y = x.cuda(), y.cuda()
@@ -82,7 +83,7 @@ def train(rt=None, saved=None, optim=None, params=None, steps=3, counts=None):
                 else:
                     loss = model(x, y)
                 loss.backward()
-                opt.step()
+                step_with.step()
                 opt.zero_grad()
         else:
             loss = model(x, y)
@@ -231,7 +232,7 @@ def test_parameters_by_unit_on_the_gpu(cuda_runtime):
             idx = torch.randint(64, (4, 8), generator=g).cuda()
             loss = model(idx).square().mean()
             loss.backward()
-            opt.step()
+            (opt if h is None else h).step()  # the offload's bucketed step
             opt.zero_grad()
             losses.append(loss.item())
         if h is not None:
@@ -272,7 +273,7 @@ def test_parameters_view_their_hbm_copy_on_the_gpu(cuda_runtime):
             idx = torch.randint(64, (4, 8), generator=g).cuda()
             loss = model(idx).square().mean()
             loss.backward()
-            opt.step()
+            (opt if h is None else h).step()  # the offload's bucketed step
             opt.zero_grad()
             losses.append(loss.item())
         if h is not None:

@@ -67,10 +67,13 @@ def train(kind, rt=None, steps=3, **offload):
     model = Model(kind)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     handle = None
+    step_with = opt
     if rt is not None:
         with_opt = offload.pop("with_optimizer", True)
         handle = tt.offload_parameters(model, rt, optimizer=opt if with_opt else None,
                                        **offload)
+        if with_opt:
+            step_with = handle  # its bucketed step
     losses = []
     g = torch.Generator().manual_seed(5)
     for _ in range(steps):
@@ -81,7 +84,7 @@ def train(kind, rt=None, steps=3, **offload):
         with ctx:
             loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
             loss.backward()
-            opt.step()
+            step_with.step()
             opt.zero_grad()
         losses.append(loss.item())
     units = None if handle is None else [u.module for u in handle.units]

@@ -102,6 +102,7 @@ def train(kind, ckpt, rt=None, saved=None, optim=None, params=None, cpuadam=None
         handles.append(tt.offload_parameters(model, rt, params, optimizer=opt))
     if optim:
         handles.append(tt.offload_optimizer_state(opt, rt, optim))
+    step_with = handles[-1] if handles else opt  # the offloads' bucketed step
     if use_cache is not None:
         model.config.use_cache = use_cache  # also for fit's model(*inputs)
     data = batches()
@@ -131,7 +132,7 @@ def train(kind, ckpt, rt=None, saved=None, optim=None, params=None, cpuadam=None
                     loss.backward()  # inside the plan: the recompute's tensors are its too
             if plan is None:
                 loss.backward()
-            opt.step()
+            step_with.step()
             opt.zero_grad()
         losses.append(loss.detach())
         if seen is not None and saved:

@@ -3,12 +3,13 @@
     import tiermem, tiermem.torch
     rt = tiermem.Runtime(dram_bytes="4GiB", nvme_paths="/mnt/nvme")
     params = tiermem.torch.offload_parameters(model, rt, tier="nvme", optimizer=opt)
-    tiermem.torch.offload_optimizer_state(opt, rt, tier="dram")
+    opt = tiermem.torch.offload_optimizer_state(opt, rt, tier="dram")  # wraps, never patches
     for batch in data:
         with rt.step(), tiermem.torch.offload_saved_tensors(rt, tier="dram"):
             loss = model(batch).sum()
             loss.backward()
-        opt.step()
+        opt.step()  # bucket by bucket, each bucket's parameters and state brought in
+        opt.zero_grad()
 
 On CUDA, tiermem.torch.runtime(...) creates the runtime with its HBM tier drawing from
 PyTorch's caching allocator. The modules, one feature each: allocator, transfers (bytes between

@@ -1,10 +1,21 @@
-"""Optimizer-state offload (ZeRO-Offload), and the step driver shared with parameter offload:
-optimizer.step() in buckets, each bucket's state and parameters brought in around its update."""
+"""Optimizer-state offload (ZeRO-Offload), and the step driver shared with parameter offload.
+
+Nothing of the user's optimizer is replaced: its step, state_dict and load_state_dict stay its
+own, and an LR scheduler's wrapper of its step (made before or after) stays in place through
+remove(). tiermem hooks it through torch's removable optimizer hooks, which keep what is called
+on the optimizer itself correct: optimizer.step() brings all of its offloaded state (and
+parameters) in first and sends them back after; state_dict() returns copies; load_state_dict()
+offloads what it loaded. The bucketed step, each bucket's state and parameters brought in while
+the next bucket's are prefetched, is the step of the handle offload_optimizer_state returns
+(and of ParameterOffload): a wrapper, as torchao's CPUOffloadOptimizer wraps its optimizer."""
+
+import weakref
 
 import torch
 
 from .swapped import _Swapped
 from .transfers import _check_tier, _destroy_quietly, _owns_storage
+
 
 def _chunks(optimizer, bucket_bytes):
     """(group, params) pieces of at most bucket_bytes of parameters (one parameter at least)."""
@@ -21,37 +32,59 @@ def _chunks(optimizer, bucket_bytes):
             yield group, piece
 
 
+def _all_params(optimizer):
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+# optimizer -> its _StepDriver. The driver holds the optimizer weakly, so that this table keeps
+# nothing alive; the optimizer keeps its driver through the hooks it holds.
+_drivers = weakref.WeakKeyDictionary()
+
+
 class _StepDriver:
-    """Wraps optimizer.step: each bucket of parameters is stepped alone, with its state (and its
-    parameters, when offloaded) brought in first while the next bucket is prefetched, and sent
-    back after. One per optimizer, shared by the state and parameter offloads."""
+    """One per optimizer, shared by its state and parameter offloads: the bucketed step, and
+    torch's optimizer hooks that keep the optimizer's own step(), state_dict() and
+    load_state_dict() correct. Removed, hooks and all, when neither offload uses it."""
 
     def __init__(self, optimizer, bucket_bytes):
-        self.optimizer = optimizer
+        self._optimizer = weakref.ref(optimizer)
         self.bucket_bytes = bucket_bytes
         self.state = None  # OptimizerStateOffload
         self.params = None  # ParameterOffload
-        self._step = optimizer.step
-        self._state_dict = optimizer.state_dict
-        self._load_state_dict = optimizer.load_state_dict
-        optimizer.step = self.step
-        optimizer.state_dict = self.state_dict
-        optimizer.load_state_dict = self.load_state_dict
+        self._bucketing = False  # the bucketed step is calling optimizer.step() per bucket
+        self._held = None  # what the step pre-hook brought in, until the post-hook
+        self._state_dict_held = None
+        step_pre = optimizer.register_step_pre_hook(self._before_step)
+        self._step_post = optimizer.register_step_post_hook(self._after_step)
+        self._hooks = [
+            step_pre, self._step_post,
+            optimizer.register_state_dict_pre_hook(self._before_state_dict, prepend=True),
+            optimizer.register_state_dict_post_hook(self._after_state_dict, prepend=True),
+            optimizer.register_load_state_dict_pre_hook(self._before_load, prepend=True),
+            optimizer.register_load_state_dict_post_hook(self._after_load),
+        ]
+        # The step pre-hook first, so that pre-hooks of the caller's own find the state in
+        # (register_step_pre_hook has no prepend; torch runs the hooks in their dict's order).
+        pre_hooks = getattr(optimizer, "_optimizer_step_pre_hooks", None)
+        if pre_hooks is not None and hasattr(pre_hooks, "move_to_end"):
+            pre_hooks.move_to_end(step_pre.id, last=False)
 
     @staticmethod
-    def of(optimizer, bucket_bytes):
-        driver = getattr(optimizer, "_tiermem_driver", None)
+    def _of(optimizer, bucket_bytes):
+        driver = _drivers.get(optimizer)
         if driver is None:
             driver = _StepDriver(optimizer, bucket_bytes)
-            optimizer._tiermem_driver = driver
+            _drivers[optimizer] = driver
         return driver
 
-    def detach_if_unused(self):
+    def _detach_if_unused(self):
         if self.state is None and self.params is None:
-            opt = self.optimizer
-            opt.step, opt.state_dict = self._step, self._state_dict
-            opt.load_state_dict = self._load_state_dict
-            del opt._tiermem_driver
+            for h in self._hooks:
+                h.remove()
+            self._hooks = []
+            opt = self._optimizer()
+            if opt is not None and _drivers.get(opt) is self:
+                del _drivers[opt]
 
     def _swapped(self, ps):
         out = []
@@ -62,72 +95,156 @@ class _StepDriver:
                 out.extend(("state", s) for s in self.state.records.get(id(p), {}).values())
         return out
 
+    def _bring_in(self, swapped):
+        """Brings each in (parameters held); on a failure lets go of those brought in and
+        raises."""
+        done = []
+        try:
+            for kind, s in swapped:
+                if kind == "param":
+                    self.params._hold(s)
+                else:
+                    s.bring_in()
+                done.append((kind, s))
+        except BaseException:
+            self._let_go_quietly(done)
+            raise
+
+    def _let_go(self, swapped, dirty=True):
+        for kind, s in swapped:
+            if kind == "param":
+                self.params._unhold(s, dirty=dirty)
+            else:
+                s.let_go(dirty=dirty)
+
+    def _let_go_quietly(self, swapped):
+        """After a failure: lets go of what it can (written back: it may have changed), so that
+        the first error is the one raised."""
+        for item in swapped:
+            try:
+                self._let_go([item])
+            except Exception:
+                pass
+
+    # --- the bucketed step (OptimizerStateOffload.step, ParameterOffload.step) ----------------
     def step(self, closure=None):
+        opt = self._optimizer()
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        opt = self.optimizer
+        if self._held is not None:  # a step of the optimizer's own raised before its post-hook
+            held, self._held = self._held, None
+            self._let_go(held)
         pieces = list(_chunks(opt, self.bucket_bytes))
         groups = opt.param_groups
+        every_group = list(groups)
         swapped = [self._swapped(ps) for _, ps in pieces]
         for _, s in swapped[0] if swapped else ():
             s.prefetch()
-        for i, (group, ps) in enumerate(pieces):
-            if i + 1 < len(pieces):
-                for _, s in swapped[i + 1]:
-                    s.prefetch()  # NVMe -> DRAM while this bucket updates
-            for kind, s in swapped[i]:
-                if kind == "param":
-                    self.params.hold(s)
-                else:
-                    s.bring_in()
-            all_params = group["params"]
-            try:
-                group["params"] = ps
-                opt.param_groups = [group]
-                self._step()
-            finally:
-                group["params"] = all_params
-                opt.param_groups = groups
-            if self.state is not None:
-                self.state.adopt(ps)
-            for kind, s in swapped[i]:
-                if kind == "param":
-                    self.params.unhold(s, dirty=True)
-                else:
-                    s.let_go(dirty=True)
+        self._bucketing = True
+        try:
+            for i, (group, ps) in enumerate(pieces):
+                if i + 1 < len(pieces):
+                    for _, s in swapped[i + 1]:
+                        s.prefetch()  # NVMe -> DRAM while this bucket updates
+                self._bring_in(swapped[i])
+                all_params = group["params"]
+                try:
+                    # The optimizer's own step (through whatever wraps it: an LR scheduler's
+                    # counter) on this bucket alone: its groups narrowed in place, not replaced.
+                    group["params"] = ps
+                    groups[:] = [group]
+                    opt.step()
+                except BaseException:
+                    self._let_go_quietly(swapped[i])
+                    raise
+                finally:
+                    group["params"] = all_params
+                    groups[:] = every_group
+                if self.state is not None:
+                    self.state._adopt(ps)
+                self._let_go(swapped[i])
+        finally:
+            self._bucketing = False
         return loss
 
-    def state_dict(self):
-        """The optimizer's state_dict with every offloaded state tensor brought in and copied."""
-        held = []
+    # --- hooks on the optimizer: its own step(), state_dict(), load_state_dict() --------------
+    def _before_step(self, optimizer, args, kwargs):
+        """optimizer.step() called on the optimizer itself: every offloaded state tensor and
+        parameter of it in (not bucketed: all at once), sent back by the post-hook."""
+        if self._bucketing or self._held is not None:
+            return None
+        # Our post-hook last, so that post-hooks of the caller's own (registered since) run
+        # while the state is in.
+        post_hooks = getattr(optimizer, "_optimizer_step_post_hooks", None)
+        if post_hooks is not None and hasattr(post_hooks, "move_to_end"):
+            post_hooks.move_to_end(self._step_post.id)
+        swapped = self._swapped(_all_params(optimizer))
+        for _, s in swapped:
+            s.prefetch()  # NVMe -> DRAM for all of them first, then one by one in
+        self._bring_in(swapped)
+        self._held = swapped
+        return None
+
+    def _after_step(self, optimizer, args, kwargs):
+        if self._bucketing or self._held is None:
+            return
+        held, self._held = self._held, None
         if self.state is not None:
-            for per_param in self.state.records.values():
-                for s in per_param.values():
-                    s.bring_in()
-                    held.append(s)
+            self.state._adopt(_all_params(optimizer))  # state the step created (the first)
+        self._let_go(held)
+
+    def _before_state_dict(self, optimizer):
+        if self.state is None or self._state_dict_held is not None:
+            return
+        held = [s for per_param in self.state.records.values() for s in per_param.values()]
+        done = []
         try:
-            sd = self._state_dict()
-            sd["state"] = {k: {n: (v.clone() if torch.is_tensor(v) else v) for n, v in st.items()}
-                           for k, st in sd["state"].items()}
+            for s in held:
+                s.bring_in()
+                done.append(s)
+        except BaseException:
+            for s in done:
+                s.let_go()
+            raise
+        self._state_dict_held = held
+
+    def _after_state_dict(self, optimizer, state_dict):
+        """The offloaded tensors copied into the state_dict (theirs are freed again), each
+        parameter's state a dict of its own; the rest as torch gives it."""
+        held, self._state_dict_held = self._state_dict_held, None
+        if held is None:
+            return None
+        try:
+            ours = {id(s.tensor) for s in held}
+            state_dict["state"] = {
+                k: {n: (v.clone() if torch.is_tensor(v) and id(v) in ours else v)
+                    for n, v in st.items()}
+                for k, st in state_dict["state"].items()}
         finally:
             for s in held:
                 s.let_go()
-        return sd
+        return state_dict
 
-    def load_state_dict(self, state_dict):
-        """Loads, then offloads the loaded state again."""
+    def _before_load(self, optimizer, state_dict):
+        """The state back in ordinary tensors: a load that fails keeps it whole."""
         if self.state is not None:
-            self.state.release_all()
-        self._load_state_dict(state_dict)
+            self.state._release_all()
+        return None
+
+    def _after_load(self, optimizer):
         if self.state is not None:
-            for group in self.optimizer.param_groups:
-                self.state.adopt(group["params"])
+            self.state._adopt(_all_params(optimizer))  # the loaded state, offloaded again
 
 
-class OptimizerStateOffload:
-    """Handle of offload_optimizer_state: .remove() brings the state back and unhooks."""
+class OptimizerStateOffload(torch.optim.Optimizer):
+    """What offload_optimizer_state returns: the optimizer wrapped, as torchao's
+    CPUOffloadOptimizer wraps its own. .step() is the bucketed step; .zero_grad(),
+    .state_dict(), .load_state_dict(), .add_param_group(), .param_groups, .state and .defaults
+    are the optimizer's. An Optimizer in type only (Optimizer.__init__ is not called), so that
+    torch's LR schedulers take it; hooks go on the optimizer itself. .remove() brings the
+    state back into ordinary tensors and takes tiermem's hooks off the optimizer."""
 
     def __init__(self, optimizer, runtime, tier, min_bytes, bucket_bytes):
         self.optimizer = optimizer
@@ -139,15 +256,60 @@ class OptimizerStateOffload:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 self._index[id(p)] = len(self._index)
-        self.driver = _StepDriver.of(optimizer, bucket_bytes)
-        if self.driver.state is not None:
+        driver = _StepDriver._of(optimizer, bucket_bytes)
+        if driver.state is not None:
             raise ValueError("offload_optimizer_state: this optimizer's state is offloaded already")
-        self.driver.state = self
-        for group in optimizer.param_groups:
-            self.adopt(group["params"])
+        driver.state = self
+        self._driver = driver
+        try:
+            self._adopt(_all_params(optimizer))
+        except BaseException:
+            self.remove()
+            raise
         runtime._bring_home_at_close(self)  # close() brings them home first
 
-    def adopt(self, params):
+    # --- the optimizer's interface ----------------------------------------------------------
+    def step(self, closure=None):
+        """optimizer.step() in buckets of bucket_bytes: each bucket's state (and parameters,
+        with offload_parameters(optimizer=...)) brought in while the next bucket's is
+        prefetched, the optimizer's own step run on that bucket alone, and sent back. After
+        remove(), the optimizer's step."""
+        if self._driver is None:
+            return self.optimizer.step(closure)
+        return self._driver.step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        """The optimizer's state_dict, AdamW's layout for AdamW: the offloaded tensors copied
+        in."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        """Loads into the optimizer; what it loaded is offloaded again."""
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group):
+        self.optimizer.add_param_group(param_group)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    def __repr__(self):
+        return "OptimizerStateOffload(%r, tier=%r)" % (self.optimizer, self.tier)
+
+    # --- the offload ------------------------------------------------------------------------
+    def _adopt(self, params):
         """Offloads the state tensors of params not yet held (new after a first step)."""
         for p in params:
             state = self.optimizer.state.get(p)
@@ -165,28 +327,31 @@ class OptimizerStateOffload:
                 name = "optim.%d.%s" % (self._index.get(id(p), -1), key)
                 per_param[key] = _Swapped(self.runtime, v, "optimizer_state", name, self.tier)
 
-    def release_all(self):
+    def _release_all(self):
         for per_param in self.records.values():
             for s in per_param.values():
                 s.restore()
         self.records.clear()
 
     def remove(self):
-        """The state back in ordinary tensors; optimizer.step unwrapped. Once: a second call
-        (or the runtime's close() after it) does nothing."""
-        self.release_all()
-        if self.driver is not None:
-            self.driver.state = None
-            self.driver.detach_if_unused()
-            self.driver = None
+        """The state back in ordinary tensors; tiermem's hooks off the optimizer (nothing else
+        of it was changed). Once: a second call (or the runtime's close() after it) does
+        nothing."""
+        self._release_all()
+        if self._driver is not None:
+            self._driver.state = None
+            self._driver._detach_if_unused()
+            self._driver = None
 
 
 def offload_optimizer_state(optimizer, runtime, tier="dram", min_bytes=4096,
                             bucket_bytes=64 << 20):
     """ZeRO-Offload: the optimizer's state tensors (Adam's moments, any optimizer's tensors of
-    min_bytes or more) live in tiermem between steps. optimizer.step() updates the parameters in
-    buckets of bucket_bytes: each bucket's state is brought in while the next one is prefetched
-    from NVMe, and sent back after. state_dict() and load_state_dict() keep working. Returns a
-    handle whose remove() undoes it."""
+    min_bytes or more) live in tiermem between steps. Returns the optimizer wrapped
+    (OptimizerStateOffload): its step() updates the parameters in buckets of bucket_bytes, each
+    bucket's state brought in while the next one is prefetched from NVMe and sent back after;
+    its remove() undoes the offload. The optimizer itself is left unpatched and keeps working:
+    its own step() brings all of the state in and sends it back (correct, not bucketed), its
+    state_dict() and load_state_dict() keep AdamW's layout."""
     return OptimizerStateOffload(optimizer, runtime, _check_tier(tier), int(min_bytes),
                                  int(bucket_bytes))

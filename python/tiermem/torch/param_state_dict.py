@@ -42,7 +42,7 @@ def install(offload):
             return
         if offload._loading == 0:
             for s in offload.records.values():
-                offload.hold(s)
+                offload._hold(s)
         offload._loading += 1
 
     def after_load(mod, incompatible_keys):
@@ -51,7 +51,7 @@ def install(offload):
         offload._loading -= 1
         if offload._loading == 0:
             for s in offload.records.values():
-                offload.unhold(s)  # a loaded value changed the version: written back
+                offload._unhold(s)  # a loaded value changed the version: written back
 
     return [module._register_state_dict_hook(after_state_dict),
             module._register_load_state_dict_pre_hook(before_load, with_module=True),

@@ -96,8 +96,9 @@ def _unit_modules(module, units):
 
 class ParameterOffload:
     """Handle of offload_parameters: .gathered() (every parameter in, written back after),
-    .remove() (parameters back in ordinary tensors, hooks gone), .records, .units; .views
-    (parameters brought in as views of their HBM copy) and .copies (copied in instead)."""
+    .step() (with optimizer=: its step, bucketed), .remove() (parameters back in ordinary
+    tensors, hooks gone), .records, .units; .views (parameters brought in as views of their HBM
+    copy) and .copies (copied in instead)."""
 
     def __init__(self, module, runtime, tier, optimizer, bucket_bytes, units=None, views=True):
         self.module = module
@@ -153,14 +154,14 @@ class ParameterOffload:
             for s in self.records.values():
                 if s.tensor.requires_grad:
                     self._grad_hooks.append(s.tensor.register_hook(self._grad_hook(id(s.tensor))))
-            self.driver = _StepDriver.of(optimizer, bucket_bytes)
-            self.driver.params = self
+            self._driver = _StepDriver._of(optimizer, bucket_bytes)
+            self._driver.params = self
         else:
-            self.driver = None
+            self._driver = None
         runtime._bring_home_at_close(self)  # close() brings them home first
 
     # Reference counts: a tied parameter is held by each unit using it.
-    def hold(self, s, view=True):
+    def _hold(self, s, view=True):
         s.refs += 1
         if s.resident:
             return
@@ -171,7 +172,7 @@ class ParameterOffload:
             self.copies += 1
         self._resident[s.address] = s
 
-    def unhold(self, s, dirty=None):
+    def _unhold(self, s, dirty=None):
         s.refs = max(0, s.refs - 1)
         if s.refs == 0:
             self._resident.pop(s.address, None)
@@ -226,7 +227,7 @@ class ParameterOffload:
         for s in unit.records:
             s.prefetch()  # NVMe -> DRAM for all of them first, then one by one in
         for s in unit.records:
-            self.hold(s, view)
+            self._hold(s, view)
 
     def _pre_forward_of(self, unit):
         def hook(module, inputs):
@@ -256,7 +257,7 @@ class ParameterOffload:
                 self._stop_saving()
             if not torch.is_grad_enabled():
                 for s in unit.records:
-                    self.unhold(s)
+                    self._unhold(s)
                 return output
             tensors = [output] if torch.is_tensor(output) else (
                 list(output) if isinstance(output, (tuple, list)) else None)
@@ -265,7 +266,7 @@ class ParameterOffload:
                 self._kept.add(unit)
                 return output
             for s in unit.records:
-                self.unhold(s)
+                self._unhold(s)
             if not any(o.requires_grad for o in tensors):
                 return output
             wrapped = _PreBackward.apply(self, unit, *tensors)
@@ -292,7 +293,7 @@ class ParameterOffload:
     def _release_unit(self, unit):
         self._pending.pop(unit, None)
         for s in unit.records:
-            self.unhold(s)
+            self._unhold(s)
 
     def _grad_hook(self, pid):
         def hook(grad):
@@ -312,6 +313,16 @@ class ParameterOffload:
             for unit in list(self._pending):
                 self._release_unit(unit)
 
+    def step(self, closure=None):
+        """The optimizer's step (given as optimizer=) in buckets of bucket_bytes: each bucket's
+        parameters (and state, with offload_optimizer_state) brought in while the next bucket's
+        are prefetched, and let go after. The optimizer's own step() also works, bringing all
+        of them in at once. The same step as OptimizerStateOffload.step()."""
+        if self._driver is None:
+            raise ValueError("ParameterOffload.step: offload_parameters was not given the "
+                             "optimizer (optimizer=...), or remove() was called")
+        return self._driver.step(closure)
+
     def gathered(self):
         """Context manager: every parameter in (to read or change them); written back and
         freed after."""
@@ -320,12 +331,12 @@ class ParameterOffload:
         class _Gathered:
             def __enter__(self):
                 for s in offload.records.values():
-                    offload.hold(s)
+                    offload._hold(s)
                 return offload.module
 
             def __exit__(self, *exc):
                 for s in offload.records.values():
-                    offload.unhold(s)
+                    offload._unhold(s)
 
         return _Gathered()
 
@@ -339,10 +350,10 @@ class ParameterOffload:
         for s in self.records.values():
             s.restore()
         self.records.clear()
-        if self.driver is not None:
-            self.driver.params = None
-            self.driver.detach_if_unused()
-            self.driver = None  # a second remove() (or the runtime's close()) does nothing
+        if self._driver is not None:
+            self._driver.params = None
+            self._driver._detach_if_unused()
+            self._driver = None  # a second remove() (or the runtime's close()) does nothing
 
 
 def offload_parameters(module, runtime, tier="dram", optimizer=None, bucket_bytes=64 << 20,
@@ -352,10 +363,11 @@ def offload_parameters(module, runtime, tier="dram", optimizer=None, bucket_byte
     callable(module) -> bool, or a collection of submodules; the root holds the rest). A
     unit's parameters are brought in before its forward and let go after, brought in again for
     its backward, while the next unit's are prefetched into HBM. With optimizer (the one
-    stepping these parameters), they are let go after the unit's backward too, and
-    optimizer.step() brings them in bucket by bucket (with their state, when
-    offload_optimizer_state is used as well); without one, the backward leaves them in until the
-    next forward lets each go. Tied parameters are held once; parameters that are views into a
+    stepping these parameters), they are let go after the unit's backward too, and the handle's
+    step() steps the optimizer bucket by bucket, bringing them in (with their state, when
+    offload_optimizer_state is used as well); optimizer.step() itself brings all of them in at
+    once (torch's step hooks; the optimizer is not patched). Without one, the backward leaves
+    them in until the next forward lets each go. Tied parameters are held once; parameters that are views into a
     shared buffer are left alone. While in, a parameter's data is a view of its tiermem copy in
     HBM (views=True, the default; no copy), released when it goes out, and marked changed first
     when it was written (the optimizer's step, or any in-place change: its version); it is
