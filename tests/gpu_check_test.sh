@@ -3,7 +3,9 @@
 # met its target passes; each way a run can look fine without being so fails: a PyTorch suite
 # that skipped, a skip that is not on the allow-list, an expected failure, a CPU-only torch, a
 # missing pytest, a ratio below its target, a value that is not a number, a missing benchmark, a
-# gtest suite that skipped. Runs on CPU (ctest: gpu_check_logic).
+# gtest suite that skipped, a peer bench that skipped or lost to its peer. The probe's ratios
+# come from the reference's host-timed ("wall") rows and are the median of the rounds. Runs on
+# CPU (ctest: gpu_check_logic).
 set -uo pipefail
 
 judge="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tools/gpu_check_judge.sh"
@@ -31,7 +33,7 @@ good_run() {
   printf 'dram -> hbm  55.30 GB/s\nhbm  -> dram 55.20 GB/s\n' >"$d/ref.txt"
   printf 'device      cuda (NVIDIA H200)\nruntime  dram -> hbm   54.10 GB/s\nruntime  hbm  -> dram  53.90 GB/s\n' >"$d/probe.txt"
   echo 0 >"$d/ref.rc"; echo 0 >"$d/probe.rc"
-  printf 'torch 2.11.0+cu130\ncuda True\npytest 8.3.5\n' >"$d/python.txt"
+  printf 'python 3.12.3\ntorch 2.11.0+cu130\ncuda True\npytest 8.3.5\n' >"$d/python.txt"
   cat >"$d/pytest.cuda.log" <<'EOF'
 tests/python/test_cuda.py::test_gpt_bit_identical_on_the_gpu[saved-dram] PASSED [ 50%]
 tests/python/test_cuda.py::test_layouts_on_the_gpu PASSED [100%]
@@ -54,7 +56,35 @@ EOF
   echo 0 >"$d/offload_bench.rc"
   echo "bench/optim_bench.cc is not in this tree" >"$d/optim_bench.absent"
   printf 'check fitted_over_best 1.01 <= 1.03\n' >"$d/fit_bench.log"; echo 0 >"$d/fit_bench.rc"
+  cat >"$d/peers_activation.log" <<'EOF'
+  same tensors: tiermem and torchtune each moved 851.0 MiB down a step
+ratio act_tiermem_over_torchtune 0.950
+info act_tiermem_over_torchtune_per_round 0.940 0.950 0.970
+ratio act_tiermem_over_bound 1.080
+info act_tiermem_over_bound_per_round 1.070 1.080 1.100
+EOF
+  echo 0 >"$d/peers_activation.rc"
+  printf 'ratio opt_cpuadam_over_torchao 0.700\ninfo opt_cpuadam_over_deepspeed 0.800\n' \
+    >"$d/peers_optimizer.log"
+  echo 0 >"$d/peers_optimizer.rc"
+  echo "Time to load cpu_adam op: 41.2 seconds" >"$d/peers_build.log"
+  echo 0 >"$d/peers_build.rc"; echo 42 >"$d/peers_build.seconds"
   echo 300 >"$d/elapsed"
+}
+
+# Three probe rounds, each a ref.N.txt beside a probe.N.txt: reference (events, wall) and runtime
+# GB/s in each direction, "up" then "down" per round.
+probe_rounds() {  # ev_up wall_up rt_up ev_down wall_down rt_down, then the same for rounds 2, 3
+  local r=1
+  rm -f ref.txt probe.txt
+  while [ $# -ge 6 ]; do
+    printf 'reference   dram -> hbm  pinned  %s GB/s\nreference   hbm  -> dram pinned  %s GB/s\nwall        dram -> hbm  pinned  %s GB/s\nwall        hbm  -> dram pinned  %s GB/s\n' \
+      "$1" "$4" "$2" "$5" >"ref.$r.txt"
+    printf 'device      cuda (NVIDIA H200)\nruntime  dram -> hbm   %s GB/s\nruntime  hbm  -> dram  %s GB/s\n' \
+      "$3" "$6" >"probe.$r.txt"
+    cat "ref.$r.txt" >>ref.txt; cat "probe.$r.txt" >>probe.txt
+    shift 6; r=$((r + 1))
+  done
 }
 
 # expect NAME WANT(0|1) EDIT: a good run changed by EDIT (run in the run's folder).
@@ -93,6 +123,23 @@ expect optional_silent 1 'echo "fit_bench: done" >fit_bench.log'
 expect optional_not_noted 1 'rm optim_bench.absent'
 expect no_gpu 1 ': >gpu.txt'
 expect too_slow 1 'echo 600 >elapsed'
+
+# The peer benches: required, gated against their peers and their bound.
+expect peers_activation_loses 1 'sed -i "s/act_tiermem_over_torchtune 0.950/act_tiermem_over_torchtune 1.050/" peers_activation.log'
+expect peers_activation_over_bound 1 'sed -i "s/act_tiermem_over_bound 1.080/act_tiermem_over_bound 1.200/" peers_activation.log'
+expect peers_optimizer_loses 1 'sed -i "s/opt_cpuadam_over_torchao 0.700/opt_cpuadam_over_torchao 1.010/" peers_optimizer.log'
+expect peers_optimizer_skipped 1 'echo "skip: no CUDA device" >peers_optimizer.log; echo 77 >peers_optimizer.rc'
+expect peers_activation_missing 1 'rm peers_activation.log peers_activation.rc'
+expect peers_ratio_missing 1 'sed -i "/^ratio act_tiermem_over_bound/d" peers_activation.log'
+# DeepSpeed's op not built: a note, its side left out; the gated ratio stands.
+expect deepspeed_not_built 0 'echo "RuntimeError: Ninja is required" >peers_build.log; echo 1 >peers_build.rc'
+# The probe in rounds: the median of the rounds' ratios is gated, the reference being the wall
+# rows (the same copies on the host clock) where the log has them.
+expect probe_rounds_median_passes 0 'probe_rounds 55.3 55.0 53.9 55.2 55.0 53.8  55.3 55.0 50.0 55.2 55.0 50.0  55.3 55.0 53.0 55.2 55.0 53.0'
+expect probe_rounds_median_fails 1 'probe_rounds 55.3 55.0 53.9 55.2 55.0 53.8  55.3 55.0 50.0 55.2 55.0 50.0  55.3 55.0 51.0 55.2 55.0 51.0'
+expect probe_wall_is_the_reference 0 'probe_rounds 60.0 55.0 53.9 60.0 55.0 53.8  60.0 55.0 53.9 60.0 55.0 53.8  60.0 55.0 53.9 60.0 55.0 53.8'
+expect probe_wall_below 1 'probe_rounds 55.3 57.0 53.9 55.2 57.0 53.8  55.3 57.0 53.9 55.2 57.0 53.8  55.3 57.0 53.9 55.2 57.0 53.8'
+expect probe_round_unparsable 1 'probe_rounds 55.3 55.0 53.9 55.2 55.0 53.8  55.3 55.0 nan 55.2 55.0 53.8  55.3 55.0 53.9 55.2 55.0 53.8'
 
 if [ $failures -ne 0 ]; then echo "$failures case(s) judged wrongly"; exit 1; fi
 echo "all cases judged as expected"

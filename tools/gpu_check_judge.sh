@@ -10,13 +10,20 @@
 #   gtest.NAME.log, .rc           cuda_test, mapped_arena_test, cuda_test_mapped (the runtime's
 #                                 CUDA tests with TIERMEM_HBM_LAYOUT=mapped), copy_test,
 #                                 round_trip_test (all required)
-#   ref.txt, probe.txt, .rc       bench/cuda_memcpy_ref and tiermem-probe's copy rows
-#   python.txt                    "torch VERSION", "cuda True|False", "pytest VERSION|missing"
+#   ref.txt, probe.txt, .rc       bench/cuda_memcpy_ref and tiermem-probe's copy rows; with
+#   ref.N.txt, probe.N.txt        rounds, each round's pair (N = 1, 2, ...; ref.txt and
+#                                 probe.txt then hold them all)
+#   python.txt                    "python VERSION", "torch VERSION", "cuda True|False",
+#                                 "pytest VERSION|missing"
 #   pytest.cuda.log, .rc          tests/python/test_cuda.py -v -rsxX, TM_TEST_REQUIRE_CUDA=1
 #   pytest.all.log, .rc           the other Python tests, -rsxX
 #   offload_bench.log, .rc        python/examples/offload_bench.py (required)
 #   optim_bench.log, .rc          bench/optim_bench, or optim_bench.absent when it is not in
 #   fit_bench.log, .rc            the tree (a note); either absent and not noted is a FAIL
+#   peers_activation.log, .rc     bench/peers/activation_offload.py (required)
+#   peers_optimizer.log, .rc      bench/peers/gpu_optimizer.py (required)
+#   peers_build.log, .rc, .seconds  DeepSpeed's CPU Adam op built for the optimizer bench (a
+#                                 note: without it that bench leaves DeepSpeed's side out)
 #   elapsed                       seconds the run took
 #
 # Benchmarks print what is gated as lines `ratio NAME VALUE`; the targets are here (TARGETS),
@@ -26,14 +33,19 @@
 set -uo pipefail
 
 dir="${1:-}"
-[ -n "$dir" ] && [ -d "$dir" ] || { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ -n "$dir" ] && [ -d "$dir" ] || { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 # Skips allowed on a one-GPU machine, each with why. A skip whose reason matches none fails.
 ALLOWED_SKIPS=(
   'needs two GPUs|multi-GPU tests on a one-GPU machine'
   'TIERMEM_BUILD_DIR is not set|the install test needs the build tree (ctest runs it on CPU)'
 )
-# Required ratios: log, name, comparison, target, what it means.
+# Required ratios: log, name, comparison, target, what it means. The probe's two are the median
+# over the rounds of each round's ratio, the reference being the "wall" rows of cuda_memcpy_ref:
+# the same pinned copies timed on the host clock from the call to the return of the wait for
+# their end, as tiermem-probe times the runtime's acquire and offload (its event-timed rows leave
+# out the launch and the host's wake-up; a log without "wall" rows falls back to them). The
+# benchmarks' ratios are medians over their rotated rounds of each round's ratio.
 TARGETS=(
   'probe|acquire_over_reference|>=|0.95|runtime acquire DRAM->HBM vs pinned cudaMemcpyAsync'
   'probe|offload_over_reference|>=|0.95|runtime offload HBM->DRAM vs pinned cudaMemcpyAsync'
@@ -41,6 +53,9 @@ TARGETS=(
   'offload_bench|dram_step_over_reference|<|1.0|tiermem DRAM step / the side-stream reference'
   'offload_bench|nvme_step_over_bound|<=|1.25|tiermem NVMe step / its overlap bound'
   'offload_bench|params_step_over_bound|<=|1.25|parameter offload (4x HBM) step / its bound'
+  'peers_activation|act_tiermem_over_torchtune|<=|1.0|tiermem DRAM step / torchtune OffloadActivations step, same tensors'
+  'peers_activation|act_tiermem_over_bound|<=|1.15|tiermem DRAM step / its overlap bound (peer bench)'
+  'peers_optimizer|opt_cpuadam_over_torchao|<=|1.0|GPT step with CPUAdam / with torchao CPUOffloadOptimizer'
 )
 
 rows=()
@@ -98,20 +113,54 @@ done
 # Ratios: `ratio NAME VALUE` lines; the probe's are computed from its GB/s rows below.
 ratio_in() { awk -v n="$2" '$1 == "ratio" && $2 == n { print $3; exit }' "$1" 2>/dev/null; }
 gbps() { awk -v pat="$2" '$0 ~ pat { for (i = 1; i <= NF; ++i) if ($(i+1) == "GB/s") { print $i; exit } }' "$1" 2>/dev/null; }
+# The reference's GB/s for a direction in one round's file: its "wall" row, else its first row.
+ref_gbps() {
+  local v
+  v=$(gbps "$1" "^wall +$2")
+  [ -n "$v" ] || v=$(gbps "$1" "$2")
+  echo "$v"
+}
+# NAME then one "probe_gbps ref_gbps" pair a line: `ratio NAME MEDIAN` of the rounds' ratios
+# (none when a round's pair is not numbers), and an info line with each round's.
+median_ratio() {
+  awk -v name="$1" '
+    { if ($1 !~ /^[0-9.]+$/ || $2 !~ /^[0-9.]+$/ || $2 <= 0) bad = 1; else r[n++] = $1 / $2 }
+    END {
+      if (bad || n == 0) exit
+      for (i = 0; i < n; ++i) for (j = i + 1; j < n; ++j) if (r[j] < r[i]) { t = r[i]; r[i] = r[j]; r[j] = t }
+      m = (n % 2) ? r[int(n / 2)] : (r[n / 2 - 1] + r[n / 2]) / 2
+      printf "ratio %s %.3f\n", name, m
+      printf "info %s_per_round", name
+      for (i = 0; i < n; ++i) printf " %.3f", r[i]
+      printf " (sorted)\n"
+    }'
+}
 probe_ratios() {
-  local ref="$dir/ref.txt" probe="$dir/probe.txt" a b
-  a=$(gbps "$probe" '^runtime +dram -> hbm'); b=$(gbps "$ref" 'dram -> hbm')
-  awk -v a="$a" -v b="$b" 'BEGIN { if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && b > 0) printf "ratio acquire_over_reference %.3f\n", a / b }'
-  a=$(gbps "$probe" '^runtime +hbm +-> dram'); b=$(gbps "$ref" 'hbm  -> dram')
-  awk -v a="$a" -v b="$b" 'BEGIN { if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && b > 0) printf "ratio offload_over_reference %.3f\n", a / b }'
+  local pairs=() n
+  if [ -f "$dir/ref.1.txt" ]; then
+    for n in $(ls "$dir"/ref.*.txt | sed -n 's/.*ref\.\([0-9][0-9]*\)\.txt$/\1/p' | sort -n); do
+      pairs+=("$dir/probe.$n.txt|$dir/ref.$n.txt")
+    done
+  else
+    pairs=("$dir/probe.txt|$dir/ref.txt")
+  fi
+  for p in "${pairs[@]}"; do
+    echo "$(gbps "${p%%|*}" '^runtime +dram -> hbm') $(ref_gbps "${p#*|}" 'dram -> hbm')"
+  done | median_ratio acquire_over_reference
+  for p in "${pairs[@]}"; do
+    echo "$(gbps "${p%%|*}" '^runtime +hbm +-> dram') $(ref_gbps "${p#*|}" 'hbm  -> dram')"
+  done | median_ratio offload_over_reference
 }
 if [ -f "$dir/probe.txt" ] && [ -f "$dir/ref.txt" ]; then
   probe_ratios >"$dir/probe.log"
+  while read -r _ name values; do note "probe $name: $values"; done < <(grep '^info ' "$dir/probe.log")
   grep -q '^device *cuda' "$dir/probe.txt" || fail "tiermem-probe did not use the GPU: $(grep -m1 '^device' "$dir/probe.txt")"
   for f in ref probe; do [ "$(rc_of "$f")" = 0 ] || fail "$f exited $(rc_of "$f")"; done
 fi
 
 # PyTorch on CUDA: a CUDA torch and pytest are required.
+python_v=$(awk '$1 == "python" { print $2 }' "$dir/python.txt" 2>/dev/null)
+[ -n "$python_v" ] && note "python $python_v"
 torch_v=$(awk '$1 == "torch" { print $2 }' "$dir/python.txt" 2>/dev/null)
 torch_cuda=$(awk '$1 == "cuda" { print $2 }' "$dir/python.txt" 2>/dev/null)
 pytest_v=$(awk '$1 == "pytest" { print $2 }' "$dir/python.txt" 2>/dev/null)
@@ -163,6 +212,19 @@ for t in "${TARGETS[@]}"; do
     fail "$name = $value, target $op $target ($meaning)"
   fi
 done
+
+# DeepSpeed's CPU Adam op, built in the background for the optimizer bench (a note either way:
+# without it that bench leaves DeepSpeed's side out, and gates only CPUAdam against torchao).
+if [ -f "$dir/peers_build.rc" ]; then
+  if [ "$(rc_of peers_build)" = 0 ]; then
+    note "peers DeepSpeed's CPU Adam op built in $(cat "$dir/peers_build.seconds" 2>/dev/null || echo ?) s"
+  else
+    note "peers DeepSpeed's CPU Adam op was not built (exit $(rc_of peers_build)): $(grep -v '^\s*$' "$dir/peers_build.log" 2>/dev/null | tail -1)"
+  fi
+fi
+# The peer benches' NOTE lines (a side left out, bytes that differ between the sides).
+while IFS= read -r line; do note "peers ${line#  }"; done < <(
+  grep -h '^  NOTE' "$dir/peers_activation.log" "$dir/peers_optimizer.log" 2>/dev/null)
 
 # Optional benchmarks (other issues): absent is a note, present must print checks that hold.
 for b in optim_bench fit_bench; do
