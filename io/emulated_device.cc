@@ -3,7 +3,7 @@
 // prefetching behave as on a PCIe link, and streams whose host functions run in order, so that
 // stream-ordered copies and releases are real asynchronous work here too. Like a DMA engine fed
 // from several streams, a lane interleaves its queued copies slice by slice: a small copy is not
-// stuck behind a huge one.
+// stuck behind a huge one. A test's copy gate (io/copy_gate.h) may hold chosen copies.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -21,6 +21,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
+#include "io/copy_gate.h"
 #include "io/device.h"
 #include "io/emulated_chunks.h"
 #include "io/sync.h"
@@ -195,9 +196,15 @@ class EmulatedCopyEngine final : public CopyEngine {
       done->Complete(absl::OkStatus());
       return CopyTicket{done};
     }
+    // A test's gate may hold this copy: a copy held at its start waits for the gate's fence.
+    std::shared_ptr<CopyGate::Hold> hold = CopyGate::Claim(dir, bytes);
+    Job job{
+        static_cast<char*>(dst), static_cast<const char*>(src), bytes, 0, after, done, hold, false};
+    const bool held_at_start = hold != nullptr && hold->point() == CopyGate::Point::kStart;
+    if (held_at_start) job.after.push_back(hold->fence());
     MutexLock lock(&lane.mu);
-    lane.active.push_back(
-        Job{static_cast<char*>(dst), static_cast<const char*>(src), bytes, 0, after, done});
+    lane.active.push_back(std::move(job));
+    if (held_at_start) hold->Reached();
     lane.work.Signal();
     return CopyTicket{done};
   }
@@ -223,6 +230,8 @@ class EmulatedCopyEngine final : public CopyEngine {
     uint64_t copied;
     std::vector<FencePtr> after;  // cleared once they have passed
     std::shared_ptr<Completion> done;
+    std::shared_ptr<CopyGate::Hold> hold;  // a test's gate holds it (nullptr: none does)
+    bool held_at_completion = false;       // its bytes copied, it has waited for the gate
   };
   // One lane of the link.
   struct Lane {
@@ -277,11 +286,21 @@ class EmulatedCopyEngine final : public CopyEngine {
       if (n > 0) std::memcpy(job.dst + job.copied, job.src + job.copied, n);
       job.copied += n;
       if (capped) std::this_thread::sleep_until(link_free);
-      if (job.copied < job.bytes) {
+      const bool hold_now = job.copied == job.bytes && job.hold != nullptr &&
+                            job.hold->point() == CopyGate::Point::kCompletion &&
+                            !job.held_at_completion;
+      if (job.copied < job.bytes || hold_now) {
+        // Held at its completion: back in the lane behind the gate's fence, its bytes copied.
+        if (hold_now) {
+          job.after.push_back(job.hold->fence());
+          job.held_at_completion = true;
+        }
         MutexLock lock(&lane.mu);
+        if (hold_now) job.hold->Reached();
         lane.active.push_back(std::move(job));
       } else {
         job.done->Complete(absl::OkStatus());
+        if (job.hold != nullptr) job.hold->Completed();
       }
     }
   }
