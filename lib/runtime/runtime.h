@@ -104,9 +104,6 @@ class Runtime {
   // none: a commit of versions written aside (the CPU Adam's shadow state). TM_ERR_BUSY while
   // one is acquired or landing; waits for their queued moves. (swap_contents.cc)
   absl::Status SwapContents(const std::vector<std::pair<uint64_t, uint64_t>>& pairs);
-  // TM_ERR_BUSY naming the tensor while a caller holds it acquired (in any tier): the CPU Adam's
-  // check before it changes a state tensor, so that no state changes under its holder's
-  // pointer. (swap_contents.cc)
   // An Adam step's hold on its state tensor: TM_ERR_BUSY (nothing held) while a caller holds
   // it acquired or another step holds it; then, until UnholdForStep from the same thread, writes
   // by other threads (tm_tensor_write, copy_in, an acquire for writing) get TM_ERR_BUSY instead
