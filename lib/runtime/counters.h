@@ -21,6 +21,9 @@ struct Counters {
   uint64_t copied_in_bytes = 0, copied_out_bytes = 0;
   // Asynchronous offloads parked until a release (lib/runtime/job_queue.cc).
   uint64_t offloads_parked = 0;
+  // Calls that waited for another thread's move of their tensor (Runtime::MoveWaits; not in
+  // tm_stats).
+  uint64_t move_waits = 0;
   // HBM memory handed on behind copies down (lib/runtime/vacate.cc).
   uint64_t handed_on = 0, handed_on_bytes = 0, moves_behind = 0, moves_behind_bytes = 0;
   // Inclusive DRAM (lib/runtime/write_through.cc).

@@ -63,12 +63,15 @@ void Runtime::WaitLanded(Tensor& t) {
 }
 
 absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle, bool land) {
+  bool waited = false;  // counted once (MoveWaits)
   for (;;) {
     auto t = Find(handle);  // again after every wait: it may have been destroyed meanwhile
     if (!t.ok()) return t.status();
     Tensor& tensor = **t;
     if (auto s = NotBusyByThisThread(tensor); !s.ok()) return s;
     if (tensor.busy()) {
+      if (!waited) ++counters_.move_waits;
+      waited = true;
       changed_.Wait(&mu_);
       continue;
     }
@@ -81,9 +84,12 @@ absl::StatusOr<Tensor*> Runtime::Claim(uint64_t handle, bool land) {
 }
 
 void Runtime::WaitWhileMoving(uint64_t handle) {
+  bool waited = false;  // counted once (MoveWaits)
   for (;;) {
     const Tensor* t = tensors_.Find(handle);
     if (t == nullptr || !t->busy() || t->busy_by == std::this_thread::get_id()) return;
+    if (!waited) ++counters_.move_waits;
+    waited = true;
     changed_.Wait(&mu_);
   }
 }

@@ -264,4 +264,9 @@ tm_stats Runtime::Stats() {
   return s;
 }
 
+uint64_t Runtime::MoveWaits() {
+  MutexLock lock(&mu_);
+  return counters_.move_waits;
+}
+
 }  // namespace tiermem

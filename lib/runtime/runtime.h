@@ -125,6 +125,9 @@ class Runtime {
   absl::Status SetRecompute(uint64_t handle, tm_recompute_fn fn, void* user, double cost_seconds);
 
   tm_stats Stats();
+  // For tests: how many calls have waited for another thread's move of their tensor, so that a
+  // test knows a thread has got that far (tests/demand_wait_test.cc). Not in tm_stats.
+  uint64_t MoveWaits();
   // For tests and tools: the blocks of a tier in address order, with their owners' handles.
   std::vector<TierSpace::Block> Layout(tm_tier tier) { return tiers_->space(tier).Layout(); }
   // Bytes a tensor of `bytes` takes in `tier` (its granule); 0 when it exceeds the tier.
