@@ -1,4 +1,5 @@
-// Test helpers: an RAII environment guard, a temporary swap directory, random bytes.
+// Test helpers: an RAII environment guard, a temporary swap directory, random bytes, and the
+// ways a test waits for an event (a latch, a polled condition, a call that must not block).
 #pragma once
 
 #include <dirent.h>
@@ -6,12 +7,16 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -183,5 +188,74 @@ inline tm_config SmallConfig(const std::string& dir, tm_io_engine engine = TM_IO
 
 // The config keeps a pointer to `dir`: a temporary would dangle.
 tm_config SmallConfig(std::string&& dir, tm_io_engine engine = TM_IO_ENGINE_DEFAULT) = delete;
+
+// How long a test waits for an event before it calls the event lost. Never a timing: what the
+// test waits for comes at once when the code is right; the patience only turns a broken order
+// into a failure instead of a hang (a loaded 2-core machine under TSan included).
+inline constexpr std::chrono::seconds kPatience{60};
+
+// Holds work a test queued (on a stream, on another thread) until the test opens it: whatever
+// the test checks before Open() happened while that work had not run. It never holds for
+// longer than kPatience: it then opens by itself and says so (expired()), so that a call that
+// wrongly waited for the held work fails its test instead of hanging it.
+class Latch {
+ public:
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  // Blocks until open.
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, kPatience, [&] { return open_; })) expired_ = open_ = true;
+  }
+  bool expired() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return expired_;
+  }
+
+ private:
+  std::mutex mu_;  // guards open_ and expired_
+  std::condition_variable cv_;
+  bool open_ = false, expired_ = false;
+};
+
+// Polls `condition` until it holds; false when kPatience runs out first. For a state the
+// library raises no event for (a counter of tm_stats, a file system's free space once the kernel
+// has torn a process down).
+template <typename Condition>
+bool WaitUntil(Condition&& condition) {
+  const auto deadline = std::chrono::steady_clock::now() + kPatience;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a wait: spaces out the polls
+  }
+  return true;
+}
+
+// Runs `call` on a thread of its own: true when it returns within kPatience. When it does not
+// (it waits for what it must not wait for), `unblock` runs so that it can return, and the answer
+// is false: the test fails instead of hanging.
+template <typename Call, typename Unblock>
+bool ReturnsWithoutWaiting(Call&& call, Unblock&& unblock) {
+  std::mutex mu;  // guards done
+  std::condition_variable cv;
+  bool done = false;
+  std::thread runner([&] {
+    call();
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+    cv.notify_all();
+  });
+  bool in_time;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    in_time = cv.wait_for(lock, kPatience, [&] { return done; });
+  }
+  if (!in_time) unblock();
+  runner.join();
+  return in_time;
+}
 
 }  // namespace tiermem::testing
