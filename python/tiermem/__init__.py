@@ -22,7 +22,10 @@ from ._errors import _name as _tensor_name
 from ._loaded import lib as _lib
 from ._loaded import version as _version
 from ._loaded import where as _where
-from ._sizes import allocator_callbacks, config_field, parse_size, u64
+from ._sizes import allocator_callbacks as _allocator_callbacks
+from ._sizes import config_field as _config_field
+from ._sizes import parse_size
+from ._sizes import u64 as _u64
 
 __all__ = ["Runtime", "Tensor", "TiermemError", "parse_size", "version", "library_path"]
 TiermemError.__module__ = __name__  # tiermem.TiermemError, where users catch it
@@ -102,13 +105,13 @@ class Tensor:
 
     def _span(self, offset, nbytes, call):
         """(offset, nbytes) checked as uint64_t; nbytes None: to the tensor's end."""
-        offset = u64(offset, call + ": offset")
+        offset = _u64(offset, call + ": offset")
         if nbytes is None:
             if offset > self.nbytes:
                 raise ValueError("%s: offset %d is past the end of tensor %r (%d bytes)" %
                                  (call, offset, self.name, self.nbytes))
             return offset, self.nbytes - offset
-        return offset, u64(nbytes, call + ": nbytes")
+        return offset, _u64(nbytes, call + ": nbytes")
 
     def copy_in(self, src_ptr, nbytes=None, offset=0, stream=None):
         """Copies nbytes from address src_ptr (host or device) into the tensor at offset.
@@ -157,7 +160,7 @@ class Tensor:
 
     def write(self, data, offset=0):
         """Writes a bytes-like object (synchronously)."""
-        offset = u64(offset, "write: offset")
+        offset = _u64(offset, "write: offset")
         buf = (ctypes.c_char * len(data)).from_buffer_copy(data)
         self._call("tm_tensor_write", offset, ctypes.cast(buf, ctypes.c_void_p), len(data))
 
@@ -221,7 +224,7 @@ class Runtime:
         # The callbacks live as long as the runtime (tiermem calls them until it is destroyed).
         self._allocator = None
         if alloc is not None or free is not None:
-            self._allocator = allocator_callbacks(alloc, free)
+            self._allocator = _allocator_callbacks(alloc, free)
             cfg.device_alloc, cfg.device_free = self._allocator
         for key, value in settings.items():
             if value is None:
@@ -251,7 +254,7 @@ class Runtime:
             elif key == "trace":
                 value = os.fsencode(value)
                 self._keep.append(value)
-            setattr(cfg, key, config_field(cfg, key, value))
+            setattr(cfg, key, _config_field(cfg, key, value))
         rt = _capi.Runtime()
         _check(_lib.tm_runtime_create(ctypes.byref(cfg), ctypes.byref(rt)), "tm_runtime_create")
         self._rt = rt

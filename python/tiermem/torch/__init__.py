@@ -12,10 +12,12 @@
         opt.zero_grad()
 
 On CUDA, tiermem.torch.runtime(...) creates the runtime with its HBM tier drawing from
-PyTorch's caching allocator. The modules, one feature each: allocator, transfers (bytes between
-torch tensors and tiermem tensors), saved_tensors (activations; stash and views serve it),
-swapped (a tensor freed between uses), optimizer_state (ZeRO-Offload and the bucketed step
-driver), parameters (ZeRO-Infinity).
+PyTorch's caching allocator. The public modules, one feature each: allocator, saved_tensors
+(activations), optimizer_state (ZeRO-Offload and the bucketed step driver), parameters
+(ZeRO-Infinity), cpu_adam, fsdp, fit. What serves them is underscored: _transfers (bytes
+between torch tensors and tiermem tensors), _stash and _views (for saved_tensors), _swapped (a
+tensor freed between uses), _offloaded (what touching one does), _param_views and
+_param_state_dict (for parameters), _fit_cost, _fit_hooks and _fit_profile (for fit).
 """
 
 from .allocator import caching_allocator, runtime
@@ -25,6 +27,8 @@ from .fsdp import FSDPCPUAdam
 from .optimizer_state import OptimizerStateOffload, offload_optimizer_state
 from .parameters import ParameterOffload, offload_parameters
 from .saved_tensors import SavedTensorOffload, offload_saved_tensors
+
+FitError.__module__ = __name__  # tiermem.torch.FitError, where users catch it
 
 __all__ = ["CPUAdam", "offload_saved_tensors", "offload_optimizer_state", "offload_parameters",
            "SavedTensorOffload", "OptimizerStateOffload", "ParameterOffload", "runtime",

@@ -7,15 +7,15 @@ import statistics
 import torch
 
 from .. import Runtime, parse_size
-from . import fit_cost
-from .fit_cost import CHOICES, DRAM, KEEP, NVME, RECOMPUTE, BlockCost, Machine, RestCost
-from .fit_hooks import (FitError, _State, Router, SavedBytesMeter, SavedCounter, track_blocks,
-                        wrap_recompute)
-from .fit_profile import BlockTimer, Clock, bandwidths
+from . import _fit_cost
+from ._fit_cost import CHOICES, DRAM, KEEP, NVME, RECOMPUTE, BlockCost, Machine, RestCost
+from ._fit_hooks import (FitError, _State, Router, SavedBytesMeter, SavedCounter, track_blocks,
+                         wrap_recompute)
+from ._fit_profile import BlockTimer, Clock, bandwidths
 from .parameters import _unit_modules
 
-MIB = 1 << 20
-DRIFT = 0.15  # a measured step this far from the prediction re-plans
+_MIB = 1 << 20
+_DRIFT = 0.15  # a measured step this far from the prediction re-plans
 
 
 class FittedPlan:
@@ -72,7 +72,7 @@ class FittedPlan:
         out = self.model(*self.inputs)
         return self.loss_fn(out) if self.loss_fn is not None else out
 
-    def run_step(self, choices=None, timer=None):
+    def _run_step(self, choices=None, timer=None):
         """One forward and backward under choices (default: the plan's), inside rt.step();
         (fwd, bwd) seconds. The gradients it leaves are the caller's to clear."""
         old = self.choices
@@ -147,13 +147,13 @@ class FittedPlan:
             modes.append([DRAM] * n)
         runs = {tuple(c): [] for c in modes}
         spans = []
-        self.run_step(modes[0])  # warm-up
+        self._run_step(modes[0])  # warm-up
         self._zero_grads()
         for r in range(self.steps):
             for c in modes[r % len(modes):] + modes[:r % len(modes)]:
                 timer = BlockTimer(self.blocks, Clock(self.cuda)) if c == modes[0] else None
                 try:
-                    runs[tuple(c)].append(self.run_step(c, timer))
+                    runs[tuple(c)].append(self._run_step(c, timer))
                     if timer is not None:
                         spans.append(timer.spans())
                 finally:
@@ -179,7 +179,7 @@ class FittedPlan:
         m.recompute_factor = max(0.0, rec_b - keep_b) / fsum if fsum > 0 else 1.0
         if len(modes) == 3 and moved_all > 0:
             off_f, off_b = (med(x[k] for x in runs[tuple(modes[2])]) for k in (0, 1))
-            bare = fit_cost.predict(blocks, rest, modes[2], m)
+            bare = _fit_cost.predict(blocks, rest, modes[2], m)
             m.pack_fwd = max(0.0, off_f - bare.fwd) / moved_all
             m.pack_bwd = max(0.0, off_b - bare.bwd) / moved_all
         self.costs, self.rest, self.machine = blocks, rest, m
@@ -203,7 +203,7 @@ class FittedPlan:
         for p in self.model.parameters():
             p.grad = None
 
-    def plan(self):
+    def _plan(self):
         """Profiles, chooses and applies; FitError when nothing fits the budget."""
         self._clear()
         self._profiling = True
@@ -233,15 +233,15 @@ class FittedPlan:
 
     def _choose(self):
         n = len(self.costs)
-        least = min(fit_cost.predict(self.costs, self.rest, [c] * n, self.machine).peak
+        least = min(_fit_cost.predict(self.costs, self.rest, [c] * n, self.machine).peak
                     for c in (RECOMPUTE, DRAM))
-        got = fit_cost.choose(self.costs, self.rest, self.machine, self.budget,
+        got = _fit_cost.choose(self.costs, self.rest, self.machine, self.budget,
                               self._dram_free, self._nvme_free)
         if got is None:
             raise FitError("hbm_budget=%d bytes (%.2f MiB): no plan fits; the least this model "
                            "needs is about %.2f MiB (the rest of the model's saved tensors, every "
                            "block checkpointed or offloaded, and one block's activations during "
-                           "its backward)" % (self.budget, self.budget / MIB, least / MIB))
+                           "its backward)" % (self.budget, self.budget / _MIB, least / _MIB))
         self._clear()
         self._set(got[0])
         self.prediction = got[1]
@@ -259,7 +259,7 @@ class FittedPlan:
             raise ValueError("choices: \"nvme\" needs a runtime with an NVMe tier")
         self._clear()
         self._set(choices)
-        self.prediction = fit_cost.predict(self.costs, self.rest, choices, self.machine,
+        self.prediction = _fit_cost.predict(self.costs, self.rest, choices, self.machine,
                                            self.budget)
         return self
 
@@ -270,22 +270,22 @@ class FittedPlan:
         lines = ["fitted plan: HBM budget %.2f MiB of saved activations; link D2H %s / H2D %s "
                  "GB/s (%s), NVMe write %s / read %s GB/s (%s); host cost %.3f / %.3f ms per "
                  "MiB offloaded (fwd / bwd), recompute %.2fx a forward" %
-                 (self.budget / MIB, gbps(m.d2h), gbps(m.h2d), m.sources.get("link"),
+                 (self.budget / _MIB, gbps(m.d2h), gbps(m.h2d), m.sources.get("link"),
                   gbps(m.nvme_write), gbps(m.nvme_read), m.sources.get("nvme"),
-                  m.pack_fwd * MIB * 1e3, m.pack_bwd * MIB * 1e3, m.recompute_factor),
+                  m.pack_fwd * _MIB * 1e3, m.pack_bwd * _MIB * 1e3, m.recompute_factor),
                  "%-14s %-10s %10s %10s %9s %9s" % ("block", "choice", "saved MiB", "HBM MiB",
                                                     "fwd ms", "bwd ms")]
         for b, c in zip(self.costs, self.choices):
             bwd = b.bwd + (m.recompute_factor * b.fwd if c == RECOMPUTE else 0)
             lines.append("%-14s %-10s %10.2f %10.2f %9.3f %9.3f" %
-                         (b.name, c, b.kept / MIB, fit_cost.resident(b, c) / MIB, b.fwd * 1e3,
+                         (b.name, c, b.kept / _MIB, _fit_cost.resident(b, c) / _MIB, b.fwd * 1e3,
                           bwd * 1e3))
         r = self.rest
         lines.append("%-14s %-10s %10.2f %10.2f %9.3f %9.3f" %
-                     ("(rest)", KEEP, r.kept / MIB, r.kept / MIB, (r.pre_f + r.post_f) * 1e3,
+                     ("(rest)", KEEP, r.kept / _MIB, r.kept / _MIB, (r.pre_f + r.post_f) * 1e3,
                       (r.pre_b + r.post_b) * 1e3))
         lines.append("predicted: step %.2f ms (fwd %.2f, bwd %.2f), peak %.2f MiB of %.2f MiB" %
-                     (p.step * 1e3, p.fwd * 1e3, p.bwd * 1e3, p.peak / MIB, self.budget / MIB))
+                     (p.step * 1e3, p.fwd * 1e3, p.bwd * 1e3, p.peak / _MIB, self.budget / _MIB))
         return "\n".join(lines)
 
     def check(self, step_seconds, replan=True):
@@ -296,21 +296,21 @@ class FittedPlan:
         err = step_seconds / self.prediction.step - 1
         self.log("fit: measured step %.2f ms, predicted %.2f ms: %+.1f%%" %
                  (step_seconds * 1e3, self.prediction.step * 1e3, 100 * err))
-        if abs(err) <= DRIFT or not replan:
-            return abs(err) > DRIFT
-        self.log("fit: off by more than %d%%: re-planning" % (100 * DRIFT))
+        if abs(err) <= _DRIFT or not replan:
+            return abs(err) > _DRIFT
+        self.log("fit: off by more than %d%%: re-planning" % (100 * _DRIFT))
         self.replan()
         return True
 
     def replan(self):
-        self.plan()
+        self._plan()
         self.log(self.table())
 
     def measure(self, steps=3):
         """Median seconds of steps under the plan (the gradients cleared after each)."""
         times = []
         for _ in range(steps):
-            f, b = self.run_step()
+            f, b = self._run_step()
             times.append(f + b)
             self._zero_grads()
         return statistics.median(times)
@@ -367,7 +367,7 @@ def fit(model, runtime, hbm_budget, inputs, loss_fn=None, min_bytes=16384, link_
         plan = FittedPlan(model, runtime, blocks, budget, tuple(inputs), loss_fn, min_bytes,
                           link_gbps, nvme_gbps, int(profile_steps), log)
         try:
-            plan.plan()
+            plan._plan()
             log(plan.table())
             replans = max(0, int(max_replans))
             for k in range(replans + 1):

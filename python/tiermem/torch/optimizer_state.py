@@ -13,8 +13,8 @@ import weakref
 
 import torch
 
-from .swapped import _Swapped
-from .transfers import _check_tier, _destroy_quietly, _owns_storage
+from ._swapped import _Swapped
+from ._transfers import _check_tier, _destroy_quietly, _owns_storage
 
 
 def _chunks(optimizer, bucket_bytes):

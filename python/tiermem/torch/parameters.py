@@ -6,10 +6,10 @@ units' parameters are prefetched into HBM while a unit runs, in forward and in b
 
 import torch
 
-from . import param_state_dict
+from . import _param_state_dict
+from ._param_views import SavedAliases, _outer_hooks, _ViewedParam
+from ._transfers import _check_tier, _owns_storage
 from .optimizer_state import _StepDriver
-from .param_views import SavedAliases, _outer_hooks, _ViewedParam
-from .transfers import _check_tier, _owns_storage
 
 
 class _PreBackward(torch.autograd.Function):
@@ -142,7 +142,7 @@ class ParameterOffload:
             _order_hooks(u)
             self._hooks += [pre, post]
         self._loading = 0  # load_state_dict() calls running
-        self._hooks += param_state_dict.install(self)
+        self._hooks += _param_state_dict.install(self)
         self.optimizer_aware = optimizer is not None
         self._grad_hooks = []
         if self.optimizer_aware:
@@ -367,12 +367,13 @@ def offload_parameters(module, runtime, tier="dram", optimizer=None, bucket_byte
     step() steps the optimizer bucket by bucket, bringing them in (with their state, when
     offload_optimizer_state is used as well); optimizer.step() itself brings all of them in at
     once (torch's step hooks; the optimizer is not patched). Without one, the backward leaves
-    them in until the next forward lets each go. Tied parameters are held once; parameters that are views into a
-    shared buffer are left alone. While in, a parameter's data is a view of its tiermem copy in
-    HBM (views=True, the default; no copy), released when it goes out, and marked changed first
-    when it was written (the optimizer's step, or any in-place change: its version); it is
-    copied into its own memory instead when it cannot view (no room in HBM, a CPU parameter with
-    a CUDA runtime, a dtype that cannot view bytes, views=False, or torch before 2.8 under
-    saved-tensor hooks it cannot read). Returns a handle (gathered(), remove())."""
+    them in until the next forward lets each go. Tied parameters are held once; parameters that
+    are views into a shared buffer are left alone. While in, a parameter's data is a view of its
+    tiermem copy in HBM (views=True, the default; no copy), released when it goes out, and
+    marked changed first when it was written (the optimizer's step, or any in-place change: its
+    version); it is copied into its own memory instead when it cannot view (no room in HBM, a
+    CPU parameter with a CUDA runtime, a dtype that cannot view bytes, views=False, or torch
+    before 2.8 under saved-tensor hooks it cannot read). Returns a handle (gathered(), step(),
+    remove())."""
     return ParameterOffload(module, runtime, _check_tier(tier), optimizer, int(bucket_bytes),
                             units, views)

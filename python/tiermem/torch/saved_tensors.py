@@ -13,9 +13,9 @@ import weakref
 import torch
 
 from .. import TM_ERR_OUT_OF_MEMORY, Runtime, Tensor, TiermemError, _capi, _hot
-from . import views
-from .stash import CopyStash
-from .transfers import _CUDA_STREAM_LEGACY, _check_tier, _fetch, _is_cuda_runtime, _stream
+from . import _views
+from ._stash import CopyStash
+from ._transfers import _CUDA_STREAM_LEGACY, _check_tier, _fetch, _is_cuda_runtime, _stream
 
 _HBM, _DRAM = _capi.TIER_HBM, _capi.TIER_DRAM
 _ACTIVATION, _READ = _capi.CLASS_ACTIVATION, _capi.ACCESS_READ
@@ -291,7 +291,7 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
             _hot.check(status, "tm_tensor_acquire")
         ptr = sc.words[1]
         try:
-            flat = views.view_acquired(p, ptr, p.nbytes, p.dtype, device, stream)
+            flat = _views.view_acquired(p, ptr, p.nbytes, p.dtype, device, stream)
         except BaseException:
             _hot.release_on_stream(self._rt_bits, p.h, _HBM, stream)
             raise

@@ -16,10 +16,10 @@ import torch
 from torch._C import DisableTorchFunction
 
 from .. import TM_ERR_BUSY, TM_ERR_OUT_OF_MEMORY, TiermemError
-from . import views
-from .offloaded import mark_in, mark_out
-from .swapped import _Swapped
-from .transfers import _CUDA_STREAM_LEGACY, _destroy_quietly, _is_cuda_runtime, _resize_storage
+from . import _views
+from ._offloaded import mark_in, mark_out
+from ._swapped import _Swapped
+from ._transfers import _CUDA_STREAM_LEGACY, _destroy_quietly, _is_cuda_runtime, _resize_storage
 
 
 def _compute_stream(t):
@@ -86,7 +86,7 @@ def _view_of(state, ptr, nbytes, dtype, device):
     """A 1-D tensor of dtype over the nbytes at ptr; state.released() runs when PyTorch frees
     its memory (whatever still holds the view keeps the copy pinned till then)."""
     if device.type == "cuda":
-        holder = views._DeviceBytes(ptr, nbytes)
+        holder = _views._DeviceBytes(ptr, nbytes)
         raw = torch.as_tensor(holder, device=device)
     else:
         holder = (ctypes.c_char * nbytes).from_address(ptr)
@@ -107,7 +107,7 @@ class _ViewedParam(_Swapped):
 
     def __init__(self, runtime, tensor, cls, name, tier):
         super().__init__(runtime, tensor, cls, name, tier)
-        with DisableTorchFunction():  # out already (tiermem.torch.offloaded)
+        with DisableTorchFunction():  # out already (tiermem.torch._offloaded)
             self.placeholder = tensor.data  # shares the (now freed) storage; refilled by copies
         self.view_ptr = None  # the HBM copy's address while p.data views it
         self.address = None  # where p.data's bytes are while in (a view's or its own)

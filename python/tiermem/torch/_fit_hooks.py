@@ -9,9 +9,9 @@ import torch
 from torch.utils import _pytree
 from torch.utils import checkpoint as _checkpoint
 
-from .fit_cost import DRAM, NVME
+from ._fit_cost import DRAM, NVME
+from ._transfers import _storage_nbytes
 from .saved_tensors import SavedTensorOffload, _is_parameter
-from .transfers import _storage_nbytes
 
 
 class _State:
@@ -265,6 +265,3 @@ def track_blocks(blocks, state):
         handles.append(b.register_forward_hook(post))
     return handles
 
-
-__all__ = ["FitError", "Router", "SavedBytesMeter", "SavedCounter", "wrap_recompute",
-           "track_blocks"]

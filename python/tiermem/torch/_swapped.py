@@ -2,8 +2,8 @@
 state, parameters)."""
 
 from .. import TiermemError
-from .offloaded import mark_in, mark_out
-from .transfers import _TIER_HOME, _destroy_quietly, _fetch, _resize_storage, _send
+from ._offloaded import mark_in, mark_out
+from ._transfers import _TIER_HOME, _destroy_quietly, _fetch, _resize_storage, _send
 
 
 class _Swapped:
