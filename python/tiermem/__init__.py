@@ -206,14 +206,27 @@ _SETTINGS = ("device", "cuda_device", "hbm_bytes", "dram_bytes", "nvme_paths", "
              "io_engine", "io_block_size", "io_queue_depth", "io_threads", "numa_node",
              "log_level", "emu_link_gbps", "prefetch_depth", "prefetch_bytes", "placement",
              "trace", "checksum", "local_rank", "local_world_size", "device_alloc", "device_free")
+# Settings that tm_config has no field for (docs/environment.md): only the environment (or
+# TIERMEM_ENV_FILE) sets them. A keyword for one needs a field appended to tm_config and to its
+# mirror, _capi.Config, first; until then the keyword is refused, naming the variable.
+_ENVIRONMENT_ONLY = {"hbm_layout": "TIERMEM_HBM_LAYOUT", "dram_inclusive": "TIERMEM_DRAM_INCLUSIVE",
+                     "hbm_hand_on": "TIERMEM_HBM_HAND_ON", "link_gbps": "TIERMEM_LINK_GBPS",
+                     "nvme_gbps": "TIERMEM_NVME_GBPS"}
 
 
 class Runtime:
-    """A tiermem runtime. Keyword settings are named like tm_config's fields; anything left
-    unset comes from the TIERMEM_* environment variables, then the defaults
-    (docs/environment.md). Sizes are ints or strings such as "64MiB"."""
+    """A tiermem runtime. Keyword settings are named like tm_config's fields, one for each;
+    anything left unset comes from the TIERMEM_* environment variables, then the defaults
+    (docs/environment.md). Sizes are ints or strings such as "64MiB". The settings tm_config
+    has no field for (TIERMEM_HBM_LAYOUT, TIERMEM_DRAM_INCLUSIVE, TIERMEM_HBM_HAND_ON,
+    TIERMEM_LINK_GBPS, TIERMEM_NVME_GBPS) are environment only: their keywords are a TypeError
+    naming the variable."""
 
     def __init__(self, **settings):
+        for key in sorted(set(settings) & set(_ENVIRONMENT_ONLY)):
+            raise TypeError("tiermem.Runtime: %s has no tm_config field in this version of the "
+                            "library; set %s in the environment (docs/environment.md)" %
+                            (key, _ENVIRONMENT_ONLY[key]))
         unknown = sorted(set(settings) - set(_SETTINGS))
         if unknown:
             raise TypeError("tiermem.Runtime: unknown setting(s) %s; known: %s" %

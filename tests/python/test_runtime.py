@@ -4,6 +4,7 @@ import ctypes
 import json
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -37,6 +38,28 @@ def test_unknown_setting_is_refused():
         tiermem.Runtime(dram_byts="1MiB")
     with pytest.raises(ValueError, match="placement"):
         tiermem.Runtime(placement="everywhere")
+
+
+def test_every_setting_is_a_keyword_or_named_environment_only():
+    # Every tm_config field (the ABI mirror's) is a keyword; every variable of
+    # docs/environment.md's table is a keyword's or one that tm_config has no field for, and
+    # such a keyword is refused naming its variable, not as unknown.
+    fields = {name for name, _ in tiermem._capi.Config._fields_} - {
+        "struct_size", "api_version", "device_allocator_user"}
+    assert fields == set(tiermem._SETTINGS)
+    doc = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "environment.md")
+    with open(doc) as f:
+        variables = set(re.findall(r"^\| `(TIERMEM_[A-Z_]+)` \|", f.read(), re.M))
+    keyword = {"TIERMEM_NUMA": "numa_node"}
+    no_variable = {"device_alloc", "device_free"}  # the framework's allocator: code, not text
+    by_design = {"TIERMEM_ENV_FILE", "TIERMEM_LIBRARY"}  # the file itself; the package's lookup
+    env_only = set(tiermem._ENVIRONMENT_ONLY.values())
+    assert variables - by_design - env_only == set(keyword) | {
+        "TIERMEM_" + k.upper() for k in fields - no_variable - set(keyword.values())}
+    for key, variable in tiermem._ENVIRONMENT_ONLY.items():
+        assert variable in variables
+        with pytest.raises(TypeError, match="%s has no tm_config field.*%s" % (key, variable)):
+            tiermem.Runtime(**{key: "on"})
 
 
 def test_library_error_is_a_tiermem_error(nvme_dir):
