@@ -189,6 +189,31 @@ def test_offload_leaves_the_optimizer_unpatched(make_runtime):
     assert rt.stats()["tensors"] == 0
 
 
+def test_offload_parameters_takes_the_wrapped_optimizer(make_runtime):
+    # The handle stands in for the optimizer (as torchao's does): offload_parameters given it
+    # steps the optimizer inside, its parameters and state in bucket by bucket; offloading its
+    # state again is refused.
+    rt = make_runtime()
+    ref_model, ref_opt = fresh()
+    ref_losses = train(ref_model, ref_opt, 3)
+    model, opt = fresh()
+    state = tt.offload_optimizer_state(opt, rt, "nvme", min_bytes=0, bucket_bytes=1)
+    params = tt.offload_parameters(model, rt, "nvme", optimizer=state)
+    with pytest.raises(ValueError, match="offloaded already"):
+        tt.offload_optimizer_state(state, rt)
+    with pytest.raises(ValueError, match="offloaded already"):
+        tt.offload_optimizer_state(opt, rt)
+    assert train(model, state, 3) == ref_losses
+    assert held_out(state)
+    assert all(_storage_nbytes(p) == 0 for p in model.parameters())
+    params.remove()
+    state.remove()
+    for a, b in zip(model.parameters(), ref_model.parameters()):
+        assert torch.equal(a, b)
+    gc.collect()
+    assert rt.stats()["tensors"] == 0
+
+
 @pytest.mark.parametrize("tier", ["dram", "nvme"])
 def test_bucketed_and_own_step_follow_adamw(make_runtime, tier):
     # The handle's step runs the optimizer's own step once per bucket (each parameter a bucket

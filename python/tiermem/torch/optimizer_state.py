@@ -71,6 +71,8 @@ class _StepDriver:
 
     @staticmethod
     def _of(optimizer, bucket_bytes):
+        if isinstance(optimizer, OptimizerStateOffload):
+            optimizer = optimizer.optimizer  # the wrapper handed on as the optimizer
         driver = _drivers.get(optimizer)
         if driver is None:
             driver = _StepDriver(optimizer, bucket_bytes)
@@ -247,6 +249,8 @@ class OptimizerStateOffload(torch.optim.Optimizer):
     state back into ordinary tensors and takes tiermem's hooks off the optimizer."""
 
     def __init__(self, optimizer, runtime, tier, min_bytes, bucket_bytes):
+        if isinstance(optimizer, OptimizerStateOffload):
+            raise ValueError("offload_optimizer_state: this optimizer's state is offloaded already")
         self.optimizer = optimizer
         self.runtime = runtime
         self.tier = tier
