@@ -155,10 +155,14 @@ def parse_args():
 
 def main():
     args = parse_args()
-    if args.check_imports:
+    if args.check_imports:  # everything the GPU run imports
         load_offload_activations()
         import tiermem.torch  # noqa: F401
-        print("imports: torchtune OffloadActivations, tiermem.torch (%s)" % versions())
+        import offload_bench  # noqa: F401
+        import offload_hooks  # noqa: F401
+        import tinygpt  # noqa: F401
+        print("imports: torchtune OffloadActivations, tiermem.torch, offload_bench, "
+              "offload_hooks, tinygpt (%s)" % versions())
         return 0
     if not torch.cuda.is_available():
         print("skip: no CUDA device (torch %s): torchtune's OffloadActivations copies on CUDA "

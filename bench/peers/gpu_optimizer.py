@@ -299,12 +299,15 @@ def cpu_kernels_only(args):
 def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
-    if args.check_imports:
-        import tiermem.torch  # noqa: F401
+    if args.check_imports:  # everything the GPU run imports (DeepSpeed's op is built later)
+        from tiermem.torch import CPUAdam  # noqa: F401
         from torchao.optim import CPUOffloadOptimizer  # noqa: F401
         from deepspeed.ops.adam import DeepSpeedCPUAdam  # noqa: F401
-        print("imports: tiermem.torch.CPUAdam, torchao CPUOffloadOptimizer, DeepSpeedCPUAdam "
-              "(%s)" % versions())
+        from deepspeed.ops.op_builder import CPUAdamBuilder  # noqa: F401
+        import offload_bench  # noqa: F401
+        import tinygpt  # noqa: F401
+        print("imports: tiermem.torch.CPUAdam, torchao CPUOffloadOptimizer, DeepSpeedCPUAdam, "
+              "offload_bench, tinygpt (%s)" % versions())
         return 0
     if args.cpu_kernels:
         return cpu_kernels_only(args)
