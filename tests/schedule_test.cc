@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "io/copy_gate.h"
 #include "json_check.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
@@ -61,7 +62,10 @@ class Scheduled : public ::testing::Test {
       void* p = nullptr;
       ASSERT_EQ(tm_tensor_acquire(rt, t, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
           << tm_last_error();
-      if (compute_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(compute_us));
+      if (compute_us > 0) {
+        // not ordering: a training step's compute between uses, the time prefetches can hide
+        std::this_thread::sleep_for(std::chrono::microseconds(compute_us));
+      }
       ASSERT_EQ(tm_tensor_release(rt, t, TM_TIER_HBM), TM_OK);
     }
     if (step) {
@@ -150,13 +154,16 @@ TEST_F(Scheduled, PrefetchKnobs) {
     tm_config c = Config();
     c.prefetch_depth = depth;
     c.prefetch_bytes = bytes;
-    c.emu_link_gbps = 0.5;  // slow link: nothing completes before we look
     tm_runtime rt;
     EXPECT_EQ(tm_runtime_create(&c, &rt), TM_OK);
     Create(rt, 12, 4 * kMiB, TM_TIER_DRAM);
     EXPECT_EQ(tm_schedule_set(rt, tensors_.data(), nullptr, tensors_.size()), TM_OK);
+    // Every prefetch up the link held at its start: none lands (which would let the next one go)
+    // before the count is read.
+    io::CopyGate held(io::CopyGate::Match().Of(io::CopyDirection::kHostToDevice).Copies(12));
     EXPECT_EQ(tm_step_begin(rt), TM_OK);
     uint64_t queued = Stats(rt).prefetches;
+    held.Open();
     EXPECT_EQ(tm_step_end(rt), TM_OK);
     EXPECT_EQ(tm_runtime_sync(rt), TM_OK);
     EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
@@ -177,18 +184,21 @@ TEST_F(Scheduled, PrefetchHeldBackByBytesGoesWhenTheOneBeforeLands) {
   tm_config c = Config();
   c.prefetch_depth = 4;
   c.prefetch_bytes = 8 * kMiB;  // one tensor in flight at a time
-  c.emu_link_gbps = 2;          // 8 MiB in about 4 ms
   tm_runtime rt;
   ASSERT_EQ(tm_runtime_create(&c, &rt), TM_OK) << tm_last_error();
   Create(rt, 12, 8 * kMiB, TM_TIER_DRAM);
   ASSERT_EQ(tm_schedule_set(rt, tensors_.data(), nullptr, tensors_.size()), TM_OK);
-  ASSERT_EQ(tm_step_begin(rt), TM_OK);
-  EXPECT_EQ(Stats(rt).prefetches, 1u) << "the byte bound lets one go at first";
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  auto up = [&] { return Stats(rt).bytes_moved[TM_TIER_DRAM][TM_TIER_HBM]; };
-  while (up() < 4 * 8 * kMiB && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  {
+    // The first prefetch held at its start: nothing has landed when the count is read.
+    io::CopyGate first(io::CopyGate::Match().Of(io::CopyDirection::kHostToDevice));
+    ASSERT_EQ(tm_step_begin(rt), TM_OK);
+    ASSERT_TRUE(first.WaitHeld());
+    EXPECT_EQ(Stats(rt).prefetches, 1u) << "the byte bound lets one go at first";
   }
+  // Nothing is acquired: each landing must let the next go by itself.
+  EXPECT_TRUE(testing::WaitUntil([&] {
+    return Stats(rt).bytes_moved[TM_TIER_DRAM][TM_TIER_HBM] >= 4 * 8 * kMiB;
+  })) << "the prefetches held back by the bytes never went";
   const tm_stats s = Stats(rt);
   EXPECT_EQ(s.prefetches, 4u) << "each landing lets the next use within the depth go";
   EXPECT_EQ(s.bytes_moved[TM_TIER_DRAM][TM_TIER_HBM], 4 * 8 * kMiB);
@@ -204,10 +214,11 @@ TEST_F(Scheduled, PrefetchHeldBackByBytesGoesWhenTheOneBeforeLands) {
 
 // A demand up the link has it to itself: a scheduled prefetch issued while the demand's copy
 // runs starts after it, rather than share the link and double the demand's wait (LinkOrder).
+// The gate holds the demand's copy (its copy 0) until the prefetch's (copy 1) is enqueued too,
+// then lets both go: sharing the link, the smaller prefetch would finish first.
 TEST_F(Scheduled, APrefetchIssuedDuringADemandWaitsForIt) {
   tm_config c = Config();
   c.prefetch_depth = 1;
-  c.emu_link_gbps = 0.05;  // the demand's 16 MiB take about 340 ms, the prefetch's 4 MiB 84 ms
   tm_runtime rt;
   ASSERT_EQ(tm_runtime_create(&c, &rt), TM_OK) << tm_last_error();
   tm_tensor_desc d = TM_TENSOR_DESC_INIT;
@@ -225,19 +236,23 @@ TEST_F(Scheduled, APrefetchIssuedDuringADemandWaitsForIt) {
   ASSERT_EQ(tm_schedule_set(rt, tensors_.data(), nullptr, tensors_.size()), TM_OK);
   ASSERT_EQ(tm_step_begin(rt), TM_OK);  // its first use is in HBM: nothing moves
   const uint64_t before = Stats(rt).bytes_moved[TM_TIER_DRAM][TM_TIER_HBM];
-  uint64_t up_when_demand_done = 0;
+  io::CopyGate gate(
+      io::CopyGate::Match().Of(io::CopyDirection::kHostToDevice).AtLeast(4 * kMiB).Copies(2));
   std::thread demand([&] {
     void* q = nullptr;
     EXPECT_EQ(tm_tensor_acquire(rt, demanded, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &q), TM_OK)
         << tm_last_error();
-    up_when_demand_done = Stats(rt).bytes_moved[TM_TIER_DRAM][TM_TIER_HBM] - before;
+    EXPECT_EQ(std::memcmp(q, bytes.data(), bytes.size()), 0);
     EXPECT_EQ(tm_tensor_release(rt, demanded, TM_TIER_HBM), TM_OK);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the demand's copy is running
+  ASSERT_TRUE(gate.WaitHeld(1)) << "the demand's copy was never enqueued";
   // The first scheduled use: its lookahead prefetches w1, used next.
   ASSERT_EQ(tm_tensor_acquire(rt, tensors_[0], TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK);
+  ASSERT_TRUE(gate.WaitHeld(2)) << "the prefetch of w1 was never enqueued";
+  gate.Open();
   demand.join();
-  EXPECT_EQ(up_when_demand_done, 16 * kMiB)
+  ASSERT_TRUE(gate.WaitCompleted(2));
+  EXPECT_EQ(gate.completed(), (std::vector<int>{0, 1}))
       << "the prefetch shared the link with the demand and finished first";
   ASSERT_EQ(tm_tensor_release(rt, tensors_[0], TM_TIER_HBM), TM_OK);
   ASSERT_EQ(tm_tensor_acquire(rt, tensors_[1], TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK);
