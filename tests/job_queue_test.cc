@@ -8,12 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "io/copy_gate.h"
 #include "lib/runtime/link_order.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
@@ -125,18 +125,19 @@ uint32_t Residency(tm_runtime rt, tm_tensor t) {
   return mask;
 }
 
-// Twelve slow offloads (1 MiB each over a 0.02 GB/s link: about 50 ms) are queued, then an
-// offload to NVMe of x, which the schedule uses first. At the step's start, x's offload is
-// dropped (x is needed within the depth) and its prefetch into HBM runs as soon as a mover
-// thread is free, not after the twelve.
+// Twelve offloads (1 MiB each, HBM to DRAM) are queued and the copies of those that run are
+// held by the gate, so none finishes; then an offload to NVMe of x, which the schedule uses
+// first. At the step's start, x's offload is dropped (x is needed within the depth) and its
+// prefetch into HBM runs on the mover thread kept free, not after the twelve: x lands while every
+// offload is still held. (In order, x's prefetch would wait for the held offloads, and the gate
+// would give up first.)
 TEST(JobQueueRuntime, ScheduledPrefetchPassesQueuedOffloads) {
   const char* device = std::getenv("TIERMEM_TEST_DEVICE");
   if (device != nullptr && std::string(device) == "cuda") {
-    GTEST_SKIP() << "needs the emulated device's capped link to keep the offloads queued";
+    GTEST_SKIP() << "holds the emulated device's copies (io/copy_gate.h)";
   }
   testing::TempDir dir;
   tm_config c = testing::SmallConfig(dir.path());
-  c.emu_link_gbps = 0.02;
   c.prefetch_depth = 2;
   tm_runtime rt;
   ASSERT_EQ(tm_runtime_create(&c, &rt), TM_OK) << tm_last_error();
@@ -146,21 +147,21 @@ TEST(JobQueueRuntime, ScheduledPrefetchPassesQueuedOffloads) {
   std::vector<tm_tensor> slow;
   for (int i = 0; i < 12; ++i)
     slow.push_back(Make(rt, "slow" + std::to_string(i), kMiB, TM_TIER_HBM));
+  io::CopyGate offloads(
+      io::CopyGate::Match().Of(io::CopyDirection::kDeviceToHost).AtLeast(kMiB).Copies(12));
   for (tm_tensor t : slow)
     ASSERT_EQ(tm_tensor_offload(rt, t, TM_TIER_DRAM), TM_OK) << tm_last_error();
   ASSERT_EQ(tm_tensor_offload(rt, x, TM_TIER_NVME), TM_OK) << tm_last_error();
+  // Three mover threads run offloads (one stays free for prefetches): each holds its copy.
+  ASSERT_TRUE(offloads.WaitHeld(3));
   ASSERT_EQ(tm_step_begin(rt), TM_OK);
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while ((Residency(rt, x) & TM_TIER_BIT(TM_TIER_HBM)) == 0 &&
-         std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
-  }
-  int offloaded = 0;  // slow tensors already moved down when x reached HBM
-  for (tm_tensor t : slow) offloaded += (Residency(rt, t) & TM_TIER_BIT(TM_TIER_HBM)) == 0;
+  ASSERT_EQ(tm_tensor_sync(rt, x), TM_OK) << tm_last_error();  // its prefetch has run
+  EXPECT_FALSE(offloads.expired()) << "x's prefetch waited behind the offloads";
   EXPECT_NE(Residency(rt, x) & TM_TIER_BIT(TM_TIER_HBM), 0u) << "x was never prefetched";
-  // In order (FIFO), x's prefetch would start only once the last offload had been taken, after
-  // at least 8 of the 12 were done (4 mover threads); now it takes the mover kept free.
-  EXPECT_LT(offloaded, 8) << "x's prefetch waited behind the offloads";
+  int offloaded = 0;  // slow tensors already in DRAM when x reached HBM
+  for (tm_tensor t : slow) offloaded += (Residency(rt, t) & TM_TIER_BIT(TM_TIER_DRAM)) != 0;
+  EXPECT_EQ(offloaded, 0);
+  offloads.Open();
   ASSERT_EQ(tm_step_end(rt), TM_OK);
   ASSERT_EQ(tm_runtime_sync(rt), TM_OK) << tm_last_error();
   tm_stats s = TM_STATS_INIT;
