@@ -1,91 +1,76 @@
 // tm_tensor_copy_in_async and tm_tensor_copy_done: a copy out of a caller's stream's memory that
 // the stream does not wait for, and the query that tells the caller when its source may be
-// reused. The emulated link is capped so that a copy takes long enough to be seen in flight.
-// The stream cases drive the runtime's C++ API (the emulated streams must be the library's own,
-// as in tests/stream_test.cc); the rest drive the C API.
+// reused. A copy gate (io/copy_gate.h) holds the copy so that it is seen in flight, and says
+// when it has landed. The stream cases drive the runtime's C++ API (the emulated streams must be
+// the library's own, as in tests/stream_test.cc); the rest drive the C API, linked into the test
+// program so that the gate reaches its runtime.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstring>
-#include <thread>
 #include <vector>
 
+#include "io/copy_gate.h"
 #include "io/device.h"
-#include "lib/base/status.h"
-#include "lib/config/config.h"
 #include "lib/runtime/runtime.h"
+#include "test_runtime.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 
 namespace tiermem {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using io::CopyGate;
+using testing::NewTensor;
 constexpr uint64_t kBytes = 4ull << 20;
-constexpr double kLinkGbps = 0.05;  // 4 MiB cross the link in about 84 ms
-constexpr auto kPatience = std::chrono::seconds(20);
+
+// Holds the next copy out of device memory (kBytes) at its start.
+CopyGate::Match DeviceToHost() {
+  return CopyGate::Match().Of(io::CopyDirection::kDeviceToHost).AtLeast(kBytes);
+}
 
 class CopyInAsync : public ::testing::Test {
  protected:
   std::unique_ptr<Runtime> Make() {
-    ConfigOverrides o;
-    o.device = DeviceKind::kEmulated;
-    o.hbm_bytes = SizeSetting{32ull << 20, 0};
-    o.dram_bytes = SizeSetting{64ull << 20, 0};
-    o.nvme_bytes = SizeSetting{64ull << 20, 0};
-    o.nvme_paths = dir_.path();
+    ConfigOverrides o = testing::Emulated(dir_.path(), 32ull << 20, 64ull << 20, 64ull << 20);
     o.prefetch_depth = 0;
-    o.emu_link_gbps = kLinkGbps;
-    auto cfg = LoadConfig(o, [](const char*) { return std::optional<std::string>(); }, {});
-    EXPECT_TRUE(cfg.ok()) << cfg.status();
-    auto rt = Runtime::Create(*cfg);
-    EXPECT_TRUE(rt.ok()) << rt.status();
-    return rt.ok() ? std::move(*rt) : nullptr;
-  }
-  uint64_t Tensor(Runtime& rt, int home, const char* name) {
-    TensorDesc d;
-    d.bytes = kBytes;
-    d.home_tier = home;
-    d.name = name;
-    auto h = rt.CreateTensor(d);
-    EXPECT_TRUE(h.ok()) << h.status();
-    return h.ok() ? *h : 0;
+    return testing::MakeRuntime(o);
   }
   // Device memory of the emulated device holding `pattern`: a tensor acquired in HBM, as a
   // framework's activation lives in GPU memory.
   char* DeviceSource(Runtime& rt, const std::vector<uint8_t>& pattern) {
-    src_ = Tensor(rt, TM_TIER_HBM, "activation");
+    src_ = NewTensor(rt, "activation", kBytes, TM_TIER_HBM);
     EXPECT_TRUE(rt.Write(src_, 0, pattern.data(), kBytes).ok());
     auto p = rt.Acquire(src_, TM_TIER_HBM, TM_ACCESS_READ, nullptr);
     EXPECT_TRUE(p.ok()) << p.status();
     EXPECT_TRUE(rt.device().IsDevicePointer(*p));
     return static_cast<char*>(*p);
   }
-  static bool WaitDone(Runtime& rt, uint64_t t) {
-    const auto deadline = Clock::now() + kPatience;
-    while (Clock::now() < deadline) {
-      auto done = rt.CopyDone(t);
-      if (!done.ok()) return false;
-      if (*done) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return false;
-  }
-  // Whether the stream's work queued after the copy_in ran before the copy had landed.
+  // Whether the stream's work queued after the copy_in ran before the copy had landed. The
+  // copy is held at its start while that work is queued: without waiting for the copy, the
+  // stream runs it at once; waiting, it runs only once the gate has let the copy go and it has
+  // landed.
   bool StreamRanAhead(bool stream_waits) {
     auto rt = Make();
     if (rt == nullptr) return false;
     auto pattern = testing::RandomBytes(kBytes, stream_waits ? 3 : 4);
     char* src = DeviceSource(*rt, pattern);
-    const uint64_t dst = Tensor(*rt, TM_TIER_DRAM, "saved");
+    const uint64_t dst = NewTensor(*rt, "saved", kBytes, TM_TIER_DRAM);
+    CopyGate gate(DeviceToHost());
     EXPECT_TRUE(rt->CopyIn(dst, 0, src, kBytes, &stream_, stream_waits).ok());
+    EXPECT_TRUE(gate.WaitHeld());
     bool copy_done_when_stream_ran = true;
+    testing::Latch ran;
     stream_.Launch([&] {
       auto done = rt->CopyDone(dst);
       copy_done_when_stream_ran = done.ok() && *done;
+      ran.Open();
     });
+    // Not waiting, the stream gets there with the copy held; waiting, it cannot.
+    if (!stream_waits) ran.Wait();
+    gate.Open();
     stream_.Synchronize();
-    EXPECT_TRUE(WaitDone(*rt, dst)) << "the copy never landed";
+    EXPECT_TRUE(gate.WaitCompleted(1)) << "the copy never landed";
+    EXPECT_FALSE(gate.expired());
     std::vector<uint8_t> back(kBytes);
     EXPECT_TRUE(rt->Read(dst, 0, back.data(), kBytes).ok());
     EXPECT_TRUE(back == pattern);
@@ -106,16 +91,20 @@ TEST_F(CopyInAsync, StreamDoesNotWaitForTheCopy) {
 }
 
 // A later copy_out of the same tensor is ordered after the async copy_in on the device: it
-// reads the new bytes without the host waiting.
+// reads the new bytes, and the host does not wait for the copy_in (held meanwhile).
 TEST_F(CopyInAsync, LaterCopyOutReadsTheNewBytes) {
   auto rt = Make();
   ASSERT_NE(rt, nullptr);
   auto pattern = testing::RandomBytes(kBytes, 5);
   char* src = DeviceSource(*rt, pattern);
-  const uint64_t dst = Tensor(*rt, TM_TIER_DRAM, "saved");
+  const uint64_t dst = NewTensor(*rt, "saved", kBytes, TM_TIER_DRAM);
+  CopyGate gate(DeviceToHost());
   ASSERT_TRUE(rt->CopyIn(dst, 0, src, kBytes, &stream_, false).ok());
+  ASSERT_TRUE(gate.WaitHeld());
   std::vector<uint8_t> back(kBytes, 0);
   ASSERT_TRUE(rt->CopyOut(dst, 0, back.data(), kBytes, &stream_).ok());
+  gate.Open();
+  EXPECT_FALSE(gate.expired()) << "the host waited for the copy_in";
   stream_.Synchronize();
   EXPECT_TRUE(back == pattern);
   ASSERT_TRUE(rt->Sync(dst).ok());
@@ -127,7 +116,6 @@ class CopyDoneApi : public ::testing::Test {
   void SetUp() override {
     tm_config c = testing::SmallConfig(dir_.path());
     c.device = TM_DEVICE_EMULATED;
-    c.emu_link_gbps = kLinkGbps;
     c.prefetch_depth = 0;
     TM_ASSERT_OK(tm_runtime_create(&c, &rt_));
   }
@@ -151,7 +139,8 @@ class CopyDoneApi : public ::testing::Test {
 };
 
 // Device memory out through the C API without a stream: the call returns with the copy still on
-// the link (done 0), the query turns to 1 once it has landed, and the bytes are exact.
+// the link (done 0, held at its start), the query turns to 1 once it has landed, and the bytes
+// are exact.
 TEST_F(CopyDoneApi, ReportsTheCopyInFlightThenDone) {
   auto pattern = testing::RandomBytes(kBytes, 6);
   tm_tensor src = Make(TM_TIER_HBM, "activation");
@@ -159,20 +148,26 @@ TEST_F(CopyDoneApi, ReportsTheCopyInFlightThenDone) {
   void* p = nullptr;
   TM_ASSERT_OK(tm_tensor_acquire(rt_, src, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p));
   tm_tensor dst = Make(TM_TIER_DRAM, "saved");
-  TM_ASSERT_OK(tm_tensor_copy_in_async(rt_, dst, 0, p, kBytes, nullptr));
-  EXPECT_EQ(Done(dst), 0) << "4 MiB at 0.05 GB/s cannot have landed yet";
-  const auto deadline = Clock::now() + kPatience;
-  while (Done(dst) == 0 && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  {
+    CopyGate gate(DeviceToHost());
+    TM_ASSERT_OK(tm_tensor_copy_in_async(rt_, dst, 0, p, kBytes, nullptr));
+    ASSERT_TRUE(gate.WaitHeld());
+    EXPECT_EQ(Done(dst), 0) << "the copy is held: it cannot have landed";
+    gate.Open();
+    ASSERT_TRUE(gate.WaitCompleted(1));
+    EXPECT_EQ(Done(dst), 1) << "landed, without a sync";
   }
-  EXPECT_EQ(Done(dst), 1);
   std::vector<uint8_t> back(kBytes);
   TM_ASSERT_OK(tm_tensor_read(rt_, dst, 0, back.data(), kBytes));
   EXPECT_TRUE(back == pattern);
   TM_ASSERT_OK(tm_tensor_sync(rt_, dst));
   // A copy_out into device memory is reported the same way.
-  TM_ASSERT_OK(tm_tensor_copy_out(rt_, dst, 0, p, kBytes, nullptr));
-  EXPECT_EQ(Done(dst), 0);
+  {
+    CopyGate gate(CopyGate::Match().Of(io::CopyDirection::kHostToDevice).AtLeast(kBytes));
+    TM_ASSERT_OK(tm_tensor_copy_out(rt_, dst, 0, p, kBytes, nullptr));
+    ASSERT_TRUE(gate.WaitHeld());
+    EXPECT_EQ(Done(dst), 0);
+  }
   TM_ASSERT_OK(tm_tensor_sync(rt_, dst));
   EXPECT_EQ(Done(dst), 1);
   TM_ASSERT_OK(tm_tensor_release(rt_, src, TM_TIER_HBM));
