@@ -78,7 +78,8 @@ against tiermem (the same kernel over the same state: 0 expected).
         [--bf16 | --no-bf16] [--nvme-dir DIR] [--nvme-dram-fraction F] [--threads T]
 
 Environment: TIERMEM_LIBRARY (the library), PEERS_NVME_DIR (default of --nvme-dir, else
-/var/tmp). Exits 1 when a mode fails or the losses disagree by more than --loss-rtol.
+/var/tmp). Exits 1 when a mode fails or the losses disagree by more than --loss-rtol (1e-4
+relative in fp32, 3e-3 with --bf16).
 """
 
 import argparse
@@ -135,8 +136,10 @@ def parse_args(argv=None):
                     help="tiermem_nvme's runtime DRAM budget as a fraction of the rank's state")
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads per rank for torch and CPUAdam (0: the cores / nproc)")
-    ap.add_argument("--loss-rtol", type=float, default=1e-4,
-                    help="fail when a mode's loss differs from no_offload's by more (relative)")
+    ap.add_argument("--loss-rtol", type=float, default=None,
+                    help="fail when a mode's loss differs from no_offload's by more (relative; "
+                         "default 1e-4 in fp32, 3e-3 with --bf16, where a last-bit difference "
+                         "of a weight can flip its bf16 rounding)")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per process group")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # a JSON spec: this process is a rank
     return ap.parse_args(argv)
@@ -301,15 +304,19 @@ class Rank:
         if mode.startswith("tiermem"):  # each gradient shard down, each updated shard up
             return dict(h2d=shard_bytes, d2h=shard_bytes)
         up = 0  # CPUOffloadPolicy: each shard up before each all-gather, gradients (fp32) down
-        for m in model.modules():
-            if not isinstance(m, FSDPModule):
-                continue
-            group = m._get_fsdp_state()._fsdp_param_group  # private: may move in a later torch
-            if group is None:
-                continue
-            gathers = 2 if group.post_forward_mesh_info is not None else 1
-            up += gathers * sum(fp._sharded_param_data.numel() *
-                                fp._sharded_param_data.element_size() for fp in group.fsdp_params)
+        try:  # FSDP2's private parameter groups: where each group reshards after forward
+            for m in model.modules():
+                if not isinstance(m, FSDPModule):
+                    continue
+                group = m._get_fsdp_state()._fsdp_param_group
+                if group is None:
+                    continue
+                gathers = 2 if group.post_forward_mesh_info is not None else 1
+                up += gathers * sum(fp._sharded_param_data.numel() *
+                                    fp._sharded_param_data.element_size()
+                                    for fp in group.fsdp_params)
+        except AttributeError:  # moved in this torch: the figure is not known
+            up = float("nan")
         return dict(h2d=up, d2h=shard_bytes)
 
     def batch(self, i):
@@ -529,6 +536,8 @@ def main():
             setattr(args, k, v)
     if args.nproc is None:
         args.nproc = 1 if cuda else 2
+    if args.loss_rtol is None:
+        args.loss_rtol = 3e-3 if args.bf16 else 1e-4
     if cuda and args.nproc > torch.cuda.device_count():
         fail("--nproc %d: %d GPUs" % (args.nproc, torch.cuda.device_count()))
     cores = len(os.sched_getaffinity(0))
@@ -628,8 +637,8 @@ def report(args, modes, timing, memory, wall):
             pairs = list(zip(t0[mode]["losses"], ref))
             diff = max(abs(a - b) for a, b in pairs)
             rel = max(abs(a - b) / abs(b) for a, b in pairs)
-            print("check loss_max_diff %s_vs_adamw %.3g (relative %.3g, over %d steps)" % (
-                mode, diff, rel, steps))
+            print("check loss_max_diff %s_vs_adamw %.3g (relative %.3g, over %d steps; at most "
+                  "%g)" % (mode, diff, rel, steps, args.loss_rtol))
             bad = bad or rel > args.loss_rtol
     if "tiermem" in modes and "tiermem_nvme" in modes:
         diff = max(abs(a - b) for a, b in zip(t0["tiermem_nvme"]["losses"],
