@@ -47,6 +47,10 @@ class _StepDriver:
     load_state_dict() correct. Removed, hooks and all, when neither offload uses it."""
 
     def __init__(self, optimizer, bucket_bytes):
+        if not hasattr(optimizer, "register_load_state_dict_post_hook"):
+            raise TypeError("%s is not a torch.optim.Optimizer with torch's optimizer hooks "
+                            "(torch 2.1 and later; this is torch %s): tiermem steps it through "
+                            "them" % (type(optimizer).__name__, torch.__version__))
         self._optimizer = weakref.ref(optimizer)
         self.bucket_bytes = bucket_bytes
         self.state = None  # OptimizerStateOffload
