@@ -79,7 +79,10 @@ dest, wheels, pythons = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 dists = {"torchtune": "torchtune", "torchao": "torchao", "torchdata": "torchdata",
          "deepspeed": "deepspeed", "hjson": "hjson", "pydantic": "pydantic",
          "pydantic-core": "pydantic_core", "annotated-types": "annotated_types",
-         "typing-inspection": "typing_inspection", "py-cpuinfo": "cpuinfo"}
+         "typing-inspection": "typing_inspection", "py-cpuinfo": "cpuinfo",
+         # pydantic needs typing_extensions >= 4.16, newer than the image may have: a newer
+         # one serves torch as well.
+         "typing-extensions": "typing_extensions.py"}
 def ignore(d, names):
     return [n for n in names if n == "__pycache__" or n.endswith(".pyc") or
             (os.path.basename(d) == "torchao" and n.startswith("_C") and n.endswith(".so"))]
@@ -90,7 +93,10 @@ for dist, pkg in dists.items():
         sys.exit("peers: %s is not in the .venv (bash bench/peers/run.sh installs "
                  "bench/peers/requirements.txt)" % dist)
     site = str(d.locate_file(""))
-    shutil.copytree(os.path.join(site, pkg), os.path.join(dest, pkg), ignore=ignore)
+    if pkg.endswith(".py"):
+        shutil.copy2(os.path.join(site, pkg), os.path.join(dest, pkg))
+    else:
+        shutil.copytree(os.path.join(site, pkg), os.path.join(dest, pkg), ignore=ignore)
     meta = str(getattr(d, "_path", ""))
     if os.path.isdir(meta):
         shutil.copytree(meta, os.path.join(dest, os.path.basename(meta)), ignore=ignore)
