@@ -3,9 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -197,31 +198,48 @@ class Gate {
   explicit Gate(cudaStream_t s) {
     launched_ = cudaLaunchHostFunc(s, &Gate::Hold, this) == cudaSuccess;
     watchdog_ = std::thread([this] {
-      for (int i = 0; i < 300 && !open_; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      if (!open_.exchange(true)) by_watchdog_ = true;
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, std::chrono::seconds(3), [this] { return open_; })) {
+        open_ = by_watchdog_ = true;
+        cv_.notify_all();
+      }
     });
   }
   ~Gate() {
     Open();
     watchdog_.join();
-    while (launched_ && !passed_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return !launched_ || passed_; });  // the stream is past Hold
   }
   Gate(const Gate&) = delete;
   Gate& operator=(const Gate&) = delete;
-  void Open() { open_ = true; }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
   bool launched() const { return launched_; }
-  bool passed() const { return passed_; }
-  bool opened_by_watchdog() const { return by_watchdog_; }
+  bool passed() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return passed_;
+  }
+  bool opened_by_watchdog() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return by_watchdog_;
+  }
 
  private:
   static void CUDART_CB Hold(void* self) {
     auto* g = static_cast<Gate*>(self);
-    while (!g->open_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::unique_lock<std::mutex> lock(g->mu_);
+    g->cv_.wait(lock, [g] { return g->open_; });
     g->passed_ = true;
+    g->cv_.notify_all();
   }
   bool launched_ = false;
-  std::atomic<bool> open_{false}, passed_{false}, by_watchdog_{false};
+  mutable std::mutex mu_;  // guards open_, passed_ and by_watchdog_
+  std::condition_variable cv_;
+  bool open_ = false, passed_ = false, by_watchdog_ = false;
   std::thread watchdog_;
 };
 

@@ -138,6 +138,8 @@ TEST_P(InclusiveClient, CallsRacingAWriteThroughEndUpOnNvme) {
     ASSERT_EQ(tm_tensor_release(rt_, t, TM_TIER_HBM), TM_OK);
     tm_status racer = TM_OK;
     std::thread th([&] {
+      // not ordering: staggers the racer against the offload, round by round, so that the races
+      // land at different points of the write-through; every interleaving must end on NVMe
       std::this_thread::sleep_for(std::chrono::microseconds(300 * (round % 5)));
       void* q = nullptr;
       const tm_tier tier = mode == 1 ? TM_TIER_DRAM : TM_TIER_HBM;

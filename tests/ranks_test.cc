@@ -401,13 +401,12 @@ TEST_F(FourRanks, SplitHalfTheTmpfsIntoEqualQuartersInAnyOrder) {
     // rings (which hold the swap files) down after the process exits, so this may take a
     // moment. The next order must start on an empty file system.
     uint64_t free_bytes = 0;
-    for (int i = 0; i < 1000; ++i) {
-      ASSERT_EQ(statvfs(mnt_.c_str(), &v), 0);
-      free_bytes = static_cast<uint64_t>(v.f_bfree) * v.f_frsize;
-      if (free_bytes == total) break;
-      usleep(10000);
-    }
-    ASSERT_EQ(free_bytes, total) << "swap files outlived their processes by 10 s";
+    EXPECT_TRUE(testing::WaitUntil([&] {
+      free_bytes =
+          statvfs(mnt_.c_str(), &v) == 0 ? static_cast<uint64_t>(v.f_bfree) * v.f_frsize : 0;
+      return free_bytes == total;
+    }));
+    ASSERT_EQ(free_bytes, total) << "swap files outlived their processes";
   }
 }
 

@@ -194,6 +194,7 @@ TEST(Stress, EightThreadsTwoHundredTensors) {
   };
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  // not ordering: how long the threads race each other (STRESS_SECONDS); what they do is random
   std::this_thread::sleep_for(std::chrono::seconds(Seconds()));
   stop = true;
   for (auto& t : threads) t.join();
