@@ -15,6 +15,7 @@
 #include "lib/base/status.h"
 #include "lib/config/config.h"
 #include "lib/runtime/runtime.h"
+#include "test_runtime.h"
 #include "test_util.h"
 
 namespace tiermem {
@@ -55,22 +56,12 @@ class Faults : public ::testing::TestWithParam<IoEngineKind> {
     io::SetFaultInjector(nullptr);
   }
   std::unique_ptr<Runtime> Make(IoEngineKind engine, bool inclusive = false) {
-    ConfigOverrides o;
-    o.device = DeviceKind::kEmulated;
-    o.hbm_bytes = SizeSetting{64ull << 20, 0};
-    o.dram_bytes = SizeSetting{64ull << 20, 0};
-    o.nvme_bytes = SizeSetting{128ull << 20, 0};
-    o.nvme_paths = dir_.path();
+    ConfigOverrides o = testing::Emulated(dir_.path(), 64ull << 20, 64ull << 20, 128ull << 20);
     o.io_engine = engine;
     o.io_block_size = 256 << 10;
-    auto cfg = LoadConfig(o, [](const char*) { return std::nullopt; }, {});
-    EXPECT_TRUE(cfg.ok()) << cfg.status();
     // Exclusive tiers unless asked: these faults strike NVMe itself, which inclusive DRAM's clean
     // copies would otherwise stand in for (tests/inclusive_test.cc covers those).
-    if (cfg.ok()) cfg->dram_inclusive = inclusive;
-    auto rt = Runtime::Create(*cfg);
-    EXPECT_TRUE(rt.ok()) << rt.status();
-    return rt.ok() ? std::move(*rt) : nullptr;
+    return testing::MakeRuntime(o, {{"TIERMEM_DRAM_INCLUSIVE", inclusive ? "on" : "off"}});
   }
   uint64_t Tensor(uint64_t bytes, uint64_t seed, tm_tier where) {
     auto h = rt_->CreateTensor({bytes, TM_CLASS_PARAM, TM_TIER_HBM, "victim"});

@@ -14,13 +14,16 @@
 #include "io/device.h"
 #include "lib/config/config.h"
 #include "lib/runtime/runtime.h"
+#include "test_runtime.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 
 namespace tiermem {
 namespace {
 
+using testing::NewTensor;
 using testing::RandomBytes;
+using testing::ReadAll;
 using testing::TempDir;
 
 constexpr uint64_t kMiB = 1 << 20;
@@ -29,43 +32,16 @@ constexpr uint64_t kMiB = 1 << 20;
 constexpr double kLinkGbps = 0.2;
 
 std::unique_ptr<Runtime> MakeRuntime(const std::string& dir, bool hand_on) {
-  ConfigOverrides o;
-  o.device = DeviceKind::kEmulated;
+  // HBM: room for one tensor of 8 MiB.
+  ConfigOverrides o = testing::Emulated(dir, 10 * kMiB, 64 * kMiB, 64 * kMiB);
   o.emu_link_gbps = kLinkGbps;
-  o.hbm_bytes = SizeSetting{10 * kMiB, 0};  // room for one tensor of 8 MiB
-  o.dram_bytes = SizeSetting{64 * kMiB, 0};
-  o.nvme_bytes = SizeSetting{64 * kMiB, 0};
-  o.nvme_paths = dir;
   o.prefetch_depth = 0;
   o.log_level = LogLevel::kError;
-  auto env = [hand_on](const char* name) -> std::optional<std::string> {
-    if (std::string(name) == "TIERMEM_HBM_HAND_ON") return hand_on ? "on" : "off";
-    return std::nullopt;
-  };
-  auto config = LoadConfig(o, env, {});
-  EXPECT_TRUE(config.ok()) << config.status();
-  if (!config.ok()) return nullptr;
-  EXPECT_EQ(config->hbm_hand_on, hand_on);
-  auto rt = Runtime::Create(*config);
-  EXPECT_TRUE(rt.ok()) << rt.status();
-  return rt.ok() ? std::move(*rt) : nullptr;
-}
-
-uint64_t NewTensor(Runtime& rt, const std::string& name, uint64_t bytes, tm_tier home) {
-  TensorDesc d;
-  d.bytes = bytes;
-  d.home_tier = home;
-  d.name = name;
-  auto h = rt.CreateTensor(d);
-  EXPECT_TRUE(h.ok()) << h.status();
-  return h.ok() ? *h : 0;
-}
-
-std::vector<uint8_t> ReadAll(Runtime& rt, uint64_t h, uint64_t bytes) {
-  std::vector<uint8_t> out(bytes);
-  auto s = rt.Read(h, 0, out.data(), bytes);
-  EXPECT_TRUE(s.ok()) << s;
-  return out;
+  auto rt = testing::MakeRuntime(o, {{"TIERMEM_HBM_HAND_ON", hand_on ? "on" : "off"}});
+  if (rt != nullptr) {
+    EXPECT_EQ(rt->config().hbm_hand_on, hand_on);
+  }
+  return rt;
 }
 
 // `a` (8 MiB) written in HBM, its only copy; `b` (8 MiB) written in DRAM.

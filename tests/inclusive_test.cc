@@ -15,61 +15,36 @@
 
 #include "lib/config/config.h"
 #include "lib/runtime/runtime.h"
+#include "test_runtime.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
 
 namespace tiermem {
 namespace {
 
+using testing::NewTensor;
 using testing::RandomBytes;
+using testing::ReadAll;
 using testing::TempDir;
 
 constexpr uint64_t kMiB = 1 << 20;
 
 std::unique_ptr<Runtime> MakeRuntime(const std::string& dir, uint64_t hbm, uint64_t dram,
                                      bool inclusive) {
-  ConfigOverrides o;
-  o.device = DeviceKind::kEmulated;
-  o.hbm_bytes = SizeSetting{hbm, 0};
-  o.dram_bytes = SizeSetting{dram, 0};
-  o.nvme_bytes = SizeSetting{256 * kMiB, 0};
-  o.nvme_paths = dir;
+  ConfigOverrides o = testing::Emulated(dir, hbm, dram, 256 * kMiB);
   o.prefetch_depth = 0;
   o.log_level = LogLevel::kError;
-  auto env = [inclusive](const char* name) -> std::optional<std::string> {
-    if (std::string(name) == "TIERMEM_DRAM_INCLUSIVE") return inclusive ? "on" : "off";
-    return std::nullopt;
-  };
-  auto config = LoadConfig(o, env, {});
-  EXPECT_TRUE(config.ok()) << config.status();
-  if (!config.ok()) return nullptr;
-  EXPECT_EQ(config->dram_inclusive, inclusive);
-  auto rt = Runtime::Create(*config);
-  EXPECT_TRUE(rt.ok()) << rt.status();
-  return rt.ok() ? std::move(*rt) : nullptr;
-}
-
-uint64_t NewTensor(Runtime& rt, const std::string& name, uint64_t bytes, tm_tier home) {
-  TensorDesc d;
-  d.bytes = bytes;
-  d.home_tier = home;
-  d.name = name;
-  auto h = rt.CreateTensor(d);
-  EXPECT_TRUE(h.ok()) << h.status();
-  return h.ok() ? *h : 0;
+  auto rt = testing::MakeRuntime(o, {{"TIERMEM_DRAM_INCLUSIVE", inclusive ? "on" : "off"}});
+  if (rt != nullptr) {
+    EXPECT_EQ(rt->config().dram_inclusive, inclusive);
+  }
+  return rt;
 }
 
 uint64_t FreeBytes(Runtime& rt, tm_tier tier) {
   uint64_t free = 0;
   for (const auto& b : rt.Layout(tier)) free += b.free ? b.size : 0;
   return free;
-}
-
-std::vector<uint8_t> ReadAll(Runtime& rt, uint64_t h, uint64_t bytes) {
-  std::vector<uint8_t> out(bytes);
-  auto s = rt.Read(h, 0, out.data(), bytes);
-  EXPECT_TRUE(s.ok()) << s;
-  return out;
 }
 
 // The block of `h` in the NVMe tier's layout (its offset in the one swap file), or -1.

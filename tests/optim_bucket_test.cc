@@ -20,6 +20,7 @@
 #include "lib/optim/bucket_step.h"
 #include "lib/optim/runtime_state.h"
 #include "lib/runtime/runtime.h"
+#include "test_runtime.h"
 #include "test_util.h"
 
 namespace tiermem::optim {
@@ -51,20 +52,12 @@ class Buckets : public ::testing::Test {
  protected:
   void SetUp() override {
     io::SetFaultInjector(&faults_);
-    ConfigOverrides o;
-    o.device = DeviceKind::kEmulated;
-    o.hbm_bytes = SizeSetting{16ull << 20, 0};
-    o.dram_bytes = SizeSetting{64ull << 20, 0};
-    o.nvme_bytes = SizeSetting{128ull << 20, 0};
-    o.nvme_paths = dir_.path();
-    auto cfg = LoadConfig(o, [](const char*) { return std::nullopt; }, {});
-    ASSERT_TRUE(cfg.ok()) << cfg.status();
     // Exclusive tiers: the faults strike NVMe itself, which inclusive DRAM's clean copies would
     // otherwise stand in for.
-    cfg->dram_inclusive = false;
-    auto rt = Runtime::Create(*cfg);
-    ASSERT_TRUE(rt.ok()) << rt.status();
-    rt_ = std::move(*rt);
+    rt_ =
+        testing::MakeRuntime(testing::Emulated(dir_.path(), 16ull << 20, 64ull << 20, 128ull << 20),
+                             {{"TIERMEM_DRAM_INCLUSIVE", "off"}});
+    ASSERT_NE(rt_, nullptr);
     state_io_ = std::make_unique<RuntimeStateTensors>(*rt_);
     AdamHyper h;
     h.lr = 1e-2;

@@ -17,6 +17,7 @@
 #include "lib/optim/bucket_step.h"
 #include "lib/optim/runtime_state.h"
 #include "lib/runtime/runtime.h"
+#include "test_runtime.h"
 #include "test_util.h"
 
 namespace tiermem::optim {
@@ -54,24 +55,17 @@ class Held : public ::testing::TestWithParam<tm_tier> {};
 
 TEST_P(Held, WriteByAnotherThreadDuringTheStepIsRefusedNotLost) {
   testing::TempDir dir;
-  ConfigOverrides o;
-  o.device = DeviceKind::kEmulated;
-  o.hbm_bytes = SizeSetting{16ull << 20, 0};
-  o.dram_bytes = SizeSetting{64ull << 20, 0};
-  o.nvme_bytes = SizeSetting{128ull << 20, 0};
-  o.nvme_paths = dir.path();
-  auto cfg = LoadConfig(o, [](const char*) { return std::nullopt; }, {});
-  ASSERT_TRUE(cfg.ok()) << cfg.status();
-  auto rt = Runtime::Create(*cfg);
-  ASSERT_TRUE(rt.ok()) << rt.status();
-  auto t = (*rt)->CreateTensor({12 * kN, TM_CLASS_OPTIMIZER_STATE, GetParam(), "held state"});
+  auto rt =
+      testing::MakeRuntime(testing::Emulated(dir.path(), 16ull << 20, 64ull << 20, 128ull << 20));
+  ASSERT_NE(rt, nullptr);
+  auto t = rt->CreateTensor({12 * kN, TM_CLASS_OPTIMIZER_STATE, GetParam(), "held state"});
   ASSERT_TRUE(t.ok()) << t.status();
   std::vector<float> state(3 * kN, 0.0f), grad(kN, 0.25f);
   for (size_t i = 0; i < kN; ++i) state[i] = 1.0f + 0.001f * static_cast<float>(i);
-  ASSERT_TRUE((*rt)->Write(*t, 0, state.data(), 12 * kN).ok());
+  ASSERT_TRUE(rt->Write(*t, 0, state.data(), 12 * kN).ok());
   auto opt = AdamOptimizer::Create(AdamHyper{}, 1, -1);
   ASSERT_TRUE(opt.ok());
-  Intruding io(**rt, *t);
+  Intruding io(*rt, *t);
   StepVersions versions;
   const tm_adam_bucket bucket = {{*t}, kN, grad.data(), TM_DTYPE_F32, nullptr, TM_DTYPE_F32};
   BucketStepResult r = StepBuckets(**opt, io, versions, 2, 1, 1.0f, &bucket, 1);
@@ -96,13 +90,13 @@ TEST_P(Held, WriteByAnotherThreadDuringTheStepIsRefusedNotLost) {
   span.out = nullptr;
   ASSERT_TRUE((*host)->Step(1, 1.0f, &span, 1).ok());
   std::vector<float> back(3 * kN);
-  ASSERT_TRUE((*rt)->Read(*t, 0, back.data(), 12 * kN).ok());
+  ASSERT_TRUE(rt->Read(*t, 0, back.data(), 12 * kN).ok());
   EXPECT_EQ(std::memcmp(back.data(), state.data(), 12 * kN), 0);
   // Let go with the step: the same write now lands.
   std::vector<float> later(3 * kN, 7.0f);
-  std::thread after([&] { EXPECT_TRUE((*rt)->Write(*t, 0, later.data(), 12 * kN).ok()); });
+  std::thread after([&] { EXPECT_TRUE(rt->Write(*t, 0, later.data(), 12 * kN).ok()); });
   after.join();
-  ASSERT_TRUE((*rt)->Read(*t, 0, back.data(), 12 * kN).ok());
+  ASSERT_TRUE(rt->Read(*t, 0, back.data(), 12 * kN).ok());
   EXPECT_EQ(back, later);
   versions.Forget(io);
 }

@@ -12,6 +12,7 @@
 #include "lib/optim/bucket_step.h"
 #include "lib/optim/runtime_state.h"
 #include "lib/runtime/runtime.h"
+#include "test_runtime.h"
 #include "test_util.h"
 
 namespace tiermem::optim {
@@ -24,22 +25,16 @@ constexpr uint64_t kStateBytes = 12 * kCount;
 class Traffic : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    ConfigOverrides o;
-    o.device = DeviceKind::kEmulated;
-    o.hbm_bytes = SizeSetting{4ull << 20, 0};
-    // Room for the pipeline, one bucket more and the staging ring: the bucket stepping, its new
-    // version, the `depth` read ahead and the `depth + 1` new versions being written
+    // DRAM: room for the pipeline, one bucket more and the staging ring: the bucket stepping,
+    // its new version, the `depth` read ahead and the `depth + 1` new versions being written
     // (bucket_step.cc).
     const uint64_t depth = static_cast<uint64_t>(GetParam());
-    o.dram_bytes = SizeSetting{(2 + 2 * depth + 1) * kStateBytes + (2ull << 20), 0};
-    o.nvme_bytes = SizeSetting{3 * kBuckets * kStateBytes, 0};
-    o.nvme_paths = dir_.path();
-    auto cfg = LoadConfig(o, [](const char*) { return std::nullopt; }, {});
-    ASSERT_TRUE(cfg.ok()) << cfg.status();
-    cfg->dram_inclusive = false;  // every step reads its state from NVMe
-    auto rt = Runtime::Create(*cfg);
-    ASSERT_TRUE(rt.ok()) << rt.status();
-    rt_ = std::move(*rt);
+    const ConfigOverrides o =
+        testing::Emulated(dir_.path(), 4ull << 20, (2 + 2 * depth + 1) * kStateBytes + (2ull << 20),
+                          3 * kBuckets * kStateBytes);
+    // Exclusive tiers: every step reads its state from NVMe.
+    rt_ = testing::MakeRuntime(o, {{"TIERMEM_DRAM_INCLUSIVE", "off"}});
+    ASSERT_NE(rt_, nullptr);
     io_ = std::make_unique<RuntimeStateTensors>(*rt_);
     // The staging ring takes its share of the budget: the pipeline's buckets still fit.
     ASSERT_GE(rt_->info().tier_bytes[TM_TIER_DRAM], (2 + 2 * depth) * kStateBytes);
