@@ -40,8 +40,8 @@ Two phases, each in process groups of its own (fresh processes, torchrun's envir
           modes rotated each round. So the modes share the machine's moments: a round's modes
           run within seconds of each other (on a shared machine, runs a minute apart differ by
           2x). Every mode's i-th step trains on the same batch i. A step is forward, backward,
-          optimizer step, zero_grad (CUDA synchronized at both ends); its time is the slowest
-          rank's.
+          optimizer step, zero_grad (CUDA synchronized at both ends, and between backward and
+          the optimizer, whose part is given too); its time is the slowest rank's.
   memory  one process group per mode, alone (a process's RSS high-water mark and ru_maxrss only
           grow, and allocators keep what they freed: glibc's heap, torch's pinned host cache,
           pytorch#134051; a mode after another would carry the first one's peak). Each rank
@@ -326,23 +326,26 @@ class Rank:
         return x[:, :-1].contiguous().to(self.device), x[:, 1:].contiguous().to(self.device)
 
     def step(self, model, opt, i):
-        """One training step on batch i: (the slowest rank's seconds, the ranks' mean loss)."""
+        """One training step on batch i: (the slowest rank's seconds for the step, the slowest
+        rank's for its optimizer part (step and zero_grad), the ranks' mean loss)."""
         torch, dist = self.torch, self.dist
         x, y = self.batch(i)
         self.sync()
         t0 = time.perf_counter()
         loss = model(x, y, self.mask)
         loss.backward()
+        self.sync()
+        t1 = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)
         self.sync()
-        dt = time.perf_counter() - t0
-        t = torch.tensor([dt, loss.detach().float().item()], dtype=torch.float64,
-                         device=self.device)
-        slow, mean = t[:1].clone(), t[1:].clone()
+        t2 = time.perf_counter()
+        slow = torch.tensor([t2 - t0, t2 - t1], dtype=torch.float64, device=self.device)
+        mean = torch.tensor([loss.detach().float().item()], dtype=torch.float64,
+                            device=self.device)
         dist.all_reduce(slow, op=dist.ReduceOp.MAX)
         dist.all_reduce(mean, op=dist.ReduceOp.SUM)
-        return slow.item(), mean.item() / self.world
+        return slow[0].item(), slow[1].item(), mean.item() / self.world
 
     def close(self):
         self.dist.destroy_process_group()
@@ -361,11 +364,11 @@ def time_worker(r, spec):
     for mode in modes:
         model = r.model(mode)
         opt, rt, figures = r.optimizer(mode, model)
-        runs[mode] = dict(model=model, opt=opt, rt=rt, figures=figures, losses=[],
+        runs[mode] = dict(model=model, opt=opt, rt=rt, figures=figures, losses=[], opt_times=[],
                           times=[[] for _ in range(spec["rounds"])])
     for i in range(spec["warmup"]):
         for mode in modes:
-            runs[mode]["losses"].append(r.step(runs[mode]["model"], runs[mode]["opt"], i)[1])
+            runs[mode]["losses"].append(r.step(runs[mode]["model"], runs[mode]["opt"], i)[2])
     before = {m: run["rt"].stats()["bytes_moved"] for m, run in runs.items() if run["rt"]}
     for rnd in range(spec["rounds"]):
         order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
@@ -373,8 +376,9 @@ def time_worker(r, spec):
             run = runs[mode]
             for k in range(spec["steps"]):
                 i = spec["warmup"] + rnd * spec["steps"] + k
-                dt, loss = r.step(run["model"], run["opt"], i)
+                dt, dt_opt, loss = r.step(run["model"], run["opt"], i)
                 run["times"][rnd].append(dt)
+                run["opt_times"].append(dt_opt)
                 run["losses"].append(loss)
         if r.rank == 0:
             print("round %d: %s" % (rnd, "  ".join(
@@ -383,7 +387,8 @@ def time_worker(r, spec):
     out = {}
     for mode, run in runs.items():
         model = run["model"]
-        res = dict(run["figures"], times=run["times"], losses=run["losses"],
+        res = dict(run["figures"], times=run["times"], opt_times=run["opt_times"],
+                   losses=run["losses"],
                    link=r.link_bytes(mode, model),
                    params_total=sum(p.numel() for p in model.parameters()),
                    local_numel=sum(p.to_local().numel() for p in model.parameters()),
@@ -600,8 +605,8 @@ def report(args, modes, timing, memory, wall):
                       mode, rank, f["state_bytes"] / MIB, f["dram_budget"] / MIB,
                       f["dram_budget"] / f["state_bytes"], f["dram_capacity"] / MIB,
                       f["dram_peak"] / MIB, f["local"]))
-    print("# mode                 median ms  [min - max] over %d timed steps; host peak per rank "
-          "MiB (above base)" % (args.rounds * args.steps))
+    print("# mode                 median ms  [min - max] over %d timed steps, of it the optimizer"
+          " (step + zero_grad); host peak per rank MiB (above base)" % (args.rounds * args.steps))
     med, peak, above = {}, {}, {}
     for mode in modes:
         times = [x for rnd in t0[mode]["times"] for x in rnd]
@@ -609,8 +614,11 @@ def report(args, modes, timing, memory, wall):
         peaks = [m[mode]["host_peak"] for m in memory]
         aboves = [m[mode]["host_peak"] - m[mode]["base"] for m in memory]
         peak[mode], above[mode] = max(peaks), max(aboves)
-        print("step %-18s %9.1f  [%.1f - %.1f]   host_peak %s  (+%s)" % (
-            mode, ms(med[mode]), ms(min(times)), ms(max(times)),
+        opt_t = t0[mode]["opt_times"]
+        print("step %-18s %9.1f  [%.1f - %.1f]  optimizer %.1f [%.1f - %.1f]  host_peak %s  "
+              "(+%s)" % (
+            mode, ms(med[mode]), ms(min(times)), ms(max(times)), ms(statistics.median(opt_t)),
+            ms(min(opt_t)), ms(max(opt_t)),
             " ".join("r%d=%.0f" % (i, p / MIB) for i, p in enumerate(peaks)),
             " +".join("%.0f" % (a / MIB) for a in aboves)))
     if not all(m[mode]["hwm_reset"] for m in memory for mode in modes):
@@ -661,6 +669,11 @@ def report(args, modes, timing, memory, wall):
         name = "fsdp_step_%s_over_%s" % (mode, ref)
         print("ratio %s %.2f" % (name, statistics.median(per)))
         print("info %s_per_round %s" % (name, " ".join("%.2f" % x for x in per)))
+    for mode in modes:
+        if mode != ref:
+            print("info fsdp_optimizer_%s_over_%s %.2f (medians of the optimizer part)" % (
+                mode, ref, statistics.median(t0[mode]["opt_times"]) /
+                statistics.median(t0[ref]["opt_times"])))
     if ref != "no_offload" and "no_offload" in modes:
         for mode in modes:
             if mode != "no_offload":
