@@ -283,6 +283,74 @@ class Cases:
         refused("not_sharded", lambda: FSDPCPUAdam(Net()))
         return out
 
+    def hooks(self):
+        """Where a user's hooks run against FSDP2's own, as this torch runs them: the points a
+        shard offload would bring shards in and out (docs/pytorch.md, "FSDP2", what is not
+        supported yet). Per block, in order: a pre-hook registered after fully_shard with
+        prepend=True (before FSDP2's unshard?) and without (after it?); a gradient hook put on
+        the block's output by a prepend=True forward hook (before FSDP2's pre-backward unshard
+        of this block and of the one before it?); a gradient hook on the block's input (after
+        its reduce-scatter set the sharded gradients?). And the shards' storage freed after
+        each step and refilled in the root's prepend=True pre-hook: FSDPCPUAdam trains
+        bit-identically to the run that kept them."""
+        model = build()
+        blocks = list(model.layers)
+        log = []
+
+        def unsharded(block):
+            return block._get_fsdp_state()._fsdp_param_group.is_unsharded
+
+        def grad_set(block):
+            return all(p.grad is not None for p in block.parameters())
+
+        for i, block in enumerate(blocks):
+            def pre_first(mod, args, i=i):
+                log.append(["pre_prepend", i, unsharded(mod)])
+                if args[0].requires_grad:
+                    args[0].register_hook(
+                        lambda g, i=i: log.append(["input_grad", i, grad_set(blocks[i])]))
+
+            def out_first(mod, args, out, i=i):
+                out.register_hook(lambda g, i=i: log.append(
+                    ["output_grad", i, unsharded(blocks[i]), i > 0 and unsharded(blocks[i - 1])]))
+
+            block.register_forward_pre_hook(pre_first, prepend=True)
+            block.register_forward_pre_hook(
+                lambda mod, args, i=i: log.append(["pre_append", i, unsharded(mod)]))
+            block.register_forward_hook(out_first, prepend=True)
+        # The first block's input must require grad for its input hook: the embedding's output.
+        loss_of(model, *batch(0)).backward()
+
+        def run(swap):
+            model = build()
+            opt = FSDPCPUAdam(model, threads=1, **HYPER)
+            saved = {}
+
+            @torch.no_grad()
+            def refill(*_):
+                for storage, copy in saved.values():
+                    storage.resize_(copy.nbytes())
+                    storage.copy_(copy)
+                saved.clear()
+
+            if swap:
+                model.register_forward_pre_hook(refill, prepend=True)
+            losses = []
+            for i in range(STEPS // 4):
+                losses += train(model, opt, 1, start=i)
+                if swap:
+                    for p in model.parameters():
+                        storage = p.to_local().untyped_storage()
+                        if storage.data_ptr() not in saved:  # padded shards share one storage
+                            saved[storage.data_ptr()] = storage, storage.clone()
+                            storage.resize_(0)
+            refill()
+            opt.close()
+            return losses, full(model)
+
+        plain, swapped = run(False), run(True)
+        return dict(log=log, swap=compare(*swapped, *plain))
+
     def dcp(self):
         """Saved and loaded through torch.distributed.checkpoint, mid-run: the resumed run
         is bit-identical to the one that went on; AdamW's checkpoint loads into FSDPCPUAdam and

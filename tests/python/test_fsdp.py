@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fsdp_worker.py")
-CASES = "dram,nvme,clip,mixed,refusals,dcp,llama,budget"
+CASES = "dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks"
 # The tolerance of test_cpu_adam.py: CPUAdam's kernel and torch's scalar AdamW round differently
 # in the last bit (FMA or not), so the curves agree to 1e-5 relative, not bit for bit, at lr 1e-3.
 LOSS_RTOL = 1e-5
@@ -151,6 +151,22 @@ def test_refusals_name_what_is_refused(single_node):
             assert got[case].startswith("ValueError: FSDPCPUAdam: "), (case, got[case])
             for w in words:
                 assert w in got[case], (case, got[case])
+
+
+def test_hook_points_for_a_shard_offload(single_node):
+    """Not tiermem's behaviour but torch's, which a shard offload would rely on (docs/pytorch.md,
+    FSDP2, "Only the optimizer state is in tiermem"): fails when a torch changes it."""
+    for rank, r in results(single_node, "hooks").items():
+        log = [tuple(e) for e in r["log"]]
+        blocks = sorted({e[1] for e in log})
+        assert blocks == [0, 1], log
+        for i in blocks:
+            assert ("pre_prepend", i, False) in log, "rank %d: before FSDP2's unshard" % rank
+            assert ("pre_append", i, True) in log, "rank %d: after FSDP2's unshard" % rank
+            # Before this block's pre-backward unshard and the prefetch of the one before it.
+            assert ("output_grad", i, False, False) in log, (rank, log)
+            assert ("input_grad", i, True) in log, "rank %d: the sharded gradients set" % rank
+        assert r["swap"]["bit_identical"], "rank %d: shards freed between steps differ" % rank
 
 
 def test_two_nodes_split_their_own_budgets(single_node, tmp_path):
