@@ -13,8 +13,17 @@ absl::StatusOr<std::unique_ptr<StreamPool>> StreamPool::Create(int threads, int 
   }
   std::unique_ptr<StreamPool> pool(new StreamPool());
   pool->numa_node_ = numa_node;
-  pool->workers_.reserve(static_cast<size_t>(threads));
-  for (int i = 0; i < threads; ++i) {
+  // The caller's memory is as near as the workers' when they are not bound, or when there is
+  // one node only. On a host with several, the caller may sit on another node than the one the
+  // state is bound to: it only waits there, as before.
+  pool->caller_works_ = numa_node < 0;
+  if (!pool->caller_works_) {
+    auto topo = io::Topology::Load(/*with_pci=*/false);
+    pool->caller_works_ = topo.ok() && (*topo)->NodeCount() <= 1;
+  }
+  const int workers = threads - (pool->caller_works_ ? 1 : 0);
+  pool->workers_.reserve(static_cast<size_t>(workers));
+  for (int i = 0; i < workers; ++i) {
     pool->workers_.emplace_back([p = pool.get(), numa_node] { p->WorkerLoop(numa_node); });
   }
   return pool;
@@ -29,17 +38,36 @@ StreamPool::~StreamPool() {
   for (std::thread& t : workers_) t.join();
 }
 
+size_t StreamPool::TakeTasks(const absl::FunctionRef<void(size_t)>& job, size_t tasks) {
+  size_t ran = 0;
+  for (size_t t = next_task_.fetch_add(1, std::memory_order_relaxed); t < tasks;
+       t = next_task_.fetch_add(1, std::memory_order_relaxed)) {
+    job(t);
+    ++ran;
+  }
+  return ran;
+}
+
 void StreamPool::Run(size_t tasks, absl::FunctionRef<void(size_t)> fn) {
   if (tasks == 0) return;
   MutexLock run_lock(&run_mu_);
+  const bool wake = !workers_.empty() && (tasks > 1 || !caller_works_);
+  {
+    MutexLock lock(&mu_);
+    job_ = &fn;
+    tasks_ = tasks;
+    finished_ = 0;
+    // No worker is inside (the last Run waited for them): the counter is the new job's.
+    next_task_.store(0, std::memory_order_relaxed);
+    if (wake) {
+      ++generation_;
+      wake_.SignalAll();
+    }
+  }
+  const size_t ran = caller_works_ ? TakeTasks(fn, tasks) : 0;
   MutexLock lock(&mu_);
-  job_ = &fn;
-  tasks_ = tasks;
-  next_task_.store(0, std::memory_order_relaxed);
-  busy_ = threads();
-  ++generation_;
-  wake_.SignalAll();
-  while (busy_ > 0) done_.Wait(&mu_);
+  finished_ += ran;
+  while (finished_ < tasks_ || inside_ > 0) done_.Wait(&mu_);
   job_ = nullptr;
 }
 
@@ -68,15 +96,18 @@ void StreamPool::WorkerLoop(int numa_node) {
       while (!stopping_ && generation_ == seen) wake_.Wait(&mu_);
       if (stopping_) return;
       seen = generation_;
+      // Woken too late: the job is over (or done but for the workers inside it, whose tasks
+      // are all taken). Nothing to do; back to sleep.
+      if (job_ == nullptr || finished_ >= tasks_) continue;
       job = job_;
       tasks = tasks_;
+      ++inside_;
     }
-    for (size_t t = next_task_.fetch_add(1, std::memory_order_relaxed); t < tasks;
-         t = next_task_.fetch_add(1, std::memory_order_relaxed)) {
-      (*job)(t);
-    }
+    const size_t ran = TakeTasks(*job, tasks);
     MutexLock lock(&mu_);
-    if (--busy_ == 0) done_.Signal();
+    finished_ += ran;
+    --inside_;
+    if (finished_ >= tasks_ && inside_ == 0) done_.Signal();
   }
 }
 

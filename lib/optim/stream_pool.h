@@ -2,6 +2,12 @@
 // that stream memory bound there. Work is handed out as numbered tasks (tiles) from a shared
 // counter, so a slow or descheduled worker holds up no one; any thread count works, more
 // threads than cores included.
+//
+// The calling thread takes tiles too where its memory is as near as the workers' (the pool is
+// unbound, or the machine has one NUMA node): `threads` counts it, so one thread steps on the
+// caller alone, without a hand-off. A Run returns once every tile is done and no worker is
+// still inside it: a worker that has not woken by then (its core busy with another process)
+// is not waited for, and finds nothing left when it does wake.
 #pragma once
 
 #include <atomic>
@@ -24,27 +30,36 @@ class StreamPool {
   StreamPool(const StreamPool&) = delete;
   StreamPool& operator=(const StreamPool&) = delete;
 
-  int threads() const { return static_cast<int>(workers_.size()); }
+  // The threads that take tiles: the workers, and the caller where it joins them.
+  int threads() const { return static_cast<int>(workers_.size()) + (caller_works_ ? 1 : 0); }
   int numa_node() const { return numa_node_; }
-  // Runs fn(task) for each task in [0, tasks) on the workers and returns when all are done.
-  // Calls are serialized.
+  // Whether the calling thread of Run takes tiles too.
+  bool caller_works() const { return caller_works_; }
+  // Runs fn(task) for each task in [0, tasks) on the workers (and the caller) and returns when
+  // all are done. Calls are serialized.
   void Run(size_t tasks, absl::FunctionRef<void(size_t)> fn);
 
  private:
   StreamPool() = default;
   void WorkerLoop(int numa_node);
+  // Takes tasks from the shared counter until none is left; returns how many it ran.
+  size_t TakeTasks(const absl::FunctionRef<void(size_t)>& job, size_t tasks);
 
   int numa_node_ = -1;
+  bool caller_works_ = false;
   Mutex run_mu_;  // one Run at a time
   Mutex mu_;
   CondVar wake_;
   CondVar done_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int busy_ ABSL_GUARDED_BY(mu_) = 0;
-  // The job of the current generation; read by workers after they saw the generation change.
-  const absl::FunctionRef<void(size_t)>* job_ = nullptr;
-  size_t tasks_ = 0;
+  // Workers inside the current job (they read job_ and the counter): Run waits for them.
+  int inside_ ABSL_GUARDED_BY(mu_) = 0;
+  // Tasks of the current job finished so far.
+  size_t finished_ ABSL_GUARDED_BY(mu_) = 0;
+  // The current job; null between Runs, so that a worker waking late takes nothing.
+  const absl::FunctionRef<void(size_t)>* job_ ABSL_GUARDED_BY(mu_) = nullptr;
+  size_t tasks_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<size_t> next_task_{0};
   std::vector<std::thread> workers_;
 };
