@@ -402,3 +402,44 @@ def test_transposed_and_empty_parameters_follow_adamw(make_runtime):
     assert [tuple(b.state_dict()["state"][i]["exp_avg"].shape) for i in range(3)] == \
         [(5, 8), (0, 4), (6,)]
     c.close()
+
+
+def test_fp32_cpu_parameters_are_their_own_master():
+    """An fp32 CPU parameter with its state in DRAM is stepped in place, as AdamW steps it: its
+    state holds only the moments (8 bytes a parameter), a change made to the parameter between
+    steps is kept (there is no master to overwrite it), and a parameter that stops qualifying (a
+    strided view now) gets a master from its value and goes on following AdamW."""
+    g = torch.Generator().manual_seed(5)
+    start = torch.randn(6, 10, generator=g)
+    grads = [torch.randn(6, 10, generator=g) for _ in range(4)]
+    p, q = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    opt = CPUAdam([p], threads=2, **HYPER)
+    ref = torch.optim.AdamW([q], foreach=False, **HYPER)
+
+    def both():
+        for x, o, grad in ((p, opt, grads[i % 4]), (q, ref, grads[i % 4])):
+            x.grad = grad.clone()
+            o.step()
+
+    for i in range(2):
+        both()
+    slot = opt._slots[p]
+    assert slot.in_place and slot.tensor.nbytes == 8 * p.numel(), "the moments only"
+    torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
+    with torch.no_grad():  # an edit between steps (a weight tied, a re-initialization)
+        p.mul_(0.5)
+        q.mul_(0.5)
+    i = 2
+    both()
+    torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
+    p.data = p.data.t().contiguous().t()  # the same values, strided now
+    q.data = q.data.t().contiguous().t()
+    assert not p.is_contiguous()
+    i = 3
+    both()
+    assert not slot.in_place and slot.tensor.nbytes == 12 * p.numel(), "a master again"
+    torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
+    sd, sd_ref = opt.state_dict()["state"][0], ref.state_dict()["state"][0]
+    for name in ("step", "exp_avg", "exp_avg_sq"):  # fused multiply-adds: m may cancel
+        torch.testing.assert_close(sd[name], sd_ref[name], rtol=1e-5, atol=1e-8)
+    opt.close()

@@ -10,6 +10,7 @@ state_dict() / load_state_dict() have torch.optim.AdamW's layout: checkpoints mo
 two. See docs/pytorch.md ("CPUAdam") for clipping, mixed precision and the overlap with backward.
 """
 
+import array
 import ctypes
 import threading
 from collections import defaultdict
@@ -28,6 +29,14 @@ _check = tiermem._check
 
 _DTYPES = {torch.float32: _optim_capi.DTYPE_F32, torch.bfloat16: _optim_capi.DTYPE_BF16,
            torch.float16: _optim_capi.DTYPE_F16}
+
+# tm_adam_span as 8-byte words (LP64; the enums are the low half of theirs, zero above), filled
+# without a ctypes attribute per field: the word of each field.
+_SPAN_WORDS = ctypes.sizeof(_optim_capi.AdamSpan) // 8
+(_SPAN_PARAM, _SPAN_M, _SPAN_V, _SPAN_VMAX, _SPAN_GRAD, _SPAN_GRAD_DTYPE, _SPAN_OUT,
+ _SPAN_OUT_DTYPE, _SPAN_COUNT) = (getattr(_optim_capi.AdamSpan, name).offset // 8
+                                  for name, _ in _optim_capi.AdamSpan._fields_)
+assert ctypes.sizeof(_optim_capi.AdamSpan) == 8 * _SPAN_WORDS == 72, "tm_adam_span is LP64's"
 
 
 def isa():
@@ -51,14 +60,18 @@ def set_isa_limit(name):
 
 
 class _Slot:
-    """One parameter's bucket: its state tensor in tiermem ([master | exp_avg | exp_avg_sq |
-    max_exp_avg_sq] in fp32) and, for a parameter on a GPU, pinned buffers for its gradient and
-    its updated value."""
+    """One parameter's bucket: its state tensor in tiermem and, for a parameter on a GPU, pinned
+    buffers for its gradient and its updated value. The state is [master | exp_avg | exp_avg_sq
+    | max_exp_avg_sq] in fp32, or without the master (`in_place`) for an fp32 CPU parameter
+    with its state in DRAM: that parameter is its own master, stepped in place as AdamW and
+    DeepSpeed step it (28 bytes a parameter moved instead of 36 with a master beside it)."""
 
-    __slots__ = ("tensor", "count", "amsgrad", "grad_host", "out_host", "ready")
+    __slots__ = ("tensor", "handle", "count", "amsgrad", "in_place", "grad_host", "out_host",
+                 "ready")
 
-    def __init__(self, tensor, count, amsgrad):
-        self.tensor, self.count, self.amsgrad = tensor, count, amsgrad
+    def __init__(self, tensor, count, amsgrad, in_place):
+        self.tensor, self.count, self.amsgrad, self.in_place = tensor, count, amsgrad, in_place
+        self.handle = tensor._handle()  # the C handle (the tensor is destroyed only by close())
         self.grad_host = self.out_host = self.ready = None
 
 
@@ -69,8 +82,10 @@ class CPUAdam(torch.optim.Optimizer):
     decay added to the gradient). max_grad_norm: clip the gradients by their global L2 norm,
     exactly as torch.nn.utils.clip_grad_norm_ (the coefficient is folded into the step's read of
     the gradient, no extra pass). runtime: a tiermem.Runtime for the state (None: a private one
-    sized for it, DRAM only). state_tier: "dram" or "nvme". threads: CPU workers (0: the cores of
-    the DRAM tier's NUMA node). overlap: on a GPU, copy each gradient down on a side stream as
+    sized for it, DRAM only). state_tier: "dram" or "nvme". threads: CPU threads stepping, the
+    caller of step() counted where it shares the workers' NUMA node (0: the cores of the DRAM
+    tier's node). An fp32 CPU parameter with its state in DRAM is its own master, stepped in
+    place (docs/pytorch.md). overlap: on a GPU, copy each gradient down on a side stream as
     backward produces it and step each parameter on the CPU while backward goes on (None: when
     the parameters are on a GPU and torch has register_post_accumulate_grad_hook).
     """
@@ -94,7 +109,11 @@ class CPUAdam(torch.optim.Optimizer):
         if runtime is None:
             if state_tier == "nvme":
                 raise ValueError("CPUAdam: state_tier='nvme' needs a runtime with nvme_paths")
-            need = sum(16 * p.numel() for p in self._params())
+            # The state as _slot lays it out (8 bytes a parameter stepped in place, 12 with a
+            # master, 4 more with amsgrad), and room for the largest to get a master later.
+            need = sum(((3 if g["amsgrad"] else 2) + (not self._in_place_ok(p))) * 4 * p.numel()
+                       for g in self.param_groups for p in g["params"])
+            need += max((16 * p.numel() for p in self._params()), default=0)
             runtime = tiermem.Runtime(device="emulated", hbm_bytes="16MiB",
                                       dram_bytes=need + (64 << 20), log_level="error")
             self._own_runtime = runtime
@@ -107,6 +126,7 @@ class CPUAdam(torch.optim.Optimizer):
         _check(_lib.tm_adam_create(runtime._handle(), ctypes.byref(cfg), ctypes.byref(self._adam)),
                "tm_adam_create")
         self._slots = {}
+        self._counters = {}  # param -> (its step tensor, a ctypes view of its float)
         self._stepped, self._unfinished = set(), None
         self._lock = threading.Lock()  # one C step at a time (the worker and step())
         self._overlap = None
@@ -122,6 +142,11 @@ class CPUAdam(torch.optim.Optimizer):
     def _params(self):
         return chain.from_iterable(g["params"] for g in self.param_groups)
 
+    def _in_place_ok(self, p):
+        """The parameter can be its own master: fp32, contiguous, in host memory, state in DRAM."""
+        return (self.state_tier == "dram" and p.dtype == torch.float32 and p.is_cpu and
+                p.is_contiguous())
+
     def _slot(self, p, group, init=True):
         slot = self._slots.get(p)
         amsgrad = bool(group["amsgrad"])
@@ -129,29 +154,54 @@ class CPUAdam(torch.optim.Optimizer):
             raise ValueError("CPUAdam: amsgrad was turned on after the state was made")
         if slot is None:
             n = p.numel()
-            t = self.runtime.tensor((16 if amsgrad else 12) * n, cls="optimizer_state",
-                                    home=self.state_tier,
+            in_place = self._in_place_ok(p)
+            t = self.runtime.tensor(((3 if amsgrad else 2) + (not in_place)) * 4 * n,
+                                    cls="optimizer_state", home=self.state_tier,
                                     name=self.runtime.next_name("cpu_adam"))
-            slot = _Slot(t, n, amsgrad)
+            slot = _Slot(t, n, amsgrad, in_place)
             self._slots[p] = slot
             if init:
                 zeros = torch.zeros(n, dtype=torch.float32)
                 self._write(slot, p.detach().reshape(-1), zeros, zeros,
-                            zeros if amsgrad else None)
+                            zeros if amsgrad else None, p)
+        elif slot.in_place and not self._in_place_ok(p):
+            self._add_master(p, slot)
         return slot
 
-    def _write(self, slot, master, m, v, vmax):
-        parts = [master, m, v] + ([vmax if vmax is not None else torch.zeros_like(v)]
-                                  if slot.amsgrad else [])
+    def _add_master(self, p, slot):
+        """A parameter stepped in place that no longer can be (made bf16, moved, made a strided
+        view): its state gets a master again, the parameter's value widened to fp32."""
+        _, m, v, *vmax = self._read(slot, p)
+        t = self.runtime.tensor(((4 if slot.amsgrad else 3) * 4 * slot.count),
+                                cls="optimizer_state", home=self.state_tier,
+                                name=self.runtime.next_name("cpu_adam"))
+        old, slot.tensor, slot.handle, slot.in_place = slot.tensor, t, t._handle(), False
+        self._write(slot, p.detach().reshape(-1), m, v, vmax[0] if vmax else None, p)
+        old.destroy()
+
+    def _write(self, slot, master, m, v, vmax, p):
+        parts = [m, v] + ([vmax if vmax is not None else torch.zeros_like(v)]
+                          if slot.amsgrad else [])
+        if slot.in_place:  # the parameter is the master
+            if master.data_ptr() != p.data_ptr():
+                p.detach().view(-1).copy_(master.to(torch.float32).reshape(-1))
+        else:
+            parts.insert(0, master)
         flat = torch.cat([t.detach().to("cpu", torch.float32).reshape(-1) for t in parts])
         _check(_lib.tm_tensor_write(self.runtime._handle(), slot.tensor._handle(), 0,
                                     flat.data_ptr(), flat.numel() * 4), "tm_tensor_write")
 
-    def _read(self, slot):
-        flat = torch.empty((4 if slot.amsgrad else 3) * slot.count, dtype=torch.float32)
+    def _read(self, slot, p):
+        """[master, exp_avg, exp_avg_sq(, max_exp_avg_sq)] as flat fp32 tensors (the master of a
+        parameter stepped in place is the parameter itself)."""
+        parts = (3 if slot.amsgrad else 2) + (not slot.in_place)
+        flat = torch.empty(parts * slot.count, dtype=torch.float32)
         _check(_lib.tm_tensor_read(self.runtime._handle(), slot.tensor._handle(), 0,
                                    flat.data_ptr(), flat.numel() * 4), "tm_tensor_read")
-        return flat.split(slot.count)
+        out = list(flat.split(slot.count))
+        if slot.in_place:
+            out.insert(0, p.detach().reshape(-1))
+        return out
 
     # ---- the step ----
 
@@ -171,16 +221,16 @@ class CPUAdam(torch.optim.Optimizer):
         coef = torch.clamp(self.max_grad_norm / (total + 1e-6), max=1.0)
         return float(coef.to(torch.float32).item())
 
-    def _bucket(self, p, group, grad):
-        slot = self._slot(p, group)
-        g = grad.detach()
-        if g.is_sparse:
+    def _grad(self, slot, grad):
+        if grad.is_sparse:
             raise RuntimeError("CPUAdam does not support sparse gradients")
-        if g.is_cuda:
-            g = self._download(slot, g)
-        g = g.contiguous()
-        if g.dtype not in _DTYPES:
-            g = g.float()
+        if grad.is_cuda:
+            grad = self._download(slot, grad.detach())
+        if grad.dtype not in _DTYPES:
+            grad = grad.float()
+        return grad.contiguous()
+
+    def _bucket(self, p, slot, g):
         b = _optim_capi.AdamBucket()
         b.state = slot.tensor._handle()
         b.count, b.grad, b.grad_dtype = slot.count, g.data_ptr(), _DTYPES[g.dtype]
@@ -191,7 +241,7 @@ class CPUAdam(torch.optim.Optimizer):
             b.param_out, b.param_out_dtype = slot.out_host.data_ptr(), _DTYPES[p.dtype]
         else:  # the parameter itself receives the updated value in the same pass
             b.param_out, b.param_out_dtype = p.data_ptr(), _DTYPES[p.dtype]
-        return b, g
+        return b
 
     def _download(self, slot, g):
         if slot.grad_host is None or slot.grad_host.dtype != g.dtype:
@@ -199,36 +249,124 @@ class CPUAdam(torch.optim.Optimizer):
         slot.grad_host.copy_(g.reshape(-1))
         return slot.grad_host
 
+    def _counter(self, p, t):
+        """The float of p's step tensor `t` (0-dim fp32 on the CPU, as AdamW keeps it) as a
+        ctypes view, read and counted without a torch op each (~2 us a tensor otherwise); None
+        for a step tensor of another kind, counted by torch."""
+        cached = self._counters.get(p)
+        if cached is not None and cached[0] is t:
+            return cached[1]
+        c = None
+        if t.dtype == torch.float32 and t.is_cpu and t.numel() == 1 and t.is_contiguous():
+            c = ctypes.c_float.from_address(t.data_ptr())
+        self._counters[p] = (t, c)  # keeps t alive with its view
+        return c
+
     def _step_params(self, items, grad_scale):
         """items: (param, group, grad) in order; steps them all in one call through tiermem,
         all or nothing: one C group per parameter group and step count (a parameter added to
         a group later has taken fewer steps), each with the group's hyperparameters."""
-        runs = {}  # (id(group), step number) -> (group, step, [(param, grad)])
+        runs = {}  # (id(group), step number) -> (group, step, [(param, grad, counter)])
         empty = []  # no elements, nothing to update (torch.optim.AdamW steps them too): counted
+        state = self.state
         for p, group, grad in items:
-            st = self.state[p]
-            if "step" not in st:
-                st["step"] = torch.tensor(0.0)
+            st = state[p]
+            t = st.get("step")
+            if t is None:
+                t = st["step"] = torch.tensor(0.0)
+            c = self._counter(p, t)
             if p.numel() == 0:
-                empty.append(p)
+                empty.append((p, c))
                 continue
-            step = int(st["step"].item()) + 1
-            runs.setdefault((id(group), step), (group, step, []))[2].append((p, grad))
+            step = int(c.value if c is not None else t.item()) + 1
+            run = runs.get((id(group), step))
+            if run is None:
+                run = runs[(id(group), step)] = (group, step, [])
+            run[2].append((p, grad, c))
         with self._lock:
             if runs:
                 self._step_groups(list(runs.values()), grad_scale)
-            for p in empty:  # once the others have stepped: all or nothing
-                self._stepped.add(p)
-                self.state[p]["step"] += 1
+            self._count(empty)  # once the others have stepped: all or nothing
 
     def _step_groups(self, runs, grad_scale):
-        keep = []  # the gradients, bucket arrays and configs the C call reads
+        """Parameters stepped in place (their own master, state in DRAM: one tm_adam_step per
+        run, over the state acquired in DRAM) and the others (tm_adam_step_groups, one call, all
+        or nothing). Everything that can fail is done before anything changes: the state
+        acquired, the hyperparameters checked, the groups' call taken (it changes nothing when
+        it fails); the in-place steps after it cannot fail."""
+        keep = []  # the gradients, arrays and configs the C calls read
+        bucket_runs, in_place_runs = [], []
+        for group, step, pairs in runs:
+            here, there = [], []
+            for p, grad, c in pairs:
+                slot = self._slot(p, group)
+                g = self._grad(slot, grad)
+                keep.append(g)
+                (here if slot.in_place else there).append((p, slot, g, c))
+            if here:
+                in_place_runs.append((group, step, here))
+            if there:
+                bucket_runs.append((group, step, there))
+        acquired = []
+        rt = self.runtime._handle()
+        try:
+            spans = [self._acquire_spans(rt, here, acquired) for _, _, here in in_place_runs]
+            cfgs = [self._config(group) for group, _, _ in in_place_runs]
+            for cfg in cfgs:  # checked now; set again before each run's step when several
+                _check(_lib.tm_adam_set_hyper(self._adam, ctypes.byref(cfg)),
+                       "tm_adam_set_hyper")
+            if bucket_runs:
+                self._step_buckets(bucket_runs, grad_scale, keep)
+            for (_, step, here), arr, cfg in zip(in_place_runs, spans, cfgs):
+                if len(cfgs) > 1:
+                    _check(_lib.tm_adam_set_hyper(self._adam, ctypes.byref(cfg)),
+                           "tm_adam_set_hyper")
+                _check(_lib.tm_adam_step(self._adam, step, grad_scale, arr, len(here)),
+                       "tm_adam_step")
+                self._count([(p, c) for p, _, _, c in here])
+        finally:
+            release = _lib.tm_tensor_release
+            for slot in acquired:
+                release(rt, slot.handle, _capi.TIER_DRAM)
+
+    def _acquire_spans(self, rt, here, acquired):
+        """The tm_adam_span array of parameters stepped in place, their state acquired in DRAM
+        for writing (appended to `acquired` as it goes, for the caller to release)."""
+        words = array.array("Q", bytes(8 * _SPAN_WORDS * len(here)))
+        ptr = ctypes.c_void_p()
+        out = ctypes.byref(ptr)
+        acquire = _lib.tm_tensor_acquire
+        for i, (p, slot, g, _) in enumerate(here):
+            status = acquire(rt, slot.handle, _capi.TIER_DRAM, _capi.ACCESS_READ_WRITE, None, out)
+            if status != _capi.OK:
+                _check(status, "tm_tensor_acquire")
+            acquired.append(slot)
+            n, base, w = slot.count, ptr.value, i * _SPAN_WORDS
+            words[w + _SPAN_PARAM] = p.data_ptr()
+            words[w + _SPAN_M] = base
+            words[w + _SPAN_V] = base + 4 * n
+            if slot.amsgrad:
+                words[w + _SPAN_VMAX] = base + 8 * n
+            words[w + _SPAN_GRAD] = g.data_ptr()
+            words[w + _SPAN_GRAD_DTYPE] = _DTYPES[g.dtype]
+            words[w + _SPAN_COUNT] = n
+        return (_optim_capi.AdamSpan * len(here)).from_buffer(words)
+
+    def _count(self, counted):
+        """(param, counter) pairs: each parameter's step counted (see _counter)."""
+        for p, c in counted:
+            self._stepped.add(p)
+            if c is not None:
+                c.value += 1.0  # as AdamW's step += 1 in fp32
+            else:
+                self.state[p]["step"] += 1
+
+    def _step_buckets(self, runs, grad_scale, keep):
         groups = (_optim_capi.AdamGroup * len(runs))()
         for i, (group, step, pairs) in enumerate(runs):
             arr = (_optim_capi.AdamBucket * len(pairs))()
-            for j, (p, grad) in enumerate(pairs):
-                arr[j], g = self._bucket(p, group, grad)
-                keep.append(g)
+            for j, (p, slot, g, _) in enumerate(pairs):
+                arr[j] = self._bucket(p, slot, g)
             cfg = self._config(group)
             keep += [arr, cfg]
             groups[i].config = ctypes.pointer(cfg)
@@ -241,10 +379,8 @@ class CPUAdam(torch.optim.Optimizer):
         # parameters that receive the update in place) or every bucket, counted and uploaded.
         if done.value:
             for _, _, pairs in runs:
-                for p, _ in pairs:
-                    self._stepped.add(p)
-                    self.state[p]["step"] += 1
-                    slot = self._slots[p]
+                self._count([(p, c) for p, _, _, c in pairs])
+                for p, slot, _, _ in pairs:
                     if slot.out_host is not None:
                         # In the parameter's logical order (as its master was written and its
                         # gradient read): any strides, a transposed weight's too.
@@ -301,7 +437,7 @@ class CPUAdam(torch.optim.Optimizer):
                 if any(p is q and g["amsgrad"] for g in self.param_groups for q in g["params"]):
                     entry["max_exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
             if slot is not None:
-                parts = self._read(slot)
+                parts = self._read(slot, p)
                 entry["exp_avg"] = parts[1].clone().view_as(p)
                 entry["exp_avg_sq"] = parts[2].clone().view_as(p)
                 if slot.amsgrad:
@@ -337,7 +473,7 @@ class CPUAdam(torch.optim.Optimizer):
             slot = self._slot(p, group, init=False)
             master = entry.get("master_param", p.detach())
             vmax = entry.get("max_exp_avg_sq")
-            self._write(slot, master, entry["exp_avg"], entry["exp_avg_sq"], vmax)
+            self._write(slot, master, entry["exp_avg"], entry["exp_avg_sq"], vmax, p)
 
     def close(self):
         """Frees the state in tiermem and the workers (also done when collected)."""
@@ -350,7 +486,7 @@ class CPUAdam(torch.optim.Optimizer):
         for slot in self._slots.values():
             if not self.runtime.closed:
                 slot.tensor.destroy()
-        self._slots = {}
+        self._slots, self._counters = {}, {}
         if self._own_runtime is not None:
             self._own_runtime.close()
             self._own_runtime = None
