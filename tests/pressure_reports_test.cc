@@ -197,20 +197,29 @@ TEST_F(PressureApi, DroppedScheduledPrefetchIsNotRetriedInALoop) {
   ASSERT_EQ(tm_tensor_acquire(rt_, pin, TM_TIER_HBM, TM_ACCESS_WRITE, nullptr, &p), TM_OK);
   const tm_stats before = Stats();
   ASSERT_EQ(tm_step_begin(rt_), TM_OK);
+  // Were the drops queued again while room stays short, the sync would not return: the test
+  // says so, and lets the pin go so that the room comes back. (A runtime that queues them again
+  // for good hangs still, but only after the failure is reported.)
   bool pinned = true;
-  tm_status synced = TM_ERR_INTERNAL;
-  EXPECT_TRUE(testing::ReturnsWithoutWaiting([&] { synced = tm_runtime_sync(rt_); },
-                                             [&] {
-                                               pinned = false;
-                                               tm_tensor_release(rt_, pin, TM_TIER_HBM);
-                                             }))
-      << "dropped prefetches are queued again alone";
+  const tm_status synced = [&] {
+    tm_status status = TM_ERR_INTERNAL;
+    const bool returned = testing::ReturnsWithoutWaiting(
+        [&] { status = tm_runtime_sync(rt_); },
+        [&] {
+          ADD_FAILURE() << "tm_runtime_sync did not return: dropped prefetches are queued again";
+          pinned = false;
+          tm_tensor_release(rt_, pin, TM_TIER_HBM);
+        });
+    return returned ? status : TM_ERR_INTERNAL;
+  }();
   EXPECT_EQ(synced, TM_OK) << tm_last_error();
+  // The step's prefetches are those of its uses within the depth (2), each dropped once.
   const tm_stats after = Stats();
-  EXPECT_GE(after.prefetches_dropped - before.prefetches_dropped, 1u);
-  EXPECT_EQ(after.prefetches_dropped - before.prefetches_dropped,
-            after.prefetches - before.prefetches)
-      << "each prefetch issued was dropped once, and none issued again";
+  const uint64_t issued = after.prefetches - before.prefetches;
+  const uint64_t dropped = after.prefetches_dropped - before.prefetches_dropped;
+  EXPECT_GE(dropped, 1u);
+  EXPECT_EQ(dropped, issued);
+  EXPECT_LE(issued, 2u) << "dropped prefetches were queued again";
   if (pinned) {
     ASSERT_EQ(tm_tensor_release(rt_, pin, TM_TIER_HBM), TM_OK);
   }
