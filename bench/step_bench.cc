@@ -25,7 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "lib/config/config.h"
 #include "lib/runtime/runtime.h"
-#include "tools/step_workload.h"
+#include "tools/shared/step_workload.h"
 
 namespace tiermem {
 namespace {

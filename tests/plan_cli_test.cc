@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include "tools/json.h"
+#include "tools/shared/json.h"
 
 namespace tiermem {
 namespace {

@@ -9,7 +9,7 @@
 #include "lib/config/config.h"
 #include "test_util.h"
 #include "tiermem/tiermem.h"
-#include "tools/json.h"
+#include "tools/shared/json.h"
 
 namespace tiermem {
 namespace {

@@ -3,9 +3,9 @@
 
 #include <string>
 
-#include "tools/json.h"
-#include "tools/probe_dram.h"
-#include "tools/probe_reading.h"
+#include "tools/plan/probe_reading.h"
+#include "tools/probe/probe_dram.h"
+#include "tools/shared/json.h"
 
 namespace tiermem {
 namespace {

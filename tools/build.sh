@@ -6,8 +6,8 @@
 #                         -Wthread-safety, fuzz each target for FUZZ_SECONDS, check the format
 # Environment: BUILD_DIR (default build), JOBS (default: all cores), TIERMEM_WITH_CUDA (AUTO),
 #   FUZZ_SECONDS (per fuzz target, default 30; 0 skips the fuzz run),
-#   FORMAT_CHECK (1, the default: tools/format.sh --check is a step of test; 0 skips it),
-#   TIERMEM_VENV (default .venv in the checkout: the Python environment made from
+#   FORMAT_CHECK (1, the default: tools/scripts/format.sh --check is a step of test; 0 skips
+#   it), TIERMEM_VENV (default .venv in the checkout: the Python environment made from
 #   python/requirements.txt, torch 2.x; TIERMEM_VENV=none leaves Python out).
 set -euo pipefail
 
@@ -146,11 +146,11 @@ case "$mode" in
     thread_safety_check
     if [ "$fuzz_seconds" != 0 ]; then
       stage "fuzz (${fuzz_seconds} s per target)"
-      FUZZ_BUILD_DIR="$build-fuzz" JOBS="$jobs" bash "$root/tools/fuzz.sh" "$fuzz_seconds"
+      FUZZ_BUILD_DIR="$build-fuzz" JOBS="$jobs" bash "$root/tools/scripts/fuzz.sh" "$fuzz_seconds"
     fi
     if [ "$format_check" != 0 ]; then
       stage "format"
-      bash "$root/tools/format.sh" --check
+      bash "$root/tools/scripts/format.sh" --check
     fi
     stage "test: done"
     ;;

@@ -1,6 +1,6 @@
 // tiermem-plan's table and JSON. The table shows the cumulative ladder for teaching, then the
 // combinations that fit, cheapest first, and why the cheaper ones lose (they do not fit).
-#include "tools/plan_print.h"
+#include "tools/plan/plan_print.h"
 
 #include <algorithm>
 #include <bit>

@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "lib/runtime/runtime.h"
-#include "tools/io_sweep.h"
-#include "tools/probe_dram.h"
-#include "tools/probe_measure.h"
-#include "tools/tune.h"
+#include "tools/probe/io_sweep.h"
+#include "tools/probe/probe_dram.h"
+#include "tools/probe/probe_measure.h"
+#include "tools/probe/tune.h"
 
 namespace tiermem {
 

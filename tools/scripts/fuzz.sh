@@ -2,13 +2,13 @@
 # Bounded fuzzing: builds the fuzz targets with clang, libFuzzer, ASan and UBSan, then runs each
 # for a fixed time starting from its checked-in corpus. Any crash, leak, sanitizer report or
 # mismatch fails the script; the input that caused it is kept under $FUZZ_BUILD_DIR/artifacts.
-#   tools/fuzz.sh [SECONDS] [TARGET...]   (default 60 s each; targets: api_fuzz config_fuzz)
+#   tools/scripts/fuzz.sh [SECONDS] [TARGET...]   (default 60 s each; targets: api_fuzz config_fuzz)
 # Environment: FUZZ_BUILD_DIR (default build-fuzz), FUZZ_CORPUS_OUT (keep the grown corpus in
 # this directory instead of a temporary one), JOBS, and the targets' own variables
 # (API_FUZZ_DIR, API_FUZZ_SKIP_OPEN: see tests/fuzz/api_fuzz.cc).
 set -euo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 seconds=${1:-60}
 shift || true
 targets=("$@")

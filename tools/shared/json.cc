@@ -1,4 +1,4 @@
-#include "tools/json.h"
+#include "tools/shared/json.h"
 
 #include <cmath>
 #include <cstdlib>

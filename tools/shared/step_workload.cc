@@ -1,4 +1,4 @@
-#include "tools/step_workload.h"
+#include "tools/shared/step_workload.h"
 
 #include <algorithm>
 #include <chrono>

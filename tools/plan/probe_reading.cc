@@ -1,9 +1,9 @@
-#include "tools/probe_reading.h"
+#include "tools/plan/probe_reading.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
-#include "tools/json.h"
+#include "tools/shared/json.h"
 
 namespace tiermem {
 namespace {

@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "lib/config/config.h"
 #include "lib/plan/planner.h"
-#include "tools/plan_print.h"
-#include "tools/probe_reading.h"
+#include "tools/plan/plan_print.h"
+#include "tools/plan/probe_reading.h"
 
 namespace tiermem {
 namespace {

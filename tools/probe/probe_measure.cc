@@ -1,6 +1,6 @@
 // tiermem-probe's measurements: HBM copies by the device clock, the raw NVMe sweep, the runtime's
 // own paths, and the end-to-end offload demo.
-#include "tools/probe_measure.h"
+#include "tools/probe/probe_measure.h"
 
 #include <unistd.h>
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Checks or applies the repository's .clang-format on every C/C++ source of the tree.
-#   tools/format.sh --check   name the files that differ (with a diff of the first few); fail
-#                             if any does (CI)
-#   tools/format.sh --fix     rewrite them in place
+#   tools/scripts/format.sh --check   name the files that differ (with a diff of the first few);
+#                                     fail if any does (CI)
+#   tools/scripts/format.sh --fix     rewrite them in place
 # Environment: CLANG_FORMAT (default clang-format-14: one version, so every machine agrees).
 set -euo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 mode=${1:---check}
 clang_format=${CLANG_FORMAT:-clang-format-14}
 command -v "$clang_format" >/dev/null ||
@@ -39,11 +39,11 @@ case "$mode" in
       "$clang_format" --style=file "$f" | diff -u --label "$f" --label "$f (formatted)" "$f" - | head -40 || true
     done
     printf '  %s\n' "${differ[@]}"
-    echo "format.sh: ${#differ[@]} of ${#files[@]} files differ from .clang-format: run tools/format.sh --fix" >&2
+    echo "format.sh: ${#differ[@]} of ${#files[@]} files differ from .clang-format: run tools/scripts/format.sh --fix" >&2
     exit 1
     ;;
   *)
-    echo "usage: tools/format.sh --check|--fix" >&2
+    echo "usage: tools/scripts/format.sh --check|--fix" >&2
     exit 2
     ;;
 esac

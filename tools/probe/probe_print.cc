@@ -1,5 +1,5 @@
 // tiermem-probe's report (probe_print.h).
-#include "tools/probe_print.h"
+#include "tools/probe/probe_print.h"
 
 #include <cinttypes>
 #include <cstdio>

@@ -3,7 +3,7 @@
 lines and no function body over --max-function lines. Prints each offender with its place; exit 1
 if any.
 
-usage: tools/check_sizes.py [--max-file N] [--max-function N] DIR...
+usage: tools/scripts/check_sizes.py [--max-file N] [--max-function N] DIR...
 """
 import argparse
 import pathlib

@@ -1,6 +1,6 @@
 // The triad, as STREAM runs it: static slices per thread, first touch by the thread that uses
 // the slice, best of several passes.
-#include "tools/probe_dram.h"
+#include "tools/probe/probe_dram.h"
 
 #include <algorithm>
 #include <chrono>

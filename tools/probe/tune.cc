@@ -1,4 +1,4 @@
-#include "tools/tune.h"
+#include "tools/probe/tune.h"
 
 #include <unistd.h>
 
@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/runtime/runtime.h"
-#include "tools/step_workload.h"
+#include "tools/shared/step_workload.h"
 
 namespace tiermem {
 namespace {

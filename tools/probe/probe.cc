@@ -17,11 +17,11 @@
 #include "lib/base/status.h"
 #include "lib/config/config.h"
 #include "lib/runtime/runtime.h"
-#include "tools/io_sweep.h"
-#include "tools/probe_dram.h"
-#include "tools/probe_measure.h"
-#include "tools/probe_print.h"
-#include "tools/tune.h"
+#include "tools/probe/io_sweep.h"
+#include "tools/probe/probe_dram.h"
+#include "tools/probe/probe_measure.h"
+#include "tools/probe/probe_print.h"
+#include "tools/probe/tune.h"
 
 namespace tiermem {
 namespace {

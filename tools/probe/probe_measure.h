@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "lib/config/config.h"
 #include "lib/runtime/runtime.h"
-#include "tools/io_sweep.h"
+#include "tools/probe/io_sweep.h"
 
 namespace tiermem {
 

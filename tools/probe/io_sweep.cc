@@ -1,4 +1,4 @@
-#include "tools/io_sweep.h"
+#include "tools/probe/io_sweep.h"
 
 #include <algorithm>
 #include <chrono>
