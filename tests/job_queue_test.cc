@@ -215,6 +215,28 @@ TEST(LinkOrder, PrefetchesStartAfterAnUrgentCopyUntilItPassed) {
   order.Leave(nullptr);
 }
 
+// A prefetch that would enter between an urgent copy's enqueue and its Urgent (the demand's
+// thread has not yet handed the fence over) waits for that fence instead of missing it.
+TEST(LinkOrder, APrefetchWaitsForTheFenceOfAnUrgentCopyBeingEnqueued) {
+  using Fences = std::vector<io::FencePtr>;
+  LinkOrder order;
+  order.UrgentComing();
+  std::atomic<bool> entered{false};
+  Fences after;
+  std::thread prefetch([&] {
+    after = order.Enter(3);
+    entered = true;
+    order.Leave(nullptr);
+  });
+  while (order.waiting() < 1 && !entered) std::this_thread::yield();  // waits in Enter, or went
+  EXPECT_FALSE(entered.load()) << "a prefetch entered while an urgent copy was being enqueued";
+  auto demand = std::make_shared<TestFence>();
+  order.Urgent(demand);
+  prefetch.join();
+  EXPECT_EQ(after, Fences{demand});
+  demand->passed_ = true;
+}
+
 TEST(LinkOrder, TheEarliestUseGoesFirst) {
   LinkOrder order;
   (void)order.Enter(1);  // a prefetch enqueuing: the others wait for their turn

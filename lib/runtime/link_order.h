@@ -26,13 +26,14 @@ class LinkOrder {
   // Prefetches smaller than this run beside the others.
   static constexpr uint64_t kMinBytes = 1 << 20;
 
-  // Blocks while a prefetch is enqueuing, or one serving an earlier position waits to; returns
-  // the fences the copy must start after: the ordered copy before it and the urgent copies, those
-  // still in flight (none: nothing to wait for). Every Enter is followed by one Leave.
+  // Blocks while a prefetch is enqueuing, an urgent copy is (UrgentComing), or a prefetch serving
+  // an earlier position waits to; returns the fences the copy must start after: the ordered copy
+  // before it and the urgent copies, those still in flight (none: nothing to wait for). Every
+  // Enter is followed by one Leave.
   std::vector<io::FencePtr> Enter(uint64_t position) {
     MutexLock lock(&mu_);
     auto me = waiting_.insert(position);
-    while (enqueuing_ || *waiting_.begin() != position) turn_.Wait(&mu_);
+    while (enqueuing_ || urgent_coming_ > 0 || *waiting_.begin() != position) turn_.Wait(&mu_);
     waiting_.erase(me);
     enqueuing_ = true;
     if (last_ != nullptr && last_->Passed()) last_ = nullptr;
@@ -41,12 +42,21 @@ class LinkOrder {
     if (last_ != nullptr) after.push_back(last_);
     return after;
   }
-  // A copy up the link that a use waits for, just enqueued: ordered prefetches that enter from
-  // now on start after it.
+  // A copy up the link that a use waits for is about to be enqueued: prefetches enter only once
+  // Urgent has its fence, so that none enqueued after it misses that fence. Every UrgentComing
+  // is followed by one Urgent.
+  void UrgentComing() {
+    MutexLock lock(&mu_);
+    ++urgent_coming_;
+  }
+  // That copy, just enqueued (null: it could not be): ordered prefetches that enter from now on
+  // start after it.
   void Urgent(io::FencePtr fence) {
     MutexLock lock(&mu_);
     PruneUrgent();
-    urgent_.push_back(std::move(fence));
+    if (fence != nullptr) urgent_.push_back(std::move(fence));
+    if (urgent_coming_ > 0) --urgent_coming_;
+    turn_.SignalAll();
   }
   // Prefetches waiting for their turn (for tests).
   size_t waiting() {
@@ -69,6 +79,7 @@ class LinkOrder {
   Mutex mu_;
   CondVar turn_;
   bool enqueuing_ ABSL_GUARDED_BY(mu_) = false;
+  int urgent_coming_ ABSL_GUARDED_BY(mu_) = 0;  // urgent copies being enqueued
   std::multiset<uint64_t> waiting_ ABSL_GUARDED_BY(mu_);
   io::FencePtr last_ ABSL_GUARDED_BY(mu_);
   std::vector<io::FencePtr> urgent_ ABSL_GUARDED_BY(mu_);  // urgent copies, maybe passed

@@ -156,7 +156,7 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, const CallerStream& call
   // Execute without the lock.
   std::optional<io::CopyTicket> pending;
   mu_.Unlock();
-  bool left = false;
+  bool left = false, registered = false;
   if (ordered) {
     for (io::FencePtr& f : link_order_.Enter(want.horizon)) plan.after.push_back(std::move(f));
     plan.on_enqueued = [this, &left](const io::FencePtr& fence) {
@@ -164,11 +164,16 @@ absl::Status Runtime::MakeValid(Tensor& t, tm_tier dst, const CallerStream& call
       left = true;
     };
   } else if (urgent) {
-    plan.on_enqueued = [this](const io::FencePtr& fence) { link_order_.Urgent(fence); };
+    link_order_.UrgentComing();
+    plan.on_enqueued = [this, &registered](const io::FencePtr& fence) {
+      link_order_.Urgent(fence);
+      registered = true;
+    };
   }
   const Trace::Clock::time_point start = Trace::Clock::now();
   absl::Status s = mover_->Execute(plan, &pending);
   if (ordered && !left) link_order_.Leave(nullptr);
+  if (urgent && !registered) link_order_.Urgent(nullptr);
   if (trace_->enabled() && plan.src >= 0) TraceMove(t, plan, start, vacated);
   mu_.Lock();
 
