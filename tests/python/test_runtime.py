@@ -158,9 +158,9 @@ def test_installed_package_finds_its_library(tmp_path):
                          cwd=str(tmp_path)).stdout.strip()
     assert out.startswith(str(prefix)) and os.path.exists(out), out
     # tiermem.torch is a package: its modules are installed with it.
-    for module in ("__init__", "transfers", "saved_tensors", "stash", "views", "swapped",
-                   "optimizer_state", "parameters", "param_views", "param_state_dict",
-                   "allocator"):
+    for module in ("__init__", "_transfers", "saved_tensors", "_stash", "_views", "_swapped",
+                   "optimizer_state", "parameters", "_param_views", "_param_state_dict",
+                   "allocator", "cpu_adam", "fsdp", "fit"):
         assert os.path.exists(os.path.join(sites[0], "tiermem", "torch", module + ".py")), module
     out = subprocess.run([sys.executable, "-c", "import tiermem.torch as tt; print(tt.__file__)"],
                          env=env, check=True, capture_output=True, text=True,
