@@ -21,10 +21,13 @@ absl::StatusOr<std::unique_ptr<StreamPool>> StreamPool::Create(int threads, int 
     auto topo = io::Topology::Load(/*with_pci=*/false);
     pool->caller_works_ = topo.ok() && (*topo)->NodeCount() <= 1;
   }
-  const int workers = threads - (pool->caller_works_ ? 1 : 0);
-  pool->workers_.reserve(static_cast<size_t>(workers));
-  for (int i = 0; i < workers; ++i) {
-    pool->workers_.emplace_back([p = pool.get(), numa_node] { p->WorkerLoop(numa_node); });
+  const int first = pool->caller_works_ ? 1 : 0;  // the caller's share is 0
+  pool->share_count_ = threads;
+  pool->shares_.reset(new Share[static_cast<size_t>(threads)]);
+  pool->workers_.reserve(static_cast<size_t>(threads - first));
+  for (int share = first; share < threads; ++share) {
+    pool->workers_.emplace_back(
+        [p = pool.get(), share, numa_node] { p->WorkerLoop(share, numa_node); });
   }
   return pool;
 }
@@ -38,12 +41,15 @@ StreamPool::~StreamPool() {
   for (std::thread& t : workers_) t.join();
 }
 
-size_t StreamPool::TakeTasks(const absl::FunctionRef<void(size_t)>& job, size_t tasks) {
+size_t StreamPool::TakeTasks(const absl::FunctionRef<void(size_t)>& job, int share) {
   size_t ran = 0;
-  for (size_t t = next_task_.fetch_add(1, std::memory_order_relaxed); t < tasks;
-       t = next_task_.fetch_add(1, std::memory_order_relaxed)) {
-    job(t);
-    ++ran;
+  for (int k = 0; k < share_count_; ++k) {
+    Share& s = shares_[static_cast<size_t>((share + k) % share_count_)];
+    for (size_t t = s.next.fetch_add(1, std::memory_order_relaxed); t < s.end;
+         t = s.next.fetch_add(1, std::memory_order_relaxed)) {
+      job(t);
+      ++ran;
+    }
   }
   return ran;
 }
@@ -57,21 +63,25 @@ void StreamPool::Run(size_t tasks, absl::FunctionRef<void(size_t)> fn) {
     job_ = &fn;
     tasks_ = tasks;
     finished_ = 0;
-    // No worker is inside (the last Run waited for them): the counter is the new job's.
-    next_task_.store(0, std::memory_order_relaxed);
+    // No worker is inside (the last Run waited for them): the shares are the new job's.
+    const size_t n = static_cast<size_t>(share_count_);
+    for (size_t k = 0; k < n; ++k) {
+      shares_[k].next.store(tasks * k / n, std::memory_order_relaxed);
+      shares_[k].end = tasks * (k + 1) / n;
+    }
     if (wake) {
       ++generation_;
       wake_.SignalAll();
     }
   }
-  const size_t ran = caller_works_ ? TakeTasks(fn, tasks) : 0;
+  const size_t ran = caller_works_ ? TakeTasks(fn, 0) : 0;
   MutexLock lock(&mu_);
   finished_ += ran;
   while (finished_ < tasks_ || inside_ > 0) done_.Wait(&mu_);
   job_ = nullptr;
 }
 
-void StreamPool::WorkerLoop(int numa_node) {
+void StreamPool::WorkerLoop(int share, int numa_node) {
   if (numa_node >= 0) {
     // A topology per worker: hwloc topologies are not to be shared across threads while
     // binding, and loading one without PCI is quick.
@@ -90,7 +100,6 @@ void StreamPool::WorkerLoop(int numa_node) {
   uint64_t seen = 0;
   while (true) {
     const absl::FunctionRef<void(size_t)>* job;
-    size_t tasks;
     {
       MutexLock lock(&mu_);
       while (!stopping_ && generation_ == seen) wake_.Wait(&mu_);
@@ -100,10 +109,9 @@ void StreamPool::WorkerLoop(int numa_node) {
       // are all taken). Nothing to do; back to sleep.
       if (job_ == nullptr || finished_ >= tasks_) continue;
       job = job_;
-      tasks = tasks_;
       ++inside_;
     }
-    const size_t ran = TakeTasks(*job, tasks);
+    const size_t ran = TakeTasks(*job, share);
     MutexLock lock(&mu_);
     finished_ += ran;
     --inside_;
