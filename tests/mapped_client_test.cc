@@ -8,6 +8,7 @@
 // with copy-state checks on: a copy acquired for writing twice in one tier.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -381,6 +382,11 @@ TEST_P(MappedClient, OutOfMappingsRefusesCleanlyAndLosesNothing) {
   std::string why;
   const uint64_t max_maps = tiermem::testing::MappingsToUseUp(&why);
   if (max_maps == 0) GTEST_SKIP() << why;
+  // Every thread allocates from the main heap, which grows by brk (one mapping, extended):
+  // glibc's per-thread arenas grow by mprotect, which splits a mapping and fails once none is
+  // left, so a worker's small allocation would end the process for the test's own exhaustion
+  // (which layout of the copy engine's queue node came first decided it).
+  mallopt(M_ARENA_MAX, 1);
   Start(4 * kChunk, 64 * kMiB);
   const uint64_t sizes[] = {2 * kChunk - 7, kChunk + 1, 1};
   std::vector<tm_tensor> t;
