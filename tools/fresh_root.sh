@@ -65,6 +65,15 @@ debootstrap --variant=minbase --include=ca-certificates,git bookworm "$root" "$m
 rm -f "$root.debootstrap.log"
 echo "   $((SECONDS - start)) s"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# pip reaches PyPI from the root as it does from this machine: where this machine's pip trusts a
+# certificate bundle of its own (PIP_CERT, or `cert` in /etc/pip.conf: a proxy's authority, say),
+# the root's pip is given a copy of it. A machine whose pip needs none passes nothing.
+host_cert=${PIP_CERT:-$(awk -F' *= *' '$1 == "cert" {print $2; exit}' /etc/pip.conf 2>/dev/null)}
+pip_cert=()
+if [ -n "$host_cert" ] && [ -f "$host_cert" ]; then
+  cp "$host_cert" "$root/etc/ssl/host-pip-ca.crt"
+  pip_cert=(PIP_CERT=/etc/ssl/host-pip-ca.crt)
+fi
 
 echo "== git clone $repo (HEAD $(git -C "$repo" rev-parse --short HEAD))"
 git clone -q --no-hardlinks "$repo" "$root/src/tiermem"
@@ -81,7 +90,8 @@ done
 
 in_root() {  # command... : runs in the root with a clean environment
   chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
-    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin ${JOBS:+JOBS=$JOBS} "$@"
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin ${JOBS:+JOBS=$JOBS} \
+    "${pip_cert[@]}" "$@"
 }
 
 # Swap files need a file system that takes O_DIRECT at /var/tmp (where the tests put them).
