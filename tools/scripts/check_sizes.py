@@ -49,7 +49,10 @@ def strip(text):
 
 def functions(text):
     """Yields (name, first line, lines) of every function body at namespace or class scope."""
-    code = strip(text)
+    # Preprocessor lines are no part of a function's or a scope's head (an `#if defined(...)` or
+    # a `#define X __attribute__((...))` before a namespace would read as a function's head).
+    code = re.sub(r"(?m)^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", lambda m: re.sub(r"[^\n]", " ", m.group(0)),
+                  strip(text))
     stack = []  # per open brace: "scope", "function" (with start) or "block"
     head_start = 0
     for i, c in enumerate(code):
