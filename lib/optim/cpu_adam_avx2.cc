@@ -121,8 +121,7 @@ TIERMEM_AVX2 size_t Loop(const StepScalars& s, const AdamSpan& span, size_t begi
 }
 
 template <Dtype kGrad>
-TIERMEM_AVX2 size_t LoopFor(const StepScalars& s, const AdamSpan& span, size_t begin,
-                            size_t end) {
+TIERMEM_AVX2 size_t LoopFor(const StepScalars& s, const AdamSpan& span, size_t begin, size_t end) {
   if (span.out == nullptr) return Loop<kGrad, Out::kNone>(s, span, begin, end);
   switch (span.out_type) {
     case Dtype::kF32:
