@@ -426,6 +426,7 @@ def main():
         result = getattr(runner, name)()
         with open(os.path.join(out, "%s.rank%d.json" % (name, dist.get_rank())), "w") as f:
             json.dump(result, f)
+    dist.barrier()  # no rank tears its gloo pairs down while another still uses them
     dist.destroy_process_group()
 
 
