@@ -15,7 +15,7 @@
 #include "lib/config/config.h"
 #include "lib/optim/adam_optimizer.h"
 #include "lib/optim/bucket_step.h"
-#include "lib/optim/runtime_state.h"
+#include "lib/api/runtime_state_tensors.h"
 #include "lib/runtime/runtime.h"
 #include "test_runtime.h"
 #include "test_util.h"

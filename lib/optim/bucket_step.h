@@ -22,7 +22,8 @@
 namespace tiermem::optim {
 
 // The tensor operations the pipeline needs, as the runtime offers them; one implementation goes
-// through the C API's handles, another straight to a Runtime (runtime_state.h).
+// through the C API's handles, another straight to a Runtime
+// (lib/api/runtime_state_tensors.h). lib/optim knows the runtime only through this interface.
 class StateTensors {
  public:
   virtual ~StateTensors() = default;

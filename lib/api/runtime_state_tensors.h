@@ -1,4 +1,6 @@
-// StateTensors straight over a Runtime (tests drive the pipeline with it under fault injection).
+// The CPU Adam's StateTensors straight over a Runtime: the one place where lib/optim's seam meets
+// the runtime (lib/optim includes nothing of lib/runtime). Tests drive the pipeline with it under
+// fault injection; the C API goes through handles instead (optim_c_api.cc).
 #pragma once
 
 #include <string>
