@@ -11,11 +11,11 @@
 #include <thread>
 #include <vector>
 
+#include "lib/api/runtime_state_tensors.h"
 #include "lib/base/status.h"
 #include "lib/config/config.h"
 #include "lib/optim/adam_optimizer.h"
 #include "lib/optim/bucket_step.h"
-#include "lib/api/runtime_state_tensors.h"
 #include "lib/runtime/runtime.h"
 #include "test_runtime.h"
 #include "test_util.h"
