@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import tiermem  # noqa: E402
 from tiermem.torch import FSDPCPUAdam  # noqa: E402
+from fsdp_shard_cases import ShardCases  # noqa: E402
 
 torch.set_num_threads(1)  # two ranks on a shared 2-core machine
 # CPUAdam's test uses these: lr 1e-3 keeps last-bit differences from growing (test_cpu_adam.py).
@@ -151,7 +152,7 @@ def state_bytes(model):
     return sum(12 * p.to_local().numel() for p in model.parameters())
 
 
-class Cases:
+class Cases(ShardCases):
     def __init__(self, base):
         self.nvme_dir = os.path.join(base, "nvme-node%s" % os.environ.get("GROUP_RANK", "0"))
         self.dcp_dir = os.path.join(base, "dcp")
@@ -423,7 +424,8 @@ def main():
     out = os.environ["FSDP_OUT"]
     runner = Cases(out)
     for name in os.environ.get("FSDP_CASES", "dram,nvme,clip,refusals,dcp,llama").split(","):
-        result = getattr(runner, name)()
+        case = getattr(runner, name)
+        result = case(sys.modules[__name__]) if name.startswith("shards") else case()
         with open(os.path.join(out, "%s.rank%d.json" % (name, dist.get_rank())), "w") as f:
             json.dump(result, f)
     dist.barrier()  # no rank tears its gloo pairs down while another still uses them

@@ -4,8 +4,10 @@ fully_shard with torch.optim.AdamW; the state on NVMe below a DRAM budget gives 
 in DRAM; clipping follows clip_grad_norm_ over the DTensor gradients; a MixedPrecisionPolicy
 (bf16 compute) follows AdamW under the same policy; checkpoints through
 torch.distributed.checkpoint resume bit-identically and move between FSDPCPUAdam and AdamW;
-FSDP1, CPUOffloadPolicy, HSDP and ignored parameters are refused by name; and a run over two
-"nodes" (torchrun --nnodes 2 on 127.0.0.1) splits each node's budget over its own ranks.
+FSDP1, CPUOffloadPolicy, HSDP and ignored parameters are refused by name; a run over two
+"nodes" (torchrun --nnodes 2 on 127.0.0.1) splits each node's budget over its own ranks; and
+with shard_tier the parameter shards held in tiermem between uses give the bits of the run that
+kept them (fsdp_shard_cases.py).
 
 One torchrun runs every single-node case (fsdp_worker.py; each case writes its figures as JSON),
 and the tests below judge them; the two-node run is a second pair of torchruns."""
@@ -23,7 +25,7 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fsdp_worker.py")
-CASES = "dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks"
+CASES = "dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,shards_nvme,shards_llama,shards_dcp"
 # The tolerance of test_cpu_adam.py: CPUAdam's kernel and torch's scalar AdamW round differently
 # in the last bit (FMA or not), so the curves agree to 1e-5 relative, not bit for bit, at lr 1e-3.
 LOSS_RTOL = 1e-5
@@ -202,3 +204,44 @@ def test_two_nodes_split_their_own_budgets(single_node, tmp_path):
         assert abs(2 * r["dram"] - budget[0]["dram"]) <= 4 << 20, (r, budget[0])
     for rank, r in results(tmp_path, "nvme").items():
         assert_follows(r, "rank %d of two nodes" % rank)
+
+
+def assert_shards_held(r, what, tier):
+    """The shards' storage empty between steps, tiermem's copy in `tier`, and moved."""
+    assert r["released"], "%s: a shard stayed in torch memory between steps" % what
+    assert r["tiers"] == [[tier]] * r["units"], "%s: tiermem holds the units in %s" % (
+        what, r["tiers"])
+    assert r["units"] == 3  # the root's own parameters and the two blocks
+    # Each step brings every unit in for the forward and the step, and writes it back.
+    assert r["bytes_in"] >= 19 * 2 * r["shard_bytes"], r
+    assert r["bytes_out"] >= 19 * r["shard_bytes"], r
+    # One unit at a time in forward and in the step; a block and the one FSDP2 prefetches in
+    # backward.
+    assert 1 <= r["peak_units"] <= 2, "%s: %d units in at once" % (what, r["peak_units"])
+
+
+def test_shards_on_nvme_give_the_bits_of_the_plain_run(single_node):
+    for rank, r in results(single_node, "shards_nvme").items():
+        what = "rank %d" % rank
+        assert r["vs_plain"]["bit_identical"], "%s: shards held in tiermem differ" % what
+        assert_follows(r, what)
+        assert_shards_held(r, what, "nvme")
+        assert r["dram_bytes"] < r["state_bytes"]
+        assert r["stats"]["nvme"]["dram"] > 19 * r["shard_bytes"], r["stats"]
+
+
+def test_llama_shards_in_dram_with_clipping(single_node):
+    for rank, r in results(single_node, "shards_llama").items():
+        if "skipped" in r:
+            pytest.skip(r["skipped"])
+        what = "rank %d" % rank
+        assert r["vs_plain"]["bit_identical"], "%s: shards held in tiermem differ" % what
+        assert_follows(r, what)
+        assert_shards_held(r, what, "dram")
+
+
+def test_shards_dcp_round_trip(single_node):
+    for rank, r in results(single_node, "shards_dcp").items():
+        assert r["offloaded"] and r["released"], r
+        assert r["resumed"]["bit_identical"], "rank %d: the resumed run differs" % rank
+        assert r["went_on_vs_plain"]["bit_identical"], "rank %d: differs from plain" % rank

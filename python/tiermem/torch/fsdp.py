@@ -25,10 +25,12 @@ Refused, by name: FSDP1 (FullyShardedDataParallel), fully_shard's offload_policy
 replicate, FSDP with tensor parallelism) and parameters FSDP2 does not shard (ignored_params).
 """
 
+import contextlib
 from collections import defaultdict
 
 import torch
 
+from tiermem.torch._fsdp_shards import _ShardOffload
 from tiermem.torch.cpu_adam import CPUAdam
 
 __all__ = ["FSDPCPUAdam"]
@@ -107,9 +109,12 @@ class _ShardAdam(CPUAdam):
 
     def __init__(self, params, group, device, **kwargs):
         self._group, self._device = group, device
+        self._scale = None  # the whole step's, while it is stepped unit by unit
         super().__init__(params, **kwargs)
 
     def _grad_scale(self, grads):
+        if self._scale is not None:
+            return self._scale
         # Every rank joins the all_reduce, also with no gradient of its own this step.
         if self.max_grad_norm is None:
             return 1.0
@@ -132,12 +137,27 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     threads: as CPUAdam, for this rank's shards (runtime: this rank's; None: a private DRAM one
     sized for the shards). max_grad_norm clips by the norm of the whole gradient, all ranks
     together, as torch.nn.utils.clip_grad_norm_ over the DTensor gradients.
+
+    shard_tier ("dram" or "nvme"; None: off) holds the parameter shards themselves in runtime's
+    tier between uses (module _fsdp_shards): from the end of the first step() after a forward,
+    each fully_shard unit's shards come in just before FSDP2 all-gathers them and for the
+    step, and their torch storage is empty otherwise. Read them between steps inside
+    shards_in(). shard_prefetch_depth: how many units ahead an NVMe shard is prefetched.
     """
 
     def __init__(self, module, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=1e-2, amsgrad=False, *, adamw=True, max_grad_norm=None,
-                 runtime=None, state_tier="dram", threads=0):
+                 runtime=None, state_tier="dram", threads=0, shard_tier=None,
+                 shard_prefetch_depth=1):
         self._names = names = _check_module(module)
+        self._offload = None
+        if shard_tier is not None:
+            if shard_tier not in ("dram", "nvme"):
+                raise ValueError("FSDPCPUAdam: shard_tier=%r; want \"dram\", \"nvme\" or None" %
+                                 (shard_tier,))
+            if runtime is None:
+                raise ValueError("FSDPCPUAdam: shard_tier needs a runtime= sized for the shards "
+                                 "and the state")
         if params is None:
             params = [p for p in module.parameters() if p.requires_grad]
         defaults = _adamw_defaults()
@@ -166,6 +186,13 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                                 amsgrad=amsgrad, adamw=adamw, max_grad_norm=max_grad_norm,
                                 runtime=runtime, state_tier=state_tier, threads=threads,
                                 overlap=False)
+        if shard_tier is not None:
+            self._offload = _ShardOffload(module, runtime, shard_tier, shard_prefetch_depth)
+            unowned = [names.get(p) for p in self._params()
+                       if not any(p is q for u in self._offload.units for q in u.params)]
+            if unowned:
+                raise ValueError("FSDPCPUAdam: parameters %s belong to no fully_shard unit of "
+                                 "the module; shard_tier needs every one in a unit" % unowned)
 
     def _params(self):
         return (p for g in self.param_groups for p in g["params"])
@@ -217,12 +244,54 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         for p, a in self._shards.items():
             a.grad = None if p.grad is None else p.grad.to_local()
         try:
-            self._adam.step()
+            if self._offload is None or not self._offload.offloaded:
+                self._adam.step()
+            else:
+                self._step_by_unit()
         finally:
             for a in self._shards.values():
                 a.grad = None
             self._mirror_state()
+        if self._offload is not None and self._offload.forward_order:
+            self._offload.start()  # after FSDP2's lazy init (the first forward)
         return loss
+
+    def _step_by_unit(self):
+        """The step of the shards held in tiermem: the clipping coefficient of all of them, then
+        each unit brought in, stepped and written back in turn, so that one unit's shards are
+        in torch memory at a time. Per element the same arithmetic as one step of all."""
+        grads = {a: a.grad for a in self._shards.values()}
+        adam = self._adam
+        adam._scale = adam._grad_scale([g for g in grads.values() if g is not None])
+        offload = self._offload
+        offload.prefetch_all()
+        try:
+            for u in offload.units:
+                mine = {id(self._shards[p]) for p in u.params if p in self._shards}
+                for a, g in grads.items():
+                    a.grad = g if id(a) in mine else None
+                if not any(self._shards[p].grad is not None for p in u.params
+                           if p in self._shards):
+                    continue
+                offload.bring_in(u)
+                adam.step()
+                offload.release(u, dirty=True)
+        finally:
+            adam._scale = None
+
+    @property
+    def shard_offload(self):
+        """The shards' holder with shard_tier (units, residency(), bytes_in / bytes_out);
+        None without."""
+        return self._offload
+
+    def shards_in(self):
+        """A context in which every parameter shard of this rank is in torch memory (to read
+        or change them: full_tensor(), a copy_); each goes back at its exit, written down. A
+        no-op without shard_tier."""
+        if self._offload is None:
+            return contextlib.nullcontext()
+        return self._offload.all_in()
 
     def state_dict(self):
         """torch.optim.AdamW's layout; each state tensor a DTensor sharded as its parameter."""
@@ -270,5 +339,9 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         self._mirror_state()
 
     def close(self):
-        """Frees this rank's state in tiermem (also done when the optimizer is collected)."""
+        """Frees this rank's state in tiermem (also done when the optimizer is collected);
+        with shard_tier, the shards come back into torch memory for good, the hooks go."""
+        if self._offload is not None:
+            self._offload.close()
+            self._offload = None
         self._adam.close()

@@ -1,0 +1,238 @@
+"""FSDP2's parameter shards held in tiermem between uses (FSDPCPUAdam(..., shard_tier=...)).
+
+Each fully_shard unit (a module fully_shard was called on, with parameters of its own) keeps its
+rank's padded local shards in torch storages that FSDP2's all-gather reads. Here each such
+storage is a _Swapped record: its bytes live in the runtime (DRAM, or NVMe) and the storage is
+resized to 0 between uses, the tensor objects FSDP2 holds unchanged (as FSDP2 itself frees its
+unsharded parameters). A shard is brought in only where something reads it:
+
+- forward: a pre-hook registered after fully_shard with prepend=True runs before FSDP2's
+  pre-forward unshard: the unit's shards come in, with those of the units FSDP2 will prefetch
+  from there (set_modules_to_forward_prefetch); a second pre-hook, registered after FSDP2's,
+  lets them go once FSDP2 has all-gathered them.
+- backward: a forward hook registered with prepend=True puts a gradient hook on the unit's
+  outputs that fires before FSDP2's pre-backward unshard: the unit comes in (unless FSDP2 did
+  not reshard it after forward), with the unit FSDP2 prefetches from there (the one before it
+  in the post-forward order, or set_modules_to_backward_prefetch's); a gradient hook added after
+  FSDP2's lets the unit go once its all-gather is done.
+- the optimizer step brings the units in one at a time, steps them, and writes them back.
+- state_dict() / load_state_dict() of the root (DCP's get/set_model_state_dict) bring every
+  unit in (counted as changed: DCP loads into the tensors it was given); they go back at their
+  next release. shards_in() does the same for a user's own reads (full_tensor()).
+
+The learned schedule is the order of the units' forwards (and of their post-forwards, for
+backward): with shards on NVMe, each release prefetches the next `prefetch_depth` units of that
+order from NVMe into DRAM, so that their bring-in copies from DRAM. On CPU everything here is
+synchronous; on CUDA the copies are ordered on the current stream (not run on a GPU yet).
+
+Not held here: the gradient shards (FSDP2 makes them in its post-backward; see docs) and the
+unsharded parameters FSDP2 all-gathers (it frees them itself after use)."""
+
+import contextlib
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ._swapped import _Swapped
+
+
+def _fsdp_state(module):
+    get = getattr(module, "_get_fsdp_state", None)
+    return get() if get is not None else None
+
+
+class _Unit:
+    """One fully_shard unit: its module, its own parameters, and their storages in tiermem."""
+
+    __slots__ = ("module", "params", "records", "resident", "dirty", "index")
+
+    def __init__(self, module, params, index):
+        self.module, self.params, self.index = module, params, index
+        self.records = []
+        self.resident = True
+        self.dirty = False
+
+    def unsharded(self):
+        """Whether FSDP2 holds the unit all-gathered now (it reads no shard to unshard it)."""
+        group = getattr(_fsdp_state(self.module), "_fsdp_param_group", None)
+        return bool(getattr(group, "is_unsharded", False))
+
+
+class _ShardOffload:
+    """The shards of every unit under `module`, in `runtime`'s `tier` between uses."""
+
+    def __init__(self, module, runtime, tier, prefetch_depth=1):
+        from torch.distributed.fsdp import FSDPModule
+        self.runtime, self.tier, self.prefetch_depth = runtime, tier, prefetch_depth
+        self.root = module
+        mods = [m for m in module.modules() if isinstance(m, FSDPModule)]
+        owner = {}
+        for m in mods:  # pre-order: an inner unit comes later and takes its own parameters
+            for p in m.parameters():
+                owner[p] = m
+        self.units = []
+        by_module = {}
+        for m in mods:
+            params = [p for p in m.parameters() if owner[p] is m]
+            if params:
+                by_module[m] = _Unit(m, params, len(self.units))
+                self.units.append(by_module[m])
+        self._by_state = {_fsdp_state(m): u for m, u in by_module.items()}
+        self.forward_order, self.post_forward_order = [], []
+        self.offloaded = False
+        self.bytes_in = self.bytes_out = 0
+        # The most units in torch memory at once by the schedule (not counting all_in()).
+        self.peak_units = 0
+        self._handles = []
+        for u in self.units:
+            m = u.module
+            self._handles += [
+                m.register_forward_pre_hook(lambda *_, u=u: self._before_forward(u),
+                                            prepend=True),
+                m.register_forward_pre_hook(lambda *_, u=u: self._after_forward(u)),
+                m.register_forward_hook(lambda mod, a, out, u=u: self._on_output(u, out, True),
+                                        prepend=True),
+                m.register_forward_hook(lambda mod, a, out, u=u: self._on_output(u, out, False)),
+            ]
+        self._handles += [module.register_state_dict_pre_hook(lambda *_: self._all_in()),
+                          module.register_load_state_dict_pre_hook(lambda *_: self._all_in())]
+
+    # ---- the schedule ----
+
+    def _targets(self, u, attr):
+        """The units FSDP2 unshards from u's hooks besides u (its explicit prefetch lists)."""
+        states = getattr(_fsdp_state(u.module), attr, None) or []
+        return [self._by_state[s] for s in states if s in self._by_state]
+
+    def _before_forward(self, u):
+        if u not in self.forward_order:
+            self.forward_order.append(u)
+        if not self.offloaded:
+            return
+        for t in [u] + self._targets(u, "_states_to_forward_prefetch"):
+            if not t.unsharded():
+                self.bring_in(t)
+
+    def _after_forward(self, u):
+        if self.offloaded:
+            self.release(u)
+            self._prefetch_after(u, self.forward_order)
+
+    def _on_output(self, u, out, before):
+        if before and u not in self.post_forward_order:
+            self.post_forward_order.append(u)
+        if not torch.is_grad_enabled():
+            return
+        hook = (lambda g: self._before_backward(u)) if before else (
+            lambda g: self._after_backward(u))
+        for t in tree_flatten(out)[0]:
+            if torch.is_tensor(t) and t.requires_grad:
+                t.register_hook(hook)
+
+    def _before_backward(self, u):
+        if not self.offloaded:
+            return
+        targets = self._targets(u, "_states_to_backward_prefetch")
+        if not targets:  # FSDP2's implicit prefetch: the unit before it in post-forward order
+            order = self.post_forward_order
+            i = order.index(u) if u in order else 0
+            targets = order[i - 1:i] if i > 0 else []
+        for t in [u] + targets:
+            if not t.unsharded():
+                self.bring_in(t)
+
+    def _after_backward(self, u):
+        if self.offloaded:
+            self.release(u)
+            self._prefetch_after(u, self.post_forward_order[::-1])
+
+    def _prefetch_after(self, u, order):
+        if self.tier != "nvme" or u not in order:
+            return
+        i = order.index(u)
+        for t in order[i + 1:i + 1 + self.prefetch_depth]:
+            if not t.resident:
+                for r in t.records:
+                    r.prefetch()
+
+    # ---- bringing in and letting go ----
+
+    def start(self):
+        """Sends every unit's shards to tiermem (after FSDP2's lazy init, which re-pads the
+        shards it finds: it must find them in)."""
+        if self.offloaded:
+            return
+        for u in self.units:
+            seen = set()
+            for p in u.params:
+                local = p.to_local()
+                storage = local.untyped_storage()
+                if storage.nbytes() == 0 or storage.data_ptr() in seen:
+                    continue  # an empty shard (more ranks than rows), or one already held
+                seen.add(storage.data_ptr())
+                flat = torch.empty(0, dtype=local.dtype, device=local.device).set_(
+                    storage, 0, (storage.nbytes() // local.element_size(),))
+                name = self.runtime.next_name("fsdp_shard")
+                u.records.append(_Swapped(self.runtime, flat, "param", name, self.tier))
+                self.bytes_out += storage.nbytes()
+            u.resident, u.dirty = False, False
+        self.offloaded = True
+
+    def bring_in(self, u, dirty=False):
+        u.dirty = u.dirty or dirty
+        if u.resident or not self.offloaded:
+            return
+        for r in u.records:
+            r.bring_in()
+            self.bytes_in += r.nbytes
+        u.resident = True
+        if not dirty:
+            self.peak_units = max(self.peak_units, sum(t.resident for t in self.units))
+
+    def release(self, u, dirty=False):
+        """Frees u's shards; writes them down first when they changed since they came in."""
+        if not u.resident or not self.offloaded:
+            return
+        dirty = dirty or u.dirty
+        for r in u.records:
+            r.let_go(dirty=dirty)
+            if dirty:
+                self.bytes_out += r.nbytes
+        u.resident, u.dirty = False, False
+
+    def prefetch_all(self):
+        if self.tier == "nvme":
+            for u in self.units:
+                if not u.resident:
+                    for r in u.records:
+                        r.prefetch()
+
+    def _all_in(self):
+        for u in self.units:
+            self.bring_in(u, dirty=True)
+
+    @contextlib.contextmanager
+    def all_in(self):
+        self._all_in()
+        try:
+            yield
+        finally:
+            for u in self.units:
+                self.release(u, dirty=True)
+
+    def residency(self):
+        """Per unit, the storages' bytes in torch and the tiers holding tiermem's copies."""
+        return [dict(torch_bytes=sum(p.to_local().untyped_storage().nbytes() for p in u.params),
+                     tiers=sorted(set().union(*[r.tm.residency() for r in u.records]))
+                     if u.records else [])
+                for u in self.units]
+
+    def close(self):
+        """Every shard back in torch memory for good, the hooks removed."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for u in self.units:
+            for r in u.records:
+                r.restore()
+            u.records, u.resident = [], True

@@ -1,0 +1,114 @@
+"""fsdp_worker.py's cases of FSDPCPUAdam(..., shard_tier=...): the parameter shards held in
+tiermem between uses. Each trains as the plain FSDPCPUAdam case it mirrors and must give its
+bits; while training it records what a test can fail on: the shards' torch storage empty and
+tiermem's copy on NVMe between steps, at most the schedule's units in torch memory at each of
+the model's forward pre-hooks, and the bytes moved."""
+
+import os
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
+                                                     get_optimizer_state_dict,
+                                                     set_model_state_dict,
+                                                     set_optimizer_state_dict)
+
+from tiermem.torch import FSDPCPUAdam
+
+
+class ShardCases:
+    """Mixed into fsdp_worker.Cases: uses its runtime(), ref(), _dram and the worker's build,
+    train, batch, compare, full and HYPER (passed in as `w`, the worker module)."""
+
+    def _plain(self, key, make):
+        cache = self.__dict__.setdefault("_plain_runs", {})
+        if key not in cache:
+            cache[key] = make()
+        return cache[key]
+
+    def _shard_run(self, w, rt, kind="nn", steps=None, clip=None, **kw):
+        """steps of FSDPCPUAdam with shard_tier; per step after the first, what was resident."""
+        model = w.build(kind)
+        opt = FSDPCPUAdam(model, runtime=rt, threads=1, max_grad_norm=clip, **kw, **w.HYPER)
+        held = opt.shard_offload
+        losses, between = [], []
+        for i in range(steps or w.STEPS):
+            losses += w.train(model, opt, 1, start=i)
+            between.append(held.residency())
+        with opt.shards_in():
+            params = w.full(model)
+        out = dict(units=len(held.units), peak_units=held.peak_units, bytes_in=held.bytes_in,
+                   bytes_out=held.bytes_out, stats=rt.stats()["bytes_moved"],
+                   shard_bytes=sum(r.nbytes for u in held.units for r in u.records))
+        # From the first step's end on, no shard is in torch memory between steps.
+        out["released"] = all(r["torch_bytes"] == 0 for step in between[1:] for r in step)
+        # Per unit, the tiers holding tiermem's copy between steps, in every step.
+        out["tiers"] = [sorted(set.intersection(*[set(step[i]["tiers"]) for step in between[1:]]))
+                        for i in range(len(held.units))]
+        opt.close()
+        return losses, params, out
+
+    def shards_nvme(self, w):
+        """Shards and state on NVMe, the DRAM budget below one rank's state: the same bits as
+        the state in DRAM without shard offload (the dram case), and AdamW's curve."""
+        dram = 384 << 10
+        with self.runtime(dram_bytes=dram, nvme_paths=self.nvme_dir, nvme_bytes="16MiB",
+                          prefetch_depth=2) as rt:
+            losses, params, out = self._shard_run(w, rt, state_tier="nvme", shard_tier="nvme")
+        out.update(w.compare(losses, params, *self.ref()), dram_bytes=dram,
+                   state_bytes=w.state_bytes(w.build()))
+        out["vs_plain"] = w.compare(losses, params, *self._plain("nn", lambda: self._run_plain(w)))
+        return out
+
+    def _run_plain(self, w, kind="nn", clip=None):
+        model = w.build(kind)
+        opt = FSDPCPUAdam(model, threads=1, max_grad_norm=clip, **w.HYPER)
+        losses = w.train(model, opt, w.STEPS)
+        opt.close()
+        return losses, w.full(model)
+
+    def shards_llama(self, w):
+        """Llama with its shards in DRAM, clipped: the bits of the plain run, AdamW's curve."""
+        try:
+            import transformers  # noqa: F401
+        except ImportError as e:
+            return dict(skipped="transformers is not installed (%s)" % e)
+        with self.runtime(dram_bytes="16MiB") as rt:
+            losses, params, out = self._shard_run(w, rt, "llama", clip=w.CLIP, shard_tier="dram")
+        out.update(w.compare(losses, params, *self.ref("llama", clip=w.CLIP), kind="llama"))
+        plain = self._plain("llama-clip", lambda: self._run_plain(w, "llama", w.CLIP))
+        out["vs_plain"] = w.compare(losses, params, *plain, kind="llama")
+        return out
+
+    def shards_dcp(self, w):
+        """Saved through DCP at step 10 with the shards on NVMe, loaded into a fresh model and
+        optimizer with shards on NVMe: 10 more steps give the bits of the run that went on."""
+        half = w.STEPS // 2
+        path = os.path.join(self.dcp_dir, "shards")
+        results = []
+        with self.runtime(dram_bytes="4MiB", nvme_paths=self.nvme_dir, nvme_bytes="32MiB") as rt:
+            for resume in (False, True):
+                model = w.build()
+                opt = FSDPCPUAdam(model, runtime=rt, threads=1, shard_tier="nvme", **w.HYPER)
+                if not resume:
+                    w.train(model, opt, half)
+                    dcp.save({"model": get_model_state_dict(model),
+                              "optim": get_optimizer_state_dict(model, opt)},
+                             checkpoint_id=path)
+                else:
+                    sd = {"model": get_model_state_dict(model),
+                          "optim": get_optimizer_state_dict(model, opt)}
+                    dcp.load(sd, checkpoint_id=path)
+                    set_model_state_dict(model, sd["model"])
+                    set_optimizer_state_dict(model, opt, sd["optim"])
+                losses = w.train(model, opt, half, start=half)
+                released = all(r["torch_bytes"] == 0 for r in opt.shard_offload.residency())
+                with opt.shards_in():
+                    results.append((losses, w.full(model), released,
+                                    opt.shard_offload.offloaded))
+                opt.close()
+        (went_losses, went, rel_a, off_a), (res_losses, res, rel_b, off_b) = results
+        plain = self._plain("nn", lambda: self._run_plain(w))
+        return dict(resumed=w.compare(res_losses, res, went_losses, went),
+                    went_on_vs_plain=w.compare(went_losses, went, plain[0][half:], plain[1]),
+                    released=rel_a and rel_b, offloaded=off_a and off_b)
