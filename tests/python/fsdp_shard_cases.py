@@ -31,9 +31,14 @@ class ShardCases:
         model = w.build(kind)
         opt = FSDPCPUAdam(model, runtime=rt, threads=1, max_grad_norm=clip, **kw, **w.HYPER)
         held = opt.shard_offload
-        losses, between = [], []
+        losses, between, after_backward = [], [], []
         for i in range(steps or w.STEPS):
-            losses += w.train(model, opt, 1, start=i)
+            loss = w.loss_of(model, *w.batch(i))  # w.train's step, looked at after backward
+            loss.backward()
+            after_backward.append(held.residency())
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
             between.append(held.residency())
         with opt.shards_in():
             params = w.full(model)
@@ -45,16 +50,24 @@ class ShardCases:
         # Per unit, the tiers holding tiermem's copy between steps, in every step.
         out["tiers"] = [sorted(set.intersection(*[set(step[i]["tiers"]) for step in between[1:]]))
                         for i in range(len(held.units))]
+        # With grad_tier: from the second backward on, every gradient shard in tiermem.
+        out["grads_released"] = all(r["grad_torch_bytes"] == 0 for step in after_backward[1:]
+                                    for r in step)
+        out["grad_tiers"] = [sorted(set.intersection(*[set(step[i]["grad_tiers"])
+                                                       for step in after_backward[1:]]))
+                             for i in range(len(held.units))]
+        out.update(grad_bytes_in=held.grad_bytes_in, grad_bytes_out=held.grad_bytes_out)
         opt.close()
         return losses, params, out
 
     def shards_nvme(self, w):
-        """Shards and state on NVMe, the DRAM budget below one rank's state: the same bits as
-        the state in DRAM without shard offload (the dram case), and AdamW's curve."""
+        """Shards, gradients and state on NVMe, the DRAM budget below one rank's state: the bits of
+        FSDPCPUAdam without shard offload, and AdamW's curve."""
         dram = 384 << 10
         with self.runtime(dram_bytes=dram, nvme_paths=self.nvme_dir, nvme_bytes="16MiB",
                           prefetch_depth=2) as rt:
-            losses, params, out = self._shard_run(w, rt, state_tier="nvme", shard_tier="nvme")
+            losses, params, out = self._shard_run(w, rt, state_tier="nvme", shard_tier="nvme",
+                                                  grad_tier="nvme")
         out.update(w.compare(losses, params, *self.ref()), dram_bytes=dram,
                    state_bytes=w.state_bytes(w.build()))
         out["vs_plain"] = w.compare(losses, params, *self._plain("nn", lambda: self._run_plain(w)))
@@ -68,13 +81,15 @@ class ShardCases:
         return losses, w.full(model)
 
     def shards_llama(self, w):
-        """Llama with its shards in DRAM, clipped: the bits of the plain run, AdamW's curve."""
+        """Llama with its shards and gradients in DRAM, clipped (the norm from the squared norms
+        taken before the gradients went down): the bits of the plain run, AdamW's curve."""
         try:
             import transformers  # noqa: F401
         except ImportError as e:
             return dict(skipped="transformers is not installed (%s)" % e)
         with self.runtime(dram_bytes="16MiB") as rt:
-            losses, params, out = self._shard_run(w, rt, "llama", clip=w.CLIP, shard_tier="dram")
+            losses, params, out = self._shard_run(w, rt, "llama", clip=w.CLIP, shard_tier="dram",
+                                                  grad_tier="dram")
         out.update(w.compare(losses, params, *self.ref("llama", clip=w.CLIP), kind="llama"))
         plain = self._plain("llama-clip", lambda: self._run_plain(w, "llama", w.CLIP))
         out["vs_plain"] = w.compare(losses, params, *plain, kind="llama")

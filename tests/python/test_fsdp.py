@@ -218,9 +218,15 @@ def assert_shards_held(r, what, tier):
     # One unit at a time in forward and in the step; a block and the one FSDP2 prefetches in
     # backward.
     assert 1 <= r["peak_units"] <= 2, "%s: %d units in at once" % (what, r["peak_units"])
+    # grad_tier: after each backward from the second on, every gradient shard in tiermem (on
+    # NVMe, or still on its way there from DRAM), brought in for the step.
+    assert r["grads_released"], "%s: a gradient stayed in torch memory after backward" % what
+    assert all(t and set(t) <= {tier, "dram"} for t in r["grad_tiers"]), r["grad_tiers"]
+    assert r["grad_bytes_out"] >= 19 * r["shard_bytes"], r
+    assert r["grad_bytes_in"] >= 19 * r["shard_bytes"], r
 
 
-def test_shards_on_nvme_give_the_bits_of_the_plain_run(single_node):
+def test_shards_and_grads_on_nvme_give_the_bits_of_the_plain_run(single_node):
     for rank, r in results(single_node, "shards_nvme").items():
         what = "rank %d" % rank
         assert r["vs_plain"]["bit_identical"], "%s: shards held in tiermem differ" % what
@@ -230,7 +236,7 @@ def test_shards_on_nvme_give_the_bits_of_the_plain_run(single_node):
         assert r["stats"]["nvme"]["dram"] > 19 * r["shard_bytes"], r["stats"]
 
 
-def test_llama_shards_in_dram_with_clipping(single_node):
+def test_llama_shards_and_grads_in_dram_with_clipping(single_node):
     for rank, r in results(single_node, "shards_llama").items():
         if "skipped" in r:
             pytest.skip(r["skipped"])

@@ -25,8 +25,13 @@ backward): with shards on NVMe, each release prefetches the next `prefetch_depth
 order from NVMe into DRAM, so that their bring-in copies from DRAM. On CPU everything here is
 synchronous; on CUDA the copies are ordered on the current stream (not run on a GPU yet).
 
-Not held here: the gradient shards (FSDP2 makes them in its post-backward; see docs) and the
-unsharded parameters FSDP2 all-gathers (it frees them itself after use)."""
+With grad_tier, each unit's reduce-scattered gradient shards go to tiermem too, from the
+post-accumulate-grad hooks FSDP2 runs on its sharded parameters once its post-backward has set
+them (the squared norms taken first, for clipping), until the unit's step and again until
+zero_grad(); a unit's gradients come back before its next pre-backward (FSDP2 adds a second
+backward's into them). CPU meshes only: on CUDA FSDP2 runs the hooks on its reduce-scatter
+stream, and that path is not written or tested. Not held here: the unsharded parameters FSDP2
+all-gathers (it frees them itself after use)."""
 
 import contextlib
 
@@ -34,6 +39,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ._swapped import _Swapped
+from ._transfers import _destroy_quietly
 
 
 def _fsdp_state(module):
@@ -44,13 +50,17 @@ def _fsdp_state(module):
 class _Unit:
     """One fully_shard unit: its module, its own parameters, and their storages in tiermem."""
 
-    __slots__ = ("module", "params", "records", "resident", "dirty", "index")
+    __slots__ = ("module", "params", "records", "resident", "dirty", "index", "grads",
+                 "grad_sq", "grads_set")
 
     def __init__(self, module, params, index):
         self.module, self.params, self.index = module, params, index
         self.records = []
         self.resident = True
         self.dirty = False
+        self.grads = []  # the gradient storages' records while tiermem holds them
+        self.grad_sq = {}  # parameter -> its gradient's squared 2-norm, taken before it went
+        self.grads_set = set()  # the parameters FSDP2 has set a gradient on this backward
 
     def unsharded(self):
         """Whether FSDP2 holds the unit all-gathered now (it reads no shard to unshard it)."""
@@ -61,9 +71,10 @@ class _Unit:
 class _ShardOffload:
     """The shards of every unit under `module`, in `runtime`'s `tier` between uses."""
 
-    def __init__(self, module, runtime, tier, prefetch_depth=1):
+    def __init__(self, module, runtime, tier, prefetch_depth=1, grad_tier=None):
         from torch.distributed.fsdp import FSDPModule
         self.runtime, self.tier, self.prefetch_depth = runtime, tier, prefetch_depth
+        self.grad_tier = grad_tier
         self.root = module
         mods = [m for m in module.modules() if isinstance(m, FSDPModule)]
         owner = {}
@@ -78,9 +89,11 @@ class _ShardOffload:
                 by_module[m] = _Unit(m, params, len(self.units))
                 self.units.append(by_module[m])
         self._by_state = {_fsdp_state(m): u for m, u in by_module.items()}
+        self.unit_of = {p: u for u in self.units for p in u.params}
         self.forward_order, self.post_forward_order = [], []
         self.offloaded = False
         self.bytes_in = self.bytes_out = 0
+        self.grad_bytes_in = self.grad_bytes_out = 0
         # The most units in torch memory at once by the schedule (not counting all_in()).
         self.peak_units = 0
         self._handles = []
@@ -94,6 +107,12 @@ class _ShardOffload:
                                         prepend=True),
                 m.register_forward_hook(lambda mod, a, out, u=u: self._on_output(u, out, False)),
             ]
+            if grad_tier is not None:
+                # FSDP2 runs a sharded parameter's post-accumulate-grad hooks once its
+                # post-backward has set the reduce-scattered gradient (on CUDA, on the stream
+                # that made it).
+                self._handles += [p.register_post_accumulate_grad_hook(
+                    lambda p, u=u: self._grad_set(u, p)) for p in u.params if p.requires_grad]
         self._handles += [module.register_state_dict_pre_hook(lambda *_: self._all_in()),
                           module.register_load_state_dict_pre_hook(lambda *_: self._all_in())]
 
@@ -132,6 +151,7 @@ class _ShardOffload:
     def _before_backward(self, u):
         if not self.offloaded:
             return
+        self.grads_in(u)  # FSDP2's post-backward adds into a gradient that is there already
         targets = self._targets(u, "_states_to_backward_prefetch")
         if not targets:  # FSDP2's implicit prefetch: the unit before it in post-forward order
             order = self.post_forward_order
@@ -155,6 +175,58 @@ class _ShardOffload:
                 for r in t.records:
                     r.prefetch()
 
+    # ---- the gradient shards ----
+
+    def _grad_set(self, u, p):
+        """FSDP2 set p's sharded gradient; once every parameter of u has one, the unit's
+        gradient storages go to tiermem (their squared norms taken first, for clipping)."""
+        if not self.offloaded:
+            return
+        g = p.grad.to_local()
+        u.grad_sq[p] = torch.linalg.vector_norm(g.detach(), 2.0).to(torch.float32) ** 2
+        u.grads_set.add(p)
+        if len(u.grads_set) < sum(q.requires_grad for q in u.params):
+            return
+        u.grads_set.clear()
+        seen = set()
+        for q in u.params:
+            if q.grad is None:
+                continue
+            local = q.grad.to_local()
+            storage = local.untyped_storage()
+            if storage.nbytes() == 0 or storage.data_ptr() in seen:
+                continue
+            seen.add(storage.data_ptr())
+            flat = torch.empty(0, dtype=local.dtype, device=local.device).set_(
+                storage, 0, (storage.nbytes() // local.element_size(),))
+            name = self.runtime.next_name("fsdp_grad")
+            u.grads.append(_Swapped(self.runtime, flat, "grad", name, self.grad_tier))
+            self.grad_bytes_out += u.grads[-1].nbytes
+
+    def grads_in(self, u, keep=False):
+        """u's gradients back in torch memory: for good (keep=False: tiermem's copies go), or
+        for the step (keep=True: let go again by grads_out, nothing written)."""
+        for r in u.grads:
+            if not r.resident:
+                r.bring_in()
+                self.grad_bytes_in += r.nbytes
+            if not keep:
+                r.restore()
+        if not keep:
+            u.grads = []
+
+    def grads_out(self, u):
+        for r in u.grads:
+            r.let_go(dirty=False)
+
+    def drop_grads(self):
+        """zero_grad(set_to_none=True): tiermem's copies of the gradients go with them."""
+        for u in self.units:
+            for r in u.grads:
+                _destroy_quietly(r.tm)
+            u.grads, u.grads_set = [], set()
+            u.grad_sq.clear()
+
     # ---- bringing in and letting go ----
 
     def start(self):
@@ -174,7 +246,7 @@ class _ShardOffload:
                     storage, 0, (storage.nbytes() // local.element_size(),))
                 name = self.runtime.next_name("fsdp_shard")
                 u.records.append(_Swapped(self.runtime, flat, "param", name, self.tier))
-                self.bytes_out += storage.nbytes()
+                self.bytes_out += u.records[-1].nbytes
             u.resident, u.dirty = False, False
         self.offloaded = True
 
@@ -210,6 +282,7 @@ class _ShardOffload:
     def _all_in(self):
         for u in self.units:
             self.bring_in(u, dirty=True)
+            self.grads_in(u)
 
     @contextlib.contextmanager
     def all_in(self):
@@ -224,7 +297,11 @@ class _ShardOffload:
         """Per unit, the storages' bytes in torch and the tiers holding tiermem's copies."""
         return [dict(torch_bytes=sum(p.to_local().untyped_storage().nbytes() for p in u.params),
                      tiers=sorted(set().union(*[r.tm.residency() for r in u.records]))
-                     if u.records else [])
+                     if u.records else [],
+                     grad_torch_bytes=sum(p.grad.to_local().untyped_storage().nbytes()
+                                          for p in u.params if p.grad is not None),
+                     grad_tiers=sorted(set().union(*[r.tm.residency() for r in u.grads]))
+                     if u.grads else [])
                 for u in self.units]
 
     def close(self):
@@ -233,6 +310,7 @@ class _ShardOffload:
             h.remove()
         self._handles = []
         for u in self.units:
+            self.grads_in(u)
             for r in u.records:
                 r.restore()
             u.records, u.resident = [], True

@@ -103,6 +103,10 @@ def _adamw_defaults():
     return dict(torch.optim.AdamW([torch.zeros(0, requires_grad=True)]).defaults)
 
 
+def _square_norm(g):
+    return torch.linalg.vector_norm(g.detach(), 2.0).to(torch.float32) ** 2
+
+
 class _ShardAdam(CPUAdam):
     """The CPUAdam stepping the local shards; only the clipping coefficient differs: the norm is
     the whole gradient's, across the ranks of the mesh."""
@@ -118,10 +122,14 @@ class _ShardAdam(CPUAdam):
         # Every rank joins the all_reduce, also with no gradient of its own this step.
         if self.max_grad_norm is None:
             return 1.0
-        device = grads[0].device if grads else self._device
+        return self._coefficient([_square_norm(g) for g in grads])
+
+    def _coefficient(self, squares):
+        """From this rank's gradients' squared 2-norms, in the parameters' order."""
+        device = squares[0].device if squares else self._device
         total = torch.zeros((), dtype=torch.float32, device=device)
-        for g in grads:
-            total += torch.linalg.vector_norm(g.detach(), 2.0).to(torch.float32) ** 2
+        for sq in squares:
+            total += sq
         torch.distributed.all_reduce(total, group=self._group)
         # As torch.nn.utils.clip_grad_norm_ (and CPUAdam) make it from the total norm.
         coef = torch.clamp(self.max_grad_norm / (total.sqrt() + 1e-6), max=1.0)
@@ -143,12 +151,15 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     each fully_shard unit's shards come in just before FSDP2 all-gathers them and for the
     step, and their torch storage is empty otherwise. Read them between steps inside
     shards_in(). shard_prefetch_depth: how many units ahead an NVMe shard is prefetched.
+    grad_tier ("dram" or "nvme"; CPU meshes only) holds each unit's reduce-scattered gradient
+    shards there too, from FSDP2's post-backward to the unit's step and until zero_grad(); read
+    them in between only inside shards_in() (clip with max_grad_norm, not clip_grad_norm_).
     """
 
     def __init__(self, module, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=1e-2, amsgrad=False, *, adamw=True, max_grad_norm=None,
                  runtime=None, state_tier="dram", threads=0, shard_tier=None,
-                 shard_prefetch_depth=1):
+                 shard_prefetch_depth=1, grad_tier=None):
         self._names = names = _check_module(module)
         self._offload = None
         if shard_tier is not None:
@@ -158,6 +169,9 @@ class FSDPCPUAdam(torch.optim.Optimizer):
             if runtime is None:
                 raise ValueError("FSDPCPUAdam: shard_tier needs a runtime= sized for the shards "
                                  "and the state")
+        if grad_tier is not None and (shard_tier is None or grad_tier not in ("dram", "nvme")):
+            raise ValueError("FSDPCPUAdam: grad_tier=%r; want \"dram\" or \"nvme\", with a "
+                             "shard_tier" % (grad_tier,))
         if params is None:
             params = [p for p in module.parameters() if p.requires_grad]
         defaults = _adamw_defaults()
@@ -187,9 +201,13 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                                 runtime=runtime, state_tier=state_tier, threads=threads,
                                 overlap=False)
         if shard_tier is not None:
-            self._offload = _ShardOffload(module, runtime, shard_tier, shard_prefetch_depth)
-            unowned = [names.get(p) for p in self._params()
-                       if not any(p is q for u in self._offload.units for q in u.params)]
+            if grad_tier is not None and device.type != "cpu":
+                raise ValueError("FSDPCPUAdam: grad_tier is supported on a CPU mesh only, not %s"
+                                 " (the copy down would have to wait for FSDP2's private "
+                                 "post-reduce event)" % device.type)
+            self._offload = _ShardOffload(module, runtime, shard_tier, shard_prefetch_depth,
+                                          grad_tier)
+            unowned = [names.get(p) for p in self._params() if p not in self._offload.unit_of]
             if unowned:
                 raise ValueError("FSDPCPUAdam: parameters %s belong to no fully_shard unit of "
                                  "the module; shard_tier needs every one in a unit" % unowned)
@@ -262,8 +280,17 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         in torch memory at a time. Per element the same arithmetic as one step of all."""
         grads = {a: a.grad for a in self._shards.values()}
         adam = self._adam
-        adam._scale = adam._grad_scale([g for g in grads.values() if g is not None])
         offload = self._offload
+        if adam.max_grad_norm is None:
+            adam._scale = 1.0
+        else:  # a gradient in tiermem gives the squared norm taken before it went down
+            squares = []
+            for p, a in self._shards.items():
+                if a.grad is not None:
+                    u = offload.unit_of.get(p)
+                    held = u is not None and u.grads and p in u.grad_sq
+                    squares.append(u.grad_sq[p] if held else _square_norm(a.grad))
+            adam._scale = adam._coefficient(squares)
         offload.prefetch_all()
         try:
             for u in offload.units:
@@ -274,10 +301,21 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                            if p in self._shards):
                     continue
                 offload.bring_in(u)
+                offload.grads_in(u, keep=True)
                 adam.step()
                 offload.release(u, dirty=True)
+                offload.grads_out(u)
         finally:
             adam._scale = None
+
+    def zero_grad(self, set_to_none=True):
+        if self._offload is not None:
+            if set_to_none:
+                self._offload.drop_grads()
+            else:
+                for u in self._offload.units:
+                    self._offload.grads_in(u)
+        super().zero_grad(set_to_none)
 
     @property
     def shard_offload(self):
