@@ -31,6 +31,10 @@ root), --nproc ranks (default 2 on the CPU with gloo, 1 on CUDA with NCCL, one G
   tiermem_nvme        as tiermem with state_tier="nvme": the runtime's DRAM budget is
                       --nvme-dram-fraction of the rank's state (both printed, `info nvme_state`),
                       so every step streams the state from NVMe (--nvme-dir) and writes it back.
+  tiermem_shards      as tiermem_nvme, and FSDPCPUAdam(shard_tier="nvme", grad_tier="nvme"):
+                      each rank's parameter shards and reduce-scattered gradient shards too live
+                      on NVMe between uses (ZeRO-Infinity), brought in before each unit's
+                      all-gather and for its step, one or two units at a time.
 
 Two phases, each in process groups of its own (fresh processes, torchrun's environment):
 
@@ -51,6 +55,8 @@ Two phases, each in process groups of its own (fresh processes, torchrun's envir
           construction and training (absolute: torch, the CUDA context and the sharded model
           included), `above base` the same less the RSS at the reset (what the mode added).
           Pinned and tiermem DRAM pages are resident and counted; NVMe and the page cache not.
+          `steady` is the high-water mark over the --mem-steps steps alone (reset again after
+          the warm-up): the first step of tiermem_shards holds its shards, the later ones not.
 
 Per mode: the median step and [min-max] over all timed steps; `ratio` lines are paired: the
 median over rounds of that round's median against the reference's median in the same round (the
@@ -97,7 +103,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 MIB = 1 << 20
-MODES = ["no_offload", "cpu_offload_policy", "tiermem", "tiermem_nvme"]
+MODES = ["no_offload", "cpu_offload_policy", "tiermem", "tiermem_nvme", "tiermem_shards"]
 HYPER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 # Defaults by device: on the CPU a step of some 100s of ms on two shared cores (4.2M parameters,
 # 16-24 MiB of AdamW state per rank of 2); on a GPU a model whose CPU step and copies matter
@@ -274,8 +280,9 @@ class Rank:
             # of it at these sizes) for 4 of the largest shard's state: the bucket stepping,
             # its new state (the step's shadow) and the next ones read ahead.
             dram = max(int(state * self.spec["nvme_dram_fraction"]), 16 * largest * 12 // 3)
-            settings.update(nvme_paths=self.spec["nvme_dir"], nvme_bytes=2 * state + 64 * MIB,
-                            prefetch_depth=2)
+            shards = sum(t.numel() * t.element_size() for t in local)
+            settings.update(nvme_paths=self.spec["nvme_dir"],
+                            nvme_bytes=2 * state + 4 * shards + 64 * MIB, prefetch_depth=2)
             tier = "nvme"
         settings["dram_bytes"] = -(-max(dram, 2 * MIB) // (2 * MIB)) * 2 * MIB
         rt = tiermem.Runtime(**settings)
@@ -284,7 +291,8 @@ class Rank:
             settings["dram_bytes"] += 2 * MIB
             rt = tiermem.Runtime(**settings)
         opt = FSDPCPUAdam(model, runtime=rt, state_tier=tier, threads=self.spec["threads"],
-                          **HYPER)
+                          shard_tier="nvme" if mode == "tiermem_shards" else None,
+                          grad_tier="nvme" if mode == "tiermem_shards" else None, **HYPER)
         info = rt.info()
         return opt, rt, dict(
             impl="tiermem FSDPCPUAdam, kernel %s, state %s, %s" % (
@@ -397,6 +405,10 @@ def time_worker(r, spec):
             res["tiermem_moved"] = moved_since(run["rt"], before[mode],
                                                spec["rounds"] * spec["steps"])
             res["dram_peak"] = run["rt"].stats()["tiers"]["dram"]["peak"]
+            held = run["opt"].shard_offload
+            if held is not None:
+                res["shards"] = dict(bytes=sum(r.nbytes for u in held.units for r in u.records),
+                                     units=len(held.units), peak_units=held.peak_units)
             run["opt"].close()
             run["rt"].close()
         out[mode] = res
@@ -414,13 +426,18 @@ def memory_worker(r, spec):
     hwm_reset = reset_hwm()
     base = proc_status()["VmRSS"]
     opt, rt, _ = r.optimizer(mode, model)
-    for i in range(spec["warmup"] + spec["mem_steps"]):
+    for i in range(spec["warmup"]):
+        r.step(model, opt, i)
+    warm = proc_status()
+    reset_hwm()
+    for i in range(spec["warmup"], spec["warmup"] + spec["mem_steps"]):
         r.step(model, opt, i)
     status = proc_status()
     if rt is not None:
         opt.close()
         rt.close()
-    return {mode: dict(host_peak=status["VmHWM"], base=base, hwm_reset=hwm_reset,
+    return {mode: dict(host_peak=max(status["VmHWM"], warm["VmHWM"]), base=base,
+                       steady_peak=status["VmHWM"], hwm_reset=hwm_reset,
                        ru_maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}
 
 
@@ -616,11 +633,12 @@ def report(args, modes, timing, memory, wall):
         peak[mode], above[mode] = max(peaks), max(aboves)
         opt_t = t0[mode]["opt_times"]
         print("step %-18s %9.1f  [%.1f - %.1f]  optimizer %.1f [%.1f - %.1f]  host_peak %s  "
-              "(+%s)" % (
+              "(+%s) steady %s" % (
             mode, ms(med[mode]), ms(min(times)), ms(max(times)), ms(statistics.median(opt_t)),
             ms(min(opt_t)), ms(max(opt_t)),
             " ".join("r%d=%.0f" % (i, p / MIB) for i, p in enumerate(peaks)),
-            " +".join("%.0f" % (a / MIB) for a in aboves)))
+            " +".join("%.0f" % (a / MIB) for a in aboves),
+            " ".join("%.0f" % (m[mode]["steady_peak"] / MIB) for m in memory)))
     if not all(m[mode]["hwm_reset"] for m in memory for mode in modes):
         print("info host_peak: /proc/self/clear_refs refused: the peaks are whole-process ones")
     print("# bytes moved per step per rank: tiermem's runtime (tm_stats, measured over the timed "
@@ -632,6 +650,11 @@ def report(args, modes, timing, memory, wall):
                                       for k, v in sorted(m.items())) or "none")
             for i, m in enumerate(moved))
         link = t0[mode]["link"]
+        if "shards" in t0[mode]:
+            sh = t0[mode]["shards"]
+            print("info shards %s: %.1f MiB of parameter shards (and as much gradient) in %d "
+                  "units on rank 0, at most %d units' shards in torch memory at once" % (
+                      mode, sh["bytes"] / MIB, sh["units"], sh["peak_units"]))
         print("moved %-18s tiermem %s; link h2d %.1f MiB d2h %.1f MiB" % (
             mode, tm_s, link["h2d"] / MIB, link["d2h"] / MIB))
 
@@ -648,11 +671,12 @@ def report(args, modes, timing, memory, wall):
             print("check loss_max_diff %s_vs_adamw %.3g (relative %.3g, over %d steps; at most "
                   "%g)" % (mode, diff, rel, steps, args.loss_rtol))
             bad = bad or rel > args.loss_rtol
-    if "tiermem" in modes and "tiermem_nvme" in modes:
-        diff = max(abs(a - b) for a, b in zip(t0["tiermem_nvme"]["losses"],
-                                               t0["tiermem"]["losses"]))
-        print("check loss_max_diff tiermem_nvme_vs_tiermem %.3g (the same kernel over the same "
-              "values: 0 expected)" % diff)
+    for other in ("tiermem_nvme", "tiermem_shards"):
+        if "tiermem" not in modes or other not in modes:
+            continue
+        diff = max(abs(a - b) for a, b in zip(t0[other]["losses"], t0["tiermem"]["losses"]))
+        print("check loss_max_diff %s_vs_tiermem %.3g (the same kernel over the same values: 0 "
+              "expected)" % (other, diff))
         bad = bad or diff > 0
     print("info losses %s: %s" % (modes[0], " ".join("%.4f" % x for x in t0[modes[0]]["losses"])))
 
@@ -687,6 +711,14 @@ def report(args, modes, timing, memory, wall):
               "%.0f MiB); above base %.2f (+%.0f / +%.0f MiB)" % (
                   mode, ref, peak[mode] / peak[ref], peak[mode] / MIB, peak[ref] / MIB,
                   above[mode] / max(above[ref], 1), above[mode] / MIB, above[ref] / MIB))
+        steady = [max(m[x]["steady_peak"] for m in memory) for x in (mode, ref)]
+        print("info steady_peak_%s_over_%s %.2f (%.0f / %.0f MiB)" % (
+            mode, ref, steady[0] / steady[1], steady[0] / MIB, steady[1] / MIB))
+    if "tiermem_nvme" in modes and "tiermem_shards" in modes:  # the same runtime and state
+        pk = [max(m[x]["host_peak"] for m in memory) for x in ("tiermem_shards", "tiermem_nvme")]
+        print("info host_peak_tiermem_shards_over_tiermem_nvme %.2f (%.0f / %.0f MiB: what "
+              "holding the shards and gradients on NVMe saves)" % (pk[0] / pk[1], pk[0] / MIB,
+                                                                    pk[1] / MIB))
     print("# wall %.0f s" % wall)
     if bad:
         fail("the losses disagree (more than --loss-rtol %g against AdamW, or tiermem_nvme "
