@@ -127,3 +127,33 @@ class ShardCases:
         return dict(resumed=w.compare(res_losses, res, went_losses, went),
                     went_on_vs_plain=w.compare(went_losses, went, plain[0][half:], plain[1]),
                     released=rel_a and rel_b, offloaded=off_a and off_b)
+
+    def shards_accumulate(self, w):
+        """Gradient accumulation (two backwards a step) with shards and gradients in DRAM: the
+        second backward adds into gradients tiermem held, brought back before FSDP2's
+        post-backward adds to them; the bits of plain FSDPCPUAdam accumulating the same way."""
+        def run(rt, **kw):
+            model = w.build()
+            opt = FSDPCPUAdam(model, runtime=rt, threads=1, max_grad_norm=w.CLIP, **kw,
+                              **w.HYPER)
+            losses, held_after_first = [], []
+            for i in range(6):
+                for micro in range(2):
+                    loss = w.loss_of(model, *w.batch(2 * i + micro))
+                    loss.backward()
+                    losses.append(loss.item())
+                    if micro == 0 and opt.shard_offload is not None:
+                        held_after_first.append(all(
+                            r["grad_torch_bytes"] == 0 for r in opt.shard_offload.residency()))
+                opt.step()
+                opt.zero_grad()
+            with opt.shards_in():
+                params = w.full(model)
+            opt.close()
+            return losses, params, held_after_first
+
+        with self.runtime(dram_bytes="16MiB") as rt:
+            plain = run(rt)
+            held = run(rt, shard_tier="dram", grad_tier="dram")
+        return dict(vs_plain=w.compare(held[0], held[1], plain[0], plain[1]),
+                    grads_held_between_backwards=held[2][1:], steps=6)

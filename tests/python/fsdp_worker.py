@@ -282,6 +282,8 @@ class Cases(ShardCases):
 
         refused("ignored_params", ignored)
         refused("not_sharded", lambda: FSDPCPUAdam(Net()))
+        refused("shard_tier_without_runtime", lambda: FSDPCPUAdam(build(), shard_tier="nvme"))
+        refused("grad_tier_without_shard_tier", lambda: FSDPCPUAdam(build(), grad_tier="dram"))
         return out
 
     def hooks(self):

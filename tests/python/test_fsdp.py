@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fsdp_worker.py")
-CASES = "dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,shards_nvme,shards_llama,shards_dcp"
+CASES = "dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,shards_nvme,shards_llama,shards_dcp,shards_accumulate"
 # The tolerance of test_cpu_adam.py: CPUAdam's kernel and torch's scalar AdamW round differently
 # in the last bit (FMA or not), so the curves agree to 1e-5 relative, not bit for bit, at lr 1e-3.
 LOSS_RTOL = 1e-5
@@ -146,6 +146,8 @@ def test_refusals_name_what_is_refused(single_node):
         "hsdp": ["2-D mesh", "HSDP", "'tok.weight'"],
         "ignored_params": ["'head.bias'", "ignored_params"],
         "not_sharded": ["not sharded by torch.distributed.fsdp.fully_shard"],
+        "shard_tier_without_runtime": ["shard_tier needs a runtime="],
+        "grad_tier_without_shard_tier": ["grad_tier=", "with a shard_tier"],
     }
     for rank, got in results(single_node, "refusals").items():
         assert sorted(got) == sorted(want)
@@ -251,3 +253,9 @@ def test_shards_dcp_round_trip(single_node):
         assert r["offloaded"] and r["released"], r
         assert r["resumed"]["bit_identical"], "rank %d: the resumed run differs" % rank
         assert r["went_on_vs_plain"]["bit_identical"], "rank %d: differs from plain" % rank
+
+
+def test_gradient_accumulation_with_grads_in_tiermem(single_node):
+    for rank, r in results(single_node, "shards_accumulate").items():
+        assert r["vs_plain"]["bit_identical"], "rank %d: accumulated gradients differ" % rank
+        assert r["grads_held_between_backwards"] == [True] * 5, r
