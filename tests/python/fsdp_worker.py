@@ -288,8 +288,8 @@ class Cases(ShardCases):
 
     def hooks(self):
         """Where a user's hooks run against FSDP2's own, as this torch runs them: the points a
-        shard offload would bring shards in and out (docs/pytorch.md, "FSDP2", what is not
-        supported yet). Per block, in order: a pre-hook registered after fully_shard with
+        shard offload brings shards in and out (docs/pytorch.md, "FSDP2", "Parameter shards in
+        tiermem"). Per block, in order: a pre-hook registered after fully_shard with
         prepend=True (before FSDP2's unshard?) and without (after it?); a gradient hook put on
         the block's output by a prepend=True forward hook (before FSDP2's pre-backward unshard
         of this block and of the one before it?); a gradient hook on the block's input (after

@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fsdp_worker.py")
-CASES = "dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,shards_nvme,shards_llama,shards_dcp,shards_accumulate"
+CASES = ("dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,"
+         "shards_nvme,shards_llama,shards_dcp,shards_accumulate")
 # The tolerance of test_cpu_adam.py: CPUAdam's kernel and torch's scalar AdamW round differently
 # in the last bit (FMA or not), so the curves agree to 1e-5 relative, not bit for bit, at lr 1e-3.
 LOSS_RTOL = 1e-5
@@ -159,7 +160,7 @@ def test_refusals_name_what_is_refused(single_node):
 
 def test_hook_points_for_a_shard_offload(single_node):
     """Not tiermem's behaviour but torch's, which a shard offload would rely on (docs/pytorch.md,
-    FSDP2, "Only the optimizer state is in tiermem"): fails when a torch changes it."""
+    FSDP2, "Parameter shards in tiermem"): fails when a torch changes it."""
     for rank, r in results(single_node, "hooks").items():
         log = [tuple(e) for e in r["log"]]
         blocks = sorted({e[1] for e in log})

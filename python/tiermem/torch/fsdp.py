@@ -18,7 +18,10 @@ rank sums its shards' squared norms and one all_reduce adds the ranks' sums.
 The optimizer holds the model's own DTensor parameters in its param_groups, and state_dict()
 returns torch.optim.AdamW's layout with each state tensor a DTensor sharded as its parameter, so
 torch.distributed.checkpoint's get/set_optimizer_state_dict treat it as they treat AdamW's, and
-checkpoints move between the two. Nothing of the model is changed: no hook, no wrapper.
+checkpoints move between the two. Nothing of the model is changed (no hook, no wrapper), unless
+shard_tier / grad_tier hold the parameter and gradient shards in tiermem too (_fsdp_shards.py:
+hooks on the model, removed by close(), which brings every shard back; close() before the
+runtime's).
 
 Refused, by name: FSDP1 (FullyShardedDataParallel), fully_shard's offload_policy=CPUOffloadPolicy
 (the state would be offloaded twice), meshes that are not 1-D shardings (HSDP, FSDP2's
