@@ -443,3 +443,45 @@ def test_fp32_cpu_parameters_are_their_own_master():
     for name in ("step", "exp_avg", "exp_avg_sq"):  # fused multiply-adds: m may cancel
         torch.testing.assert_close(sd[name], sd_ref[name], rtol=1e-5, atol=1e-8)
     opt.close()
+
+
+@pytest.mark.parametrize("one_group", [True, False])
+def test_steady_steps_follow_adamw_through_changes(one_group):
+    """Steps that find the parameters as the last one left them take the plan of that step
+    (_cpu_adam_spans.InPlacePlan); every change between steps is still seen: the learning rate
+    of one group changed, a gradient missing for a step (its parameter a step behind, then
+    stepped apart), a strided gradient, a parameter group added, a checkpoint loaded."""
+    g = torch.Generator().manual_seed(7)
+    shapes = [(8, 5), (13,), (4, 4), (9,)]
+    start = [torch.randn(s, generator=g) for s in shapes]
+    a = [torch.nn.Parameter(t.clone()) for t in start]
+    b = [torch.nn.Parameter(t.clone()) for t in start]
+    hyper = dict(HYPER, weight_decay=0.0)
+
+    def groups(ps):
+        if one_group:
+            return [{"params": ps[:3]}]
+        return [{"params": ps[:2]}, {"params": ps[2:3], "lr": 3e-3, "amsgrad": True}]
+
+    opt = CPUAdam(groups(a), threads=2, **hyper)
+    ref = torch.optim.AdamW(groups(b), foreach=False, **hyper)
+    for i in range(9):
+        if i == 5:  # a group added, the plan's parameters no longer all of them
+            opt.add_param_group({"params": a[3:]})
+            ref.add_param_group({"params": b[3:]})
+        if i == 7:
+            opt.load_state_dict(opt.state_dict())
+        for o, ps in ((opt, a), (ref, b)):
+            o.param_groups[0]["lr"] = 1e-3 * (1 + i % 3)
+            for k, p in enumerate(ps):
+                grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(10 * i + k))
+                p.grad = None if (i == 3 and k == 1) else grad
+            if i == 4:  # the same values, strided
+                ps[0].grad = ps[0].grad.t().contiguous().t()
+            o.step()
+        if i in (2, 6, 8):
+            assert opt._plan is not None, "a steady step keeps its plan"
+        for p, q in zip(a, b):
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-7)
+    opt.close()
+
