@@ -157,3 +157,27 @@ class ShardCases:
             held = run(rt, shard_tier="dram", grad_tier="dram")
         return dict(vs_plain=w.compare(held[0], held[1], plain[0], plain[1]),
                     grads_held_between_backwards=held[2][1:], steps=6)
+
+    def shards_prefetch(self, w):
+        """FSDP2's explicit prefetch (set_modules_to_forward_prefetch / _backward_prefetch) with
+        shards and gradients on NVMe: each target comes in before the module that prefetches it
+        all-gathers it; the bits of plain FSDPCPUAdam under the same prefetch lists."""
+        def run(rt, **kw):
+            model = w.build()
+            a, b = model.layers
+            model.set_modules_to_forward_prefetch([a])
+            a.set_modules_to_forward_prefetch([b])
+            b.set_modules_to_backward_prefetch([a])
+            opt = FSDPCPUAdam(model, runtime=rt, threads=1, **kw, **w.HYPER)
+            losses = w.train(model, opt, 6)
+            with opt.shards_in():
+                params = w.full(model)
+            peak = opt.shard_offload.peak_units if opt.shard_offload is not None else None
+            opt.close()
+            return losses, params, peak
+
+        with self.runtime(dram_bytes="4MiB", nvme_paths=self.nvme_dir, nvme_bytes="16MiB") as rt:
+            plain = run(rt)
+            held = run(rt, shard_tier="nvme", grad_tier="nvme")
+        return dict(vs_plain=w.compare(held[0], held[1], plain[0], plain[1]),
+                    peak_units=held[2])

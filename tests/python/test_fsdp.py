@@ -26,7 +26,7 @@ import torch.distributed as dist
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fsdp_worker.py")
 CASES = ("dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,"
-         "shards_nvme,shards_llama,shards_dcp,shards_accumulate")
+         "shards_nvme,shards_llama,shards_dcp,shards_accumulate,shards_prefetch")
 # The tolerance of test_cpu_adam.py: CPUAdam's kernel and torch's scalar AdamW round differently
 # in the last bit (FMA or not), so the curves agree to 1e-5 relative, not bit for bit, at lr 1e-3.
 LOSS_RTOL = 1e-5
@@ -260,3 +260,9 @@ def test_gradient_accumulation_with_grads_in_tiermem(single_node):
     for rank, r in results(single_node, "shards_accumulate").items():
         assert r["vs_plain"]["bit_identical"], "rank %d: accumulated gradients differ" % rank
         assert r["grads_held_between_backwards"] == [True] * 5, r
+
+
+def test_explicit_prefetch_lists_are_honoured(single_node):
+    for rank, r in results(single_node, "shards_prefetch").items():
+        assert r["vs_plain"]["bit_identical"], "rank %d: differs under explicit prefetch" % rank
+        assert 1 <= r["peak_units"] <= 2, r
