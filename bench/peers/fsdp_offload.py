@@ -714,7 +714,7 @@ def report(args, modes, timing, memory, wall):
         steady = [max(m[x]["steady_peak"] for m in memory) for x in (mode, ref)]
         print("info steady_peak_%s_over_%s %.2f (%.0f / %.0f MiB)" % (
             mode, ref, steady[0] / steady[1], steady[0] / MIB, steady[1] / MIB))
-    if "tiermem_nvme" in modes and "tiermem_shards" in modes:  # the same runtime and state
+    if "tiermem_shards" in modes and "tiermem_nvme" in modes and ref != "tiermem_nvme":
         pk = [max(m[x]["host_peak"] for m in memory) for x in ("tiermem_shards", "tiermem_nvme")]
         print("info host_peak_tiermem_shards_over_tiermem_nvme %.2f (%.0f / %.0f MiB: what "
               "holding the shards and gradients on NVMe saves)" % (pk[0] / pk[1], pk[0] / MIB,
