@@ -6,7 +6,6 @@ the model's forward pre-hooks, and the bytes moved."""
 
 import os
 
-import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
                                                      get_optimizer_state_dict,

@@ -50,11 +50,11 @@ def _fsdp_state(module):
 class _Unit:
     """One fully_shard unit: its module, its own parameters, and their storages in tiermem."""
 
-    __slots__ = ("module", "params", "records", "resident", "dirty", "index", "grads",
-                 "grad_sq", "grads_set")
+    __slots__ = ("module", "params", "records", "resident", "dirty", "grads", "grad_sq",
+                 "grads_set")
 
-    def __init__(self, module, params, index):
-        self.module, self.params, self.index = module, params, index
+    def __init__(self, module, params):
+        self.module, self.params = module, params
         self.records = []
         self.resident = True
         self.dirty = False
@@ -86,7 +86,7 @@ class _ShardOffload:
         for m in mods:
             params = [p for p in m.parameters() if owner[p] is m]
             if params:
-                by_module[m] = _Unit(m, params, len(self.units))
+                by_module[m] = _Unit(m, params)
                 self.units.append(by_module[m])
         self._by_state = {_fsdp_state(m): u for m, u in by_module.items()}
         self.unit_of = {p: u for u in self.units for p in u.params}
