@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import tiermem  # noqa: E402
 from tiermem.torch import FSDPCPUAdam  # noqa: E402
+from fsdp_guard_cases import GuardCases  # noqa: E402
 from fsdp_shard_cases import ShardCases  # noqa: E402
 
 torch.set_num_threads(1)  # two ranks on a shared 2-core machine
@@ -152,7 +153,7 @@ def state_bytes(model):
     return sum(12 * p.to_local().numel() for p in model.parameters())
 
 
-class Cases(ShardCases):
+class Cases(ShardCases, GuardCases):
     def __init__(self, base):
         self.nvme_dir = os.path.join(base, "nvme-node%s" % os.environ.get("GROUP_RANK", "0"))
         self.dcp_dir = os.path.join(base, "dcp")

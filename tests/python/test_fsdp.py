@@ -7,7 +7,8 @@ torch.distributed.checkpoint resume bit-identically and move between FSDPCPUAdam
 FSDP1, CPUOffloadPolicy, HSDP and ignored parameters are refused by name; a run over two
 "nodes" (torchrun --nnodes 2 on 127.0.0.1) splits each node's budget over its own ranks; and
 with shard_tier the parameter shards held in tiermem between uses give the bits of the run that
-kept them (fsdp_shard_cases.py).
+kept them (fsdp_shard_cases.py), and a read of one between uses raises a RuntimeError that says
+what to do instead, the run going on bit-identically (fsdp_guard_cases.py).
 
 One torchrun runs every single-node case (fsdp_worker.py; each case writes its figures as JSON),
 and the tests below judge them; the two-node run is a second pair of torchruns."""
@@ -26,7 +27,8 @@ import torch.distributed as dist
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fsdp_worker.py")
 CASES = ("dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,"
-         "shards_nvme,shards_llama,shards_dcp,shards_accumulate,shards_prefetch")
+         "shards_nvme,shards_llama,shards_dcp,shards_accumulate,shards_prefetch,shards_guard,"
+         "shards_hostile")
 # The tolerance of test_cpu_adam.py: CPUAdam's kernel and torch's scalar AdamW round differently
 # in the last bit (FMA or not), so the curves agree to 1e-5 relative, not bit for bit, at lr 1e-3.
 LOSS_RTOL = 1e-5
@@ -266,3 +268,41 @@ def test_explicit_prefetch_lists_are_honoured(single_node):
     for rank, r in results(single_node, "shards_prefetch").items():
         assert r["vs_plain"]["bit_identical"], "rank %d: differs under explicit prefetch" % rank
         assert 1 <= r["peak_units"] <= 2, r
+
+
+# The reads of test_reads_between_uses_raise_and_the_run_goes_on, each made on both ranks at step
+# 3 (the first four between backward and step, the rest between steps): the text its error names
+# besides the parameter and "shards_in()". Without the guard each reads an empty storage: SIGSEGV.
+GUARDED_READS = {
+    "clip_grad_norm_": ("the gradient of parameter 'tok.weight'", "grad_tier='nvme'",
+                        "max_grad_norm=", "clip_grad_norm_"),
+    "grad_to_local_sum": ("the gradient of parameter 'layers.0.linear1.weight'",),
+    "full_tensor": ("parameter 'layers.0.linear1.weight'", "shard_tier='nvme'"),
+    "to_local_sum": ("parameter 'layers.0.linear1.weight'", "shard_tier='nvme'"),
+    "dtensor_add": ("parameter 'layers.0.linear1.weight'",),
+    "detach_sum": ("parameter 'layers.0.linear1.weight'",),
+}
+
+
+def test_reads_between_uses_raise_and_the_run_goes_on(single_node):
+    for rank, r in results(single_node, "shards_guard").items():
+        what = "rank %d" % rank
+        assert sorted(r["errors"]) == sorted(GUARDED_READS), r["errors"]
+        for read, names in GUARDED_READS.items():
+            error = r["errors"][read]
+            assert error.startswith("RuntimeError: tiermem: "), "%s: %s: %s" % (what, read, error)
+            for name in names + ("with opt.shards_in():",):
+                assert name in error, "%s: %s: %r not in %s" % (what, read, name, error)
+        assert r["shape"] == [128, 64], r["shape"]  # metadata still reads
+        assert r["exact_in_shards_in"], "%s: shards_in() read other values than plain" % what
+        assert r["vs_plain"]["bit_identical"], "%s: the run differs after the reads" % what
+
+
+def test_hostile_pass_follows_plain(single_node):
+    """hidden 33, parameters only in the root unit, zero_grad(set_to_none=False), step() twice
+    without backward, close() twice: plain FSDPCPUAdam's bits, the model readable after."""
+    for rank, r in results(single_node, "shards_hostile").items():
+        assert sorted(r) == ["odd", "root_holds_most", "step_twice", "zero_grad_keep"], r
+        for name, got in r.items():
+            assert got.get("bit_identical"), "rank %d: %s: %s" % (rank, name, got)
+            assert got["after_close_equal"], "rank %d: %s: %s" % (rank, name, got)

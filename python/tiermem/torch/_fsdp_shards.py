@@ -16,9 +16,13 @@ unsharded parameters). A shard is brought in only where something reads it:
   in the post-forward order, or set_modules_to_backward_prefetch's); a gradient hook added after
   FSDP2's lets the unit go once its all-gather is done.
 - the optimizer step brings the units in one at a time, steps them, and writes them back.
-- state_dict() / load_state_dict() of the root (DCP's get/set_model_state_dict) bring every
-  unit in (counted as changed: DCP loads into the tensors it was given); they go back at their
-  next release. shards_in() does the same for a user's own reads (full_tensor()).
+- state_dict() / load_state_dict() bring each unit they reach in (the root's, as DCP's
+  get/set_model_state_dict call them: every unit), counted as changed (DCP loads into the
+  tensors it was given); they go back at their next release. shards_in() does the same for a
+  user's own reads (full_tensor()).
+- while a unit's shards (or gradients) are out, the parameter DTensors and gradient DTensors a
+  user reaches, and their local tensors, are covered by _fsdp_guard: a read raises a
+  RuntimeError naming the parameter and what to do instead (not a SIGSEGV on the empty storage).
 
 The learned schedule is the order of the units' forwards (and of their post-forwards, for
 backward): with shards on NVMe, each release prefetches the next `prefetch_depth` units of that
@@ -38,6 +42,7 @@ import contextlib
 import torch
 from torch.utils._pytree import tree_flatten
 
+from ._fsdp_guard import _Cover, local
 from ._swapped import _Swapped
 from ._transfers import _destroy_quietly
 
@@ -51,7 +56,7 @@ class _Unit:
     """One fully_shard unit: its module, its own parameters, and their storages in tiermem."""
 
     __slots__ = ("module", "params", "records", "resident", "dirty", "grads", "grad_sq",
-                 "grads_set")
+                 "grads_set", "cover", "grad_cover")
 
     def __init__(self, module, params):
         self.module, self.params = module, params
@@ -61,6 +66,8 @@ class _Unit:
         self.grads = []  # the gradient storages' records while tiermem holds them
         self.grad_sq = {}  # parameter -> its gradient's squared 2-norm, taken before it went
         self.grads_set = set()  # the parameters FSDP2 has set a gradient on this backward
+        self.cover = None  # _fsdp_guard's cover of the shards' user-visible tensors
+        self.grad_cover = None  # and of the gradients' while tiermem holds them
 
     def unsharded(self):
         """Whether FSDP2 holds the unit all-gathered now (it reads no shard to unshard it)."""
@@ -76,6 +83,7 @@ class _ShardOffload:
         self.runtime, self.tier, self.prefetch_depth = runtime, tier, prefetch_depth
         self.grad_tier = grad_tier
         self.root = module
+        self.names = {p: n for n, p in module.named_parameters()}
         mods = [m for m in module.modules() if isinstance(m, FSDPModule)]
         owner = {}
         for m in mods:  # pre-order: an inner unit comes later and takes its own parameters
@@ -113,8 +121,11 @@ class _ShardOffload:
                 # that made it).
                 self._handles += [p.register_post_accumulate_grad_hook(
                     lambda p, u=u: self._grad_set(u, p)) for p in u.params if p.requires_grad]
-        self._handles += [module.register_state_dict_pre_hook(lambda *_: self._all_in()),
-                          module.register_load_state_dict_pre_hook(lambda *_: self._all_in())]
+            # A unit's own state_dict() / load_state_dict() (also a submodule's, or the root's
+            # through DCP) runs these before it reads or copies into the unit's parameters.
+            self._handles += [
+                m.register_state_dict_pre_hook(lambda *_, u=u: self._unit_in(u)),
+                m.register_load_state_dict_pre_hook(lambda *_, u=u: self._unit_in(u))]
 
     # ---- the schedule ----
 
@@ -182,7 +193,7 @@ class _ShardOffload:
         gradient storages go to tiermem (their squared norms taken first, for clipping)."""
         if not self.offloaded:
             return
-        g = p.grad.to_local()
+        g = local(p.grad)
         u.grad_sq[p] = torch.linalg.vector_norm(g.detach(), 2.0).to(torch.float32) ** 2
         u.grads_set.add(p)
         if len(u.grads_set) < sum(q.requires_grad for q in u.params):
@@ -192,16 +203,24 @@ class _ShardOffload:
         for q in u.params:
             if q.grad is None:
                 continue
-            local = q.grad.to_local()
-            storage = local.untyped_storage()
+            shard = local(q.grad)
+            storage = shard.untyped_storage()
             if storage.nbytes() == 0 or storage.data_ptr() in seen:
                 continue
             seen.add(storage.data_ptr())
-            flat = torch.empty(0, dtype=local.dtype, device=local.device).set_(
-                storage, 0, (storage.nbytes() // local.element_size(),))
+            flat = torch.empty(0, dtype=shard.dtype, device=shard.device).set_(
+                storage, 0, (storage.nbytes() // shard.element_size(),))
             name = self.runtime.next_name("fsdp_grad")
             u.grads.append(_Swapped(self.runtime, flat, "grad", name, self.grad_tier))
             self.grad_bytes_out += u.grads[-1].nbytes
+        u.grad_cover = _Cover("grad", self.grad_tier)
+        self._cover_grads(u)
+
+    def _cover_grads(self, u):
+        if u.grad_cover is not None:
+            for q in u.params:
+                if q.grad is not None:
+                    u.grad_cover.add(q.grad, self.names.get(q, "?"))
 
     def grads_in(self, u, keep=False):
         """u's gradients back in torch memory: for good (keep=False: tiermem's copies go), or
@@ -212,19 +231,24 @@ class _ShardOffload:
                 self.grad_bytes_in += r.nbytes
             if not keep:
                 r.restore()
+        if u.grad_cover is not None:
+            u.grad_cover.uncover()
         if not keep:
-            u.grads = []
+            u.grads, u.grad_cover = [], None
 
     def grads_out(self, u):
         for r in u.grads:
             r.let_go(dirty=False)
+        self._cover_grads(u)
 
     def drop_grads(self):
         """zero_grad(set_to_none=True): tiermem's copies of the gradients go with them."""
         for u in self.units:
             for r in u.grads:
                 _destroy_quietly(r.tm)
-            u.grads, u.grads_set = [], set()
+            if u.grad_cover is not None:  # a p.grad kept by the user stays empty: say so
+                u.grad_cover.dropped = True
+            u.grads, u.grads_set, u.grad_cover = [], set(), None
             u.grad_sq.clear()
 
     # ---- bringing in and letting go ----
@@ -237,17 +261,19 @@ class _ShardOffload:
         for u in self.units:
             seen = set()
             for p in u.params:
-                local = p.to_local()
-                storage = local.untyped_storage()
+                shard = local(p)
+                storage = shard.untyped_storage()
                 if storage.nbytes() == 0 or storage.data_ptr() in seen:
                     continue  # an empty shard (more ranks than rows), or one already held
                 seen.add(storage.data_ptr())
-                flat = torch.empty(0, dtype=local.dtype, device=local.device).set_(
-                    storage, 0, (storage.nbytes() // local.element_size(),))
+                flat = torch.empty(0, dtype=shard.dtype, device=shard.device).set_(
+                    storage, 0, (storage.nbytes() // shard.element_size(),))
                 name = self.runtime.next_name("fsdp_shard")
                 u.records.append(_Swapped(self.runtime, flat, "param", name, self.tier))
                 self.bytes_out += u.records[-1].nbytes
             u.resident, u.dirty = False, False
+            u.cover = _Cover("shard", self.tier)
+            self._cover_shards(u)
         self.offloaded = True
 
     def bring_in(self, u, dirty=False):
@@ -258,6 +284,8 @@ class _ShardOffload:
             r.bring_in()
             self.bytes_in += r.nbytes
         u.resident = True
+        if u.cover is not None:
+            u.cover.uncover()
         if not dirty:
             self.peak_units = max(self.peak_units, sum(t.resident for t in self.units))
 
@@ -271,6 +299,14 @@ class _ShardOffload:
             if dirty:
                 self.bytes_out += r.nbytes
         u.resident, u.dirty = False, False
+        self._cover_shards(u)
+
+    def _cover_shards(self, u):
+        """The parameters as FSDP2 holds them now (a load_state_dict may give a parameter a new
+        local tensor), covered while the unit is out."""
+        if u.cover is not None:
+            for p in u.params:
+                u.cover.add(p, self.names.get(p, "?"))
 
     def prefetch_all(self):
         if self.tier == "nvme":
@@ -279,10 +315,13 @@ class _ShardOffload:
                     for r in u.records:
                         r.prefetch()
 
+    def _unit_in(self, u):
+        self.bring_in(u, dirty=True)
+        self.grads_in(u)
+
     def _all_in(self):
         for u in self.units:
-            self.bring_in(u, dirty=True)
-            self.grads_in(u)
+            self._unit_in(u)
 
     @contextlib.contextmanager
     def all_in(self):
@@ -295,10 +334,10 @@ class _ShardOffload:
 
     def residency(self):
         """Per unit, the storages' bytes in torch and the tiers holding tiermem's copies."""
-        return [dict(torch_bytes=sum(p.to_local().untyped_storage().nbytes() for p in u.params),
+        return [dict(torch_bytes=sum(local(p).untyped_storage().nbytes() for p in u.params),
                      tiers=sorted(set().union(*[r.tm.residency() for r in u.records]))
                      if u.records else [],
-                     grad_torch_bytes=sum(p.grad.to_local().untyped_storage().nbytes()
+                     grad_torch_bytes=sum(local(p.grad).untyped_storage().nbytes()
                                           for p in u.params if p.grad is not None),
                      grad_tiers=sorted(set().union(*[r.tm.residency() for r in u.grads]))
                      if u.grads else [])
@@ -313,4 +352,6 @@ class _ShardOffload:
             self.grads_in(u)
             for r in u.records:
                 r.restore()
-            u.records, u.resident = [], True
+            if u.cover is not None:
+                u.cover.uncover()
+            u.records, u.resident, u.cover = [], True, None

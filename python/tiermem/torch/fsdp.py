@@ -33,6 +33,7 @@ from collections import defaultdict
 
 import torch
 
+from tiermem.torch._fsdp_guard import local
 from tiermem.torch._fsdp_shards import _ShardOffload
 from tiermem.torch.cpu_adam import CPUAdam
 
@@ -92,10 +93,11 @@ def _check_param(p, name):
         raise ValueError("FSDPCPUAdam: %s is placed %s on a %d-D mesh; only fully_shard's 1-D "
                          "sharding is supported (not HSDP, replicate, or tensor parallelism)" %
                          (what, tuple(p.placements), p.device_mesh.ndim))
-    local = p.to_local()
-    if local.device.type != p.device_mesh.device_type:
+    shard = local(p)
+    if shard.device.type != p.device_mesh.device_type:
         raise ValueError("FSDPCPUAdam: %s has its shard on %s, its mesh on %s (CPUOffloadPolicy?),"
-                         " which is not supported" % (what, local.device, p.device_mesh.device_type))
+                         " which is not supported" % (what, shard.device,
+                                                      p.device_mesh.device_type))
 
 
 def _adamw_defaults():
@@ -153,10 +155,13 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     tier between uses (module _fsdp_shards): from the end of the first step() after a forward,
     each fully_shard unit's shards come in just before FSDP2 all-gathers them and for the
     step, and their torch storage is empty otherwise. Read them between steps inside
-    shards_in(). shard_prefetch_depth: how many units ahead an NVMe shard is prefetched.
+    shards_in(); elsewhere a read (p.full_tensor(), p.to_local().sum(), p + 1) raises a
+    RuntimeError naming the parameter (module _fsdp_guard), instead of reading the empty
+    storage. shard_prefetch_depth: how many units ahead an NVMe shard is prefetched.
     grad_tier ("dram" or "nvme"; CPU meshes only) holds each unit's reduce-scattered gradient
     shards there too, from FSDP2's post-backward to the unit's step and until zero_grad(); read
-    them in between only inside shards_in() (clip with max_grad_norm, not clip_grad_norm_).
+    them in between only inside shards_in(): elsewhere a read raises a RuntimeError (clip with
+    max_grad_norm, not clip_grad_norm_, which raises).
     """
 
     def __init__(self, module, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
@@ -194,7 +199,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         # kernel writes the updated values into the shards' memory through them; their .grad
         # is set for the step only, so that no attribute of FSDP2's own tensors changes.
         with torch.no_grad():
-            self._shards = {p: p.to_local().detach() for p in self._params()}
+            self._shards = {p: local(p).detach() for p in self._params()}
         # FSDP2 sets the sharded gradients itself at the end of backward (no accumulate-grad
         # hook fires), so CPUAdam's overlap with backward does not apply.
         device = next(iter(self._shards.values())).device
@@ -229,7 +234,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
             for p in group["params"]:
                 _check_param(p, self._names.get(p))
                 with torch.no_grad():
-                    self._shards[p] = p.to_local().detach()
+                    self._shards[p] = local(p).detach()
             self._adam.add_param_group(self._inner_groups([group])[0])
 
     @property
@@ -246,7 +251,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                     inner[k] = v
         with torch.no_grad():
             for p, a in self._shards.items():
-                a.data = p.to_local()
+                a.data = local(p)
 
     def _mirror_state(self):
         # The same dicts as CPUAdam's ("step"): DCP's get_optimizer_state_dict looks at
@@ -263,7 +268,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                 loss = closure()
         self._sync()
         for p, a in self._shards.items():
-            a.grad = None if p.grad is None else p.grad.to_local()
+            a.grad = None if p.grad is None else local(p.grad)
         try:
             if self._offload is None or not self._offload.offloaded:
                 self._adam.step()
