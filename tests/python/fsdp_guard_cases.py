@@ -50,7 +50,8 @@ class GuardCases:
                     errors["to_local_sum"] = _raised(lambda: weight.to_local().sum())
                     errors["dtensor_add"] = _raised(lambda: weight + 1)
                     errors["detach_sum"] = _raised(lambda: weight.detach().sum())
-                    shape = list(weight.shape)  # metadata reads pass
+                    errors["module_to"] = _raised(lambda: model.to("cpu"))
+                    shape = list(weight.shape) + [weight.to_local().numel()]  # metadata reads
                     with opt.shards_in():
                         exact = all(torch.equal(a, b) for a, b in
                                     zip(w.full(model).values(), w.full(plain).values()))
@@ -116,4 +117,21 @@ class GuardCases:
                     bit_identical=held[0] == plain[0] and all(
                         torch.equal(held[1][n], plain[1][n]) for n in plain[1]),
                     after_close_equal=all(torch.equal(held[1][n], held[2][n]) for n in held[1]))
+            out["assign"] = self._assign(w, rt)
+        return out
+
+    def _assign(self, w, rt):
+        """load_state_dict(assign=True) between steps puts new parameter objects on the held
+        storages: reading one raises, step() refuses (it would step the old ones), close()
+        brings them back readable."""
+        model = w.build()
+        opt = FSDPCPUAdam(model, runtime=rt, threads=1, shard_tier="dram", grad_tier="dram",
+                          **w.HYPER)
+        w.train(model, opt, 2)
+        model.load_state_dict(model.state_dict(), assign=True)
+        replaced = model.layers[0].linear1.weight
+        out = dict(step=_raised(lambda: w.train(model, opt, 1)))
+        out["read"] = _raised(lambda: replaced.sum())  # after the forward let its unit go
+        opt.close()
+        out["after_close"] = _raised(lambda: w.full(model))
         return out

@@ -281,6 +281,7 @@ GUARDED_READS = {
     "to_local_sum": ("parameter 'layers.0.linear1.weight'", "shard_tier='nvme'"),
     "dtensor_add": ("parameter 'layers.0.linear1.weight'",),
     "detach_sum": ("parameter 'layers.0.linear1.weight'",),
+    "module_to": ("to on parameter 'tok.weight'", "shard_tier='nvme'"),
 }
 
 
@@ -293,15 +294,21 @@ def test_reads_between_uses_raise_and_the_run_goes_on(single_node):
             assert error.startswith("RuntimeError: tiermem: "), "%s: %s: %s" % (what, read, error)
             for name in names + ("with opt.shards_in():",):
                 assert name in error, "%s: %s: %r not in %s" % (what, read, name, error)
-        assert r["shape"] == [128, 64], r["shape"]  # metadata still reads
+        assert r["shape"] == [128, 64, 64 * 64], r["shape"]  # metadata reads: shape, numel
         assert r["exact_in_shards_in"], "%s: shards_in() read other values than plain" % what
         assert r["vs_plain"]["bit_identical"], "%s: the run differs after the reads" % what
 
 
 def test_hostile_pass_follows_plain(single_node):
     """hidden 33, parameters only in the root unit, zero_grad(set_to_none=False), step() twice
-    without backward, close() twice: plain FSDPCPUAdam's bits, the model readable after."""
+    without backward, close() twice: plain FSDPCPUAdam's bits, the model readable after; and
+    load_state_dict(assign=True) between steps: clear errors, readable after close()."""
     for rank, r in results(single_node, "shards_hostile").items():
+        assign = r.pop("assign")  # load_state_dict(assign=True): read raises, step refuses
+        assert assign["read"].startswith("RuntimeError: tiermem: sum on parameter "), assign
+        assert assign["step"].startswith("ValueError: FSDPCPUAdam: parameters ["), assign
+        assert "assign=True" in assign["step"], assign
+        assert assign["after_close"] == "returned", assign
         assert sorted(r) == ["odd", "root_holds_most", "step_twice", "zero_grad_keep"], r
         for name, got in r.items():
             assert got.get("bit_identical"), "rank %d: %s: %s" % (rank, name, got)

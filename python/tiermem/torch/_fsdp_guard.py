@@ -18,7 +18,11 @@ import torch
 from torch._C import DisableTorchFunction
 from torch.utils._pytree import tree_flatten
 
-from ._offloaded import _ALLOWED, _DATA_SET, _SHELL, _TYPE, _call, _is_no_op, _name
+from ._offloaded import _ALLOWED, _SHELL, _TYPE, _call, _functions, _is_no_op, _name
+
+# Views read nothing and give tensors on the same empty storage, covered alike: p.to_local() (a
+# view_as of the local tensor) still answers numel(), shape, and raises on a read.
+_SHELLS = _SHELL | _functions(("view_as", "view"), (None,))
 
 
 class _Cover:
@@ -78,13 +82,16 @@ class _Held:
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _is_no_op(func, args, kwargs):
-            return args[0] if func not in (_DATA_SET, _TYPE) else _call(func, args, kwargs)
-        if func in _ALLOWED or func in _SHELL:
+        # Not a no-op conversion either (_offloaded passes those): Module._apply swaps a DTensor
+        # with what to() returns, which would put an uncovered alias of the empty storage in the
+        # parameter, and FSDP2's reset_sharded_param after it copies from that alias.
+        if func is _TYPE and _is_no_op(func, args, kwargs):
+            return _call(func, args, kwargs)
+        if func in _ALLOWED or func in _SHELLS:
             with DisableTorchFunction():
                 result = func(*args, **kwargs)
-            if func in _SHELL and isinstance(result, torch.Tensor):
-                held = args[0]  # p.detach(), p.data: the same empty storage, covered alike
+            if func in _SHELLS and isinstance(result, torch.Tensor):
+                held = args[0]  # p.detach(), p.data, a view: the same empty storage
                 held._tiermem_cover.add(result, held._tiermem_name)
             return result
         for a in tree_flatten((args, kwargs))[0]:

@@ -302,11 +302,34 @@ class _ShardOffload:
         self._cover_shards(u)
 
     def _cover_shards(self, u):
-        """The parameters as FSDP2 holds them now (a load_state_dict may give a parameter a new
-        local tensor), covered while the unit is out."""
+        """The parameters as FSDP2 holds them now covered while the unit is out: a
+        load_state_dict may give one a new local tensor, load_state_dict(assign=True) puts new
+        parameter objects on the same storages (replaced() names them)."""
         if u.cover is not None:
             for p in u.params:
                 u.cover.add(p, self.names.get(p, "?"))
+            for fp in self._fsdp_params(u):
+                if not any(fp.sharded_param is p for p in u.params):
+                    u.cover.add(fp.sharded_param, getattr(fp, "_param_fqn", None) or "?")
+
+    @staticmethod
+    def _fsdp_params(u):
+        """FSDP2's records of u's parameters (private: FSDP2 has no getter for the sharded
+        parameter it all-gathers); none where that moved."""
+        group = getattr(_fsdp_state(u.module), "_fsdp_param_group", None)
+        return [fp for fp in getattr(group, "fsdp_params", ()) if hasattr(fp, "sharded_param")]
+
+    def replaced(self):
+        """The names of the parameters FSDP2 no longer holds (load_state_dict(assign=True)
+        replaced them after FSDPCPUAdam was made): stepping them would not train the model."""
+        out = []
+        for u in self.units:
+            now = self._fsdp_params(u)
+            if now:
+                held = [fp.sharded_param for fp in now]
+                out += [self.names.get(p, "?") for p in u.params
+                        if not any(p is q for q in held)]
+        return out
 
     def prefetch_all(self):
         if self.tier == "nvme":

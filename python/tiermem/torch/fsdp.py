@@ -266,6 +266,14 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._offload is not None and self._offload.offloaded:
+            replaced = self._offload.replaced()
+            if replaced:
+                raise ValueError(
+                    "FSDPCPUAdam: parameters %s were replaced after FSDPCPUAdam was made (a "
+                    "load_state_dict(assign=True)?), so stepping would not train the model: "
+                    "opt.close(), then make a new FSDPCPUAdam, or load without assign=True"
+                    % replaced[:4])
         self._sync()
         for p, a in self._shards.items():
             a.grad = None if p.grad is None else local(p.grad)
