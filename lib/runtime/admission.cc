@@ -65,7 +65,7 @@ std::vector<std::pair<uint64_t, uint64_t>> Room::NeededBefore(const Tensor& t, t
   std::vector<std::pair<uint64_t, uint64_t>> needed;
   absl::flat_hash_map<uint64_t, bool> seen;
   TierSpace& space = core_.tiers->space(tier);
-  prefetcher_.schedule_.ForEachBefore(
+  prefetcher_.schedule().ForEachBefore(
       horizon, [&](uint64_t position, const Schedule::Use& use) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         if (use.tier != tier || use.key == t.key || !seen.emplace(use.key, true).second) return;
         const Tensor* v = prefetcher_.FindKey(use.key);
@@ -83,9 +83,9 @@ std::optional<uint64_t> Room::LetGoBefore(const Tensor& v, const Tensor& t, tm_t
   // Held by its caller now, valid, and another tier holds its bytes: once let go, a demand
   // drops it without writing anything.
   if (c.pins == 0 || c.state != CopyState::kValid || v.only_copy(tier)) return std::nullopt;
-  if (prefetcher_.schedule_.NextUse(v.key) <= horizon)
+  if (prefetcher_.schedule().NextUse(v.key) <= horizon)
     return std::nullopt;  // used again first: it stays
-  const uint64_t by = prefetcher_.schedule_.ReleasedBy(v.key);
+  const uint64_t by = prefetcher_.schedule().ReleasedBy(v.key);
   if (by >= horizon) return std::nullopt;
   return by;
 }

@@ -1,7 +1,8 @@
 // Prefetch along the schedule: the recorded step (Schedule), the position in it, the keys that
 // name tensors across steps, and the prefetches queued ahead of the position. Owns the schedule
-// (which Room and WriteThrough read for do-no-harm), the keys and the prefetch limit. Calls the
-// core and Movers (queues its prefetches, drops superseded offloads).
+// (Room and WriteThrough read it through schedule() and tick() for do-no-harm), the keys and
+// the prefetch limit. Calls the core and Movers (queues its prefetches, drops superseded
+// offloads).
 #pragma once
 
 #include "lib/runtime/core.h"
@@ -29,14 +30,16 @@ class Prefetcher {
   uint64_t KeyFor(const TensorDesc& desc, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
   // The live tensor that the schedule's `key` names now (the newest created), or nullptr.
   Tensor* FindKey(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // The recorded step and the position in it, for Room's and WriteThrough's do-no-harm (which
+  // copy is used again, and when); only the Prefetcher changes them.
+  const Schedule& schedule() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu) { return schedule_; }
+  uint64_t tick() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu) { return tick_; }
 
  private:
   // Drops t's offloads still queued (not a running one): t is used within 2 x the depth.
   void CancelQueuedOffloads(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
 
   friend class Runtime;  // the façade wires the parts and runs the public operations on their state
-  friend class Room;     // reads the schedule and the position for do-no-harm
-  friend class WriteThrough;  // reads the schedule: is a copy used again
 
   Core& core_;
   Movers& movers_;

@@ -20,10 +20,10 @@ Room::EvictionPlan Room::PlanEviction(const Tensor& t, tm_tier tier, Want want, 
   EvictionPlan plan;
   // Extents waiting for callers' work to pass are walls that will fall: a demand waits for them.
   plan.in_flight = core_.ReapDeferred(tier);
-  const bool belady = prefetcher_.schedule_.replaying();
-  const uint64_t now = prefetcher_.schedule_.now();
+  const bool belady = prefetcher_.schedule().replaying();
+  const uint64_t now = prefetcher_.schedule().now();
   const std::vector<TierSpace::Block> layout = core_.tiers->space(tier).Layout();
-  const uint64_t horizon = belady ? prefetcher_.schedule_.size() : layout.size();
+  const uint64_t horizon = belady ? prefetcher_.schedule().size() : layout.size();
   // A demand waits for what eviction writes: clean drops first (see CheapestWindow).
   const bool clean_first = want.kind == Want::kDemand;
   for (const TierSpace::Block& b : layout) {
@@ -59,12 +59,12 @@ Room::EvictionPlan Room::PlanEviction(const Tensor& t, tm_tier tier, Want want, 
       // Evicting it means waiting for its stream-ordered copy: only a demand waits.
     } else {
       uint64_t next = Schedule::kNever;
-      if (belady && prefetcher_.FindKey(v->key) == v) next = prefetcher_.schedule_.NextUse(v->key);
+      if (belady && prefetcher_.FindKey(v->key) == v) next = prefetcher_.schedule().NextUse(v->key);
       if (want.kind == Want::kPrefetch && next <= want.horizon) {
         // Do no harm: never evict a copy used before the use this prefetch serves.
       } else {
         const uint64_t distance = belady ? (next == Schedule::kNever ? kNoNextUse : next - now)
-                                         : prefetcher_.tick_ - v->last_use;
+                                         : prefetcher_.tick() - v->last_use;
         slot.kind = EvictionSlot::Kind::kEvictable;
         slot.dirty = v->only_copy(tier) && !recompute_.DropsForRecompute(*v, tier);
         slot.cost = EvictionCost(b.size, slot.dirty, distance, horizon);
@@ -102,15 +102,16 @@ uint64_t Room::FreesAfter(uint64_t owner, tm_tier tier) {
   const Tensor* v = owner == 0 ? nullptr : core_.tensors.Find(owner);
   if (v == nullptr) return 0;
   const TensorCopy& c = v->copies[tier];
-  const bool scheduled = prefetcher_.schedule_.replaying() && prefetcher_.FindKey(v->key) == v;
-  const uint64_t next = scheduled ? prefetcher_.schedule_.NextUse(v->key) : Schedule::kNever;
+  const bool scheduled = prefetcher_.schedule().replaying() && prefetcher_.FindKey(v->key) == v;
+  const uint64_t next = scheduled ? prefetcher_.schedule().NextUse(v->key) : Schedule::kNever;
   const uint64_t ahead = std::min(
-      next == Schedule::kNever ? kEvictable : next - prefetcher_.schedule_.now(), kEvictable - 1);
+      next == Schedule::kNever ? kEvictable : next - prefetcher_.schedule().now(), kEvictable - 1);
   if (c.pins > 0) return kInUse;
   if (v->busy() || c.state != CopyState::kValid) return kInUse + 1 + ahead;
   // As eviction ranks it: positions to the next use when replaying, else the time unused.
-  const uint64_t distance =
-      prefetcher_.schedule_.replaying() ? ahead : std::min(prefetcher_.tick_ - v->last_use, ahead);
+  const uint64_t distance = prefetcher_.schedule().replaying()
+                                ? ahead
+                                : std::min(prefetcher_.tick() - v->last_use, ahead);
   return kEvictable - distance;
 }
 

@@ -17,8 +17,8 @@ bool WriteThrough::CleanCopyWant(const Tensor& t, Want* want) {
   // back: nothing after it makes room in HBM or DRAM (an offload's NVMe room evicts nothing),
   // so demands need not wait for its bytes to move.
   *want = Want{Want::kHint, Schedule::kNever, /*release_room=*/true, /*evicts=*/false};
-  if (prefetcher_.schedule_.replaying() && prefetcher_.FindKey(t.key) == &t) {
-    const uint64_t next = prefetcher_.schedule_.NextUse(t.key);
+  if (prefetcher_.schedule().replaying() && prefetcher_.FindKey(t.key) == &t) {
+    const uint64_t next = prefetcher_.schedule().NextUse(t.key);
     if (next == Schedule::kNever) return false;
     want->kind = Want::kPrefetch;
     want->horizon = next;
