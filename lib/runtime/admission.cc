@@ -22,8 +22,8 @@ absl::Status DroppedPrefetch(const Tensor& t, tm_tier tier, DropReason reason,
                                                      t.name, tm_tier_name(tier), message));
 }
 
-absl::Status Runtime::AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t need,
-                                    DropReason* why) {
+absl::Status Room::AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t need,
+                                 DropReason* why) {
   // Do no harm (Cao, Felten, Karlin, Li 1995): a scheduled prefetch takes only room that no
   // use before the one it serves needs, whether that use fills (a read) or not (a write
   // acquire, a fresh tensor). Room is free bytes plus the copies it may evict.
@@ -60,15 +60,15 @@ absl::Status Runtime::AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t
   return absl::OkStatus();
 }
 
-std::vector<std::pair<uint64_t, uint64_t>> Runtime::NeededBefore(const Tensor& t, tm_tier tier,
-                                                                 uint64_t horizon) {
+std::vector<std::pair<uint64_t, uint64_t>> Room::NeededBefore(const Tensor& t, tm_tier tier,
+                                                              uint64_t horizon) {
   std::vector<std::pair<uint64_t, uint64_t>> needed;
   absl::flat_hash_map<uint64_t, bool> seen;
-  TierSpace& space = tiers_->space(tier);
-  schedule_.ForEachBefore(
+  TierSpace& space = core_.tiers->space(tier);
+  prefetcher_.schedule().ForEachBefore(
       horizon, [&](uint64_t position, const Schedule::Use& use) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         if (use.tier != tier || use.key == t.key || !seen.emplace(use.key, true).second) return;
-        const Tensor* v = FindKey(use.key);
+        const Tensor* v = prefetcher_.FindKey(use.key);
         // A use whose tensor is not created yet (a fresh activation) needs its room all the same.
         if (v != nullptr && v->copies[tier].state != CopyState::kAbsent) return;
         needed.emplace_back(position, space.Rounded(v != nullptr ? v->bytes : use.bytes));
@@ -76,24 +76,25 @@ std::vector<std::pair<uint64_t, uint64_t>> Runtime::NeededBefore(const Tensor& t
   return needed;
 }
 
-std::optional<uint64_t> Runtime::LetGoBefore(const Tensor& v, const Tensor& t, tm_tier tier,
-                                             uint64_t horizon) {
-  if (&v == &t || FindKey(v.key) != &v || v.busy()) return std::nullopt;
+std::optional<uint64_t> Room::LetGoBefore(const Tensor& v, const Tensor& t, tm_tier tier,
+                                          uint64_t horizon) {
+  if (&v == &t || prefetcher_.FindKey(v.key) != &v || v.busy()) return std::nullopt;
   const TensorCopy& c = v.copies[tier];
   // Held by its caller now, valid, and another tier holds its bytes: once let go, a demand
   // drops it without writing anything.
   if (c.pins == 0 || c.state != CopyState::kValid || v.only_copy(tier)) return std::nullopt;
-  if (schedule_.NextUse(v.key) <= horizon) return std::nullopt;  // used again first: it stays
-  const uint64_t by = schedule_.ReleasedBy(v.key);
+  if (prefetcher_.schedule().NextUse(v.key) <= horizon)
+    return std::nullopt;  // used again first: it stays
+  const uint64_t by = prefetcher_.schedule().ReleasedBy(v.key);
   if (by >= horizon) return std::nullopt;
   return by;
 }
 
-std::vector<std::pair<uint64_t, uint64_t>> Runtime::ReleasedBefore(const Tensor& t, tm_tier tier,
-                                                                   uint64_t horizon) {
+std::vector<std::pair<uint64_t, uint64_t>> Room::ReleasedBefore(const Tensor& t, tm_tier tier,
+                                                                uint64_t horizon) {
   std::vector<std::pair<uint64_t, uint64_t>> released;
-  for (const TierSpace::Block& b : tiers_->space(tier).Layout()) {
-    const Tensor* v = b.free ? nullptr : tensors_.Find(b.owner);
+  for (const TierSpace::Block& b : core_.tiers->space(tier).Layout()) {
+    const Tensor* v = b.free ? nullptr : core_.tensors.Find(b.owner);
     if (v == nullptr) continue;
     if (const std::optional<uint64_t> by = LetGoBefore(*v, t, tier, horizon)) {
       released.emplace_back(*by, b.size);
@@ -103,7 +104,7 @@ std::vector<std::pair<uint64_t, uint64_t>> Runtime::ReleasedBefore(const Tensor&
   return released;
 }
 
-Runtime::Placed Runtime::WindowPlaced(const EvictionPlan& plan, uint64_t need) {
+Room::Placed Room::WindowPlaced(const EvictionPlan& plan, uint64_t need) {
   // The hole also takes in the free blocks on either side of the window.
   size_t first = plan.window->first, last = plan.window->last;
   auto free = [&](size_t i) { return plan.slots[i].kind == EvictionSlot::Kind::kFree; };
@@ -112,7 +113,7 @@ Runtime::Placed Runtime::WindowPlaced(const EvictionPlan& plan, uint64_t need) {
   return Placed{plan.offsets[first], plan.offsets[last] + plan.slots[last].size, need};
 }
 
-bool Runtime::LeavesHoles(const Tensor& t, tm_tier tier, Want want, std::optional<Placed> placed) {
+bool Room::LeavesHoles(const Tensor& t, tm_tier tier, Want want, std::optional<Placed> placed) {
   // Bytes are not holes: a slab may have the bytes an earlier use needs only in pieces once the
   // prefetch sits in the largest of them. That use (a fresh activation's write, above all) would
   // then wait for a move in flight to free a hole while the prefetch, needed later, is on time.
@@ -124,7 +125,7 @@ bool Runtime::LeavesHoles(const Tensor& t, tm_tier tier, Want want, std::optiona
   std::vector<uint64_t> let_go(plan.slots.size(), Schedule::kNever);
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     if (plan.slots[i].kind != EvictionSlot::Kind::kWall || plan.owners[i] == 0) continue;
-    if (const Tensor* v = tensors_.Find(plan.owners[i]); v != nullptr) {
+    if (const Tensor* v = core_.tensors.Find(plan.owners[i]); v != nullptr) {
       let_go[i] = LetGoBefore(*v, t, tier, want.horizon).value_or(Schedule::kNever);
     }
   }

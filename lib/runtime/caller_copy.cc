@@ -72,7 +72,7 @@ void TraceCallerNvme(Trace& trace, const std::string& name, const NvmeTally& tal
 }  // namespace
 
 // One copy between a caller's buffer and a tensor, as each entry point asks for it.
-struct Runtime::CallerCopyRequest {
+struct CallerCopies::CallerCopyRequest {
   const char* fn = "";  // the C function, for messages
   uint64_t handle = 0, offset = 0, bytes = 0;
   char* buffer = nullptr;    // the caller's memory
@@ -83,39 +83,41 @@ struct Runtime::CallerCopyRequest {
   bool stream_waits = true;  // false: tm_tensor_copy_in_async (the stream's later work does not)
 };
 
-absl::StatusOr<io::FencePtr> Runtime::StreamFence(void* stream, const char* function) {
+absl::StatusOr<io::FencePtr> CallerCopies::StreamFence(void* stream, const char* function) {
   if (stream == nullptr) return io::FencePtr();
-  auto fence = mover_->copy_engine().RecordOnStream(stream);
+  auto fence = core_.mover->copy_engine().RecordOnStream(stream);
   if (!fence.ok()) return StreamError(fence.status(), function, stream);
   return *std::move(fence);
 }
 
 absl::Status Runtime::CopyIn(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes,
                              void* stream, bool stream_waits) {
-  return CallerCopy(stream_waits ? "tm_tensor_copy_in" : "tm_tensor_copy_in_async", handle, offset,
-                    const_cast<void*>(src), bytes, stream, /*into=*/true, /*wait=*/false,
-                    stream_waits);
+  return copies_.CallerCopy(stream_waits ? "tm_tensor_copy_in" : "tm_tensor_copy_in_async", handle,
+                            offset, const_cast<void*>(src), bytes, stream, /*into=*/true,
+                            /*wait=*/false, stream_waits);
 }
 
 absl::Status Runtime::Write(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes) {
-  return CallerCopy("tm_tensor_write", handle, offset, const_cast<void*>(src), bytes, nullptr,
-                    /*into=*/true, /*wait=*/true);
+  return copies_.CallerCopy("tm_tensor_write", handle, offset, const_cast<void*>(src), bytes,
+                            nullptr,
+                            /*into=*/true, /*wait=*/true);
 }
 
 absl::Status Runtime::CopyOut(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes,
                               void* stream) {
-  return CallerCopy("tm_tensor_copy_out", handle, offset, dst, bytes, stream, /*into=*/false,
-                    /*wait=*/false);
+  return copies_.CallerCopy("tm_tensor_copy_out", handle, offset, dst, bytes, stream,
+                            /*into=*/false,
+                            /*wait=*/false);
 }
 
 absl::Status Runtime::Read(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes) {
-  return CallerCopy("tm_tensor_read", handle, offset, dst, bytes, nullptr, /*into=*/false,
-                    /*wait=*/true);
+  return copies_.CallerCopy("tm_tensor_read", handle, offset, dst, bytes, nullptr, /*into=*/false,
+                            /*wait=*/true);
 }
 
-absl::Status Runtime::CallerCopy(const char* fn, uint64_t handle, uint64_t offset, void* buffer,
-                                 uint64_t bytes, void* stream, bool into, bool wait,
-                                 bool stream_waits) {
+absl::Status CallerCopies::CallerCopy(const char* fn, uint64_t handle, uint64_t offset,
+                                      void* buffer, uint64_t bytes, void* stream, bool into,
+                                      bool wait, bool stream_waits) {
   if (buffer == nullptr && bytes > 0) {
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("%s: %s is NULL", fn, into ? "src" : "dst"));
@@ -132,27 +134,27 @@ absl::Status Runtime::CallerCopy(const char* fn, uint64_t handle, uint64_t offse
   auto fence = StreamFence(stream, fn);  // first: the copy follows the stream's work so far
   if (!fence.ok()) return fence.status();
   r.fence = *std::move(fence);
-  r.device = bytes > 0 && device_->IsDevicePointer(buffer);
-  MutexLock lock(&mu_);
+  r.device = bytes > 0 && core_.device->IsDevicePointer(buffer);
+  MutexLock lock(&core_.mu);
   ReapCallerCopies(0, false);
   absl::Status s = into ? CopyInto(r) : CopyFrom(r);
-  if (s.ok()) (into ? counters_.copied_in_bytes : counters_.copied_out_bytes) += bytes;
+  if (s.ok()) (into ? core_.counters.copied_in_bytes : core_.counters.copied_out_bytes) += bytes;
   return s;
 }
 
-absl::Status Runtime::CopyInto(const CallerCopyRequest& r) {
-  RoomScope room(*this, r.handle);  // before the claim: the copy may need room
-  auto claimed = Claim(r.handle);
+absl::Status CallerCopies::CopyInto(const CallerCopyRequest& r) {
+  RoomScope room(core_, r.handle);  // before the claim: the copy may need room
+  auto claimed = core_.Claim(r.handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
-  if (auto s = CheckNotHeld(t, "write it"); !s.ok()) return s;
+  if (auto s = core_.CheckNotHeld(t, "write it"); !s.ok()) return s;
   if (auto s = CheckCallerCopy(t, r.offset, r.bytes, r.fn, true, r.wait); !s.ok() || r.bytes == 0) {
     return s;
   }
   const bool whole = r.offset == 0 && r.bytes == t.bytes;
   // Dropped for recompute: a partial write needs the rest of the bytes (a whole one replaces them).
   if (t.dropped && !whole) {
-    if (auto s = RebuildForCaller(t); !s.ok()) return WithContext(s, r.fn);
+    if (auto s = recompute_.RebuildForCaller(t); !s.ok()) return WithContext(s, r.fn);
   }
   CallerBuffer buffer{r.buffer, r.device, {}};
   if (r.fence != nullptr) buffer.after.push_back(r.fence);
@@ -168,9 +170,9 @@ absl::Status Runtime::CopyInto(const CallerCopyRequest& r) {
   const tm_tier target = t.copy(TM_TIER_HBM).valid()    ? TM_TIER_HBM
                          : t.copy(TM_TIER_DRAM).valid() ? TM_TIER_DRAM
                                                         : t.home;
-  if (auto s = CheckOthersUnpinned(t, target); !s.ok()) return WithContext(s, r.fn);
+  if (auto s = core_.CheckOthersUnpinned(t, target); !s.ok()) return WithContext(s, r.fn);
   const bool fresh = whole && !t.copy(target).valid();
-  absl::Status s = fresh ? Reserve(t, target) : MakeValid(t, target, {}, Demand());
+  absl::Status s = fresh ? moves_.Reserve(t, target) : moves_.MakeValid(t, target, {}, Demand());
   if (!s.ok() && target == TM_TIER_DRAM && !above_nvme && ToTmStatus(s) == TM_ERR_OUT_OF_MEMORY) {
     // Nothing above NVMe holds the tensor and DRAM cannot take it (a tensor larger than the
     // whole DRAM tier, or one whose room is pinned): it goes on NVMe, through staging, rather
@@ -180,52 +182,53 @@ absl::Status Runtime::CopyInto(const CallerCopyRequest& r) {
   }
   if (!s.ok()) return WithContext(s, r.fn);
   room.Leave();
-  char* addr = tiers_->Address(target, t.copy(target).extent) + r.offset;
-  for (io::FencePtr& f : PendingUses(t, target)) buffer.after.push_back(std::move(f));
+  char* addr = core_.tiers->Address(target, t.copy(target).extent) + r.offset;
+  for (io::FencePtr& f : core_.PendingUses(t, target)) buffer.after.push_back(std::move(f));
   auto copy = CopyTierAndCaller(t, target, addr, r, buffer, /*into_tier=*/true);
   if (!copy.ok()) {
     // The target may hold part of the bytes: it is no longer a faithful copy. Keep another.
-    if (fresh || t.ResidencyMask() != TM_TIER_BIT(target)) FreeCopy(t, target);
+    if (fresh || t.ResidencyMask() != TM_TIER_BIT(target)) core_.FreeCopy(t, target);
     return copy.status();
   }
   if (fresh) t.EndFill(target);
   if (!copy->has_value()) {  // done: the other copies are stale now
-    DropOthers(t, target);
+    core_.DropOthers(t, target);
   } else {
     // Valid in the stream's order now; replaces the other copies once it has landed.
     t.Land(target, **copy, /*replaces=*/true);
     if (r.stream != nullptr && r.stream_waits) {
-      if (s = mover_->copy_engine().StreamWait(r.stream, (*copy)->fence); !s.ok()) {
+      if (s = core_.mover->copy_engine().StreamWait(r.stream, (*copy)->fence); !s.ok()) {
         return StreamError(s, r.fn, r.stream);
       }
     }
   }
-  NoteUse(t, target, !whole);
+  prefetcher_.NoteUse(t, target, !whole);
   return absl::OkStatus();
 }
 
-absl::Status Runtime::RewriteOnNvme(Tensor& t, const CallerCopyRequest& r, CallerBuffer& buffer) {
-  auto fresh = tiers_->space(TM_TIER_NVME).Allocate(t.bytes, t.name, t.handle);
+absl::Status CallerCopies::RewriteOnNvme(Tensor& t, const CallerCopyRequest& r,
+                                         CallerBuffer& buffer) {
+  auto fresh = core_.tiers->space(TM_TIER_NVME).Allocate(t.bytes, t.name, t.handle);
   if (!fresh.ok()) return fresh.status();
   const Extent old = t.copy(TM_TIER_NVME).valid() ? t.copy(TM_TIER_NVME).extent : Extent{};
-  for (io::FencePtr& f : PendingUses(t, TM_TIER_NVME)) buffer.after.push_back(std::move(f));
+  for (io::FencePtr& f : core_.PendingUses(t, TM_TIER_NVME)) buffer.after.push_back(std::move(f));
   const uint64_t size = t.bytes;
   NvmeTally tally;
   const Trace::Clock::time_point start = Trace::Clock::now();
-  absl::Status s = Unlocked(t, [&] {
-    return mover_->WriteNvmeFrom(old, *fresh, size, r.offset, buffer, r.bytes, &tally);
+  absl::Status s = core_.Unlocked(t, [&] {
+    return core_.mover->WriteNvmeFrom(old, *fresh, size, r.offset, buffer, r.bytes, &tally);
   });
-  TraceCallerNvme(*trace_, t.name, tally, start);
+  TraceCallerNvme(*core_.trace, t.name, tally, start);
   if (!s.ok()) {
     Extent done = *fresh;
-    tiers_->space(TM_TIER_NVME).Free(done);
+    core_.tiers->space(TM_TIER_NVME).Free(done);
     return WithContext(s, absl::StrFormat("%s: writing tensor \"%s\" on NVMe", r.fn, t.name));
   }
-  FreeCopy(t, TM_TIER_NVME);
+  core_.FreeCopy(t, TM_TIER_NVME);
   t.BeginFill(TM_TIER_NVME, *fresh);
   t.EndFill(TM_TIER_NVME);
-  DropOthers(t, TM_TIER_NVME);
-  NoteUse(t, TM_TIER_NVME, !(r.offset == 0 && r.bytes == t.bytes));
+  core_.DropOthers(t, TM_TIER_NVME);
+  prefetcher_.NoteUse(t, TM_TIER_NVME, !(r.offset == 0 && r.bytes == t.bytes));
   return absl::OkStatus();
 }
 
@@ -233,31 +236,31 @@ absl::Status Runtime::RewriteOnNvme(Tensor& t, const CallerCopyRequest& r, Calle
 // without blocking, so that a caller whose stream does not wait for a copy
 // (tm_tensor_copy_in_async) learns when its source may be reused.
 absl::StatusOr<bool> Runtime::CopyDone(uint64_t handle) {
-  MutexLock lock(&mu_);
+  MutexLock lock(&core_.mu);
   // Find, not Claim: another thread's operation on the tensor is not waited for.
-  auto found = Find(handle);
+  auto found = core_.Find(handle);
   if (!found.ok()) return found.status();
   const Tensor& t = **found;
   // A copy_in (or a stream-ordered acquire) lands as the tensor's landing copy; copy_outs are
   // listed until reaped.
   if (t.landing.has_value() && !t.landing_own && !t.landing->fence->Passed()) return false;
-  return std::none_of(caller_copies_.begin(), caller_copies_.end(),
-                      [&](const CopyInFlight& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  return std::none_of(copies_.in_flight_.begin(), copies_.in_flight_.end(),
+                      [&](const CallerCopies::CopyInFlight& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
                         return c.handle == handle && !c.ticket.fence->Passed();
                       });
 }
 
-absl::Status Runtime::CopyFrom(const CallerCopyRequest& r) {
+absl::Status CallerCopies::CopyFrom(const CallerCopyRequest& r) {
   // A copy still landing (a copy_in, a stream-ordered acquire) is not waited for on the host:
   // this copy is ordered after it on the device, which keeps program order per tensor. A read
   // that the host waits for lands it first (a failed landing copy is then not read).
   // A tensor dropped for recompute is rebuilt first, which takes room: the room token, then the
   // claim again.
   std::optional<RoomScope> room;
-  auto claimed = Claim(r.handle, /*land=*/r.wait);
+  auto claimed = core_.Claim(r.handle, /*land=*/r.wait);
   while (claimed.ok() && (*claimed)->dropped && !room.has_value()) {
-    room.emplace(*this, r.handle);
-    claimed = Claim(r.handle, /*land=*/r.wait);
+    room.emplace(core_, r.handle);
+    claimed = core_.Claim(r.handle, /*land=*/r.wait);
   }
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
@@ -266,7 +269,7 @@ absl::Status Runtime::CopyFrom(const CallerCopyRequest& r) {
     return s;
   }
   if (t.dropped) {
-    if (auto s = RebuildForCaller(t); !s.ok()) return WithContext(s, r.fn);
+    if (auto s = recompute_.RebuildForCaller(t); !s.ok()) return WithContext(s, r.fn);
   }
   room.reset();
   CallerBuffer buffer{r.buffer, r.device, {}};
@@ -277,7 +280,7 @@ absl::Status Runtime::CopyFrom(const CallerCopyRequest& r) {
                          : t.copy(TM_TIER_HBM).valid()               ? TM_TIER_HBM
                          : t.copy(TM_TIER_DRAM).valid()              ? TM_TIER_DRAM
                                                                      : TM_TIER_NVME;
-  for (io::FencePtr& f : PendingUses(t, source)) buffer.after.push_back(std::move(f));
+  for (io::FencePtr& f : core_.PendingUses(t, source)) buffer.after.push_back(std::move(f));
   if (t.landing.has_value() && t.landing_tier == source) buffer.after.push_back(t.landing->fence);
   if (source == TM_TIER_NVME) {
     // NVMe -> staging -> dst, pipelined; done when it returns. For the schedule, a use in DRAM:
@@ -286,52 +289,51 @@ absl::Status Runtime::CopyFrom(const CallerCopyRequest& r) {
     const uint64_t size = t.bytes;
     NvmeTally tally;
     const Trace::Clock::time_point start = Trace::Clock::now();
-    absl::Status s =
-        Unlocked(t, [&] { return mover_->ReadNvmeTo(e, size, r.offset, buffer, r.bytes, &tally); });
-    TraceCallerNvme(*trace_, t.name, tally, start);
+    absl::Status s = core_.Unlocked(
+        t, [&] { return core_.mover->ReadNvmeTo(e, size, r.offset, buffer, r.bytes, &tally); });
+    TraceCallerNvme(*core_.trace, t.name, tally, start);
     if (!s.ok()) {
       return WithContext(s, absl::StrFormat("%s: reading tensor \"%s\" from NVMe", r.fn, t.name));
     }
-    NoteUse(t, TM_TIER_DRAM, true);
+    prefetcher_.NoteUse(t, TM_TIER_DRAM, true);
     return absl::OkStatus();
   }
-  char* addr = tiers_->Address(source, t.copy(source).extent) + r.offset;
+  char* addr = core_.tiers->Address(source, t.copy(source).extent) + r.offset;
   auto copy = CopyTierAndCaller(t, source, addr, r, buffer, /*into_tier=*/false);
   if (!copy.ok()) return copy.status();
-  NoteCleanRead(t, source, r.bytes, Trace::Clock::now());  // enqueued: when, not how long
+  write_through_.NoteCleanRead(t, source, r.bytes,
+                               Trace::Clock::now());  // enqueued: when, not how long
   if (copy->has_value()) {
     // The source is not evicted, refilled or freed before the copy has read it.
     t.copy(source).uses.push_back((*copy)->fence);
-    caller_copies_.push_back(CopyInFlight{t.handle, t.name, "copy_out", **copy});
+    in_flight_.push_back(CopyInFlight{t.handle, t.name, "copy_out", **copy});
     if (r.stream != nullptr) {
-      if (auto s = mover_->copy_engine().StreamWait(r.stream, (*copy)->fence); !s.ok()) {
+      if (auto s = core_.mover->copy_engine().StreamWait(r.stream, (*copy)->fence); !s.ok()) {
         return StreamError(s, r.fn, r.stream);
       }
     }
   }
-  NoteUse(t, source, true);
+  prefetcher_.NoteUse(t, source, true);
   return absl::OkStatus();
 }
 
-absl::Status Runtime::ReadZeros(Tensor& t, const CallerCopyRequest& r, CallerBuffer& buffer) {
+absl::Status CallerCopies::ReadZeros(Tensor& t, const CallerCopyRequest& r, CallerBuffer& buffer) {
   // Never written: zeros, once the stream's work so far is done (a host wait: a corner case).
-  absl::Status s = Unlocked(t, [&] {
+  absl::Status s = core_.Unlocked(t, [&] {
     if (auto w = Retag(io::WaitAll(buffer.after), TM_ERR_DEVICE); !w.ok()) return w;
     if (!r.device) {
       std::memset(r.buffer, 0, r.bytes);
       return absl::OkStatus();
     }
-    return Retag(device_->Fill(r.buffer, 0, r.bytes), TM_ERR_DEVICE);
+    return Retag(core_.device->Fill(r.buffer, 0, r.bytes), TM_ERR_DEVICE);
   });
-  if (s.ok()) NoteUse(t, TM_TIER_DRAM, true);
+  if (s.ok()) prefetcher_.NoteUse(t, TM_TIER_DRAM, true);
   return s;
 }
 
-absl::StatusOr<std::optional<io::CopyTicket>> Runtime::CopyTierAndCaller(Tensor& t, tm_tier tier,
-                                                                         char* addr,
-                                                                         const CallerCopyRequest& r,
-                                                                         CallerBuffer& buffer,
-                                                                         bool into_tier) {
+absl::StatusOr<std::optional<io::CopyTicket>> CallerCopies::CopyTierAndCaller(
+    Tensor& t, tm_tier tier, char* addr, const CallerCopyRequest& r, CallerBuffer& buffer,
+    bool into_tier) {
   if (Overlap(addr, r.buffer, r.bytes)) {
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("%s: %s overlaps the bytes it is copied %s (tensor \"%s\"'s own "
@@ -345,17 +347,20 @@ absl::StatusOr<std::optional<io::CopyTicket>> Runtime::CopyTierAndCaller(Tensor&
   if (dir == io::CopyDirection::kHostToHost && buffer.after.empty()) {
     // Host memory and the DRAM copy with nothing to wait for: a memcpy here is the copy, done
     // by the time the call returns (an engine would only add a hop and a thread).
-    Unlocked(t, [&] {
-      std::memcpy(dst, src, r.bytes);
-      return absl::OkStatus();
-    }).IgnoreError();
+    core_
+        .Unlocked(t,
+                  [&] {
+                    std::memcpy(dst, src, r.bytes);
+                    return absl::OkStatus();
+                  })
+        .IgnoreError();
     return std::optional<io::CopyTicket>();
   }
   absl::StatusOr<io::CopyTicket> ticket;
-  absl::Status s = Unlocked(t, [&] {
-    ticket = mover_->copy_engine().Enqueue(dir, dst, src, r.bytes, buffer.after);
+  absl::Status s = core_.Unlocked(t, [&] {
+    ticket = core_.mover->copy_engine().Enqueue(dir, dst, src, r.bytes, buffer.after);
     if (!ticket.ok() || !r.wait) return ticket.status();
-    return mover_->copy_engine().Wait(*ticket);
+    return core_.mover->copy_engine().Wait(*ticket);
   });
   if (!s.ok()) {
     return WithContext(Retag(s, TM_ERR_DEVICE),
@@ -366,30 +371,30 @@ absl::StatusOr<std::optional<io::CopyTicket>> Runtime::CopyTierAndCaller(Tensor&
   return std::optional<io::CopyTicket>(*ticket);
 }
 
-void Runtime::ReapCallerCopies(uint64_t handle, bool wait) {
+void CallerCopies::ReapCallerCopies(uint64_t handle, bool wait) {
   if (wait) {
     // Wait for the matching copies without taking them off the list: another thread's sync
     // that looks meanwhile must find them still there and wait too (taking them off first let
     // a tm_tensor_sync return while a tm_runtime_sync elsewhere was still waiting for its copy).
     std::vector<io::FencePtr> fences;
-    for (const CopyInFlight& c : caller_copies_) {
+    for (const CopyInFlight& c : in_flight_) {
       if (handle == 0 || c.handle == handle) fences.push_back(c.ticket.fence);
     }
     if (!fences.empty()) {
-      mu_.Unlock();
+      core_.mu.Unlock();
       for (const io::FencePtr& f : fences) (void)f->Wait();
-      mu_.Lock();
+      core_.mu.Lock();
     }
   }
   // Every copy that is done now leaves the list, its failure recorded once.
-  std::erase_if(caller_copies_, [&](CopyInFlight& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  std::erase_if(in_flight_, [&](CopyInFlight& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (handle != 0 && c.handle != handle) return false;
     if (!c.ticket.fence->Passed()) return false;
     if (absl::Status s = c.ticket.fence->Wait(); !s.ok()) {
-      ++counters_.moves_failed;
-      failures_.Record(c.handle, c.tensor,
-                       WithContext(Retag(s, TM_ERR_DEVICE),
-                                   absl::StrFormat("%s of tensor \"%s\"", c.what, c.tensor)));
+      ++core_.counters.moves_failed;
+      core_.failures.Record(c.handle, c.tensor,
+                            WithContext(Retag(s, TM_ERR_DEVICE),
+                                        absl::StrFormat("%s of tensor \"%s\"", c.what, c.tensor)));
     }
     return true;
   });

@@ -12,11 +12,11 @@
 
 namespace tiermem {
 
-bool Runtime::Slidable(Tensor& v, tm_tier tier, uint64_t shift) {
+bool Room::Slidable(Tensor& v, tm_tier tier, uint64_t shift) {
   const TensorCopy& c = v.copy(tier);
   if (c.state != CopyState::kValid || c.pins > 0 || v.busy()) return false;
   if (v.landing.has_value() && v.landing_tier == tier) return false;
-  if (!PendingUses(v, tier).empty()) return false;  // a caller's stream may still read it
+  if (!core_.PendingUses(v, tier).empty()) return false;  // a caller's stream may still read it
   // A copy down still reads the hole (vacate.cc): sliding now would overwrite its bytes.
   if (!BehindFences(tier, c.extent.offset - shift, shift).empty()) return false;
   // The copy runs in pieces no longer than the shift, lowest first, so no piece overwrites
@@ -26,35 +26,35 @@ bool Runtime::Slidable(Tensor& v, tm_tier tier, uint64_t shift) {
   return !v.only_copy(tier) || shift >= c.extent.size;
 }
 
-bool Runtime::SlideDown(Tensor& v, tm_tier tier, uint64_t shift) {
+bool Room::SlideDown(Tensor& v, tm_tier tier, uint64_t shift) {
   const Trace::Clock::time_point start = Trace::Clock::now();
   TensorCopy& c = v.copy(tier);
-  char* src = tiers_->Address(tier, c.extent);
+  char* src = core_.tiers->Address(tier, c.extent);
   char* dst = src - shift;
   const uint64_t size = c.extent.size;
   const uint64_t piece = std::min(shift, size);
   for (uint64_t done = 0; done < size; done += piece) {
     const uint64_t n = std::min(piece, size - done);
-    absl::Status s =
-        device_->copy_engine().Copy(io::CopyDirection::kDeviceToDevice, dst + done, src + done, n);
+    absl::Status s = core_.device->copy_engine().Copy(io::CopyDirection::kDeviceToDevice,
+                                                      dst + done, src + done, n);
     if (!s.ok()) {
       // Only a copy that another tier holds gets here with overlapping pieces: drop it there.
-      if (done > 0 && !v.only_copy(tier)) FreeCopy(v, tier);
+      if (done > 0 && !v.only_copy(tier)) core_.FreeCopy(v, tier);
       return false;
     }
   }
-  std::optional<Extent> moved = tiers_->space(tier).SlideDown(c.extent);
+  std::optional<Extent> moved = core_.tiers->space(tier).SlideDown(c.extent);
   if (!moved.has_value()) return false;  // the layout changed under us: cannot happen locked
   c.extent = *moved;
-  ++counters_.relocations;
-  counters_.relocation_bytes += v.bytes;
-  trace_->Add(Trace::kRelocation, v.name, start, Trace::Clock::now(), v.bytes);
+  ++core_.counters.relocations;
+  core_.counters.relocation_bytes += v.bytes;
+  core_.trace->Add(Trace::kRelocation, v.name, start, Trace::Clock::now(), v.bytes);
   return true;
 }
 
 template <typename Slide>
-bool Runtime::CompactionPass(tm_tier tier, uint64_t need, Slide&& slide) {
-  TierSpace& space = tiers_->space(tier);
+bool Room::CompactionPass(tm_tier tier, uint64_t need, Slide&& slide) {
+  TierSpace& space = core_.tiers->space(tier);
   if (tier != TM_TIER_HBM || space.counted()) return false;  // DRAM holds pinned host buffers
   // One pass up the tier: each slide moves a hole up past a copy, where it merges with the
   // next hole, until a wall (a copy in use) stops it. Stops once a hole fits the request.
@@ -66,13 +66,13 @@ bool Runtime::CompactionPass(tm_tier tier, uint64_t need, Slide&& slide) {
       if (hole >= need) return true;
       continue;
     }
-    Tensor* v = hole == 0 ? nullptr : tensors_.Find(b.owner);
+    Tensor* v = hole == 0 ? nullptr : core_.tensors.Find(b.owner);
     if (v == nullptr || !Slidable(*v, tier, hole) || !slide(*v, hole)) hole = 0;  // a wall
   }
   return false;
 }
 
-bool Runtime::Compact(tm_tier tier, uint64_t need) {
+bool Room::Compact(tm_tier tier, uint64_t need) {
   bool slid = false;
   CompactionPass(tier, need, [&](Tensor& v, uint64_t shift) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (!SlideDown(v, tier, shift)) return false;
@@ -82,7 +82,7 @@ bool Runtime::Compact(tm_tier tier, uint64_t need) {
   return slid;
 }
 
-std::optional<uint64_t> Runtime::CompactionBytes(tm_tier tier, uint64_t need) {
+std::optional<uint64_t> Room::CompactionBytes(tm_tier tier, uint64_t need) {
   uint64_t bytes = 0;
   const bool formed = CompactionPass(tier, need, [&](Tensor& v, uint64_t) {  // moves nothing
     bytes += v.bytes;

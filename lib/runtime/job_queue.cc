@@ -20,14 +20,14 @@ namespace {
 constexpr uint32_t kMaxRunningOffloads = static_cast<uint32_t>(kMoverThreads - 1);
 }  // namespace
 
-absl::Status Runtime::Enqueue(uint64_t handle, tm_tier tier, JobKind kind) {
-  MutexLock lock(&mu_);
-  auto found = Find(handle);
+absl::Status Movers::Enqueue(uint64_t handle, tm_tier tier, JobKind kind) {
+  MutexLock lock(&core_.mu);
+  auto found = core_.Find(handle);
   if (!found.ok()) return found.status();
   Tensor& t = **found;
   if (kind == JobKind::kOffload) {
     // Said now rather than at sync when it is already certain.
-    if (auto s = CheckAboveUnpinned(t, tier); !s.ok()) return s;
+    if (auto s = core_.CheckAboveUnpinned(t, tier); !s.ok()) return s;
   } else if (t.copy(tier).valid() && !t.busy()) {
     return absl::OkStatus();  // already there
   } else if (int w = t.writing_tier(); w >= 0) {
@@ -47,7 +47,7 @@ absl::Status Runtime::Prefetch(uint64_t handle, tm_tier tier) {
     return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("prefetch needs tier hbm or dram, not %d",
                                                           static_cast<int>(tier)));
   }
-  return Enqueue(handle, tier, JobKind::kHint);
+  return movers_.Enqueue(handle, tier, JobKind::kHint);
 }
 
 absl::Status Runtime::Offload(uint64_t handle, tm_tier tier) {
@@ -55,30 +55,31 @@ absl::Status Runtime::Offload(uint64_t handle, tm_tier tier) {
     return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("offload needs tier dram or nvme, not %d",
                                                           static_cast<int>(tier)));
   }
-  return Enqueue(handle, tier, JobKind::kOffload);
+  return movers_.Enqueue(handle, tier, JobKind::kOffload);
 }
 
-void Runtime::MoverLoop() {
-  device_->BindThread();
+void Movers::MoverLoop() {
+  core_.device->BindThread();
   // Takes this thread's malloc arena now, while the process can still map one: glibc makes a
   // thread's arena at its first allocation, and when that mmap is refused (a process at
   // vm.max_map_count) every allocation of the thread fails, and a std::bad_alloc on a mover
   // would end the process instead of failing a move.
   void* volatile arena_probe = std::malloc(1);
   std::free(arena_probe);
-  MutexLock lock(&mu_);
+  MutexLock lock(&core_.mu);
   for (;;) {
     std::optional<Job> next;
-    while (!stopping_ && !(next = jobs_.Pop(kMaxRunningOffloads)).has_value()) work_.Wait(&mu_);
+    while (!stopping_ && !(next = jobs_.Pop(kMaxRunningOffloads)).has_value())
+      work_.Wait(&core_.mu);
     if (stopping_) return;
     const Job job = *next;
     // An offload is a request: it may need room below, so it takes the room token before
     // claiming its tensor, as a demand does. Prefetches never wait for room.
     std::optional<RoomScope> room;
-    if (job.kind == JobKind::kOffload) room.emplace(*this, job.handle);
+    if (job.kind == JobKind::kOffload) room.emplace(core_, job.handle);
     // The job stays counted in `queued` until it is done, so that Sync waits for it.
-    auto claimed = Claim(job.handle);  // gone: destroyed since it was queued
-    bool landed = false;               // a prefetch that made its copy
+    auto claimed = core_.Claim(job.handle);  // gone: destroyed since it was queued
+    bool landed = false;                     // a prefetch that made its copy
     if (claimed.ok()) {
       Tensor& t = **claimed;
       const bool was_valid = t.copy(job.tier).valid();
@@ -89,14 +90,14 @@ void Runtime::MoverLoop() {
           AnyPinned(job.tier)) {
         // Copies callers hold there split the room; they are let go soon, as a rule.
         parked_offloads_[job.handle] = job.tier;
-        ++counters_.offloads_parked;
+        ++core_.counters.offloads_parked;
         Log(LogSeverity::kDebug, "offload of \"%s\" to %s waits for a release: %s", t.name.c_str(),
             tm_tier_name(job.tier), std::string(s.message()).c_str());
       } else if (!s.ok()) {
         Log(LogSeverity::kDebug, "async %s of \"%s\" to %s failed: %s",
             job.kind == JobKind::kOffload ? "offload" : "prefetch", t.name.c_str(),
             tm_tier_name(job.tier), std::string(s.message()).c_str());
-        RecordFailure(t, s);
+        core_.RecordFailure(t, s);
       }
     }
     room.reset();
@@ -107,18 +108,18 @@ void Runtime::MoverLoop() {
     // landed, one held back by the bytes in flight (TIERMEM_PREFETCH_BYTES) can go, so that the
     // link does not idle until the caller's next acquire. (Not after a dropped prefetch: it would
     // only queue the same prefetch again.)
-    if (job.kind == JobKind::kOffload || landed) IssuePrefetches();
-    changed_.SignalAll();
+    if (job.kind == JobKind::kOffload || landed) prefetcher_.IssuePrefetches();
+    core_.changed.SignalAll();
   }
 }
 
-bool Runtime::AnyPinned(tm_tier tier) {
+bool Movers::AnyPinned(tm_tier tier) {
   bool pinned = false;
-  tensors_.ForEach([&](const Tensor& t) { pinned = pinned || t.copy(tier).pins > 0; });
+  core_.tensors.ForEach([&](const Tensor& t) { pinned = pinned || t.copy(tier).pins > 0; });
   return pinned;
 }
 
-void Runtime::RequeueParkedOffloads(std::optional<tm_tier> freed) {
+void Movers::RequeueParkedOffloads(std::optional<tm_tier> freed) {
   for (auto it = parked_offloads_.begin(); it != parked_offloads_.end();) {
     const auto [handle, tier] = *it;
     if (freed.has_value() && *freed != tier) {
@@ -126,7 +127,7 @@ void Runtime::RequeueParkedOffloads(std::optional<tm_tier> freed) {
       continue;
     }
     parked_offloads_.erase(it++);
-    if (Tensor* t = tensors_.Find(handle); t != nullptr) {
+    if (Tensor* t = core_.tensors.Find(handle); t != nullptr) {
       ++t->queued;
       jobs_.Push(Job{handle, tier, JobKind::kOffload});
     }
@@ -134,24 +135,25 @@ void Runtime::RequeueParkedOffloads(std::optional<tm_tier> freed) {
   work_.SignalAll();
 }
 
-void Runtime::RunParkedOffload(uint64_t handle) {
+void Movers::RunParkedOffload(uint64_t handle) {
   auto parked = parked_offloads_.find(handle);
   if (parked == parked_offloads_.end()) return;
   const Job job{handle, parked->second, JobKind::kOffload};
   parked_offloads_.erase(parked);
-  RoomScope room(*this, handle);
-  auto claimed = Claim(handle);
+  RoomScope room(core_, handle);
+  auto claimed = core_.Claim(handle);
   if (!claimed.ok()) return;  // destroyed meanwhile: nothing to move
-  if (absl::Status s = RunJob(**claimed, job); !s.ok()) RecordFailure(**claimed, s);
+  if (absl::Status s = RunJob(**claimed, job); !s.ok()) core_.RecordFailure(**claimed, s);
 }
 
-absl::Status Runtime::RunJob(Tensor& t, const Job& job) {
+absl::Status Movers::RunJob(Tensor& t, const Job& job) {
   if (job.kind == JobKind::kOffload) {
     // Acquired again since the offload was queued and still held (one released by now does
     // not count: the offload runs, as asked), or (while it waited for a mover or the room
     // token) now used within the prefetch stages: the newer use supersedes it.
-    if (!CheckAboveUnpinned(t, job.tier).ok() || UsedSoon(t)) return absl::OkStatus();
-    return OffloadClaimed(t, job.tier);
+    if (!core_.CheckAboveUnpinned(t, job.tier).ok() || prefetcher_.UsedSoon(t))
+      return absl::OkStatus();
+    return moves_.OffloadClaimed(t, job.tier);
   }
   const Trace::Clock::time_point start = Trace::Clock::now();
   absl::Status s;
@@ -160,7 +162,7 @@ absl::Status Runtime::RunJob(Tensor& t, const Job& job) {
   if (t.writing_tier() >= 0) {
     // Acquired for writing since the job was queued: the writer's newer bytes supersede it.
     why = DropReason::kSuperseded;
-    if (trace_->enabled()) {
+    if (core_.trace->enabled()) {
       reason = absl::StrFormat(
           "prefetch of tensor \"%s\" to %s dropped: acquired for writing "
           "since it was queued",
@@ -169,20 +171,29 @@ absl::Status Runtime::RunJob(Tensor& t, const Job& job) {
   } else {
     const Want want = job.kind == JobKind::kPrefetch ? Want{Want::kPrefetch, job.horizon}
                                                      : Want{Want::kHint, Schedule::kNever};
-    s = MakeValid(t, job.tier, {}, want, &why);
+    s = moves_.MakeValid(t, job.tier, {}, want, &why);
     // A prefetch is a hint: one that found no room is dropped and counted, not a failure.
     if (!s.ok() && (why != DropReason::kNone || absl::IsResourceExhausted(s))) {
       if (why == DropReason::kNone) why = DropReason::kNoRoom;
-      if (trace_->enabled()) reason = std::string(s.message());
+      if (core_.trace->enabled()) reason = std::string(s.message());
       s = absl::OkStatus();
     }
   }
   if (why != DropReason::kNone) {
-    counters_.CountDrop(why);
-    trace_->Add(Trace::kPrefetchDrop, t.name, start, Trace::Clock::now(), t.bytes,
-                std::move(reason));
+    core_.counters.CountDrop(why);
+    core_.trace->Add(Trace::kPrefetchDrop, t.name, start, Trace::Clock::now(), t.bytes,
+                     std::move(reason));
   }
   return s;
+}
+
+void Movers::CancelPrefetches(tm_tier tier) {
+  core_.counters.cancelled += jobs_.RemoveIf([&](const Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (job.kind == JobKind::kOffload || job.tier != tier) return false;
+    if (Tensor* t = core_.tensors.Find(job.handle); t != nullptr) --t->queued;
+    return true;
+  });
+  core_.changed.SignalAll();
 }
 
 }  // namespace tiermem

@@ -24,7 +24,7 @@ absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
   // also wrap the round-ups of the allocator and the movers (it once aliased another tensor).
   uint64_t largest = 0;
   for (int tier = 0; tier < TM_TIER_COUNT; ++tier) {
-    largest = std::max(largest, tiers_->space(static_cast<tm_tier>(tier)).capacity());
+    largest = std::max(largest, core_.tiers->space(static_cast<tm_tier>(tier)).capacity());
   }
   if (desc.bytes > largest) {
     return Error(TM_ERR_INVALID_ARGUMENT,
@@ -44,46 +44,48 @@ absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
   auto t = std::make_unique<Tensor>();
   t->bytes = desc.bytes;
   t->cls = desc.cls;
-  t->home = desc.home_tier == TM_TIER_BY_PLACEMENT ? HomeOf(desc.cls)
+  t->home = desc.home_tier == TM_TIER_BY_PLACEMENT ? prefetcher_.HomeOf(desc.cls)
                                                    : static_cast<tm_tier>(desc.home_tier);
-  MutexLock lock(&mu_);
+  MutexLock lock(&core_.mu);
   Tensor* raw = t.get();
-  uint64_t handle = tensors_.Insert(std::move(t));
+  uint64_t handle = core_.tensors.Insert(std::move(t));
   raw->handle = handle;
   raw->name = desc.name.empty()
                   ? absl::StrFormat("tensor-%08x", static_cast<uint32_t>(handle >> 32))
                   : desc.name;
-  raw->key = KeyFor(desc, handle);
-  keyed_[raw->key] = handle;  // the newest tensor of a key is the one its uses name
+  raw->key = prefetcher_.KeyFor(desc, handle);
+  prefetcher_.keyed_[raw->key] = handle;  // the newest tensor of a key is the one its uses name
   return handle;
 }
 
 absl::Status Runtime::DestroyTensor(uint64_t handle) {
-  MutexLock lock(&mu_);
+  MutexLock lock(&core_.mu);
   // A copy still landing is not waited for on the host: its memory is freed once it has landed
   // (a deferred free, as for callers' streams), and its outcome no longer matters.
-  auto t = Claim(handle, /*land=*/false);
+  auto t = core_.Claim(handle, /*land=*/false);
   if (!t.ok()) return t.status();
-  if (auto s = CheckOthersUnpinned(**t, -1); !s.ok()) return WithContext(s, "cannot destroy");
+  if (auto s = core_.CheckOthersUnpinned(**t, -1); !s.ok()) return WithContext(s, "cannot destroy");
   if ((*t)->landing.has_value()) {
     (*t)->copy((*t)->landing_tier).uses.push_back((*t)->landing->fence);
     (*t)->landing.reset();
   }
-  for (int i = 0; i < TM_TIER_COUNT; ++i) FreeCopy(**t, static_cast<tm_tier>(i));
-  if (auto it = keyed_.find((*t)->key); it != keyed_.end() && it->second == handle) {
-    keyed_.erase(it);
+  for (int i = 0; i < TM_TIER_COUNT; ++i) core_.FreeCopy(**t, static_cast<tm_tier>(i));
+  if (auto it = prefetcher_.keyed_.find((*t)->key);
+      it != prefetcher_.keyed_.end() && it->second == handle) {
+    prefetcher_.keyed_.erase(it);
   }
   // Its queued moves find no tensor and are dropped; its kept failures stay until reported.
-  tensors_.Remove(handle);
-  parked_offloads_.erase(handle);
-  if (!parked_offloads_.empty()) RequeueParkedOffloads(std::nullopt);  // its room is free now
-  changed_.SignalAll();
+  core_.tensors.Remove(handle);
+  movers_.parked_offloads_.erase(handle);
+  if (!movers_.parked_offloads_.empty())
+    movers_.RequeueParkedOffloads(std::nullopt);  // its room is free now
+  core_.changed.SignalAll();
   return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> Runtime::TensorBytes(uint64_t handle) {
-  MutexLock lock(&mu_);
-  auto t = Find(handle);
+  MutexLock lock(&core_.mu);
+  auto t = core_.Find(handle);
   if (!t.ok()) return t.status();
   return (*t)->bytes;
 }
@@ -95,10 +97,8 @@ bool InPlace(const Tensor& t, tm_tier tier) {
   const CopyState state = t.copy(tier).state;
   return (state == CopyState::kValid || state == CopyState::kWriting) && !t.busy();
 }
-}  // namespace
-
-absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access access,
-                                       void* stream) {
+// An acquire's tier and access mode: only HBM and DRAM copies have an address.
+absl::Status CheckAcquireArguments(tm_tier tier, tm_access access) {
   if (tier != TM_TIER_HBM && tier != TM_TIER_DRAM) {
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("acquire needs tier hbm or dram, not %d: NVMe copies have no "
@@ -109,74 +109,83 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("access mode %d is out of range", static_cast<int>(access)));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access access,
+                                       void* stream) {
+  if (auto s = CheckAcquireArguments(tier, access); !s.ok()) return s;
   // Recorded before anything else: the move below is ordered after the caller's work so far.
   CallerStream caller{stream, nullptr};
   if (stream != nullptr) {
-    auto fence = StreamFence(stream, "tm_tensor_acquire");
+    auto fence = copies_.StreamFence(stream, "tm_tensor_acquire");
     if (!fence.ok()) return fence.status();
     caller.fence = *std::move(fence);
   }
   const Trace::Clock::time_point start = Trace::Clock::now();
-  MutexLock lock(&mu_);
+  MutexLock lock(&core_.mu);
   // A hit: the copy is in place and nothing of the tensor is moving. Only a miss may need room,
   // and takes the room token before claiming the tensor.
-  Tensor* first = tensors_.Find(handle);
+  Tensor* first = core_.tensors.Find(handle);
   const bool hit = first != nullptr && InPlace(*first, tier);
   // Busy (an offload writing it down, say): said, so that the offload leaves its HBM copy.
   const bool waits = tier == TM_TIER_HBM && first != nullptr && first->busy();
-  if (waits) ++wanted_in_hbm_[handle];
+  if (waits) ++core_.wanted_in_hbm[handle];
   std::optional<RoomScope> room;
-  if (!hit) room.emplace(*this, handle);
-  auto claimed = Claim(handle);
-  if (waits && --wanted_in_hbm_[handle] == 0) wanted_in_hbm_.erase(handle);
+  if (!hit) room.emplace(core_, handle);
+  auto claimed = core_.Claim(handle);
+  if (waits && --core_.wanted_in_hbm[handle] == 0) core_.wanted_in_hbm.erase(handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
   const bool writes = access != TM_ACCESS_READ;
   if (writes) {
-    if (auto s = CheckNotHeld(t, "acquire it for writing"); !s.ok()) return s;
-    if (auto s = CheckOthersUnpinned(t, tier); !s.ok())
+    if (auto s = core_.CheckNotHeld(t, "acquire it for writing"); !s.ok()) return s;
+    if (auto s = core_.CheckOthersUnpinned(t, tier); !s.ok())
       return WithContext(s, "cannot acquire for writing");
   }
   // Only a read may leave its copy in flight on the caller's stream: a writer frees the other
   // copies next, so its data must have landed first.
   bool made_room = false;
   absl::Status s = access == TM_ACCESS_WRITE
-                       ? Reserve(t, tier, &made_room)
-                       : MakeValid(t, tier, writes ? CallerStream{} : caller, Demand());
+                       ? moves_.Reserve(t, tier, &made_room)
+                       : moves_.MakeValid(t, tier, writes ? CallerStream{} : caller, Demand());
   if (!s.ok()) return s;
   // Work of callers' streams released on this copy and not yet passed: the caller's stream
   // waits for it (no host wait); without a stream the host does, since the pointer is then
   // usable at once.
-  if (std::vector<io::FencePtr> uses = PendingUses(t, tier); !uses.empty()) {
-    s = Unlocked(t, [&] {
+  if (std::vector<io::FencePtr> uses = core_.PendingUses(t, tier); !uses.empty()) {
+    s = core_.Unlocked(t, [&] {
       for (const io::FencePtr& f : uses) {
         absl::Status w =
-            stream != nullptr ? mover_->copy_engine().StreamWait(stream, f) : f->Wait();
+            stream != nullptr ? core_.mover->copy_engine().StreamWait(stream, f) : f->Wait();
         if (!w.ok()) return Retag(w, TM_ERR_DEVICE);
       }
       return absl::OkStatus();
     });
     if (!s.ok()) return s;
   }
-  if (tier == TM_TIER_DRAM && access != TM_ACCESS_WRITE) NoteCleanDramAcquire(t, start);
+  if (tier == TM_TIER_DRAM && access != TM_ACCESS_WRITE)
+    write_through_.NoteCleanDramAcquire(t, start);
   if (writes) {
-    DropOthers(t, tier);
+    core_.DropOthers(t, tier);
     t.PinWrite(tier);
   }
   ++t.copy(tier).pins;
-  ++counters_.acquires;
+  ++core_.counters.acquires;
   if (access == TM_ACCESS_WRITE ? !made_room : hit) {  // a write moves nothing in: no room made
-    ++counters_.hits;
+    ++core_.counters.hits;
   } else {
-    ++counters_.misses;
+    ++core_.counters.misses;
     const Trace::Clock::time_point end = Trace::Clock::now();
-    counters_.stall_ns += static_cast<uint64_t>(
+    core_.counters.stall_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
-    trace_->Add(Trace::kAcquire, t.name, start, end, t.bytes);
+    core_.trace->Add(Trace::kAcquire, t.name, start, end, t.bytes);
   }
   room.reset();
-  NoteUse(t, tier, access != TM_ACCESS_WRITE);
-  return static_cast<void*>(tiers_->Address(tier, t.copy(tier).extent));
+  prefetcher_.NoteUse(t, tier, access != TM_ACCESS_WRITE);
+  return static_cast<void*>(core_.tiers->Address(tier, t.copy(tier).extent));
 }
 
 absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {
@@ -190,10 +199,10 @@ absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* strea
   }
   // With a stream: whatever it still does with the memory, tiermem waits for before touching
   // it (a fence recorded now, before the lock; the host does not wait).
-  auto fence = StreamFence(stream, "tm_tensor_release_on_stream");
+  auto fence = copies_.StreamFence(stream, "tm_tensor_release_on_stream");
   if (!fence.ok()) return fence.status();
-  MutexLock lock(&mu_);
-  auto found = Find(handle);
+  MutexLock lock(&core_.mu);
+  auto found = core_.Find(handle);
   if (!found.ok()) return found.status();
   Tensor& t = **found;
   TensorCopy& c = t.copy(tier);
@@ -203,48 +212,49 @@ absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* strea
   }
   if (*fence != nullptr) c.uses.push_back(*std::move(fence));
   if (--c.pins == 0) {
-    if (FindKey(t.key) == &t) schedule_.OnRelease(t.key);
+    if (prefetcher_.FindKey(t.key) == &t) prefetcher_.schedule_.OnRelease(t.key);
     if (c.state == CopyState::kWriting) t.UnpinWrite(tier);
-    if (!parked_offloads_.empty()) RequeueParkedOffloads(tier);  // room there may help them
-    changed_.SignalAll();  // a demand waiting for room may now evict it
+    if (!movers_.parked_offloads_.empty())
+      movers_.RequeueParkedOffloads(tier);  // room there may help them
+    core_.changed.SignalAll();              // a demand waiting for room may now evict it
   }
   return absl::OkStatus();
 }
 
 absl::Status Runtime::Sync(uint64_t handle) {
-  MutexLock lock(&mu_);
+  MutexLock lock(&core_.mu);
   for (;;) {
-    auto found = Find(handle);
+    auto found = core_.Find(handle);
     if (!found.ok()) return found.status();
-    if (auto s = NotBusyByThisThread(**found); !s.ok()) return s;
+    if (auto s = core_.NotBusyByThisThread(**found); !s.ok()) return s;
     if ((*found)->queued == 0 && !(*found)->busy()) break;
-    changed_.Wait(&mu_);
+    core_.changed.Wait(&core_.mu);
   }
-  RunParkedOffload(handle);      // its failure, if any, is kept below
-  auto claimed = Claim(handle);  // also lands a stream-ordered copy
+  movers_.RunParkedOffload(handle);    // its failure, if any, is kept below
+  auto claimed = core_.Claim(handle);  // also lands a stream-ordered copy
   if (!claimed.ok()) return claimed.status();
-  ReapCallerCopies(handle, true);
-  deferred_.ReapAll(*tiers_);
-  return failures_.Take(handle);
+  copies_.ReapCallerCopies(handle, true);
+  core_.deferred.ReapAll(*core_.tiers);
+  return core_.failures.Take(handle);
 }
 
 absl::Status Runtime::SyncAll() {
-  MutexLock lock(&mu_);
+  MutexLock lock(&core_.mu);
   // Parked offloads run here, one at a time; a release meanwhile may queue the others again,
   // so the queue is waited for again after each (a parked one run here never parks again).
   for (;;) {
-    while (jobs_.outstanding() > 0) changed_.Wait(&mu_);
-    if (parked_offloads_.empty()) break;
-    RunParkedOffload(parked_offloads_.begin()->first);
+    while (movers_.jobs_.outstanding() > 0) core_.changed.Wait(&core_.mu);
+    if (movers_.parked_offloads_.empty()) break;
+    movers_.RunParkedOffload(movers_.parked_offloads_.begin()->first);
   }
-  ReapCallerCopies(0, true);
-  SettleDeferred();
-  return failures_.Take(0);
+  copies_.ReapCallerCopies(0, true);
+  core_.SettleDeferred();
+  return core_.failures.Take(0);
 }
 
 absl::StatusOr<uint32_t> Runtime::Residency(uint64_t handle) {
-  MutexLock lock(&mu_);
-  auto found = Find(handle);
+  MutexLock lock(&core_.mu);
+  auto found = core_.Find(handle);
   if (!found.ok()) return found.status();
   return (*found)->ResidencyMask();
 }
@@ -252,21 +262,21 @@ absl::StatusOr<uint32_t> Runtime::Residency(uint64_t handle) {
 tm_stats Runtime::Stats() {
   tm_stats s = TM_STATS_INIT;
   for (int t = 0; t < TM_TIER_COUNT; ++t)
-    s.tiers[t] = tiers_->space(static_cast<tm_tier>(t)).Stats();
+    s.tiers[t] = core_.tiers->space(static_cast<tm_tier>(t)).Stats();
   for (int f = 0; f < TM_TIER_COUNT; ++f) {
-    for (int t = 0; t < TM_TIER_COUNT; ++t) s.bytes_moved[f][t] = mover_->moved(f, t);
+    for (int t = 0; t < TM_TIER_COUNT; ++t) s.bytes_moved[f][t] = core_.mover->moved(f, t);
   }
-  MutexLock lock(&mu_);
-  counters_.Fill(s);
-  s.tensors = tensors_.size();
-  s.schedule_length = schedule_.size();
-  s.schedule_relearned = schedule_.relearned();
+  MutexLock lock(&core_.mu);
+  core_.counters.Fill(s);
+  s.tensors = core_.tensors.size();
+  s.schedule_length = prefetcher_.schedule_.size();
+  s.schedule_relearned = prefetcher_.schedule_.relearned();
   return s;
 }
 
 uint64_t Runtime::MoveWaits() {
-  MutexLock lock(&mu_);
-  return counters_.move_waits;
+  MutexLock lock(&core_.mu);
+  return core_.counters.move_waits;
 }
 
 }  // namespace tiermem

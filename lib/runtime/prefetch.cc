@@ -13,14 +13,14 @@
 
 namespace tiermem {
 
-void Runtime::NoteUse(Tensor& t, tm_tier tier, bool fill) {
+void Prefetcher::NoteUse(Tensor& t, tm_tier tier, bool fill) {
   t.last_use = ++tick_;
   schedule_.OnUse(t.key, tier, fill, t.bytes);
   IssuePrefetches();
 }
 
-void Runtime::IssuePrefetches() {
-  const uint32_t depth = config_.prefetch_depth;
+void Prefetcher::IssuePrefetches() {
+  const uint32_t depth = core_.config.prefetch_depth;
   if (depth == 0 || !schedule_.replaying()) return;
   // Stage 1: the next `depth` uses, up to the tier they are used in. Stage 2: the `depth` after
   // those, from NVMe to DRAM, so that stage 1 then only crosses the PCIe link. Room is checked
@@ -42,17 +42,17 @@ void Runtime::IssuePrefetches() {
       target = TM_TIER_DRAM;
     }
     if (v->copy(target).valid() || !v->materialized()) continue;
-    const uint64_t in_flight = jobs_.prefetch_in_flight();
+    const uint64_t in_flight = movers_.jobs_.prefetch_in_flight();
     if (in_flight > 0 && in_flight + v->bytes > prefetch_limit_) break;
     ++v->queued;
-    ++counters_.prefetches;
-    jobs_.Push(Job{v->handle, target, JobKind::kPrefetch, position, v->bytes});
-    work_.Signal();
+    ++core_.counters.prefetches;
+    movers_.jobs_.Push(Job{v->handle, target, JobKind::kPrefetch, position, v->bytes});
+    movers_.work_.Signal();
   }
 }
 
-bool Runtime::UsedSoon(const Tensor& t) {
-  const uint32_t depth = config_.prefetch_depth;
+bool Prefetcher::UsedSoon(const Tensor& t) {
+  const uint32_t depth = core_.config.prefetch_depth;
   if (depth == 0 || !schedule_.replaying() || FindKey(t.key) != &t) return false;
   // Used within the prefetch stages, and the tier of that use can hold it until then beside
   // everything used before it (each tensor counted once): then a write down now would only be
@@ -66,7 +66,7 @@ bool Runtime::UsedSoon(const Tensor& t) {
       continue;
     }
     const Tensor* v = FindKey(use.key);
-    const TierSpace& space = tiers_->space(use.tier);
+    const TierSpace& space = core_.tiers->space(use.tier);
     working_set[use.tier] += space.Rounded(v != nullptr ? v->bytes : use.bytes);
     if (use.key != t.key) continue;
     if (!use.fill) return false;  // overwritten first: its bytes are not needed
@@ -75,21 +75,21 @@ bool Runtime::UsedSoon(const Tensor& t) {
   return false;
 }
 
-void Runtime::CancelQueuedOffloads(Tensor& t) {
+void Prefetcher::CancelQueuedOffloads(Tensor& t) {
   // Used within twice the prefetch depth (the stages above): a write down not even started
   // by now would be read back at once, crossing both links, and its prefetch would wait
   // behind the write. The coming use supersedes the
   // offload, as an acquire does one that has not run yet (RunJob). Running ones finish.
   const uint64_t handle = t.handle;
-  const uint64_t cancelled = jobs_.RemoveIf(
+  const uint64_t cancelled = movers_.jobs_.RemoveIf(
       [handle](const Job& job) { return job.handle == handle && job.kind == JobKind::kOffload; });
   if (cancelled == 0) return;
   t.queued -= static_cast<uint32_t>(cancelled);
-  changed_.SignalAll();  // Sync may be waiting for these
+  core_.changed.SignalAll();  // Sync may be waiting for these
 }
 
-tm_tier Runtime::HomeOf(tm_tensor_class cls) const {
-  switch (config_.placement) {
+tm_tier Prefetcher::HomeOf(tm_tensor_class cls) const {
+  switch (core_.config.placement) {
     case Placement::kZeroOffload:
       return cls == TM_CLASS_OPTIMIZER_STATE ? TM_TIER_DRAM : TM_TIER_HBM;
     case Placement::kZeroInfinity:
@@ -101,7 +101,7 @@ tm_tier Runtime::HomeOf(tm_tensor_class cls) const {
   }
 }
 
-uint64_t Runtime::KeyFor(const TensorDesc& desc, uint64_t handle) {
+uint64_t Prefetcher::KeyFor(const TensorDesc& desc, uint64_t handle) {
   if (!desc.name.empty()) return absl::Hash<std::pair<int, std::string>>{}({1, desc.name});
   if (schedule_.in_step()) {
     return absl::Hash<std::tuple<int, uint64_t, uint64_t>>{}({2, created_in_step_++, desc.bytes});
@@ -110,33 +110,33 @@ uint64_t Runtime::KeyFor(const TensorDesc& desc, uint64_t handle) {
 }
 
 absl::Status Runtime::StepBegin() {
-  MutexLock lock(&mu_);
-  schedule_.BeginStep();
-  created_in_step_ = 0;
-  IssuePrefetches();  // the step's first tensors, before its first acquire
+  MutexLock lock(&core_.mu);
+  prefetcher_.schedule_.BeginStep();
+  prefetcher_.created_in_step_ = 0;
+  prefetcher_.IssuePrefetches();  // the step's first tensors, before its first acquire
   return absl::OkStatus();
 }
 
 absl::Status Runtime::StepEnd() {
-  MutexLock lock(&mu_);
-  if (!schedule_.in_step()) {
+  MutexLock lock(&core_.mu);
+  if (!prefetcher_.schedule_.in_step()) {
     return Error(TM_ERR_INVALID_ARGUMENT, "tm_step_end without tm_step_begin");
   }
-  schedule_.EndStep();
+  prefetcher_.schedule_.EndStep();
   // The failures kept so far, without waiting for moves in flight: a framework calls this
   // anyway, so a failed offload does not wait for a sync nobody calls. Callers' copies that are
   // done are reaped too, and deferred frees whose streams have passed.
-  ReapCallerCopies(0, false);
-  deferred_.ReapAll(*tiers_);
-  return failures_.Take(0);
+  copies_.ReapCallerCopies(0, false);
+  core_.deferred.ReapAll(*core_.tiers);
+  return core_.failures.Take(0);
 }
 
 absl::Status Runtime::SetSchedule(const std::vector<ScheduledUse>& uses) {
-  MutexLock lock(&mu_);
+  MutexLock lock(&core_.mu);
   std::vector<Schedule::Use> keyed;
   keyed.reserve(uses.size());
   for (const auto& u : uses) {
-    const Tensor* t = tensors_.Find(u.handle);
+    const Tensor* t = core_.tensors.Find(u.handle);
     if (t == nullptr) {
       return Error(
           TM_ERR_INVALID_HANDLE,
@@ -147,8 +147,13 @@ absl::Status Runtime::SetSchedule(const std::vector<ScheduledUse>& uses) {
     }
     keyed.push_back(Schedule::Use{t->key, u.tier, true, t->bytes});
   }
-  schedule_.Set(std::move(keyed));
+  prefetcher_.schedule_.Set(std::move(keyed));
   return absl::OkStatus();
+}
+
+Tensor* Prefetcher::FindKey(uint64_t key) {
+  auto it = keyed_.find(key);
+  return it == keyed_.end() ? nullptr : core_.tensors.Find(it->second);
 }
 
 }  // namespace tiermem

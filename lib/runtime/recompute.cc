@@ -42,16 +42,17 @@ tm_status CallRecompute(const Tensor::Recompute& hook, uint64_t handle, tm_tier 
 
 }  // namespace
 
-double Runtime::RecomputeGbps(tm_tier tier) const {
+double RecomputeCallbacks::RecomputeGbps(tm_tier tier) const {
   if (tier == TM_TIER_HBM) {
-    if (config_.link_gbps > 0) return config_.link_gbps;
-    if (info_.device_kind == "emulated" && config_.emu_link_gbps > 0) return config_.emu_link_gbps;
+    if (core_.config.link_gbps > 0) return core_.config.link_gbps;
+    if (core_.info.device_kind == "emulated" && core_.config.emu_link_gbps > 0)
+      return core_.config.emu_link_gbps;
     return kDefaultLinkGbps;
   }
-  return config_.nvme_gbps > 0 ? config_.nvme_gbps : kDefaultNvmeGbps;
+  return core_.config.nvme_gbps > 0 ? core_.config.nvme_gbps : kDefaultNvmeGbps;
 }
 
-bool Runtime::DropsForRecompute(const Tensor& t, tm_tier tier) const {
+bool RecomputeCallbacks::DropsForRecompute(const Tensor& t, tm_tier tier) const {
   if (t.recompute.fn == nullptr || tier == TM_TIER_NVME) return false;  // NVMe is never evicted
   const TensorCopy& c = t.copy(tier);
   if (c.state != CopyState::kValid || c.pins > 0 || !t.only_copy(tier)) return false;
@@ -59,18 +60,18 @@ bool Runtime::DropsForRecompute(const Tensor& t, tm_tier tier) const {
   return t.recompute.cost_seconds < round_trip;
 }
 
-void Runtime::DropForRecompute(Tensor& v, tm_tier tier, Trace::Clock::time_point start) {
-  FreeCopy(v, tier);
+void RecomputeCallbacks::DropForRecompute(Tensor& v, tm_tier tier, Trace::Clock::time_point start) {
+  core_.FreeCopy(v, tier);
   v.dropped = true;
-  ++counters_.evictions;
-  counters_.eviction_bytes += v.bytes;
-  ++counters_.recompute_drops;
-  counters_.recompute_drop_bytes += v.bytes;
-  trace_->Add(Trace::kRecomputeDrop, v.name, start, Trace::Clock::now(), v.bytes);
+  ++core_.counters.evictions;
+  core_.counters.eviction_bytes += v.bytes;
+  ++core_.counters.recompute_drops;
+  core_.counters.recompute_drop_bytes += v.bytes;
+  core_.trace->Add(Trace::kRecomputeDrop, v.name, start, Trace::Clock::now(), v.bytes);
 }
 
-absl::Status Runtime::Recompute(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
-                                DropReason* why) {
+absl::Status RecomputeCallbacks::Recompute(Tensor& t, tm_tier dst, const CallerStream& caller,
+                                           Want want, DropReason* why) {
   if (want.kind != Want::kDemand) {
     // Only an operation that needs the bytes rebuilds them, on its own thread.
     if (why != nullptr) *why = DropReason::kNoRoom;
@@ -94,9 +95,9 @@ absl::Status Runtime::Recompute(Tensor& t, tm_tier dst, const CallerStream& call
                                  t.name, tm_tier_name(dst),
                                  t.recompute.fn == nullptr ? " without a callback" : ""));
   }
-  BusyScope busy(t, changed_);  // no other operation touches it until the rebuild is committed
-  auto extent = Allocate(t, dst, want, why);
-  if (want.release_room) room_.Release(changed_);
+  BusyScope busy(t, core_.changed);  // no other operation touches it until the rebuild is committed
+  auto extent = room_.Allocate(t, dst, want, why);
+  if (want.release_room) core_.room.Release(core_.changed);
   if (!extent.ok()) {
     return WithContext(extent.status(), absl::StrFormat("room to recompute tensor \"%s\" in %s",
                                                         t.name, tm_tier_name(dst)));
@@ -104,20 +105,20 @@ absl::Status Runtime::Recompute(Tensor& t, tm_tier dst, const CallerStream& call
   t.BeginFill(dst, *extent);
   const Tensor::Recompute hook = t.recompute;
   const uint64_t handle = t.handle, bytes = t.bytes;
-  void* addr = tiers_->Address(dst, *extent);
+  void* addr = core_.tiers->Address(dst, *extent);
   int returned = 0;
-  mu_.Unlock();
+  core_.mu.Unlock();
   const Trace::Clock::time_point start = Trace::Clock::now();
   const tm_status code = CallRecompute(hook, handle, dst, addr, bytes, caller.stream, &returned);
   const Trace::Clock::time_point end = Trace::Clock::now();
-  mu_.Lock();
-  counters_.recompute_ns += static_cast<uint64_t>(
+  core_.mu.Lock();
+  core_.counters.recompute_ns += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
-  trace_->Add(Trace::kRecompute, t.name, start, end, bytes);
+  core_.trace->Add(Trace::kRecompute, t.name, start, end, bytes);
   if (code != TM_OK) {
     // Whatever it wrote is no copy: freed, and the tensor stays dropped for a later try.
-    FreeCopy(t, dst);
-    ++counters_.recompute_failures;
+    core_.FreeCopy(t, dst);
+    ++core_.counters.recompute_failures;
     const std::string what =
         returned == -1 ? std::string("threw an exception (a callback must return a tm_status)")
         : code == static_cast<tm_status>(returned)
@@ -129,16 +130,16 @@ absl::Status Runtime::Recompute(Tensor& t, tm_tier dst, const CallerStream& call
                                        t.name, HumanBytes(bytes), tm_tier_name(dst), what));
   }
   t.EndFill(dst);
-  ++counters_.recomputes;
+  ++core_.counters.recomputes;
   return absl::OkStatus();
 }
 
-absl::Status Runtime::RebuildForCaller(Tensor& t) {
+absl::Status RecomputeCallbacks::RebuildForCaller(Tensor& t) {
   // Callers' copies go through host memory most cheaply: DRAM, else HBM for a tensor larger than
   // the whole DRAM tier. Chosen up front: the demand hands the room token back once its room is
   // made, so a second try would make room without it.
-  const bool fits_dram = tiers_->space(TM_TIER_DRAM).Rounded(t.bytes) != 0;
-  return MakeValid(t, fits_dram ? TM_TIER_DRAM : TM_TIER_HBM, {}, Demand());
+  const bool fits_dram = core_.tiers->space(TM_TIER_DRAM).Rounded(t.bytes) != 0;
+  return moves_.MakeValid(t, fits_dram ? TM_TIER_DRAM : TM_TIER_HBM, {}, Demand());
 }
 
 absl::Status Runtime::SetRecompute(uint64_t handle, tm_recompute_fn fn, void* user,
@@ -155,15 +156,15 @@ absl::Status Runtime::SetRecompute(uint64_t handle, tm_recompute_fn fn, void* us
                                  "cost_seconds is %g: a cost needs a callback; clear with 0",
                                  cost_seconds));
   }
-  MutexLock lock(&mu_);
+  MutexLock lock(&core_.mu);
   // Clearing rebuilds a dropped tensor first, which takes room: the token comes before the claim.
   std::optional<RoomScope> room;
-  if (fn == nullptr) room.emplace(*this, handle);
-  auto claimed = Claim(handle);
+  if (fn == nullptr) room.emplace(core_, handle);
+  auto claimed = core_.Claim(handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
   if (fn == nullptr && t.dropped) {
-    if (auto s = RebuildForCaller(t); !s.ok()) {
+    if (auto s = recompute_.RebuildForCaller(t); !s.ok()) {
       return WithContext(s, absl::StrFormat("tm_tensor_set_recompute: clearing the callback of "
                                             "dropped tensor \"%s\" rebuilds it first (the "
                                             "callback stays)",

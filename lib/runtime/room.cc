@@ -16,15 +16,14 @@
 
 namespace tiermem {
 
-Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want want,
-                                            uint64_t need) {
+Room::EvictionPlan Room::PlanEviction(const Tensor& t, tm_tier tier, Want want, uint64_t need) {
   EvictionPlan plan;
   // Extents waiting for callers' work to pass are walls that will fall: a demand waits for them.
-  plan.in_flight = ReapDeferred(tier);
-  const bool belady = schedule_.replaying();
-  const uint64_t now = schedule_.now();
-  const std::vector<TierSpace::Block> layout = tiers_->space(tier).Layout();
-  const uint64_t horizon = belady ? schedule_.size() : layout.size();
+  plan.in_flight = core_.ReapDeferred(tier);
+  const bool belady = prefetcher_.schedule().replaying();
+  const uint64_t now = prefetcher_.schedule().now();
+  const std::vector<TierSpace::Block> layout = core_.tiers->space(tier).Layout();
+  const uint64_t horizon = belady ? prefetcher_.schedule().size() : layout.size();
   // A demand waits for what eviction writes: clean drops first (see CheapestWindow).
   const bool clean_first = want.kind == Want::kDemand;
   for (const TierSpace::Block& b : layout) {
@@ -33,14 +32,14 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
     plan.owners.push_back(b.owner);
     plan.offsets.push_back(b.offset);
     // Memory a copy down is leaving (vacate.cc) is room: MakeRoom takes it when nothing else fits.
-    if (b.free || (b.owner == 0 && deferred_.HandedOnAt(tier, b.offset))) {
+    if (b.free || (b.owner == 0 && core_.deferred.HandedOnAt(tier, b.offset))) {
       plan.free_bytes += b.size;
       plan.reclaimable += b.size;
       plan.slots.push_back(slot);
       continue;
     }
     slot.kind = EvictionSlot::Kind::kWall;
-    Tensor* v = tensors_.Find(b.owner);
+    Tensor* v = core_.tensors.Find(b.owner);
     if (v == nullptr || v == &t) {
       plan.slots.push_back(slot);
       continue;
@@ -52,7 +51,7 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
       plan.in_flight = true;  // another thread moves it: done soon, then maybe evictable
     } else if (v->busy() || c.state == CopyState::kFilling) {
       // Busy by this thread: a tensor of the chain that asked for this room.
-    } else if (!c.uses.empty() && !PendingUses(*v, tier).empty()) {
+    } else if (!c.uses.empty() && !core_.PendingUses(*v, tier).empty()) {
       // Callers' streams may still use its memory: evictable once their work passes (a demand
       // waits for that, polling; nothing waits on the host for a caller's stream here).
       plan.in_flight = true;
@@ -60,21 +59,21 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
       // Evicting it means waiting for its stream-ordered copy: only a demand waits.
     } else {
       uint64_t next = Schedule::kNever;
-      if (belady && FindKey(v->key) == v) next = schedule_.NextUse(v->key);
+      if (belady && prefetcher_.FindKey(v->key) == v) next = prefetcher_.schedule().NextUse(v->key);
       if (want.kind == Want::kPrefetch && next <= want.horizon) {
         // Do no harm: never evict a copy used before the use this prefetch serves.
       } else {
-        const uint64_t distance =
-            belady ? (next == Schedule::kNever ? kNoNextUse : next - now) : tick_ - v->last_use;
+        const uint64_t distance = belady ? (next == Schedule::kNever ? kNoNextUse : next - now)
+                                         : prefetcher_.tick() - v->last_use;
         slot.kind = EvictionSlot::Kind::kEvictable;
-        slot.dirty = v->only_copy(tier) && !DropsForRecompute(*v, tier);
+        slot.dirty = v->only_copy(tier) && !recompute_.DropsForRecompute(*v, tier);
         slot.cost = EvictionCost(b.size, slot.dirty, distance, horizon);
         plan.reclaimable += b.size;
       }
     }
     plan.slots.push_back(slot);
   }
-  if (tiers_->space(tier).counted()) {
+  if (core_.tiers->space(tier).counted()) {
     // HBM from the framework's allocator: no adjacency to keep, any victims whose bytes suffice
     // make room. Taken in CountedOrder, the cheapest of them form a window.
     std::vector<EvictionSlot> slots;
@@ -92,7 +91,7 @@ Runtime::EvictionPlan Runtime::PlanEviction(const Tensor& t, tm_tier tier, Want 
   return plan;
 }
 
-uint64_t Runtime::FreesAfter(uint64_t owner, tm_tier tier) {
+uint64_t Room::FreesAfter(uint64_t owner, tm_tier tier) {
   // Placement (TierSpace::Allocate): how soon a neighbour's memory is free again. A deferred
   // free goes first; then copies eviction may take, the one used furthest ahead first (as
   // eviction picks them); then copies in use now, free once released; last, copies on their
@@ -100,17 +99,19 @@ uint64_t Runtime::FreesAfter(uint64_t owner, tm_tier tier) {
   // finds the leftover of a hole and its neighbour's bytes side by side, and copies that arrive
   // for the coming uses pack together away from the ones in use.
   constexpr uint64_t kEvictable = uint64_t{1} << 61, kInUse = uint64_t{2} << 61;
-  const Tensor* v = owner == 0 ? nullptr : tensors_.Find(owner);
+  const Tensor* v = owner == 0 ? nullptr : core_.tensors.Find(owner);
   if (v == nullptr) return 0;
   const TensorCopy& c = v->copies[tier];
-  const bool scheduled = schedule_.replaying() && FindKey(v->key) == v;
-  const uint64_t next = scheduled ? schedule_.NextUse(v->key) : Schedule::kNever;
-  const uint64_t ahead =
-      std::min(next == Schedule::kNever ? kEvictable : next - schedule_.now(), kEvictable - 1);
+  const bool scheduled = prefetcher_.schedule().replaying() && prefetcher_.FindKey(v->key) == v;
+  const uint64_t next = scheduled ? prefetcher_.schedule().NextUse(v->key) : Schedule::kNever;
+  const uint64_t ahead = std::min(
+      next == Schedule::kNever ? kEvictable : next - prefetcher_.schedule().now(), kEvictable - 1);
   if (c.pins > 0) return kInUse;
   if (v->busy() || c.state != CopyState::kValid) return kInUse + 1 + ahead;
   // As eviction ranks it: positions to the next use when replaying, else the time unused.
-  const uint64_t distance = schedule_.replaying() ? ahead : std::min(tick_ - v->last_use, ahead);
+  const uint64_t distance = prefetcher_.schedule().replaying()
+                                ? ahead
+                                : std::min(prefetcher_.tick() - v->last_use, ahead);
   return kEvictable - distance;
 }
 
@@ -127,14 +128,14 @@ constexpr absl::string_view kLeavesNoHole =
 
 }  // namespace
 
-absl::Status Runtime::EvictWindow(const Tensor& t, const EvictionPlan& plan, tm_tier tier,
-                                  Want want, bool fragmented, DropReason* why) {
+absl::Status Room::EvictWindow(const Tensor& t, const EvictionPlan& plan, tm_tier tier, Want want,
+                               bool fragmented, DropReason* why) {
   // For the trace only (t is busy, being moved, but the lock is released meanwhile).
-  const std::string for_whom = trace_->enabled() ? t.name : std::string();
+  const std::string for_whom = core_.trace->enabled() ? t.name : std::string();
   for (size_t i = plan.window->first; i <= plan.window->last; ++i) {
     if (plan.slots[i].kind != EvictionSlot::Kind::kEvictable) continue;
     // Evictions release the lock: look the victim up again, and skip it when it changed.
-    Tensor* v = tensors_.Find(plan.owners[i]);
+    Tensor* v = core_.tensors.Find(plan.owners[i]);
     if (v == nullptr || v->busy() || v->copies[tier].pins > 0 || !v->copies[tier].valid() ||
         v->copies[tier].state == CopyState::kWriting) {
       continue;
@@ -143,18 +144,18 @@ absl::Status Runtime::EvictWindow(const Tensor& t, const EvictionPlan& plan, tm_
       if (want.kind != Want::kDemand && why != nullptr) *why = DropReason::kNoRoom;
       return WithContext(s, absl::StrFormat("evicting \"%s\" to make room", v->name));
     }
-    if (fragmented) ++counters_.fragmentation_evictions;
+    if (fragmented) ++core_.counters.fragmentation_evictions;
   }
   return absl::OkStatus();
 }
 
-std::string Runtime::ChunkRounding(tm_tier tier, uint64_t bytes) {
+std::string Room::ChunkRounding(tm_tier tier, uint64_t bytes) {
   // The framework's allocator is counted too, with a granule of 256: only mapped chunks count.
-  if (tier != TM_TIER_HBM || config_.hbm_layout != HbmLayout::kMapped ||
-      config_.device_allocator.set()) {
+  if (tier != TM_TIER_HBM || core_.config.hbm_layout != HbmLayout::kMapped ||
+      core_.config.device_allocator.set()) {
     return "";
   }
-  const uint64_t chunk = tiers_->space(tier).granule();
+  const uint64_t chunk = core_.tiers->space(tier).granule();
   const uint64_t rounded = bytes > UINT64_MAX - chunk ? bytes : (bytes + chunk - 1) / chunk * chunk;
   if (rounded == bytes) {
     return absl::StrFormat(" (TIERMEM_HBM_LAYOUT=mapped gives every copy whole chunks of %s)",
@@ -165,8 +166,8 @@ std::string Runtime::ChunkRounding(tm_tier tier, uint64_t bytes) {
       HumanBytes(chunk), HumanBytes(bytes), HumanBytes(rounded));
 }
 
-absl::Status Runtime::NeverFits(const absl::Status& failed, const Tensor& t, tm_tier tier) {
-  const uint64_t capacity = tiers_->space(tier).capacity();
+absl::Status Room::NeverFits(const absl::Status& failed, const Tensor& t, tm_tier tier) {
+  const uint64_t capacity = core_.tiers->space(tier).capacity();
   return Error(ToTmStatus(failed),
                absl::StrFormat("tensor \"%s\" needs %s, more than the whole %s tier (%s): it can "
                                "never fit there%s",
@@ -174,9 +175,9 @@ absl::Status Runtime::NeverFits(const absl::Status& failed, const Tensor& t, tm_
                                HumanBytes(capacity), ChunkRounding(tier, t.bytes)));
 }
 
-absl::Status Runtime::OutOfRoom(const absl::Status& failed, EvictionPlan& plan, const Tensor& t,
-                                tm_tier tier) {
-  TierSpace& space = tiers_->space(tier);
+absl::Status Room::OutOfRoom(const absl::Status& failed, EvictionPlan& plan, const Tensor& t,
+                             tm_tier tier) {
+  TierSpace& space = core_.tiers->space(tier);
   const uint64_t capacity = space.capacity();
   const uint64_t need = space.Rounded(t.bytes);
   uint64_t pinned = 0;
@@ -215,7 +216,7 @@ absl::Status Runtime::OutOfRoom(const absl::Status& failed, EvictionPlan& plan, 
 }
 
 // One Allocate's bookkeeping: whether it registered as a demand wanting room, and waited.
-struct Runtime::AllocateState {
+struct Room::AllocateState {
   bool wanting = false, waited = false;
   bool backing_retried = false;  // the framework's allocator was asked again after evicting
   bool compacted = false;        // HBM compaction was tried
@@ -223,14 +224,14 @@ struct Runtime::AllocateState {
   Trace::Clock::time_point start = Trace::Clock::now();
 };
 
-absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why,
-                                         bool* made_room, std::vector<RangeFence>* behind) {
-  TierSpace& space = tiers_->space(tier);
+absl::StatusOr<Extent> Room::Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why,
+                                      bool* made_room, std::vector<RangeFence>* behind) {
+  TierSpace& space = core_.tiers->space(tier);
   const uint64_t need = space.Rounded(t.bytes);
   if (auto s = AdmitPrefetch(t, tier, want, need, why); !s.ok()) return s;
   AllocateState st;
   absl::StatusOr<Extent> result = MakeRoom(t, tier, want, need, why, st);
-  if (st.wanting) --room_.wanted(tier);
+  if (st.wanting) --core_.room.wanted(tier);
   if (made_room != nullptr) *made_room = st.made_room;
   if (result.ok() && want.kind == Want::kPrefetch && tier != TM_TIER_NVME && !space.counted() &&
       !LeavesHoles(t, tier, want)) {
@@ -245,33 +246,33 @@ absl::StatusOr<Extent> Runtime::Allocate(Tensor& t, tm_tier tier, Want want, Dro
       *behind = std::move(fences);
     } else if (!fences.empty()) {
       st.waited = true;
-      mu_.Unlock();
+      core_.mu.Unlock();
       for (const RangeFence& r : fences) (void)r.fence->Wait();  // a failure is the copy's
-      mu_.Lock();
+      core_.mu.Lock();
     }
   }
   if (st.waited) {
-    ++counters_.demand_waits;
-    counters_.demand_wait_ns += static_cast<uint64_t>(
+    ++core_.counters.demand_waits;
+    core_.counters.demand_wait_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Trace::Clock::now() - st.start)
             .count());
   }
   return result;
 }
 
-absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uint64_t need,
-                                         DropReason* why, AllocateState& st) {
-  TierSpace& space = tiers_->space(tier);
+absl::StatusOr<Extent> Room::MakeRoom(Tensor& t, tm_tier tier, Want want, uint64_t need,
+                                      DropReason* why, AllocateState& st) {
+  TierSpace& space = core_.tiers->space(tier);
   for (;;) {
-    if (want.kind != Want::kDemand && room_.wanted(tier) > 0) {
+    if (want.kind != Want::kDemand && core_.room.wanted(tier) > 0) {
       return DroppedPrefetch(t, tier, DropReason::kDemand, "a demand needs the room", why);
     }
     auto frees_after = [&](uint64_t owner)
                            ABSL_NO_THREAD_SAFETY_ANALYSIS { return FreesAfter(owner, tier); };
     auto e = space.Allocate(t.bytes, t.name, t.handle, frees_after);
-    if (!e.ok() && absl::IsResourceExhausted(e.status()) && !deferred_.empty()) {
+    if (!e.ok() && absl::IsResourceExhausted(e.status()) && !core_.deferred.empty()) {
       // What callers' work has finished with, and memory copies down leave (vacate.cc).
-      deferred_.ReapForRoom(*tiers_, tier);
+      core_.deferred.ReapForRoom(*core_.tiers, tier);
       e = space.Allocate(t.bytes, t.name, t.handle, frees_after);
     }
     // The framework's allocator was short though the budget had room (lib/tiers/tier_space.h):
@@ -292,7 +293,7 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
       return DroppedPrefetch(t, tier, DropReason::kNoRoom, "it takes only free room", why);
     if (want.kind == Want::kDemand && !st.wanting) {
       st.wanting = true;
-      ++room_.wanted(tier);
+      ++core_.room.wanted(tier);
     }
     // Backing short: the budget's free bytes count in a window but free nothing in the
     // framework's allocator, so the victims alone must cover `need`.
@@ -331,18 +332,18 @@ absl::StatusOr<Extent> Runtime::MakeRoom(Tensor& t, tm_tier tier, Want want, uin
     // A demand: prefetches queued for this tier would only take room; moves in flight will
     // finish (and their copies become evictable), so wait for them. Only when nothing is in
     // flight and the pinned copies leave no hole is the request beyond help.
-    CancelPrefetches(tier);
+    movers_.CancelPrefetches(tier);
     if (plan.in_flight || plan.window.has_value()) {
       st.waited = true;
-      changed_.WaitWithTimeout(&mu_, absl::Milliseconds(20));
+      core_.changed.WaitWithTimeout(&core_.mu, absl::Milliseconds(20));
       continue;
     }
     return OutOfRoom(e.status(), plan, t, tier);
   }
 }
 
-bool Runtime::SlidRatherThanEvict(const EvictionPlan& plan, tm_tier tier, uint64_t need,
-                                  AllocateState& st) {
+bool Room::SlidRatherThanEvict(const EvictionPlan& plan, tm_tier tier, uint64_t need,
+                               AllocateState& st) {
   // The window evicts copies used again, which would cross the link twice to come back (once,
   // a clean one): sliding copies together at device speed (once per request) is cheaper when
   // it moves no more bytes than the window would evict.
@@ -352,25 +353,17 @@ bool Runtime::SlidRatherThanEvict(const EvictionPlan& plan, tm_tier tier, uint64
   return slide.has_value() && *slide <= plan.window->evicted_bytes && Compact(tier, need);
 }
 
-void Runtime::CancelPrefetches(tm_tier tier) {
-  counters_.cancelled += jobs_.RemoveIf([&](const Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (job.kind == JobKind::kOffload || job.tier != tier) return false;
-    if (Tensor* t = tensors_.Find(job.handle); t != nullptr) --t->queued;
-    return true;
-  });
-  changed_.SignalAll();
-}
-
-absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want, const std::string& for_whom) {
+absl::Status Room::Evict(Tensor& v, tm_tier tier, Want want, const std::string& for_whom) {
   const Trace::Clock::time_point start = Trace::Clock::now();
   const uint64_t bytes = v.bytes;
   if (v.landing.has_value() && v.landing_tier == tier) {
-    WaitLanded(v);  // its stream-ordered copy must be done before its memory is reused
+    core_.WaitLanded(v);  // its stream-ordered copy must be done before its memory is reused
     if (!v.copy(tier).valid()) return absl::OkStatus();
   }
   const bool clean = !v.only_copy(tier);  // another tier holds the bytes: dropped, not written
-  if (!clean && DropsForRecompute(v, tier)) {
-    DropForRecompute(v, tier, start);  // rebuilt by its callback: cheaper than the round trip
+  if (!clean && recompute_.DropsForRecompute(v, tier)) {
+    recompute_.DropForRecompute(v, tier,
+                                start);  // rebuilt by its callback: cheaper than the round trip
     return absl::OkStatus();
   }
   if (!clean) {
@@ -381,9 +374,9 @@ absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want, const std::strin
     down.release_room = false;  // part of making room: the token stays
     // HBM's copy goes once DRAM has it: hand it on, and let the move making room follow.
     down.vacates = down.lands = tier == TM_TIER_HBM;
-    absl::Status s = MakeValid(v, lower, {}, down);
+    absl::Status s = moves_.MakeValid(v, lower, {}, down);
     if (!s.ok() && tier == TM_TIER_HBM && absl::IsResourceExhausted(s)) {
-      s = MakeValid(v, TM_TIER_NVME, {}, down);
+      s = moves_.MakeValid(v, TM_TIER_NVME, {}, down);
     }
     if (!s.ok()) return s;
     // Acquired or changed while the lock was released: look again. (Absent: handed on as its
@@ -393,21 +386,21 @@ absl::Status Runtime::Evict(Tensor& v, tm_tier tier, Want want, const std::strin
       return absl::OkStatus();
     }
   }
-  FreeCopy(v, tier);
-  ++counters_.evictions;
-  counters_.eviction_bytes += bytes;
+  core_.FreeCopy(v, tier);
+  ++core_.counters.evictions;
+  core_.counters.eviction_bytes += bytes;
   if (clean) {
-    ++counters_.clean_drops;
-    counters_.clean_drop_bytes += bytes;
+    ++core_.counters.clean_drops;
+    core_.counters.clean_drop_bytes += bytes;
   }
-  if (trace_->enabled()) {
+  if (core_.trace->enabled()) {
     static constexpr const char* kFor[] = {"a demand (an acquire, write or offload)",
                                            "a prefetch (tm_tensor_prefetch)",
                                            "a scheduled prefetch"};
-    trace_->Add(clean ? Trace::kCleanDrop : Trace::kEviction, v.name, start, Trace::Clock::now(),
-                bytes,
-                absl::StrFormat("room in %s for tensor \"%s\", %s", tm_tier_name(tier), for_whom,
-                                kFor[want.kind]));
+    core_.trace->Add(clean ? Trace::kCleanDrop : Trace::kEviction, v.name, start,
+                     Trace::Clock::now(), bytes,
+                     absl::StrFormat("room in %s for tensor \"%s\", %s", tm_tier_name(tier),
+                                     for_whom, kFor[want.kind]));
   }
   return absl::OkStatus();
 }

@@ -35,28 +35,28 @@ class BusyScope {
 };
 
 template <typename F>
-absl::Status Runtime::Unlocked(Tensor& t, F&& f) {
-  BusyScope busy(t, changed_);
-  mu_.Unlock();
+absl::Status Core::Unlocked(Tensor& t, F&& f) {
+  BusyScope busy(t, changed);
+  mu.Unlock();
   absl::Status s = f();
-  mu_.Lock();
+  mu.Lock();
   return s;
 }
 
 // Holds the room token for a scope (or until Leave), taken for a request about `handle`: first
 // it waits while another thread moves that tensor (WaitWhileMoving), without the token.
-class Runtime::RoomScope {
+class RoomScope {
  public:
-  RoomScope(Runtime& rt, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rt.mu_) : rt_(rt) {
-    rt_.WaitWhileMoving(handle);
-    rt_.room_.Enter(rt_.mu_, rt_.changed_);
-    generation_ = rt_.room_.generation();
+  RoomScope(Core& core, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core.mu) : core_(core) {
+    core_.WaitWhileMoving(handle);
+    core_.room.Enter(core_.mu, core_.changed);
+    generation_ = core_.room.generation();
   }
   ~RoomScope() ABSL_NO_THREAD_SAFETY_ANALYSIS { Leave(); }
   // Hands the token back, unless a move already did (RoomToken::Release).
   void Leave() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (held_ && rt_.room_.HeldByMe() && rt_.room_.generation() == generation_) {
-      rt_.room_.Leave(rt_.changed_);
+    if (held_ && core_.room.HeldByMe() && core_.room.generation() == generation_) {
+      core_.room.Leave(core_.changed);
     }
     held_ = false;
   }
@@ -64,13 +64,13 @@ class Runtime::RoomScope {
   RoomScope& operator=(const RoomScope&) = delete;
 
  private:
-  Runtime& rt_;
+  Core& core_;
   bool held_ = true;
   uint64_t generation_ = 0;
 };
 
 // What eviction sees in a tier for one request.
-struct Runtime::EvictionPlan {
+struct Room::EvictionPlan {
   std::optional<EvictionWindow> window;
   std::vector<uint64_t> owners;   // the owner of each slot (0: free)
   std::vector<uint64_t> offsets;  // where each slot starts in the tier

@@ -65,29 +65,29 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Config& config) {
 
 Runtime::~Runtime() {
   {
-    MutexLock lock(&mu_);
-    stopping_ = true;
-    jobs_.RemoveIf([](const Job&) { return true; });  // queued moves are abandoned; running
-                                                      // ones finish
-    work_.SignalAll();
+    MutexLock lock(&core_.mu);
+    movers_.stopping_ = true;
+    movers_.jobs_.RemoveIf([](const Job&) { return true; });  // queued moves are abandoned; running
+                                                              // ones finish
+    movers_.work_.SignalAll();
   }
-  for (auto& t : movers_) t.join();
-  if (trace_ != nullptr) {
-    if (auto s = trace_->Write(); !s.ok()) {
+  for (auto& t : movers_.threads_) t.join();
+  if (core_.trace != nullptr) {
+    if (auto s = core_.trace->Write(); !s.ok()) {
       Log(LogSeverity::kError, "%s", std::string(s.message()).c_str());
     }
   }
   // Copies still in flight and callers' work released on stream must pass before the memory
   // they use goes away.
-  if (mover_ != nullptr) {
-    MutexLock lock(&mu_);
-    tensors_.ForEach([&](Tensor& t) {
-      if (t.landing.has_value()) (void)mover_->copy_engine().Wait(*t.landing);
+  if (core_.mover != nullptr) {
+    MutexLock lock(&core_.mu);
+    core_.tensors.ForEach([&](Tensor& t) {
+      if (t.landing.has_value()) (void)core_.mover->copy_engine().Wait(*t.landing);
       for (const TensorCopy& c : t.copies) (void)io::WaitAll(c.uses);
     });
-    for (const CopyInFlight& c : caller_copies_) (void)c.ticket.fence->Wait();
-    (void)io::WaitAll(deferred_.Fences());
-    for (const RangeFence& r : vacating_) (void)r.fence->Wait();
+    for (const CallerCopies::CopyInFlight& c : copies_.in_flight_) (void)c.ticket.fence->Wait();
+    (void)io::WaitAll(core_.deferred.Fences());
+    for (const RangeFence& r : room_.vacating_) (void)r.fence->Wait();
   }
 }
 
@@ -100,12 +100,12 @@ struct Runtime::Setup {
 };
 
 absl::Status Runtime::Init() {
-  io::SetLogLevel(static_cast<LogSeverity>(config_.log_level));
-  io::SetLogRank(config_.local_rank, config_.local_world_size);
-  for (const auto& v : config_.unknown_variables) {
+  io::SetLogLevel(static_cast<LogSeverity>(core_.config.log_level));
+  io::SetLogRank(core_.config.local_rank, core_.config.local_world_size);
+  for (const auto& v : core_.config.unknown_variables) {
     Log(LogSeverity::kWarn, "%s is not a tiermem variable and is ignored (a typo?)", v.c_str());
   }
-  for (const auto& w : config_.warnings) Log(LogSeverity::kWarn, "%s", w.c_str());
+  for (const auto& w : core_.config.warnings) Log(LogSeverity::kWarn, "%s", w.c_str());
 
   Setup st;
   if (auto s = InitDevice(st); !s.ok()) return s;
@@ -122,29 +122,29 @@ absl::Status Runtime::InitDevice(Setup& st) {
   // The CUDA device: the one asked for, else the local rank's (rank mod the devices visible).
   // The count is asked only to choose: without a device the backend below says why.
 
-  if (config_.device != DeviceKind::kEmulated) {
+  if (core_.config.device != DeviceKind::kEmulated) {
     if (auto n = io::CudaDeviceCount(); n.ok()) st.devices_visible = *n;
   }
-  if (config_.cuda_device < 0) {
-    config_.cuda_device = DefaultCudaDevice(config_.local_rank, st.devices_visible);
+  if (core_.config.cuda_device < 0) {
+    core_.config.cuda_device = DefaultCudaDevice(core_.config.local_rank, st.devices_visible);
     if (st.devices_visible > 0) {
-      SetEntry(config_, "TIERMEM_CUDA_DEVICE", absl::StrCat(config_.cuda_device),
-               absl::StrFormat("default: local rank %d mod %d device(s)", config_.local_rank,
+      SetEntry(core_.config, "TIERMEM_CUDA_DEVICE", absl::StrCat(core_.config.cuda_device),
+               absl::StrFormat("default: local rank %d mod %d device(s)", core_.config.local_rank,
                                st.devices_visible));
     }
   }
 
   // The device backend.
-  if (config_.device == DeviceKind::kEmulated) {
-    device_ = io::CreateEmulatedDevice({0, config_.emu_link_gbps});
-    info_.no_gpu = "TIERMEM_DEVICE=emulated";
+  if (core_.config.device == DeviceKind::kEmulated) {
+    core_.device = io::CreateEmulatedDevice({0, core_.config.emu_link_gbps});
+    core_.info.no_gpu = "TIERMEM_DEVICE=emulated";
   } else {
-    auto cuda = io::CreateCudaDevice(config_.cuda_device);
+    auto cuda = io::CreateCudaDevice(core_.config.cuda_device);
     if (cuda.ok()) {
-      device_ = std::move(*cuda);
-    } else if (config_.device == DeviceKind::kCuda || absl::IsInvalidArgument(cuda.status())) {
+      core_.device = std::move(*cuda);
+    } else if (core_.config.device == DeviceKind::kCuda || absl::IsInvalidArgument(cuda.status())) {
       return Error(absl::IsInvalidArgument(cuda.status()) ? TM_ERR_CONFIG : TM_ERR_DEVICE,
-                   absl::StrFormat("TIERMEM_DEVICE=%s: %s", DeviceKindName(config_.device),
+                   absl::StrFormat("TIERMEM_DEVICE=%s: %s", DeviceKindName(core_.config.device),
                                    cuda.status().message()));
     } else {
       // Said once per process: a CPU-only machine creating many runtimes hears it once.
@@ -153,43 +153,46 @@ absl::Status Runtime::InitDevice(Setup& st) {
         Log(LogSeverity::kWarn, "TIERMEM_DEVICE=auto: %s; using the emulated device",
             std::string(cuda.status().message()).c_str());
       }
-      device_ = io::CreateEmulatedDevice({0, config_.emu_link_gbps});
-      info_.no_gpu = std::string(cuda.status().message());
+      core_.device = io::CreateEmulatedDevice({0, core_.config.emu_link_gbps});
+      core_.info.no_gpu = std::string(cuda.status().message());
     }
   }
-  info_.device = device_->Describe();
-  info_.device_kind = std::string(device_->kind());
-  if (info_.device_kind == "cuda") info_.cuda_device = std::max(config_.cuda_device, 0);
+  core_.info.device = core_.device->Describe();
+  core_.info.device_kind = std::string(core_.device->kind());
+  if (core_.info.device_kind == "cuda")
+    core_.info.cuda_device = std::max(core_.config.cuda_device, 0);
   // What was chosen, not what was asked: a binding reads it to know its pointers.
-  SetEntry(config_, "TIERMEM_DEVICE", info_.device_kind);
+  SetEntry(core_.config, "TIERMEM_DEVICE", core_.info.device_kind);
 
   return absl::OkStatus();
 }
 
 absl::Status Runtime::InitNuma(Setup& st) {
   // NUMA: the GPU's node, else this thread's.
-  if (auto topo = io::Topology::Load(device_->pci_bus_id().has_value()); topo.ok()) {
-    topology_ = std::move(*topo);
-    info_.numa_nodes = topology_->NodeCount();
+  if (auto topo = io::Topology::Load(core_.device->pci_bus_id().has_value()); topo.ok()) {
+    core_.topology = std::move(*topo);
+    core_.info.numa_nodes = core_.topology->NodeCount();
   } else {
     Log(LogSeverity::kWarn, "hwloc: %s; host memory is not NUMA-bound",
         std::string(topo.status().message()).c_str());
   }
   int& node = st.node;
-  if (config_.numa == NumaMode::kNode) {
-    const std::string what = config_.SettingName("TIERMEM_NUMA");
-    if (topology_ == nullptr) {
+  if (core_.config.numa == NumaMode::kNode) {
+    const std::string what = core_.config.SettingName("TIERMEM_NUMA");
+    if (core_.topology == nullptr) {
       return Error(TM_ERR_CONFIG,
-                   absl::StrFormat("%s=%d: the topology is unknown", what, config_.numa_node));
+                   absl::StrFormat("%s=%d: the topology is unknown", what, core_.config.numa_node));
     }
-    if (!topology_->HasNode(config_.numa_node)) {
-      return Error(TM_ERR_CONFIG, absl::StrFormat("%s=%d: no such NUMA node (this machine has %d)",
-                                                  what, config_.numa_node, topology_->NodeCount()));
+    if (!core_.topology->HasNode(core_.config.numa_node)) {
+      return Error(TM_ERR_CONFIG,
+                   absl::StrFormat("%s=%d: no such NUMA node (this machine has %d)", what,
+                                   core_.config.numa_node, core_.topology->NodeCount()));
     }
-    node = config_.numa_node;
-  } else if (config_.numa == NumaMode::kAuto && topology_ != nullptr) {
-    if (auto bus = device_->pci_bus_id(); bus.has_value()) node = topology_->NodeOfPciDevice(*bus);
-    if (node < 0) node = topology_->NodeOfCallingThread();
+    node = core_.config.numa_node;
+  } else if (core_.config.numa == NumaMode::kAuto && core_.topology != nullptr) {
+    if (auto bus = core_.device->pci_bus_id(); bus.has_value())
+      node = core_.topology->NodeOfPciDevice(*bus);
+    if (node < 0) node = core_.topology->NodeOfCallingThread();
   }
 
   return absl::OkStatus();
@@ -202,28 +205,30 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> Runtime::InitHbm(Setup& st) {
   // (local rank mod device count), so a GPU of its own keeps its whole percentage. The emulated
   // device's memory is the node's RAM: shared by the whole local world. The CUDA default (half
   // the device) is a percentage too; absolute sizes are each rank's own.
-  const int world = config_.local_world_size;
-  const bool cuda = device_->kind() == "cuda";
+  const int world = core_.config.local_world_size;
+  const bool cuda = core_.device->kind() == "cuda";
   const int hbm_sharers =
-      cuda ? RanksOnDevice(config_.cuda_device, world, st.devices_visible) : world;
+      cuda ? RanksOnDevice(core_.config.cuda_device, world, st.devices_visible) : world;
   uint64_t& hbm_bytes = st.hbm_bytes;
-  if (config_.hbm_bytes.bytes == 0 && config_.hbm_bytes.percent == 0) {
-    hbm_bytes = device_->default_budget() / static_cast<uint64_t>(cuda ? hbm_sharers : 1);
+  if (core_.config.hbm_bytes.bytes == 0 && core_.config.hbm_bytes.percent == 0) {
+    hbm_bytes = core_.device->default_budget() / static_cast<uint64_t>(cuda ? hbm_sharers : 1);
   } else {
     // Of the memory free now, beside what a framework already holds; of the whole device when
     // ranks share it (what is free would depend on which rank started first).
-    const uint64_t base = hbm_sharers > 1 ? device_->physical_bytes() : device_->free_bytes();
-    hbm_bytes = RankShare(config_.hbm_bytes, base, hbm_sharers, 4096);
+    const uint64_t base =
+        hbm_sharers > 1 ? core_.device->physical_bytes() : core_.device->free_bytes();
+    hbm_bytes = RankShare(core_.config.hbm_bytes, base, hbm_sharers, 4096);
   }
   // Named as the caller set it: tm_config.hbm_bytes is not found in the environment.
-  const std::string budget = config_.SettingName("TIERMEM_HBM_BYTES");
+  const std::string budget = core_.config.SettingName("TIERMEM_HBM_BYTES");
   if (hbm_bytes == 0) {
-    return Error(TM_ERR_CONFIG, absl::StrFormat("%s=%s resolves to 0 bytes (shared by %d rank(s))",
-                                                budget, config_.hbm_bytes.ToString(), hbm_sharers));
+    return Error(TM_ERR_CONFIG,
+                 absl::StrFormat("%s=%s resolves to 0 bytes (shared by %d rank(s))", budget,
+                                 core_.config.hbm_bytes.ToString(), hbm_sharers));
   }
-  SetEntry(config_, "TIERMEM_HBM_BYTES", SizeSetting{hbm_bytes, 0}.ToString());
-  auto hbm = MemoryTier::CreateHbm(*device_, hbm_bytes, config_.device_allocator, info_.cuda_device,
-                                   config_.hbm_layout, budget);
+  SetEntry(core_.config, "TIERMEM_HBM_BYTES", SizeSetting{hbm_bytes, 0}.ToString());
+  auto hbm = MemoryTier::CreateHbm(*core_.device, hbm_bytes, core_.config.device_allocator,
+                                   core_.info.cuda_device, core_.config.hbm_layout, budget);
   if (!hbm.ok()) return hbm.status();
   if ((*hbm)->space().capacity() == 0) {
     // Below the tier's granule nothing could ever be placed: said now, as for a DRAM budget of
@@ -238,9 +243,9 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> Runtime::InitHbm(Setup& st) {
   // tier is smaller than asked for without a word. A warning for a size the caller gave; a
   // share of the device rarely falls on a chunk, and that is only worth an info line.
   const uint64_t capacity = (*hbm)->space().capacity();
-  if (config_.hbm_layout == HbmLayout::kMapped && !config_.device_allocator.set() &&
+  if (core_.config.hbm_layout == HbmLayout::kMapped && !core_.config.device_allocator.set() &&
       capacity < hbm_bytes) {
-    const bool given = config_.hbm_bytes.percent == 0 && config_.hbm_bytes.bytes != 0;
+    const bool given = core_.config.hbm_bytes.percent == 0 && core_.config.hbm_bytes.bytes != 0;
     Log(given ? LogSeverity::kWarn : LogSeverity::kInfo,
         "TIERMEM_HBM_LAYOUT=mapped: %s=%s is not a whole number of %s chunks; the HBM tier holds "
         "%s (rounded down)",
@@ -252,51 +257,54 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> Runtime::InitHbm(Setup& st) {
 }
 
 absl::Status Runtime::InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm) {
-  const int world = config_.local_world_size;
+  const int world = core_.config.local_world_size;
   // Whole stripes over every path, so that the tier rounds nothing up past the share.
-  const uint64_t stripes = static_cast<uint64_t>(config_.io_block_size) * config_.nvme_paths.size();
+  const uint64_t stripes =
+      static_cast<uint64_t>(core_.config.io_block_size) * core_.config.nvme_paths.size();
   // Rounded down, as the other budgets are: the tier never takes more than it was given.
   // (NvmeTier::Create rounds the same way, and names the budget as given in its errors.)
   const uint64_t given =
-      RankShare(config_.nvme_bytes, NvmeNodeBytes(config_.nvme_paths), world, stripes);
+      RankShare(core_.config.nvme_bytes, NvmeNodeBytes(core_.config.nvme_paths), world, stripes);
   const uint64_t nvme_bytes = st.nvme_bytes = stripes > 0 ? given - given % stripes : given;
   // The budgets are named as the caller set them (see InitHbm).
-  const std::string nvme_budget = config_.SettingName("TIERMEM_NVME_BYTES");
-  const std::string dram_budget = config_.SettingName("TIERMEM_DRAM_BYTES");
+  const std::string nvme_budget = core_.config.SettingName("TIERMEM_NVME_BYTES");
+  const std::string dram_budget = core_.config.SettingName("TIERMEM_DRAM_BYTES");
   if (nvme_bytes == 0) {
-    return Error(TM_ERR_CONFIG,
-                 absl::StrFormat("%s=%s resolves to 0 bytes (the file systems of "
-                                 "TIERMEM_NVME_PATHS hold %llu bytes, shared by %d rank(s), in "
-                                 "whole stripes of %llu bytes: TIERMEM_IO_BLOCK_SIZE times the "
-                                 "paths); the least budget is %llu bytes",
-                                 nvme_budget, config_.nvme_bytes.ToString(),
-                                 static_cast<unsigned long long>(NvmeNodeBytes(config_.nvme_paths)),
-                                 world, static_cast<unsigned long long>(stripes),
-                                 static_cast<unsigned long long>(stripes)));
+    return Error(
+        TM_ERR_CONFIG,
+        absl::StrFormat("%s=%s resolves to 0 bytes (the file systems of "
+                        "TIERMEM_NVME_PATHS hold %llu bytes, shared by %d rank(s), in "
+                        "whole stripes of %llu bytes: TIERMEM_IO_BLOCK_SIZE times the "
+                        "paths); the least budget is %llu bytes",
+                        nvme_budget, core_.config.nvme_bytes.ToString(),
+                        static_cast<unsigned long long>(NvmeNodeBytes(core_.config.nvme_paths)),
+                        world, static_cast<unsigned long long>(stripes),
+                        static_cast<unsigned long long>(stripes)));
   }
-  auto nvme = NvmeTier::Create(config_.nvme_paths, given, config_.io_block_size,
-                               {nvme_budget, config_.SettingName("TIERMEM_NVME_PATHS"),
-                                config_.SettingName("TIERMEM_IO_BLOCK_SIZE")});
+  auto nvme = NvmeTier::Create(core_.config.nvme_paths, given, core_.config.io_block_size,
+                               {nvme_budget, core_.config.SettingName("TIERMEM_NVME_PATHS"),
+                                core_.config.SettingName("TIERMEM_IO_BLOCK_SIZE")});
   if (!nvme.ok()) return nvme.status();
 
   const uint64_t granule = std::max<uint64_t>(4096, (*nvme)->alignment());
   const uint64_t dram_bytes = st.dram_bytes =
-      RankShare(config_.dram_bytes, PhysicalRam(), world, granule);
+      RankShare(core_.config.dram_bytes, PhysicalRam(), world, granule);
   if (dram_bytes == 0) {
-    return Error(TM_ERR_CONFIG, absl::StrFormat("%s=%s resolves to 0 bytes (shared by %d rank(s))",
-                                                dram_budget, config_.dram_bytes.ToString(), world));
+    return Error(TM_ERR_CONFIG,
+                 absl::StrFormat("%s=%s resolves to 0 bytes (shared by %d rank(s))", dram_budget,
+                                 core_.config.dram_bytes.ToString(), world));
   }
   // HBM <-> NVMe moves are staged in pinned slots at the end of the DRAM pool.
   const StagingRing::Shape shape = st.shape = StagingRing::ShapeFor(
-      dram_bytes, std::max<uint64_t>(4ull << 20, config_.io_block_size), granule);
-  auto dram = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, st.node, granule,
-                                     shape.bytes(), dram_budget);
-  if (!dram.ok() && ToTmStatus(dram.status()) != TM_ERR_CONFIG && config_.numa == NumaMode::kAuto &&
-      st.node >= 0) {
+      dram_bytes, std::max<uint64_t>(4ull << 20, core_.config.io_block_size), granule);
+  auto dram = MemoryTier::CreateDram(*core_.device, core_.topology.get(), dram_bytes, st.node,
+                                     granule, shape.bytes(), dram_budget);
+  if (!dram.ok() && ToTmStatus(dram.status()) != TM_ERR_CONFIG &&
+      core_.config.numa == NumaMode::kAuto && st.node >= 0) {
     // Unbound, then: warned about only when that works (when it fails too, its error is the one
     // that says why, without a warning that the tier went on).
-    auto unbound = MemoryTier::CreateDram(*device_, topology_.get(), dram_bytes, -1, granule,
-                                          shape.bytes(), dram_budget);
+    auto unbound = MemoryTier::CreateDram(*core_.device, core_.topology.get(), dram_bytes, -1,
+                                          granule, shape.bytes(), dram_budget);
     if (unbound.ok()) {
       Log(LogSeverity::kWarn, "%s; the DRAM tier is left unbound",
           std::string(dram.status().message()).c_str());
@@ -305,11 +313,11 @@ absl::Status Runtime::InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm)
     dram = std::move(unbound);
   }
   if (!dram.ok()) return dram.status();
-  tiers_ = std::make_unique<Tiers>(std::move(hbm), std::move(*dram), std::move(*nvme));
-  info_.numa_node = st.node;
-  info_.tier_bytes[TM_TIER_HBM] = tiers_->space(TM_TIER_HBM).capacity();
-  info_.tier_bytes[TM_TIER_DRAM] = tiers_->space(TM_TIER_DRAM).capacity();
-  info_.tier_bytes[TM_TIER_NVME] = tiers_->space(TM_TIER_NVME).capacity();
+  core_.tiers = std::make_unique<Tiers>(std::move(hbm), std::move(*dram), std::move(*nvme));
+  core_.info.numa_node = st.node;
+  core_.info.tier_bytes[TM_TIER_HBM] = core_.tiers->space(TM_TIER_HBM).capacity();
+  core_.info.tier_bytes[TM_TIER_DRAM] = core_.tiers->space(TM_TIER_DRAM).capacity();
+  core_.info.tier_bytes[TM_TIER_NVME] = core_.tiers->space(TM_TIER_NVME).capacity();
 
   return absl::OkStatus();
 }
@@ -317,59 +325,63 @@ absl::Status Runtime::InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm)
 absl::Status Runtime::InitEngines(Setup& st) {
   // The I/O engine.
   io::IoEngineOptions opts;
-  opts.block_size = config_.io_block_size;
-  opts.queue_depth = config_.io_queue_depth;
-  opts.threads = config_.io_threads;
-  opts.buffers.push_back({tiers_->dram().base(), tiers_->dram().mapped_bytes()});
-  for (const auto& f : tiers_->nvme().files()) opts.files.push_back(f->fd());
-  if (config_.io_engine == IoEngineKind::kPosix) {
-    io_ = io::CreatePosixEngine(opts);
+  opts.block_size = core_.config.io_block_size;
+  opts.queue_depth = core_.config.io_queue_depth;
+  opts.threads = core_.config.io_threads;
+  opts.buffers.push_back({core_.tiers->dram().base(), core_.tiers->dram().mapped_bytes()});
+  for (const auto& f : core_.tiers->nvme().files()) opts.files.push_back(f->fd());
+  if (core_.config.io_engine == IoEngineKind::kPosix) {
+    core_.io = io::CreatePosixEngine(opts);
   } else if (auto uring = io::CreateUringEngine(opts); uring.ok()) {
-    io_ = std::move(*uring);
-  } else if (config_.io_engine == IoEngineKind::kUring) {
+    core_.io = std::move(*uring);
+  } else if (core_.config.io_engine == IoEngineKind::kUring) {
     return Error(TM_ERR_UNSUPPORTED,
                  absl::StrFormat("TIERMEM_IO_ENGINE=uring: %s", uring.status().message()));
   } else {
     Log(LogSeverity::kWarn, "TIERMEM_IO_ENGINE=auto: io_uring is unavailable (%s); using posix",
         std::string(uring.status().message()).c_str());
-    io_ = io::CreatePosixEngine(opts);
+    core_.io = io::CreatePosixEngine(opts);
   }
-  info_.io_engine = std::string(io_->name());
-  info_.io_buffers_registered = io_->buffers_registered();
-  info_.io_files_registered = io_->files_registered();
-  info_.staging_chunk = st.shape.chunk;
-  info_.staging_slots = st.shape.slots;
-  staging_ = std::make_unique<StagingRing>(tiers_->dram().reserved(), st.shape);
+  core_.info.io_engine = std::string(core_.io->name());
+  core_.info.io_buffers_registered = core_.io->buffers_registered();
+  core_.info.io_files_registered = core_.io->files_registered();
+  core_.info.staging_chunk = st.shape.chunk;
+  core_.info.staging_slots = st.shape.slots;
+  core_.staging = std::make_unique<StagingRing>(core_.tiers->dram().reserved(), st.shape);
   // One sum per I/O block, or per staging chunk when the DRAM budget made chunks smaller: a
   // power of two dividing the chunk, so every chunk-by-chunk transfer covers whole blocks.
-  if (config_.checksum == ChecksumKind::kXxh3) {
-    tiers_->nvme().EnableChecksums(
-        std::min<uint64_t>(config_.io_block_size, st.shape.chunk & -st.shape.chunk));
+  if (core_.config.checksum == ChecksumKind::kXxh3) {
+    core_.tiers->nvme().EnableChecksums(
+        std::min<uint64_t>(core_.config.io_block_size, st.shape.chunk & -st.shape.chunk));
   }
-  for (const auto& f : tiers_->nvme().files()) {
-    info_.nvme.push_back({f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
+  for (const auto& f : core_.tiers->nvme().files()) {
+    core_.info.nvme.push_back(
+        {f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
   }
-  mover_ = std::make_unique<Mover>(*tiers_, *device_, *io_, *staging_);
+  core_.mover = std::make_unique<Mover>(*core_.tiers, *core_.device, *core_.io, *core_.staging);
   // Opened now, not at destroy: a path that cannot be written fails create (TM_ERR_CONFIG).
-  auto trace = Trace::Open(config_.trace, config_.local_rank, config_.SettingName("TIERMEM_TRACE"));
+  auto trace = Trace::Open(core_.config.trace, core_.config.local_rank,
+                           core_.config.SettingName("TIERMEM_TRACE"));
   if (!trace.ok()) return trace.status();
-  trace_ = std::move(*trace);
-  prefetch_limit_ = config_.prefetch_bytes.bytes == 0 && config_.prefetch_bytes.percent == 0
-                        ? st.hbm_bytes / 2
-                        : config_.prefetch_bytes.Resolve(st.hbm_bytes);
-  info_.prefetch_bytes = prefetch_limit_;
+  core_.trace = std::move(*trace);
+  prefetcher_.prefetch_limit_ =
+      core_.config.prefetch_bytes.bytes == 0 && core_.config.prefetch_bytes.percent == 0
+          ? st.hbm_bytes / 2
+          : core_.config.prefetch_bytes.Resolve(st.hbm_bytes);
+  core_.info.prefetch_bytes = prefetcher_.prefetch_limit_;
   return absl::OkStatus();
 }
 
 void Runtime::StartMovers(const Setup& st) {
   // Asynchronous moves run on a few threads of their own; the engines below them keep the
   // links busy (each mover keeps the I/O queue depth in flight).
-  for (int i = 0; i < kMoverThreads; ++i) movers_.emplace_back([this] { MoverLoop(); });
+  for (int i = 0; i < kMoverThreads; ++i)
+    movers_.threads_.emplace_back([this] { movers_.MoverLoop(); });
   Log(LogSeverity::kInfo,
       "runtime ready: %s, HBM %s, DRAM %s (NUMA node %d), NVMe %s on %zu path(s), %s I/O",
-      info_.device.c_str(), HumanBytes(st.hbm_bytes).c_str(), HumanBytes(st.dram_bytes).c_str(),
-      st.node, HumanBytes(st.nvme_bytes).c_str(), config_.nvme_paths.size(),
-      info_.io_engine.c_str());
+      core_.info.device.c_str(), HumanBytes(st.hbm_bytes).c_str(),
+      HumanBytes(st.dram_bytes).c_str(), st.node, HumanBytes(st.nvme_bytes).c_str(),
+      core_.config.nvme_paths.size(), core_.info.io_engine.c_str());
 }
 
 }  // namespace tiermem

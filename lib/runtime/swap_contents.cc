@@ -46,27 +46,27 @@ absl::Status CheckPair(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 absl::Status Runtime::SwapContents(const std::vector<std::pair<uint64_t, uint64_t>>& pairs) {
-  MutexLock lock(&mu_);
+  MutexLock lock(&core_.mu);
   std::vector<std::pair<Tensor*, Tensor*>> found;
   for (;;) {
     found.clear();
     bool moving = false, landed = false;
     for (const auto& [ha, hb] : pairs) {
-      auto a = Find(ha);
+      auto a = core_.Find(ha);
       if (!a.ok()) return a.status();
-      auto b = Find(hb);
+      auto b = core_.Find(hb);
       if (!b.ok()) return b.status();
       for (Tensor* t : {*a, *b}) {
         // tiermem's own copy down (an eviction's, vacate.cc), not a caller's: waited for here.
         if (t->landing.has_value() && t->landing_own && !t->busy()) {
-          WaitLanded(*t);
+          core_.WaitLanded(*t);
           landed = true;
         }
       }
       if (landed) break;  // the lock was released: look at every pair again
       if (absl::Status s = CheckPair(**a, **b); !s.ok()) return s;
       for (const Tensor* t : {*a, *b}) {
-        if (absl::Status s = CheckOthersUnpinned(*t, -1); !s.ok()) {
+        if (absl::Status s = core_.CheckOthersUnpinned(*t, -1); !s.ok()) {
           return WithContext(s, "cannot swap contents");
         }
         moving = moving || t->busy() || t->queued > 0;
@@ -75,7 +75,8 @@ absl::Status Runtime::SwapContents(const std::vector<std::pair<uint64_t, uint64_
     }
     if (landed) continue;
     if (!moving) break;
-    changed_.Wait(&mu_);  // a move finishing signals; then look again (a tensor may be gone)
+    core_.changed.Wait(
+        &core_.mu);  // a move finishing signals; then look again (a tensor may be gone)
   }
   for (auto [a, b] : found) {
     std::swap(a->copies, b->copies);
@@ -83,40 +84,30 @@ absl::Status Runtime::SwapContents(const std::vector<std::pair<uint64_t, uint64_
       const auto tier = static_cast<tm_tier>(i);
       for (const Tensor* t : {a, b}) {
         if (!t->copy(tier).extent.empty())
-          tiers_->space(tier).Reown(t->copy(tier).extent, t->handle);
+          core_.tiers->space(tier).Reown(t->copy(tier).extent, t->handle);
       }
     }
   }
-  changed_.SignalAll();
+  core_.changed.SignalAll();
   return absl::OkStatus();
 }
 
 absl::Status Runtime::HoldForStep(uint64_t handle) {
-  MutexLock lock(&mu_);
-  auto t = Find(handle);
+  MutexLock lock(&core_.mu);
+  auto t = core_.Find(handle);
   if (!t.ok()) return t.status();
-  if (auto s = CheckNotHeld(**t, "hold it for another step"); !s.ok()) return s;
-  if (auto s = CheckOthersUnpinned(**t, -1); !s.ok()) return s;
+  if (auto s = core_.CheckNotHeld(**t, "hold it for another step"); !s.ok()) return s;
+  if (auto s = core_.CheckOthersUnpinned(**t, -1); !s.ok()) return s;
   (*t)->held_by_step = std::this_thread::get_id();
   return absl::OkStatus();
 }
 
 void Runtime::UnholdForStep(uint64_t handle) {
-  MutexLock lock(&mu_);
-  Tensor* t = tensors_.Find(handle);
+  MutexLock lock(&core_.mu);
+  Tensor* t = core_.tensors.Find(handle);
   if (t != nullptr && t->held_by_step == std::this_thread::get_id()) {
     t->held_by_step = std::thread::id{};
   }
-}
-
-absl::Status Runtime::CheckNotHeld(const Tensor& t, absl::string_view what) {
-  if (t.held_by_step == std::thread::id{} || t.held_by_step == std::this_thread::get_id()) {
-    return absl::OkStatus();
-  }
-  return Error(TM_ERR_BUSY,
-               absl::StrFormat("tensor \"%s\" is the state of an Adam step running on another "
-                               "thread: cannot %s until the step returns",
-                               t.name, what));
 }
 
 }  // namespace tiermem

@@ -20,29 +20,29 @@
 
 namespace tiermem {
 
-bool Runtime::MayVacate(const Tensor& t, tm_tier dst, Want want) {
-  const TierSpace& hbm = tiers_->space(TM_TIER_HBM);
-  return want.vacates && config_.hbm_hand_on && dst == TM_TIER_DRAM &&
-         config_.hbm_layout == HbmLayout::kSlab && !hbm.counted() &&
+bool Room::MayVacate(const Tensor& t, tm_tier dst, Want want) {
+  const TierSpace& hbm = core_.tiers->space(TM_TIER_HBM);
+  return want.vacates && core_.config.hbm_hand_on && dst == TM_TIER_DRAM &&
+         core_.config.hbm_layout == HbmLayout::kSlab && !hbm.counted() &&
          t.copy(TM_TIER_HBM).state == CopyState::kValid && t.copy(TM_TIER_HBM).pins == 0;
 }
 
-void Runtime::OfferVacate(Tensor& t, MovePlan& plan, Want want, bool* vacated) {
+void Room::OfferVacate(Tensor& t, MovePlan& plan, Want want, bool* vacated) {
   if (plan.src != TM_TIER_HBM || !MayVacate(t, plan.dst, want)) return;
   // Runs on this thread, inside the mover, without the runtime's lock (t is busy meanwhile).
   plan.on_vacate = [this, &t, vacated, src = plan.src_extent](std::vector<RangeFence> pieces)
                        ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                         MutexLock lock(&mu_);
+                         MutexLock lock(&core_.mu);
                          *vacated = Vacate(t, src, std::move(pieces));
                          return *vacated;
                        };
   plan.lands = want.lands;
 }
 
-bool Runtime::Vacate(Tensor& t, const Extent& extent, std::vector<RangeFence> pieces) {
+bool Room::Vacate(Tensor& t, const Extent& extent, std::vector<RangeFence> pieces) {
   TensorCopy& c = t.copy(TM_TIER_HBM);
   if (c.state != CopyState::kValid || c.pins > 0 || c.extent.block != extent.block ||
-      c.extent.offset != extent.offset || wanted_in_hbm_.contains(t.handle)) {
+      c.extent.offset != extent.offset || core_.wanted_in_hbm.contains(t.handle)) {
     return false;
   }
   // The pieces start after the copy's uses (the move's `after`), each after the one before:
@@ -54,17 +54,17 @@ bool Runtime::Vacate(Tensor& t, const Extent& extent, std::vector<RangeFence> pi
     fences.push_back(p.fence);
     vacating_.push_back(std::move(p));
   }
-  ++counters_.handed_on;
-  counters_.handed_on_bytes += t.bytes;
+  ++core_.counters.handed_on;
+  core_.counters.handed_on_bytes += t.bytes;
   // Kept out of the tier until the copy is done, unless a request finds no other hole
   // (MakeRoom): a move into free memory runs at once, one behind the copy waits for it.
-  deferred_.Add(*tiers_, TM_TIER_HBM, e, std::move(fences), /*handed_on=*/true);
-  IssuePrefetches();
-  changed_.SignalAll();
+  core_.deferred.Add(*core_.tiers, TM_TIER_HBM, e, std::move(fences), /*handed_on=*/true);
+  prefetcher_.IssuePrefetches();
+  core_.changed.SignalAll();
   return true;
 }
 
-std::vector<RangeFence> Runtime::BehindFences(tm_tier tier, uint64_t offset, uint64_t size) {
+std::vector<RangeFence> Room::BehindFences(tm_tier tier, uint64_t offset, uint64_t size) {
   std::vector<RangeFence> behind;
   if (tier != TM_TIER_HBM || vacating_.empty()) return behind;
   std::erase_if(vacating_, [](const RangeFence& r) { return r.fence->Passed(); });

@@ -10,15 +10,15 @@
 
 namespace tiermem {
 
-bool Runtime::CleanCopyWant(const Tensor& t, Want* want) {
+bool WriteThrough::CleanCopyWant(const Tensor& t, Want* want) {
   // In free room only (it evicts nothing). Under a schedule it is a prefetch that serves t's
   // next use, with the do-no-harm rule of prefetches: it takes only room that no earlier use
   // needs, and none when t is not used again this step. Its room made, it hands the room token
   // back: nothing after it makes room in HBM or DRAM (an offload's NVMe room evicts nothing),
   // so demands need not wait for its bytes to move.
   *want = Want{Want::kHint, Schedule::kNever, /*release_room=*/true, /*evicts=*/false};
-  if (schedule_.replaying() && FindKey(t.key) == &t) {
-    const uint64_t next = schedule_.NextUse(t.key);
+  if (prefetcher_.schedule().replaying() && prefetcher_.FindKey(t.key) == &t) {
+    const uint64_t next = prefetcher_.schedule().NextUse(t.key);
     if (next == Schedule::kNever) return false;
     want->kind = Want::kPrefetch;
     want->horizon = next;
@@ -26,9 +26,9 @@ bool Runtime::CleanCopyWant(const Tensor& t, Want* want) {
   return true;
 }
 
-bool Runtime::KeepCleanDramCopy(Tensor& t, bool* made) {
+bool WriteThrough::KeepCleanDramCopy(Tensor& t, bool* made) {
   *made = false;
-  if (!config_.dram_inclusive || t.writing_tier() >= 0) return false;
+  if (!core_.config.dram_inclusive || t.writing_tier() >= 0) return false;
   // Already in DRAM: the offload writes NVMe from it, and keeping it costs no room.
   if (t.copy(TM_TIER_DRAM).state == CopyState::kValid) return true;
   if (!t.copy(TM_TIER_HBM).valid() || t.copy(TM_TIER_DRAM).state != CopyState::kAbsent) {
@@ -39,16 +39,16 @@ bool Runtime::KeepCleanDramCopy(Tensor& t, bool* made) {
   if (!CleanCopyWant(t, &want)) return false;
   want.vacates = true;  // HBM's copy goes once DRAM has it (OffloadClaimed): hand it on
   DropReason why = DropReason::kNone;
-  if (!MakeValid(t, TM_TIER_DRAM, {}, want, &why).ok()) return false;
+  if (!moves_.MakeValid(t, TM_TIER_DRAM, {}, want, &why).ok()) return false;
   *made = true;
   return true;
 }
 
-bool Runtime::ReadThroughDram(Tensor& t, Want want) {
+bool WriteThrough::ReadThroughDram(Tensor& t, Want want) {
   // Only for prefetches and hints, which run on the movers: a demand's move stays one pipelined
   // NVMe -> HBM pass through the staging slots, whose latency the caller waits for (two moves
   // one after the other would add the link's time to the disk's).
-  if (!config_.dram_inclusive || want.kind == Want::kDemand || !t.materialized() ||
+  if (!core_.config.dram_inclusive || want.kind == Want::kDemand || !t.materialized() ||
       t.writing_tier() >= 0 || t.copy(TM_TIER_DRAM).state != CopyState::kAbsent ||
       t.copy(TM_TIER_HBM).state != CopyState::kAbsent || !t.copy(TM_TIER_NVME).valid()) {
     return false;
@@ -58,27 +58,27 @@ bool Runtime::ReadThroughDram(Tensor& t, Want want) {
   down.release_room = false;  // a prefetch holds no token
   DropReason why = DropReason::kNone;
   // Failing here (no free room, a read error) leaves the move up to go through staging.
-  return MakeValid(t, TM_TIER_DRAM, {}, down, &why).ok();
+  return moves_.MakeValid(t, TM_TIER_DRAM, {}, down, &why).ok();
 }
 
-void Runtime::NoteCleanDramAcquire(Tensor& t, Trace::Clock::time_point start) {
+void WriteThrough::NoteCleanDramAcquire(Tensor& t, Trace::Clock::time_point start) {
   // Read in DRAM from a copy inclusive DRAM kept: the read of NVMe that exclusive tiers make
   // here is saved. Once: exclusive tiers keep the copy they read for later acquires too.
   NoteCleanRead(t, TM_TIER_DRAM, t.bytes, start);
   t.copy(TM_TIER_DRAM).kept_clean = false;
 }
 
-void Runtime::NoteCleanRead(const Tensor& t, int src, uint64_t bytes,
-                            Trace::Clock::time_point start) {
+void WriteThrough::NoteCleanRead(const Tensor& t, int src, uint64_t bytes,
+                                 Trace::Clock::time_point start) {
   // A DRAM copy is clean when NVMe holds the same bytes. Only one kept by a write-through (or by
   // a read-through, after the move it was made for) saved a read of NVMe: one that a prefetch
   // brought up from NVMe for this very move cost that read already.
   if (src != TM_TIER_DRAM || !t.copy(TM_TIER_DRAM).kept_clean || !t.copy(TM_TIER_NVME).valid()) {
     return;
   }
-  ++counters_.clean_reads;
-  counters_.clean_read_bytes += bytes;
-  trace_->Add(Trace::kCleanRead, t.name, start, Trace::Clock::now(), bytes);
+  ++core_.counters.clean_reads;
+  core_.counters.clean_read_bytes += bytes;
+  core_.trace->Add(Trace::kCleanRead, t.name, start, Trace::Clock::now(), bytes);
 }
 
 }  // namespace tiermem

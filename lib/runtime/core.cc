@@ -1,0 +1,177 @@
+// The shared core: finding and claiming tensors, waiting for their landing copies, freeing
+// copies (deferred while callers' work may use them), the failures kept for a sync.
+#include "lib/runtime/core.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "lib/base/status.h"
+#include "lib/runtime/runtime_internal.h"
+
+namespace tiermem {
+
+absl::StatusOr<Tensor*> Core::Find(uint64_t handle) {
+  Tensor* t = tensors.Find(handle);
+  if (t == nullptr) {
+    return Error(
+        TM_ERR_INVALID_HANDLE,
+        absl::StrFormat("tensor handle 0x%016x is zero, destroyed or of another runtime", handle));
+  }
+  return t;
+}
+
+void Core::WaitLanded(Tensor& t) {
+  if (!t.landing.has_value()) return;
+  const io::CopyTicket ticket = *t.landing;
+  const tm_tier tier = t.landing_tier;
+  absl::Status s =
+      Unlocked(t, [&] { return Retag(mover->copy_engine().Wait(ticket), TM_ERR_DEVICE); });
+  const bool replaces = t.landing_replaces;
+  if (s.ok()) {
+    t.Landed(tier);
+    if (replaces) DropOthers(t, tier);
+    return;
+  }
+  // The copy failed: that copy never became what it claimed. A copy_in's target is kept only
+  // when it is the tensor's only copy (its other bytes are still there).
+  if (!replaces || t.ResidencyMask() != TM_TIER_BIT(tier)) {
+    FreeCopy(t, tier);
+  } else {
+    t.Landed(tier);
+  }
+  if (!t.materialized()) {
+    // Its only copy failed to land: an eviction's copy down whose HBM memory was handed on
+    // (vacate.cc). The bytes are lost; the tensor says so when next used.
+    t.dropped = true;
+    t.lost = true;
+  }
+  const std::string what =
+      t.lost ? absl::StrFormat(
+                   "copy down of tensor \"%s\" to %s, its HBM memory handed on (it is "
+                   "lost)",
+                   t.name, tm_tier_name(tier))
+             : absl::StrFormat("stream-ordered copy of tensor \"%s\" to %s", t.name,
+                               tm_tier_name(tier));
+  RecordFailure(t, WithContext(s, what));
+}
+
+absl::StatusOr<Tensor*> Core::Claim(uint64_t handle, bool land) {
+  bool waited = false;  // counted once (MoveWaits)
+  for (;;) {
+    auto t = Find(handle);  // again after every wait: it may have been destroyed meanwhile
+    if (!t.ok()) return t.status();
+    Tensor& tensor = **t;
+    if (auto s = NotBusyByThisThread(tensor); !s.ok()) return s;
+    if (tensor.busy()) {
+      if (!waited) ++counters.move_waits;
+      waited = true;
+      changed.Wait(&mu);
+      continue;
+    }
+    if (land && tensor.landing.has_value()) {
+      WaitLanded(tensor);
+      continue;
+    }
+    return &tensor;
+  }
+}
+
+void Core::WaitWhileMoving(uint64_t handle) {
+  bool waited = false;  // counted once (MoveWaits)
+  for (;;) {
+    const Tensor* t = tensors.Find(handle);
+    if (t == nullptr || !t->busy() || t->busy_by == std::this_thread::get_id()) return;
+    if (!waited) ++counters.move_waits;
+    waited = true;
+    changed.Wait(&mu);
+  }
+}
+
+absl::Status Core::NotBusyByThisThread(const Tensor& t) {
+  if (t.busy_by != std::this_thread::get_id()) return absl::OkStatus();
+  // Busy by this very thread, which is in a call out of the runtime (a recompute callback
+  // rebuilding this tensor) and came back in with it: waiting would wait for itself.
+  return Error(TM_ERR_BUSY,
+               absl::StrFormat("tensor \"%s\" is being rebuilt by its recompute callback on this "
+                               "thread: the callback may use other tensors, never its own (it "
+                               "would wait for itself)",
+                               t.name));
+}
+
+void Core::FreeCopy(Tensor& t, tm_tier tier) {
+  std::vector<io::FencePtr> uses = PendingUses(t, tier);
+  Extent e = t.Drop(tier);
+  if (e.empty()) return;
+  if (uses.empty()) {
+    tiers->space(tier).Free(e);
+    return;
+  }
+  // Callers' work may still use the memory: it is freed once that work has passed.
+  deferred.Add(*tiers, tier, e, std::move(uses));
+}
+
+void Core::RecordFailure(const Tensor& t, absl::Status s) {
+  ++counters.moves_failed;
+  failures.Record(t.handle, t.name, std::move(s));
+}
+
+absl::Status Core::CheckOthersUnpinned(const Tensor& t, int keep) const {
+  for (int i = 0; i < TM_TIER_COUNT; ++i) {
+    if (i != keep && t.copies[i].pins > 0) {
+      return Error(
+          TM_ERR_BUSY,
+          absl::StrFormat("tensor \"%s\" is acquired in %s (%u outstanding acquire(s))", t.name,
+                          tm_tier_name(static_cast<tm_tier>(i)), t.copies[i].pins));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Core::CheckAboveUnpinned(const Tensor& t, tm_tier tier) const {
+  for (int above = 0; above < tier; ++above) {
+    if (t.copies[above].pins > 0) {
+      return Error(TM_ERR_BUSY,
+                   absl::StrFormat("cannot offload tensor \"%s\": it is acquired in %s", t.name,
+                                   tm_tier_name(static_cast<tm_tier>(above))));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Core::DropOthers(Tensor& t, tm_tier keep) {
+  for (int i = 0; i < TM_TIER_COUNT; ++i) {
+    if (i != keep) FreeCopy(t, static_cast<tm_tier>(i));
+  }
+}
+
+std::vector<io::FencePtr> Core::PendingUses(Tensor& t, tm_tier tier) {
+  std::vector<io::FencePtr>& uses = t.copy(tier).uses;
+  std::erase_if(uses, [](const io::FencePtr& f) { return f->Passed(); });
+  return uses;
+}
+
+bool Core::ReapDeferred(tm_tier tier) { return deferred.Reap(*tiers, tier); }
+
+void Core::SettleDeferred() {
+  // The memory of dropped copies goes back once what used it has passed: waited for here, so
+  // that after a sync the tiers' usage (and the framework's allocator) see it free.
+  if (std::vector<io::FencePtr> fences = deferred.Fences(); !fences.empty()) {
+    mu.Unlock();
+    for (const io::FencePtr& f : fences) (void)f->Wait();
+    mu.Lock();
+  }
+  deferred.ReapAll(*tiers);
+}
+
+absl::Status Core::CheckNotHeld(const Tensor& t, absl::string_view what) {
+  if (t.held_by_step == std::thread::id{} || t.held_by_step == std::this_thread::get_id()) {
+    return absl::OkStatus();
+  }
+  return Error(TM_ERR_BUSY,
+               absl::StrFormat("tensor \"%s\" is the state of an Adam step running on another "
+                               "thread: cannot %s until the step returns",
+                               t.name, what));
+}
+
+}  // namespace tiermem

@@ -1,0 +1,181 @@
+// The runtime's shared core: the engines (device, tiers, I/O, staging, mover, trace), the lock and
+// its condition variables, the tensor table, and what every part of the runtime uses under that
+// lock: the claim protocol (a tensor busy, its landing copy waited for), the room token, freeing
+// copies (deferred while callers' work may use them), the failures kept for a sync, the counters.
+// It owns that state and calls no part: the parts (moves.h, room.h, prefetcher.h, movers.h,
+// caller_copies.h, recompute.h, write_through.h) call it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "io/device.h"
+#include "io/io_engine.h"
+#include "io/numa.h"
+#include "io/sync.h"
+#include "lib/config/config.h"
+#include "lib/move/mover.h"
+#include "lib/move/staging_ring.h"
+#include "lib/policy/eviction.h"
+#include "lib/policy/schedule.h"
+#include "lib/runtime/counters.h"
+#include "lib/runtime/deferred_frees.h"
+#include "lib/runtime/failure_log.h"
+#include "lib/runtime/job_queue.h"
+#include "lib/runtime/link_order.h"
+#include "lib/runtime/room_token.h"
+#include "lib/runtime/tensor.h"
+#include "lib/tiers/tiers.h"
+#include "lib/trace/trace.h"
+#include "tiermem/tiermem.h"
+
+namespace tiermem {
+
+struct TensorDesc {
+  uint64_t bytes = 0;
+  tm_tensor_class cls = TM_CLASS_OTHER;
+  int home_tier = TM_TIER_BY_PLACEMENT;
+  std::string name;
+};
+
+// What the runtime found when it set itself up, for tiermem-probe, logs and tm_runtime_info.
+struct RuntimeInfo {
+  std::string device;       // Device::Describe()
+  std::string device_kind;  // "cuda" | "emulated"
+  int cuda_device = -1;     // the CUDA ordinal in use; -1 with the emulated device
+  std::string no_gpu;       // with the emulated device: why no GPU is used
+  int numa_node = -1;       // node the DRAM tier is bound to, -1 when unbound
+  int numa_nodes = 1;
+  std::string io_engine;  // "uring" | "posix"
+  bool io_buffers_registered = false;
+  bool io_files_registered = false;
+  uint64_t staging_chunk = 0;  // bytes per staging slot
+  uint32_t staging_slots = 0;
+  uint64_t tier_bytes[TM_TIER_COUNT] = {0, 0, 0};  // resolved budgets
+  uint64_t prefetch_bytes = 0;                     // resolved TIERMEM_PREFETCH_BYTES
+  struct Path {
+    std::string dir;
+    bool direct = false;
+    uint32_t alignment = 1;
+    std::string alignment_source;
+    uint64_t bytes = 0;
+  };
+  std::vector<Path> nvme;
+};
+
+// Who asks for room, and what it may do to get it.
+struct Want {
+  enum Kind {
+    kDemand,    // acquire, write, offload, an eviction's write-down for them: waits for moves
+                // in flight and cancels queued prefetches; fails only when nothing can help
+    kHint,      // tm_tensor_prefetch: evicts what is unpinned, never waits; dropped when short
+    kPrefetch,  // a scheduled prefetch serving the use at `horizon`: do no harm (see Allocate)
+  } kind = kDemand;
+  uint64_t horizon = Schedule::kNever;
+  // The outermost demand move of an operation holding the room token: the token is handed
+  // back once the room is made, before the bytes move, so that other demands need not wait
+  // for this move (evictions' write-downs keep it: they are part of making room).
+  bool release_room = false;
+  // false: take only free room, evict nothing (a write-through's clean DRAM copy, which is
+  // worth keeping only when it costs no other copy its place).
+  bool evicts = true;
+  // A copy down from HBM to DRAM whose HBM copy goes after it (an offload, an eviction's
+  // write-down): its memory is handed on as it runs (Vacate). With `lands`, it is not
+  // waited for then: the DRAM copy lands (an eviction's, so that the move evicting follows).
+  bool vacates = false, lands = false;
+};
+inline Want Demand() { return Want{Want::kDemand, Schedule::kNever, true}; }
+// A caller's stream for a stream-ordered move: the copy starts after `fence` (recorded on the
+// stream when the call came in) and the stream waits for the copy.
+struct CallerStream {
+  void* stream = nullptr;
+  io::FencePtr fence;
+};
+
+class Core {
+ public:
+  explicit Core(Config config) : config(std::move(config)) {}
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+
+  // ---- the claim protocol (core.cc) ----
+  // The tensor of `handle`, or TM_ERR_INVALID_HANDLE.
+  absl::StatusOr<Tensor*> Find(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The tensor of `handle` once no operation of another thread runs on it and its landing copy
+  // (if any) has landed: the caller may then change it. May release and retake the lock.
+  // With land == false the landing copy may still be in flight (a reader orders itself after
+  // its ticket instead).
+  // TM_ERR_BUSY when the tensor is busy by this very thread (see NotBusyByThisThread).
+  absl::StatusOr<Tensor*> Claim(uint64_t handle, bool land = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Waits while another thread moves the tensor; returns at once when it is gone or busy by this
+  // thread (Claim says so). A request for room (RoomScope) waits so before it takes the room
+  // token: holding the token through another thread's move of its tensor (a prefetch landing,
+  // an eviction writing it down) would hold every other request for room with it.
+  void WaitWhileMoving(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // TM_ERR_BUSY, naming the tensor, when it is busy by the calling thread: a callback of this
+  // thread (a recompute rebuilding it) called back in with it, and waiting would never end.
+  static absl::Status NotBusyByThisThread(const Tensor& t);
+  // TM_ERR_BUSY, naming the tensor and `what` was refused, while a step on another thread
+  // holds it (HoldForStep).
+  static absl::Status CheckNotHeld(const Tensor& t, absl::string_view what);
+  // Runs `f` without the lock while the tensor is busy (by this thread).
+  template <typename F>
+  absl::Status Unlocked(Tensor& t, F&& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Waits for the ticket of t's landing copy (the host waits); a failed copy is dropped and
+  // recorded.
+  void WaitLanded(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // The fences of t's copy in `tier` that have not passed yet (the passed ones are forgotten).
+  std::vector<io::FencePtr> PendingUses(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Frees the deferred extents whose uses have passed; true when any of `tier` remain.
+  bool ReapDeferred(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Waits for the uses of every deferred free, then frees them (tm_runtime_sync). May release
+  // the lock.
+  void SettleDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Frees t's copy in `tier` and its space (deferred while callers' work may use it).
+  void FreeCopy(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // TM_ERR_BUSY when a copy other than `keep` is pinned (it would have to be freed).
+  absl::Status CheckOthersUnpinned(const Tensor& t, int keep) const;
+  // TM_ERR_BUSY when a copy above `tier` is pinned.
+  absl::Status CheckAboveUnpinned(const Tensor& t, tm_tier tier) const;
+  // Frees every copy except the one in `keep`: they became stale.
+  void DropOthers(Tensor& t, tm_tier keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Keeps an asynchronous failure until a sync or step end reports it.
+  void RecordFailure(const Tensor& t, absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Set up by Runtime::Init, then fixed.
+  Config config;
+  RuntimeInfo info;
+  std::unique_ptr<io::Topology> topology;
+  std::unique_ptr<io::Device> device;
+  std::unique_ptr<Tiers> tiers;
+  std::unique_ptr<io::IoEngine> io;
+  std::unique_ptr<StagingRing> staging;
+  std::unique_ptr<Mover> mover;
+
+  // Guards the tensor table, every tensor's state, this core's state below and every part's.
+  // Moves run without it: a tensor being moved is busy instead, and only its own operations wait.
+  // Lock order: mu, then a TierSpace's lock, then the staging ring's; the engines' locks are
+  // leaves. Nothing takes mu while holding one of those.
+  Mutex mu;
+  CondVar changed;  // a tensor stopped being busy, a job finished, the room token was freed
+  TensorTable tensors ABSL_GUARDED_BY(mu);
+  RoomToken room ABSL_GUARDED_BY(mu);
+  FailureLog failures ABSL_GUARDED_BY(mu);
+  DeferredFrees deferred ABSL_GUARDED_BY(mu);
+  // Handles that an acquire in HBM is waiting to claim, with the number of such acquires: an
+  // offload that finishes meanwhile keeps their HBM copy (see Moves::OffloadClaimed).
+  absl::flat_hash_map<uint64_t, uint32_t> wanted_in_hbm ABSL_GUARDED_BY(mu);
+  Counters counters ABSL_GUARDED_BY(mu);
+  std::unique_ptr<Trace> trace;
+};
+
+}  // namespace tiermem

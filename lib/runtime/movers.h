@@ -1,0 +1,53 @@
+// The mover threads and the job queue they drain: asynchronous prefetches and offloads, and
+// offloads parked until a release frees room. Owns the queue, the parked offloads, the threads
+// and the stop flag. Calls the core, Moves to run a job, Prefetcher to refill after one.
+#pragma once
+
+#include "lib/runtime/core.h"
+
+namespace tiermem {
+
+class Moves;
+class Prefetcher;
+
+class Movers {
+ public:
+  Movers(Core& core, Moves& moves, Prefetcher& prefetcher)
+      : core_(core), moves_(moves), prefetcher_(prefetcher) {}
+  Movers(const Movers&) = delete;
+  Movers& operator=(const Movers&) = delete;
+
+  // Queues an asynchronous move.
+  absl::Status Enqueue(uint64_t handle, tm_tier tier, JobKind kind);
+  // A mover thread: runs queued moves until the runtime stops.
+  void MoverLoop();
+  // Parked offloads: an asynchronous offload that found no room while callers held copies
+  // waits for a release (or a destroy) to be queued again, rather than fail at once; a sync
+  // runs it on the caller's thread, where no room is an error.
+  // Queues again those parked for `freed` (all of them when nullopt: a destroy frees every tier).
+  void RequeueParkedOffloads(std::optional<tm_tier> freed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Removes the queued (not yet started) prefetches into `tier`: a demand needs the room.
+  void CancelPrefetches(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Runs t's parked offload, if any, on the caller's thread (a sync).
+  void RunParkedOffload(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+
+ private:
+  // Runs one job on its claimed tensor; the failure to keep, if any.
+  absl::Status RunJob(Tensor& t, const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  bool AnyPinned(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);  // a caller holds a copy
+
+  friend class Runtime;  // the façade wires the parts and runs the public operations on their state
+  friend class Prefetcher;  // queues its prefetches on jobs_ and wakes work_
+
+  Core& core_;
+  Moves& moves_;
+  Prefetcher& prefetcher_;
+  CondVar work_;  // a job was queued, or the runtime stops
+  JobQueue jobs_ ABSL_GUARDED_BY(core_.mu);
+  // Offloads parked until a release, by handle, with their target tier (job_queue.cc).
+  absl::flat_hash_map<uint64_t, tm_tier> parked_offloads_ ABSL_GUARDED_BY(core_.mu);
+  bool stopping_ ABSL_GUARDED_BY(core_.mu) = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace tiermem

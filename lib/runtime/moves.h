@@ -1,0 +1,55 @@
+// Moves: making a tensor's copy valid in a tier (MakeValid: room made, bytes moved, the trace
+// event), a copy reserved for a caller to fill, an offload down. Owns the order in which moves
+// take the link (LinkOrder). Calls the core, Room for space, Prefetcher to refill after an
+// offload, WriteThrough for the clean DRAM copies, RecomputeCallbacks for dropped tensors.
+#pragma once
+
+#include "lib/runtime/core.h"
+
+namespace tiermem {
+
+class Room;
+class Prefetcher;
+class WriteThrough;
+class RecomputeCallbacks;
+
+class Moves {
+ public:
+  Moves(Core& core, Room& room, Prefetcher& prefetcher, WriteThrough& write_through,
+        RecomputeCallbacks& recompute)
+      : core_(core),
+        room_(room),
+        prefetcher_(prefetcher),
+        write_through_(write_through),
+        recompute_(recompute) {}
+  Moves(const Moves&) = delete;
+  Moves& operator=(const Moves&) = delete;
+
+  // Makes t's copy in `dst` valid (a claimed tensor). Releases the lock during the move, and
+  // while evicting to make room.
+  absl::Status MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
+                         DropReason* why = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Reserves t's copy in `tier` to be filled whole by the caller (kFilling). *made_room (when
+  // given) says whether the tier had no free hole for it: room was made (see Allocate).
+  absl::Status Reserve(Tensor& t, tm_tier tier, bool* made_room = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Moves a claimed tensor down to `tier` and frees the copies above (but a clean DRAM copy, see
+  // KeepCleanDramCopy).
+  absl::Status OffloadClaimed(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+
+ private:
+  // The plan of MakeValid's move, its destination reserved; its trace event (t busy, unlocked).
+  MovePlan PrepareMove(Tensor& t, tm_tier dst, const Extent& extent, const CallerStream& caller)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void TraceMove(const Tensor& t, const MovePlan& plan, Trace::Clock::time_point start,
+                 bool vacated) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+  Core& core_;
+  Room& room_;
+  Prefetcher& prefetcher_;
+  WriteThrough& write_through_;
+  RecomputeCallbacks& recompute_;
+  LinkOrder link_order_;  // its own lock: taken without core_.mu
+};
+
+}  // namespace tiermem

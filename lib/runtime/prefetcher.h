@@ -1,0 +1,53 @@
+// Prefetch along the schedule: the recorded step (Schedule), the position in it, the keys that
+// name tensors across steps, and the prefetches queued ahead of the position. Owns the schedule
+// (Room and WriteThrough read it through schedule() and tick() for do-no-harm), the keys and
+// the prefetch limit. Calls the core and Movers (queues its prefetches, drops superseded
+// offloads).
+#pragma once
+
+#include "lib/runtime/core.h"
+
+namespace tiermem {
+
+class Movers;
+
+class Prefetcher {
+ public:
+  Prefetcher(Core& core, Movers& movers) : core_(core), movers_(movers) {}
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  // Queues prefetches for the scheduled uses ahead of the current position.
+  void IssuePrefetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Whether the schedule reads t within 2 x the prefetch depth (the uses IssuePrefetches sees)
+  // and the tier of that read holds it until then beside everything used before it: then its
+  // offload is superseded (dropped or skipped); otherwise the offload runs.
+  bool UsedSoon(const Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Notes a use of t for the schedule and the LRU order, then prefetches ahead.
+  void NoteUse(Tensor& t, tm_tier tier, bool fill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  tm_tier HomeOf(tm_tensor_class cls) const;
+  // The schedule key of a new tensor (see Schedule).
+  uint64_t KeyFor(const TensorDesc& desc, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // The live tensor that the schedule's `key` names now (the newest created), or nullptr.
+  Tensor* FindKey(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // The recorded step and the position in it, for Room's and WriteThrough's do-no-harm (which
+  // copy is used again, and when); only the Prefetcher changes them.
+  const Schedule& schedule() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu) { return schedule_; }
+  uint64_t tick() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu) { return tick_; }
+
+ private:
+  // Drops t's offloads still queued (not a running one): t is used within 2 x the depth.
+  void CancelQueuedOffloads(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+
+  friend class Runtime;  // the façade wires the parts and runs the public operations on their state
+
+  Core& core_;
+  Movers& movers_;
+  Schedule schedule_ ABSL_GUARDED_BY(core_.mu);
+  uint64_t tick_ ABSL_GUARDED_BY(core_.mu) = 0;
+  absl::flat_hash_map<uint64_t, uint64_t> keyed_ ABSL_GUARDED_BY(core_.mu);  // key -> newest handle
+  uint64_t created_in_step_ ABSL_GUARDED_BY(core_.mu) = 0;  // tensors created in this step
+  uint64_t prefetch_limit_ = 0;                             // bytes; set up once
+};
+
+}  // namespace tiermem

@@ -1,0 +1,143 @@
+// Room in a tier: allocation, eviction (the cheapest window), do-no-harm admission of scheduled
+// prefetches (admission.cc), compaction of HBM (compaction.cc), and HBM memory handed on behind
+// a copy down (vacate.cc). Owns the parts of HBM so handed on (vacating_). Calls the core, Moves
+// to write a victim down, RecomputeCallbacks to drop one instead, Prefetcher for the schedule
+// and to refill, Movers to cancel queued prefetches.
+#pragma once
+
+#include "lib/runtime/core.h"
+
+namespace tiermem {
+
+class Moves;
+class Prefetcher;
+class Movers;
+class RecomputeCallbacks;
+
+class Room {
+ public:
+  Room(Core& core, Moves& moves, Prefetcher& prefetcher, Movers& movers,
+       RecomputeCallbacks& recompute)
+      : core_(core),
+        moves_(moves),
+        prefetcher_(prefetcher),
+        movers_(movers),
+        recompute_(recompute) {}
+  Room(const Room&) = delete;
+  Room& operator=(const Room&) = delete;
+
+  // Space for t in `tier`: evicts the cheapest window of copies when the tier is full, waits
+  // for moves in flight when a demand finds nothing to evict. *made_room (when given) is set
+  // when the first try found no hole: copies were evicted or slid, or the call waited.
+  // In HBM where copies down still read (Vacate): their fences go to *behind, for the caller
+  // to write after; without `behind`, Allocate waits for them.
+  absl::StatusOr<Extent> Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why,
+                                  bool* made_room = nullptr,
+                                  std::vector<RangeFence>* behind = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Lets t's move down hand its HBM memory on as it runs, when it may (see MayVacate below):
+  // sets plan.on_vacate, which sets *vacated when it does.
+  void OfferVacate(Tensor& t, MovePlan& plan, Want want, bool* vacated)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+
+ private:
+  struct AllocateState;
+  // Allocate's loop: allocates, else evicts a window, waits (a demand) or gives up.
+  absl::StatusOr<Extent> MakeRoom(Tensor& t, tm_tier tier, Want want, uint64_t need,
+                                  DropReason* why, AllocateState& st)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Do no harm: whether a scheduled prefetch may take `need` bytes in `tier` at all.
+  absl::Status AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t need, DropReason* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Evicts the victims of a window to make room for `t`; an error ends the allocation.
+  struct EvictionPlan;
+  absl::Status EvictWindow(const Tensor& t, const EvictionPlan& plan, tm_tier tier, Want want,
+                           bool fragmented, DropReason* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // The error of a demand for `t` that cannot fit even with every unpinned copy evicted.
+  absl::Status OutOfRoom(const absl::Status& failed, EvictionPlan& plan, const Tensor& t,
+                         tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // The error of a request for `t` larger than the whole of `tier`.
+  absl::Status NeverFits(const absl::Status& failed, const Tensor& t, tm_tier tier);
+  // For an out-of-memory message in `tier`: that the mapped HBM layout gives copies whole chunks,
+  // and what that makes of a request of `bytes` (2.1 MiB take 4 MiB); "" in other layouts.
+  std::string ChunkRounding(tm_tier tier, uint64_t bytes);
+  // What eviction could do for a request of `need` bytes in `tier` (see Allocate).
+  EvictionPlan PlanEviction(const Tensor& t, tm_tier tier, Want want, uint64_t need)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Compaction (compaction.cc): slides copies nobody holds down into the holes before them
+  // until a hole of `need` bytes forms; true when any copy moved.
+  bool Compact(tm_tier tier, uint64_t need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Whether t's move down to `dst` may hand its HBM memory on (want.vacates, the slab layout);
+  // OfferVacate sets plan.on_vacate then, which sets *vacated when it does (Vacate: frees t's
+  // HBM copy at `extent`, its parts fenced by the pieces; false when the copy changed, or an
+  // acquire waits for it in HBM). BehindFences: the fences over [offset, offset + size).
+  bool MayVacate(const Tensor& t, tm_tier dst, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  bool Vacate(Tensor& t, const Extent& extent, std::vector<RangeFence> pieces)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  std::vector<RangeFence> BehindFences(tm_tier tier, uint64_t offset, uint64_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // With free bytes enough but split: compacts instead of evicting plan's window when that
+  // window takes copies used again and the slide moves no more bytes; true when it did.
+  bool SlidRatherThanEvict(const EvictionPlan& plan, tm_tier tier, uint64_t need, AllocateState& st)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // The bytes Compact would slide to form that hole, moving nothing; nullopt when it would not
+  // form one.
+  std::optional<uint64_t> CompactionBytes(tm_tier tier, uint64_t need)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  bool Slidable(Tensor& v, tm_tier tier, uint64_t shift) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  bool SlideDown(Tensor& v, tm_tier tier, uint64_t shift) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Compact's pass over the layout; slide(v, shift) moves one copy (false: it stays, a wall).
+  // True when a hole of `need` bytes forms.
+  template <typename Slide>
+  bool CompactionPass(tm_tier tier, uint64_t need, Slide&& slide)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // How soon the memory of `owner`'s copy in `tier` is free again (lower: sooner), for placing
+  // a new extent beside it (TierSpace::Allocate).
+  uint64_t FreesAfter(uint64_t owner, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // The room that scheduled uses before `horizon` still need in `tier` (do-no-harm): each
+  // use's position and bytes, in order.
+  std::vector<std::pair<uint64_t, uint64_t>> NeededBefore(const Tensor& t, tm_tier tier,
+                                                          uint64_t horizon)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // The copies in `tier` acquired now that the recorded step lets go before `horizon` and that
+  // then cost nothing to drop (clean, not used again before `horizon`): the position of the use
+  // each is released before, and its bytes.
+  std::vector<std::pair<uint64_t, uint64_t>> ReleasedBefore(const Tensor& t, tm_tier tier,
+                                                            uint64_t horizon)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // One copy of ReleasedBefore: the position of the use it is let go before (when < horizon).
+  std::optional<uint64_t> LetGoBefore(const Tensor& v, const Tensor& t, tm_tier tier,
+                                      uint64_t horizon) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Do no harm in a slab, after a prefetch of t took its extent: whether each earlier use that
+  // still needs room there can find a hole of its bytes without evicting anything used before
+  // t's use (copies let go before that use count as free).
+  // With `placed`, the same judged before a window is evicted for t: t's `bytes` in the hole
+  // [begin, end) the window would leave, so that no copy is evicted for a prefetch that the
+  // check after its allocation would then drop.
+  struct Placed {
+    uint64_t begin = 0, end = 0, bytes = 0;
+  };
+  bool LeavesHoles(const Tensor& t, tm_tier tier, Want want,
+                   std::optional<Placed> placed = std::nullopt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // The hole plan's window leaves (with the free blocks beside it), and the `need` bytes a
+  // request would take there.
+  static Placed WindowPlaced(const EvictionPlan& plan, uint64_t need);
+  // Frees v's copy in `tier`: dropped when another copy is valid, written down first if not.
+  // `for_whom` is the tensor the room is for (the trace says whose room and why).
+  absl::Status Evict(Tensor& v, tm_tier tier, Want want, const std::string& for_whom)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+
+  friend class Runtime;  // the façade wires the parts and runs the public operations on their state
+
+  Core& core_;
+  Moves& moves_;
+  Prefetcher& prefetcher_;
+  Movers& movers_;
+  RecomputeCallbacks& recompute_;
+  // Parts of HBM handed on while copies down read them (Vacate): written after their fences.
+  std::vector<RangeFence> vacating_ ABSL_GUARDED_BY(core_.mu);
+};
+
+}  // namespace tiermem
