@@ -63,15 +63,17 @@ def test_backward_unpacks_hit_prefetched_hbm_views(make_runtime, tier):
     # on any machine. Whether a prefetch lands before its unpack is timing: its lead is depth
     # unpacks of host time, and a prefetch is only ahead if its mover thread gets a core. On a
     # quiet machine all 39 of 39 hit from step two on, with three busy loops beside it 34-39;
-    # CI's 2 cores, running other tests beside this one, gave 137 of 156 (88%). So only 75% is
-    # asserted here, above what step one hits without prefetches to NVMe (14-16 of 39: the packs
-    # not yet written down); the hit rate is measured by python/examples/pack_overhead.py.
+    # CI's 2 cores, running other tests beside this one, gave 137 of 156 (88%), and 111 of 156
+    # (71%) once with a build running beside the suite. So 60% is asserted here: clearly above
+    # what step one hits without prefetches to NVMe (14-16 of 39, 36-41%: the packs not yet
+    # written down), which is what tells prefetching from none; the hit rate itself is a
+    # benchmark's (python/examples/pack_overhead.py).
     later = [d for _, d, _ in steps[1:]]
     for d in later:
         assert d["prefetches"] == d["acquires"], d
         assert d["dropped"] == 0, d
     hits, acquires = sum(d["hits"] for d in later), sum(d["acquires"] for d in later)
-    assert hits >= 0.75 * acquires, "%d of %d unpacks hit" % (hits, acquires)
+    assert hits >= 0.6 * acquires, "%d of %d unpacks hit" % (hits, acquires)
     if tier == "nvme":
         assert sum(d["moved"]["dram", "nvme"] for _, d, _ in steps) > 0
     for i, (hooks, d, after) in enumerate(steps):
