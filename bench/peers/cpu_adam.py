@@ -14,18 +14,27 @@ gradients, with the same lr / betas / eps / weight_decay, by:
 
 The parameters are a transformer's shapes (an embedding, then blocks of qkv, projection, two MLP
 matrices and a norm) summing to exactly --sizes parameters; the gradients are fixed random
-tensors, the same for every step and every optimizer. Threads, each through its own knob:
-torch.set_num_threads and OMP_NUM_THREADS (read once by OpenMP, which DeepSpeed's kernel uses:
-each thread count runs in a subprocess of its own) and CPUAdam(threads=N). For each size, each
-of --rounds rounds builds each optimizer afresh over the parameters reset to the same start (one
-optimizer at a time, freed before the next: at 256M one optimizer's state is 2-3 GiB), takes
---warmup untimed steps (state allocation, first touch) and then --steps timed steps; the order
-of the optimizers is rotated each round. Per configuration: the median and [min-max] of the
-timed steps of all rounds, and `ratio` lines, peer_ms / tiermem_ms of the medians (> 1.0:
-tiermem faster). `info roofline_ms`: 28 B per parameter (read p, m, v, g; write p, m, v) over
-the DRAM triad of tiermem-probe (`tiermem-probe --json`, dram.triad_gbps, one thread per core).
-`check` lines: the largest absolute difference between the parameters tiermem and DeepSpeed (and
-torch foreach) reach after the same steps from the same start.
+tensors, the same for every step and every optimizer. Each optimizer runs in a process of its
+own, as a user runs one (bench/peers/_cpu_adam_worker.py): in one process the peers' OpenMP
+pools (DeepSpeed's libgomp, torch's) spun after their parallel regions and took the 2 cores of
+this VM from whichever optimizer ran next (64M, 2 threads, quiet: DeepSpeed 204 ms mixed,
+28 ms alone).
+Per thread count one worker per optimizer is started and set up once per size; in each of
+--rounds rounds the parent gives each worker its turn, the order rotated each round, while the
+others wait in a blocking pipe read (and 0.2 s between turns lets spinning threads sleep). A
+turn resets the parameters to the same seeded start, builds the optimizer afresh, takes
+--warmup untimed steps (state allocation, first touch) and then --steps timed steps, and frees
+the state. Threads, each through its own knob: OMP_NUM_THREADS in each worker's environment
+(read once by OpenMP, which DeepSpeed's kernel and torch use), torch.set_num_threads and
+CPUAdam(threads=N). All workers stay alive at once when their tensors fit in MemAvailable
+(8 B/param idle, 12 more while stepping and checking); otherwise each peer runs paired with
+cpu_adam (`info groups`), and a peer's ratio is against cpu_adam of its own pair.
+Per configuration: the median and [min-max] of the timed steps of all rounds, and `ratio`
+lines, peer_ms / tiermem_ms of the medians (> 1.0: tiermem faster). `info roofline_ms`: 28 B
+per parameter (read p, m, v, g; write p, m, v) over the DRAM triad of tiermem-probe
+(`tiermem-probe --json`, dram.triad_gbps, one thread per core). `check` lines: the largest
+absolute difference between the parameters tiermem and DeepSpeed (and torch foreach) reach
+after the same steps from the same start (round 0, all the parameters, via files in /dev/shm).
 
     .venv/bin/python bench/peers/cpu_adam.py [--sizes 16M,64M,256M] [--threads 1,2]
         [--rounds 3] [--warmup 1] [--steps 2] [--nvme-dir /var/tmp] [--nvme-sizes ...]
@@ -37,7 +46,6 @@ the library's lib/), PEERS_NVME_DIR (default of --nvme-dir). Exits 77 when DeepS
 """
 
 import argparse
-import gc
 import json
 import os
 import re
@@ -52,7 +60,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MIB = 1 << 20
 ALL = ["cpu_adam", "cpu_adam_nvme", "deepspeed", "torch_fused", "torch_foreach"]
 PEERS = ["deepspeed", "torch_fused", "torch_foreach"]
-HYPER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+SETTLE_S = 0.2  # between turns: OpenMP threads spin a while after their last region
 BYTES_PER_PARAM = 28  # fp32: read param, exp_avg, exp_avg_sq, grad; write param, exp_avg, exp_avg_sq
 
 
@@ -77,175 +85,6 @@ def size_name(n):
         if n >= 1 << shift and n % (1 << shift) == 0:
             return "%d%s" % (n >> shift, unit)
     return str(n)
-
-
-def shapes_for(n):
-    """A transformer's parameter shapes totalling exactly n: hidden h (16M: 512, 64M: 1024,
-    256M: 2048), blocks of [3h, h] qkv, [h, h] projection, [4h, h] and [h, 4h] MLP, [h] norm,
-    and an embedding [rows, h] taking the rest."""
-    h = 16
-    while 4 * (2 * h) * (2 * h) * 16 <= n:  # h ~ sqrt(n / 64), a power of two
-        h *= 2
-    per_block = 12 * h * h + h
-    blocks = max(1, min(5, (n - h * h) // per_block)) if n > per_block + h else 0
-    rest = n - blocks * per_block
-    shapes = []
-    if rest >= h and rest % h == 0:
-        shapes.append((rest // h, h))
-    elif rest > 0:
-        shapes.append((rest,))
-    for _ in range(blocks):
-        shapes += [(3 * h, h), (h, h), (4 * h, h), (h, 4 * h), (h,)]
-    assert sum(_numel(s) for s in shapes) == n
-    return shapes
-
-
-def _numel(shape):
-    out = 1
-    for d in shape:
-        out *= d
-    return out
-
-
-def describe(shapes):
-    emb, rest = shapes[0], shapes[1:]
-    blocks = len(rest) // 5
-    text = "x".join(map(str, emb))
-    if blocks:
-        text += " + %d x (%s)" % (blocks, ", ".join("x".join(map(str, s)) for s in rest[:5]))
-    return text
-
-
-# ---- the child: one thread count, every size ----
-
-def child(args):
-    import torch
-
-    import tiermem
-    from tiermem.torch import CPUAdam
-    from tiermem.torch.cpu_adam import isa
-
-    threads = args.child_threads
-    torch.set_num_threads(threads)
-    try:
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-    except Exception as e:  # noqa: BLE001: reported, the others still run
-        DeepSpeedCPUAdam = None
-        emit(kind="skip", opt="deepspeed", why="%s: %s" % (type(e).__name__, e))
-    emit(kind="env", threads=threads, isa=isa()[1], torch=torch.__version__,
-         deepspeed=_version("deepspeed"), omp=os.environ.get("OMP_NUM_THREADS"),
-         torch_threads=torch.get_num_threads())
-    nvme_root = None
-    if "cpu_adam_nvme" in args.optimizers:
-        os.makedirs(args.nvme_dir, exist_ok=True)
-        nvme_root = tempfile.mkdtemp(prefix="tiermem-cpu-adam-", dir=args.nvme_dir)
-    try:
-        for n in args.sizes:
-            one_size(args, n, threads, torch, tiermem, CPUAdam, DeepSpeedCPUAdam, nvme_root)
-    finally:
-        if nvme_root is not None:
-            shutil.rmtree(nvme_root, ignore_errors=True)
-
-
-def _version(pkg):
-    try:
-        from importlib.metadata import version
-        return version(pkg)
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def emit(**record):
-    print("RECORD " + json.dumps(record), flush=True)
-
-
-def one_size(args, n, threads, torch, tiermem, CPUAdam, DeepSpeedCPUAdam, nvme_root):
-    shapes = shapes_for(n)
-    gen = torch.Generator().manual_seed(n)
-    start = [torch.randn(s, generator=gen) * 0.02 for s in shapes]
-    grads = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]
-    opts = [o for o in args.optimizers
-            if not (o == "deepspeed" and DeepSpeedCPUAdam is None)
-            and not (o == "cpu_adam_nvme" and n not in args.nvme_sizes)]
-    emit(kind="size", size=n, threads=threads, tensors=len(shapes), shapes=describe(shapes),
-         order=opts)
-    state_bytes = 12 * n
-    largest = max(_numel(s) for s in shapes) * 12
-
-    def make(name, params):
-        if name == "cpu_adam":
-            return CPUAdam(params, threads=threads, **HYPER), None
-        if name == "cpu_adam_nvme":
-            # ZeRO-Infinity's setting: the state on NVMe, DRAM a quarter of it (at least the
-            # pipeline's stepping bucket, its new version and one read ahead each side).
-            dram = max(state_bytes // 4, 4 * largest) + 64 * MIB
-            rt = tiermem.Runtime(device="emulated", hbm_bytes="16MiB", dram_bytes=dram,
-                                 nvme_paths=nvme_root, nvme_bytes=2 * state_bytes + 256 * MIB,
-                                 prefetch_depth=1, log_level="error")
-            return CPUAdam(params, threads=threads, runtime=rt, state_tier="nvme", **HYPER), rt
-        if name == "deepspeed":
-            return DeepSpeedCPUAdam(params, bias_correction=True, adamw_mode=True,
-                                    fp32_optimizer_states=True, **HYPER), None
-        if name == "torch_fused":
-            return torch.optim.AdamW(params, fused=True, **HYPER), None
-        if name == "torch_foreach":
-            return torch.optim.AdamW(params, foreach=True, **HYPER), None
-        raise ValueError(name)
-
-    times = {o: [] for o in opts}
-    nvme_moved = []
-    finals = {}  # optimizer -> its parameters after warmup + steps (round 0, for the check)
-    diffs = {}
-    pairs = [(a, b) for a, b in (("cpu_adam", "deepspeed"), ("cpu_adam", "torch_foreach"))
-             if a in opts and b in opts]
-    # One set of parameters, reset to the start before each optimizer (fresh tensors would
-    # fault in their pages again each time: seconds at 256M on a VM).
-    params = [torch.nn.Parameter(p.clone()) for p in start]
-    for p, g in zip(params, grads):
-        p.grad = g
-    t_size = time.perf_counter()
-    for r in range(args.rounds):
-        k = r % len(opts)
-        for name in opts[k:] + opts[:k]:
-            with torch.no_grad():
-                for p, s in zip(params, start):
-                    p.copy_(s)
-            opt, rt = make(name, params)
-            for _ in range(args.warmup):
-                opt.step()
-            before = rt.stats()["bytes_moved"] if rt is not None else None
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
-                opt.step()
-                times[name].append(time.perf_counter() - t0)
-            if rt is not None:
-                after = rt.stats()["bytes_moved"]
-                nvme_moved.append(((after["nvme"]["dram"] - before["nvme"]["dram"]) / args.steps,
-                                   (after["dram"]["nvme"] - before["dram"]["nvme"]) / args.steps))
-            if hasattr(opt, "close"):
-                opt.close()
-            del opt
-            if rt is not None:
-                rt.close()
-                del rt
-            if r == 0 and any(name in pair for pair in pairs):
-                finals[name] = [p.detach().clone() for p in params]
-                for a, b in pairs:
-                    if a in finals and b in finals and (a, b) not in diffs:
-                        diffs[(a, b)] = max(float((x - y).abs().max())
-                                            for x, y in zip(finals[a], finals[b]))
-                for held in list(finals):  # kept only while a check still needs them
-                    if all(pair in diffs for pair in pairs if held in pair):
-                        del finals[held]
-            gc.collect()
-        emit(kind="progress", size=n, threads=threads, round=r + 1, rounds=args.rounds,
-             seconds=time.perf_counter() - t_size)
-    finals.clear()
-    emit(kind="result", size=n, threads=threads, times=times,
-         steps=args.warmup + args.steps, nvme_moved=nvme_moved,
-         diffs={"%s_vs_%s" % k: v for k, v in diffs.items()})
-    del start, grads, params
-    gc.collect()
 
 
 # ---- the parent ----
@@ -306,10 +145,149 @@ def report(rec, triad):
     sys.stdout.flush()
 
 
+class WorkerProcess:
+    """One optimizer's worker (bench/peers/_cpu_adam_worker.py), driven over its pipes."""
+
+    def __init__(self, name, threads, args):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        env.setdefault("DS_ACCELERATOR", "cpu")
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", name,
+               "--child-threads", str(threads), "--warmup", str(args.warmup),
+               "--steps", str(args.steps), "--nvme-dir", args.nvme_dir]
+        self.name = name
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def ask(self, **cmd):
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self.answer()
+
+    def answer(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            fail("the %s worker died (exit %s)" % (self.name, self.proc.wait()))
+        return json.loads(line)
+
+    def close(self):
+        try:
+            self.proc.stdin.write(json.dumps(dict(cmd="quit")) + "\n")
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        self.proc.wait()
+
+
+def mem_available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def plan_groups(args, opts):
+    """All optimizers' workers alive at once when their tensors fit, else each peer with
+    cpu_adam (and cpu_adam_nvme with cpu_adam)."""
+    need = len(opts) * 512 * MIB + max(
+        (8 * sum(1 for o in opts if o != "cpu_adam_nvme" or n in args.nvme_sizes) + 20) * n
+        for n in args.sizes)
+    avail = mem_available()
+    if avail is None or need <= 0.85 * avail or "cpu_adam" not in opts or len(opts) <= 2:
+        return [opts], need, avail
+    others = [o for o in opts if o != "cpu_adam"]
+    return [["cpu_adam", o] for o in others], need, avail
+
+
+def max_abs_diff(path_a, path_b):
+    import numpy as np
+    a = np.memmap(path_a, dtype=np.float32, mode="r")
+    b = np.memmap(path_b, dtype=np.float32, mode="r")
+    chunk, out = 16 * MIB, 0.0
+    for i in range(0, a.size, chunk):
+        out = max(out, float(np.abs(a[i:i + chunk] - b[i:i + chunk]).max()))
+    return out
+
+
+def run_size(workers, n, t, args, dump_dir):
+    """The rounds of one size over the live workers; the record report() prints."""
+    live = [w for w in workers if w.name != "cpu_adam_nvme" or n in args.nvme_sizes]
+    for w in workers:
+        rec = w.ask(cmd="size", n=n if w in live else 0)
+        if w in live:
+            shapes = rec
+    print("info params size=%s threads=%d tensors=%d shapes=%s workers=%s" %
+          (size_name(n), t, shapes["tensors"], shapes["shapes"], ",".join(w.name for w in live)))
+    sys.stdout.flush()
+    names = [w.name for w in live]
+    pairs = [(a, b) for a, b in (("cpu_adam", "deepspeed"), ("cpu_adam", "torch_foreach"))
+             if a in names and b in names]
+    checked = {x for pair in pairs for x in pair}
+    times = {w.name: [] for w in live}
+    nvme_moved, diffs, dumps = [], {}, {}
+    t_size = time.perf_counter()
+    for r in range(args.rounds):
+        k = r % len(live)
+        for w in live[k:] + live[:k]:
+            time.sleep(SETTLE_S)
+            dump = None
+            if r == 0 and w.name in checked:
+                dump = dumps[w.name] = os.path.join(dump_dir, "%s-%d.f32" % (w.name, n))
+            rec = w.ask(cmd="round", dump=dump)
+            times[w.name] += rec["times"]
+            if rec["nvme_moved"]:
+                nvme_moved.append(rec["nvme_moved"])
+        if r == 0:
+            for a, b in pairs:
+                diffs["%s_vs_%s" % (a, b)] = max_abs_diff(dumps[a], dumps[b])
+            for path in dumps.values():
+                os.unlink(path)
+        print("# size=%s threads=%d round %d of %d done (%.0f s)" %
+              (size_name(n), t, r + 1, args.rounds, time.perf_counter() - t_size),
+              file=sys.stderr, flush=True)
+    return dict(size=n, threads=t, times=times, steps=args.warmup + args.steps,
+                nvme_moved=nvme_moved, diffs=diffs)
+
+
+def run_threads(t, opts, args, triad, dump_dir):
+    """Every size at one thread count; False when DeepSpeed was skipped."""
+    groups, need, avail = plan_groups(args, opts)
+    if len(groups) > 1:
+        print("info groups threads=%d %s (all at once would need ~%.1f GiB, %.1f available)" %
+              (t, " ".join("+".join(g) for g in groups), need / 2**30, avail / 2**30))
+    ok = True
+    for group in groups:
+        workers = [WorkerProcess(o, t, args) for o in group]
+        try:
+            started = []
+            for w in workers:
+                rec = w.answer()
+                if rec["kind"] == "skip":
+                    ok = False
+                    print("info skipped %s: %s" % (rec["opt"], rec["why"]))
+                    w.close()
+                    continue
+                started.append(w)
+                if len(started) == 1:
+                    print("info threads=%d torch_threads=%d OMP_NUM_THREADS=%s isa=%s torch=%s "
+                          "deepspeed=%s" % (rec["threads"], rec["torch_threads"], rec["omp"],
+                                            rec["isa"], rec["torch"], rec["deepspeed"]))
+            print("info workers threads=%d %s (one process each)" %
+                  (t, " ".join(w.name + ":" + str(w.proc.pid) for w in started)))
+            sys.stdout.flush()
+            workers = started
+            for n in args.sizes:
+                report(run_size(workers, n, t, args, dump_dir), triad)
+        finally:
+            for w in workers:
+                w.close()
+    return ok
+
+
 def parent(args):
     print("# CPU Adam: tiermem.torch.CPUAdam against DeepSpeedCPUAdam and torch.optim.AdamW "
-          "(fused=True, foreach=True); fp32, AdamW lr=%g betas=%s eps=%g weight_decay=%g" %
-          (HYPER["lr"], HYPER["betas"], HYPER["eps"], HYPER["weight_decay"]))
+          "(fused=True, foreach=True); fp32, AdamW lr=1e-3 betas=(0.9, 0.999) eps=1e-08 "
+          "weight_decay=0.01; each optimizer in a process of its own")
     print("# ratio X_over_PEER = PEER_ms / X_ms (medians): > 1.0 means tiermem (X) is faster. "
           "%d rounds (order rotated) x %d timed steps after %d warm-up, per optimizer" %
           (args.rounds, args.steps, args.warmup))
@@ -320,43 +298,15 @@ def parent(args):
     else:
         print("info triad_gbps n/a (%s)" % where)
     sys.stdout.flush()
-    skipped_ds = False
-    for t in args.threads:
-        env = dict(os.environ, OMP_NUM_THREADS=str(t))
-        env.setdefault("DS_ACCELERATOR", "cpu")
-        cmd = [sys.executable, os.path.abspath(__file__), "--child-threads", str(t),
-               "--sizes", ",".join(str(n) for n in args.sizes),
-               "--nvme-sizes", ",".join(str(n) for n in args.nvme_sizes),
-               "--rounds", str(args.rounds), "--warmup", str(args.warmup),
-               "--steps", str(args.steps), "--nvme-dir", args.nvme_dir,
-               "--optimizers", ",".join(args.optimizers)]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
-        for line in proc.stdout:
-            if not line.startswith("RECORD "):
-                sys.stderr.write(line)
-                continue
-            rec = json.loads(line[7:])
-            if rec["kind"] == "env":
-                print("info threads=%d torch_threads=%d OMP_NUM_THREADS=%s isa=%s torch=%s "
-                      "deepspeed=%s" % (rec["threads"], rec["torch_threads"], rec["omp"],
-                                        rec["isa"], rec["torch"], rec["deepspeed"]))
-            elif rec["kind"] == "skip":
-                skipped_ds = True
-                print("info skipped %s: %s" % (rec["opt"], rec["why"]))
-            elif rec["kind"] == "size":
-                print("info params size=%s threads=%d tensors=%d shapes=%s" %
-                      (size_name(rec["size"]), rec["threads"], rec["tensors"], rec["shapes"]))
-            elif rec["kind"] == "progress":
-                print("# size=%s threads=%d round %d of %d done (%.0f s)" %
-                      (size_name(rec["size"]), rec["threads"], rec["round"], rec["rounds"],
-                       rec["seconds"]),
-                      file=sys.stderr, flush=True)
-            elif rec["kind"] == "result":
-                report(rec, triad)
-            sys.stdout.flush()
-        if proc.wait() != 0:
-            fail("the run with %d thread(s) failed (exit %d)" % (t, proc.returncode))
-    if skipped_ds:
+    dump_dir = tempfile.mkdtemp(prefix="tiermem-cpu-adam-check-",
+                                dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    ok = True
+    try:
+        for t in args.threads:
+            ok = run_threads(t, args.optimizers, args, triad, dump_dir) and ok
+    finally:
+        shutil.rmtree(dump_dir, ignore_errors=True)
+    if not ok:
         sys.exit(77)
 
 
@@ -375,6 +325,7 @@ def main():
     ap.add_argument("--optimizers", type=lambda s: s.split(","), default=ALL)
     ap.add_argument("--triad-gbps", type=float, default=None)
     ap.add_argument("--child-threads", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.nvme_sizes is None:
         args.nvme_sizes = [n for n in args.sizes if n <= 64 * MIB]
@@ -383,9 +334,10 @@ def main():
         fail("unknown optimizer(s) %s; known: %s" % (bad, ",".join(ALL)), 2)
     if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
         fail("--rounds and --steps want >= 1, --warmup >= 0", 2)
-    if args.child_threads is not None:
+    if args.worker is not None:
         sys.path.insert(0, os.path.join(ROOT, "python"))
-        child(args)
+        from _cpu_adam_worker import serve
+        serve(args.worker, args.child_threads, args.warmup, args.steps, args.nvme_dir)
     else:
         parent(args)
 
