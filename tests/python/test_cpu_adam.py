@@ -447,10 +447,10 @@ def test_fp32_cpu_parameters_are_their_own_master():
 
 @pytest.mark.parametrize("one_group", [True, False])
 def test_steady_steps_follow_adamw_through_changes(one_group):
-    """Steps that find the parameters as the last one left them take the plan of that step
-    (_cpu_adam_spans.InPlacePlan); every change between steps is still seen: the learning rate
-    of one group changed, a gradient missing for a step (its parameter a step behind, then
-    stepped apart), a strided gradient, a parameter group added, a checkpoint loaded."""
+    """Steady steps over in-place parameters follow AdamW, and every change between steps is
+    seen: the learning rate of one group changed, a gradient missing for a step (its parameter a
+    step behind, then stepped apart), a strided gradient, a parameter group added, a checkpoint
+    loaded."""
     g = torch.Generator().manual_seed(7)
     shapes = [(8, 5), (13,), (4, 4), (9,)]
     start = [torch.randn(s, generator=g) for s in shapes]
@@ -479,8 +479,6 @@ def test_steady_steps_follow_adamw_through_changes(one_group):
             if i == 4:  # the same values, strided
                 ps[0].grad = ps[0].grad.t().contiguous().t()
             o.step()
-        if i in (2, 6, 8):
-            assert opt._plan is not None, "a steady step keeps its plan"
         for p, q in zip(a, b):
             torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-7)
     opt.close()

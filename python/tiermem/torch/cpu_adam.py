@@ -10,6 +10,7 @@ state_dict() / load_state_dict() have torch.optim.AdamW's layout: checkpoints mo
 two. See docs/pytorch.md ("CPUAdam") for clipping, mixed precision and the overlap with backward.
 """
 
+import array
 import ctypes
 import threading
 from collections import defaultdict
@@ -19,7 +20,6 @@ import torch
 
 import tiermem
 from tiermem import _capi, _optim_capi
-from tiermem.torch import _cpu_adam_spans as _spans
 
 __all__ = ["CPUAdam", "isa", "set_isa_limit"]
 
@@ -27,7 +27,16 @@ _lib = tiermem._lib
 _optim_capi.bind(_lib)
 _check = tiermem._check
 
-_DTYPES = _spans.DTYPES
+_DTYPES = {torch.float32: _optim_capi.DTYPE_F32, torch.bfloat16: _optim_capi.DTYPE_BF16,
+           torch.float16: _optim_capi.DTYPE_F16}
+
+# tm_adam_span as 8-byte words (LP64; the enums are the low half of theirs, zero above), filled
+# without a ctypes attribute per field: the word of each field.
+_SPAN_WORDS = ctypes.sizeof(_optim_capi.AdamSpan) // 8
+(_SPAN_PARAM, _SPAN_M, _SPAN_V, _SPAN_VMAX, _SPAN_GRAD, _SPAN_GRAD_DTYPE, _SPAN_OUT,
+ _SPAN_OUT_DTYPE, _SPAN_COUNT) = (getattr(_optim_capi.AdamSpan, name).offset // 8
+                                  for name, _ in _optim_capi.AdamSpan._fields_)
+assert ctypes.sizeof(_optim_capi.AdamSpan) == 8 * _SPAN_WORDS == 72, "tm_adam_span is LP64's"
 
 
 def isa():
@@ -118,8 +127,7 @@ class CPUAdam(torch.optim.Optimizer):
                "tm_adam_create")
         self._slots = {}
         self._counters = {}  # param -> (its step tensor, a ctypes view of its float)
-        self._stepped, self._unfinished = set(), None  # ids of the parameters stepped
-        self._plan = None  # the last step's, while every parameter is stepped in place
+        self._stepped, self._unfinished = set(), None
         self._lock = threading.Lock()  # one C step at a time (the worker and step())
         self._overlap = None
         cuda = any(p.is_cuda for p in self._params())
@@ -254,11 +262,10 @@ class CPUAdam(torch.optim.Optimizer):
         self._counters[p] = (t, c)  # keeps t alive with its view
         return c
 
-    def _step_params(self, items, grad_scale, plan=False):
+    def _step_params(self, items, grad_scale):
         """items: (param, group, grad) in order; steps them all in one call through tiermem,
         all or nothing: one C group per parameter group and step count (a parameter added to
-        a group later has taken fewer steps), each with the group's hyperparameters. plan: keep
-        the step as self._plan when every parameter was stepped in place (_cpu_adam_spans)."""
+        a group later has taken fewer steps), each with the group's hyperparameters."""
         runs = {}  # (id(group), step number) -> (group, step, [(param, grad, counter)])
         empty = []  # no elements, nothing to update (torch.optim.AdamW steps them too): counted
         state = self.state
@@ -277,19 +284,16 @@ class CPUAdam(torch.optim.Optimizer):
                 run = runs[(id(group), step)] = (group, step, [])
             run[2].append((p, grad, c))
         with self._lock:
-            in_place = self._step_groups(list(runs.values()), grad_scale) if runs else None
+            if runs:
+                self._step_groups(list(runs.values()), grad_scale)
             self._count(empty)  # once the others have stepped: all or nothing
-        if plan and in_place and not empty and all(c is not None for _, _, here in in_place
-                                                   for _, _, _, c in here):
-            self._plan = _spans.InPlacePlan(self, in_place)
 
     def _step_groups(self, runs, grad_scale):
         """Parameters stepped in place (their own master, state in DRAM: one tm_adam_step per
         run, over the state acquired in DRAM) and the others (tm_adam_step_groups, one call, all
         or nothing). Everything that can fail is done before anything changes: the state
         acquired, the hyperparameters checked, the groups' call taken (it changes nothing when
-        it fails); the in-place steps after it cannot fail. Returns the in-place runs
-        [(group, step, [(param, slot, grad, counter)])] when there were no others, else None."""
+        it fails); the in-place steps after it cannot fail."""
         keep = []  # the gradients, arrays and configs the C calls read
         bucket_runs, in_place_runs = [], []
         for group, step, pairs in runs:
@@ -306,8 +310,7 @@ class CPUAdam(torch.optim.Optimizer):
         acquired = []
         rt = self.runtime._handle()
         try:
-            spans = [_spans.acquire_spans(_lib, _check, rt, here, acquired)
-                     for _, _, here in in_place_runs]
+            spans = [self._acquire_spans(rt, here, acquired) for _, _, here in in_place_runs]
             cfgs = [self._config(group) for group, _, _ in in_place_runs]
             for cfg in cfgs:  # checked now; set again before each run's step when several
                 _check(_lib.tm_adam_set_hyper(self._adam, ctypes.byref(cfg)),
@@ -325,12 +328,34 @@ class CPUAdam(torch.optim.Optimizer):
             release = _lib.tm_tensor_release
             for slot in acquired:
                 release(rt, slot.handle, _capi.TIER_DRAM)
-        return None if bucket_runs else in_place_runs
+
+    def _acquire_spans(self, rt, here, acquired):
+        """The tm_adam_span array of parameters stepped in place, their state acquired in DRAM
+        for writing (appended to `acquired` as it goes, for the caller to release)."""
+        words = array.array("Q", bytes(8 * _SPAN_WORDS * len(here)))
+        ptr = ctypes.c_void_p()
+        out = ctypes.byref(ptr)
+        acquire = _lib.tm_tensor_acquire
+        for i, (p, slot, g, _) in enumerate(here):
+            status = acquire(rt, slot.handle, _capi.TIER_DRAM, _capi.ACCESS_READ_WRITE, None, out)
+            if status != _capi.OK:
+                _check(status, "tm_tensor_acquire")
+            acquired.append(slot)
+            n, base, w = slot.count, ptr.value, i * _SPAN_WORDS
+            words[w + _SPAN_PARAM] = p.data_ptr()
+            words[w + _SPAN_M] = base
+            words[w + _SPAN_V] = base + 4 * n
+            if slot.amsgrad:
+                words[w + _SPAN_VMAX] = base + 8 * n
+            words[w + _SPAN_GRAD] = g.data_ptr()
+            words[w + _SPAN_GRAD_DTYPE] = _DTYPES[g.dtype]
+            words[w + _SPAN_COUNT] = n
+        return (_optim_capi.AdamSpan * len(here)).from_buffer(words)
 
     def _count(self, counted):
         """(param, counter) pairs: each parameter's step counted (see _counter)."""
         for p, c in counted:
-            self._stepped.add(id(p))
+            self._stepped.add(p)
             if c is not None:
                 c.value += 1.0  # as AdamW's step += 1 in fp32
             else:
@@ -381,17 +406,10 @@ class CPUAdam(torch.optim.Optimizer):
         else:
             scale = self._grad_scale([grad for _, _, grad in items])
         self._stepped = set()
-        plan, self._plan, done = self._plan, None, False
         try:
-            if plan is not None and self._unfinished is None:
-                with self._lock:  # the plan's step, or False: not the plan's parameters
-                    done = plan.step(self, items, scale, _lib, _check)
-            if done:
-                self._plan = plan
-            else:
-                self._step_params(items, scale, plan=True)
+            self._step_params(items, scale)
         except tiermem.TiermemError:
-            self._unfinished = ({p for p, _, _ in items if id(p) not in self._stepped}, scale)
+            self._unfinished = ({p for p, _, _ in items if p not in self._stepped}, scale)
             raise
         self._unfinished = None
         return loss
@@ -468,7 +486,7 @@ class CPUAdam(torch.optim.Optimizer):
         for slot in self._slots.values():
             if not self.runtime.closed:
                 slot.tensor.destroy()
-        self._slots, self._counters, self._plan = {}, {}, None
+        self._slots, self._counters = {}, {}
         if self._own_runtime is not None:
             self._own_runtime.close()
             self._own_runtime = None
