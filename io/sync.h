@@ -1,23 +1,20 @@
-// The lock types of tiermem: Abseil's, except under ThreadSanitizer. Debian's Abseil is not
-// built with TSan, so absl::Mutex's synchronization (its own futex waits, conditions evaluated by
-// the unlocking thread) is invisible to TSan and every guarded access would look like a race.
-// TSan builds use std::mutex, which TSan understands, behind the same names and thread-safety
-// annotations.
+// The lock types of tiermem: std::mutex and std::condition_variable behind Abseil's names and
+// thread-safety annotations, in every build. One implementation for all builds, for two reasons:
+// - ThreadSanitizer understands std::mutex; Debian's Abseil is not built with TSan, so
+//   absl::Mutex's own futex waits would make every guarded access look like a race.
+// - Debian's Abseil is built without NDEBUG, so absl::Mutex runs its deadlock detection on every
+//   acquire (a global graph of lock orders: about 100 ns of each tm_tensor_acquire + release pair,
+//   and a setting global to the host process, which a library must not change).
+// TSan checks lock-order inversions in CI; clang -Wthread-safety checks the annotations.
 #pragma once
+
+#include <condition_variable>
+#include <mutex>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
 
-#if defined(__SANITIZE_THREAD__)
-#include <condition_variable>
-#include <mutex>
-#else
-#include "absl/synchronization/mutex.h"
-#endif
-
 namespace tiermem {
-
-#if defined(__SANITIZE_THREAD__)
 
 class ABSL_LOCKABLE Mutex {
  public:
@@ -61,13 +58,5 @@ class CondVar {
  private:
   std::condition_variable cv_;
 };
-
-#else
-
-using Mutex = absl::Mutex;
-using MutexLock = absl::MutexLock;
-using CondVar = absl::CondVar;
-
-#endif
 
 }  // namespace tiermem
