@@ -187,7 +187,7 @@ TEST(Probe, PlanReadsTheProbesBandwidths) {
   EXPECT_NE(out.find("\"nvme_source\":\"probe runtime path dram <-> nvme"), std::string::npos)
       << out;
   EXPECT_NE(out.find("measured without a GPU"), std::string::npos) << out;  // the warning
-  EXPECT_NE(out.find("\"dram_source\":\"probe dram triad, "), std::string::npos) << out;
+  EXPECT_NE(out.find("\"dram_source\":\"probe CPU Adam step, kernel "), std::string::npos) << out;
   EXPECT_NE(out.find("\"optimizer_step\":{\"priced\":true"), std::string::npos) << out;
   // A flag given wins over the file.
   const std::string flagged = Capture(plan + " --link-gbps 25 2>/dev/null");

@@ -120,9 +120,28 @@ TEST(DramTriad, MeasuresAndReadsBack) {
   EXPECT_EQ(m->repeats, 2);
   EXPECT_GT(m->gbps, 0.01);
   EXPECT_NE(DramRow(*m).find("triad"), std::string::npos);
+  EXPECT_EQ(DramRow(*m).find("adam"), std::string::npos);
   auto b = ReadProbeJson("{\"schema\": \"tiermem-probe/1\", " + DramJson(*m) + "}");
   ASSERT_TRUE(b.ok()) << b.status() << DramJson(*m);
   EXPECT_NEAR(b->dram_bytes_per_s, m->gbps * 1e9, 1e5);
+  EXPECT_NE(b->dram_source.find("triad"), std::string::npos) << b->dram_source;
+}
+
+// The CPU Adam step is measured with the kernel CPUAdam runs, checked, and is what the planner
+// prices the optimizer step with where the probe has it (over the triad).
+TEST(DramAdam, MeasuresAndIsThePlannersFigure) {
+  auto m = DramTriad(16u << 20, 2);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(DramAdam(16u << 20, *m).ok());
+  EXPECT_EQ(m->adam_params, (16u << 20) / 4);
+  EXPECT_GT(m->adam_gbps, 0.01);
+  EXPECT_FALSE(m->adam_isa.empty());
+  EXPECT_NE(DramRow(*m).find("adam step"), std::string::npos) << DramRow(*m);
+  auto b = ReadProbeJson("{\"schema\": \"tiermem-probe/1\", " + DramJson(*m) + "}");
+  ASSERT_TRUE(b.ok()) << b.status() << DramJson(*m);
+  EXPECT_NEAR(b->dram_bytes_per_s, m->adam_gbps * 1e9, 1e5);
+  EXPECT_NE(b->dram_source.find("CPU Adam step, kernel " + m->adam_isa), std::string::npos)
+      << b->dram_source;
 }
 
 TEST(ReadProbeJson, RejectsOtherDocuments) {

@@ -32,7 +32,8 @@ cpu_adam (`info groups`), and a peer's ratio is against cpu_adam of its own pair
 Per configuration: the median and [min-max] of the timed steps of all rounds, and `ratio`
 lines, peer_ms / tiermem_ms of the medians (> 1.0: tiermem faster). `info roofline_ms`: 28 B
 per parameter (read p, m, v, g; write p, m, v) over the DRAM triad of tiermem-probe
-(`tiermem-probe --json`, dram.triad_gbps, one thread per core). `check` lines: the largest
+(`tiermem-probe --json`, dram.triad_gbps, one thread per core): a yardstick, not a ceiling (the
+triad pays a write-allocate it does not count; a fused step runs at about 1.5x it). `check` lines: the largest
 absolute difference between the parameters tiermem and DeepSpeed (and torch foreach) reach
 after the same steps from the same start (round 0, all the parameters, via files in /dev/shm).
 

@@ -636,7 +636,7 @@ typedef struct tm_plan_input {
   double flops_per_s;        /**< achieved compute per GPU */
   /* Added with the CPU optimizer step; a caller built before passes the smaller struct_size,
    * and reads as dram_bytes_per_s 0, optimizer_bytes_per_param 28. */
-  double dram_bytes_per_s;          /**< host memory (STREAM triad); 0: optimizer offload n/a */
+  double dram_bytes_per_s;          /**< the CPU Adam step's bandwidth; 0: optimizer offload n/a */
   double optimizer_bytes_per_param; /**< DRAM traffic of the CPU step per parameter (28) */
 } tm_plan_input;
 

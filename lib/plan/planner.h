@@ -30,7 +30,7 @@ struct PlanInput {
   double flops_per_s = 0;       // achieved compute throughput per GPU
   // The CPU optimizer step once the state lives in DRAM: a fused Adam pass reads and writes
   // about 28 B per parameter (fp32 p, m, v read and written, the gradient read), bound by DRAM.
-  double dram_bytes_per_s = 0;  // host memory bandwidth (STREAM triad); 0: optimizer offload n/a
+  double dram_bytes_per_s = 0;  // the CPU Adam step's host bandwidth (probe dram.adam_gbps); 0: n/a
   double optimizer_bytes_per_param = 28;  // DRAM traffic of the CPU step per parameter
 };
 

@@ -29,8 +29,8 @@ void Usage(FILE* f) {
       "                    [--probe FILE] [--json]\n"
       "  --params accepts 7e9 or 7B/70B/1.5T; --hbm a size (80GiB); bandwidths in GB/s (1e9 B/s);\n"
       "  --tflops is the achieved compute per GPU in 1e12 FLOP/s.\n"
-      "  --dram-gbps prices the CPU optimizer step (STREAM triad bandwidth); without it, and\n"
-      "  without a probe file that has it, optimizer-state offload is left out.\n"
+      "  --dram-gbps prices the CPU optimizer step (its bandwidth: the probe's adam step row);\n"
+      "  without it, and without a probe file that has it, optimizer-state offload is left out.\n"
       "  --optimizer-bytes-per-param is the DRAM traffic of one CPU Adam step (default 28).\n"
       "  --probe FILE takes --link-gbps, --nvme-gbps and --dram-gbps from tiermem-probe --json\n"
       "  output (given flags win).\n");

@@ -13,7 +13,7 @@ struct ProbeBandwidths {
   std::string link_source;      // which measurement it came from
   double nvme_bytes_per_s = 0;  // DRAM <-> NVMe, the slower direction; 0 when none
   std::string nvme_source;
-  double dram_bytes_per_s = 0;  // host memory, STREAM-like triad; 0 when the probe has none
+  double dram_bytes_per_s = 0;  // the CPU Adam step's, else the triad's; 0 when the probe has none
   std::string dram_source;      // (probes before the triad row have none)
   bool gpu = false;             // false: the HBM figures are the emulated device's (host memory)
   std::string device;

@@ -209,6 +209,8 @@ absl::Status Measure(Runtime& rt, const Config& cfg, const ProbeOptions& o, Find
     Progress("measuring dram: triad");
     auto dram = DramTriad(o.bench_bytes, o.repeats);
     if (!dram.ok()) return dram.status();
+    Progress("measuring dram: the CPU Adam step");
+    if (absl::Status s = DramAdam(o.bench_bytes, *dram); !s.ok()) return s;
     f.dram = *dram;
     auto copies = Copies(rt, o.bench_bytes, o.repeats);
     if (!copies.ok()) return copies.status();
