@@ -67,6 +67,9 @@ EOF
   printf 'ratio opt_cpuadam_over_torchao 0.700\ninfo opt_cpuadam_over_deepspeed 0.800\n' \
     >"$d/peers_optimizer.log"
   echo 0 >"$d/peers_optimizer.rc"
+  printf 'ratio fsdp_step_tiermem_over_cpu_offload_policy 0.800\nratio fsdp_step_tiermem_nvme_over_cpu_offload_policy 0.900\n' \
+    >"$d/peers_fsdp.log"
+  echo 0 >"$d/peers_fsdp.rc"
   echo "Time to load cpu_adam op: 41.2 seconds" >"$d/peers_build.log"
   echo 0 >"$d/peers_build.rc"; echo 42 >"$d/peers_build.seconds"
   echo 300 >"$d/elapsed"
@@ -129,6 +132,8 @@ expect peers_activation_loses 1 'sed -i "s/act_tiermem_over_torchtune 0.950/act_
 expect peers_activation_over_bound 1 'sed -i "s/act_tiermem_over_bound 1.080/act_tiermem_over_bound 1.200/" peers_activation.log'
 expect peers_optimizer_loses 1 'sed -i "s/opt_cpuadam_over_torchao 0.700/opt_cpuadam_over_torchao 1.010/" peers_optimizer.log'
 expect peers_optimizer_skipped 1 'echo "skip: no CUDA device" >peers_optimizer.log; echo 77 >peers_optimizer.rc'
+expect peers_fsdp_loses 1 'sed -i "s/tiermem_over_cpu_offload_policy 0.800/tiermem_over_cpu_offload_policy 1.050/" peers_fsdp.log'
+expect peers_fsdp_missing 1 'rm peers_fsdp.log peers_fsdp.rc'
 expect peers_activation_missing 1 'rm peers_activation.log peers_activation.rc'
 expect peers_ratio_missing 1 'sed -i "/^ratio act_tiermem_over_bound/d" peers_activation.log'
 # DeepSpeed's op not built: a note, its side left out; the gated ratio stands.

@@ -7,7 +7,7 @@
 # and python/examples/fit_bench.py when the tree has them; the GPU peer benches,
 # bench/peers/activation_offload.py (tiermem against torchtune's OffloadActivations) and
 # bench/peers/gpu_optimizer.py (CPUAdam against torchao's CPUOffloadOptimizer and DeepSpeed's
-# CPU Adam). Every ratio meets its target or fails. The probe and its reference run in three
+# CPU Adam) and bench/peers/fsdp_offload.py (FSDP2 with FSDPCPUAdam against CPUOffloadPolicy). Every ratio meets its target or fails. The probe and its reference run in three
 # rounds, in alternating order.
 #
 # usage:
@@ -286,6 +286,14 @@ if grep -q '^cuda True' "$logs/python.txt" && grep -q '^pytest [0-9]' "$logs/pyt
   record peers_optimizer timeout 300 "${pyenv[@]}" "${peerenv[@]}" "$py" \
     "$root/bench/peers/gpu_optimizer.py" --hidden 1024 --blocks 4 --seq 512 --batch 4 \
     --rounds 3 --steps 3 --warmup 2
+  # FSDP2 on one GPU (NCCL, world size 1): FSDPCPUAdam with its state in DRAM and on NVMe
+  # against CPUOffloadPolicy and no offload, a model of about 0.1B parameters so that the run
+  # stays within its minutes (shards on NVMe are not run on CUDA yet: their gradients refuse it).
+  log "GPU peers: FSDP2 with FSDPCPUAdam against CPUOffloadPolicy"
+  record peers_fsdp timeout 280 "${pyenv[@]}" "$py" "$root/bench/peers/fsdp_offload.py" \
+    --device cuda --nproc 1 --modes no_offload,cpu_offload_policy,tiermem,tiermem_nvme \
+    --vocab 32000 --hidden 1024 --layers 6 --heads 8 --batch 4 --seq 512 --rounds 3 --steps 2 \
+    --warmup 2 --mem-steps 1 --nvme-dir "$work" --timeout 240
 fi
 [ -f "$root/python/examples/fit_bench.py" ] ||
   echo "python/examples/fit_bench.py is not in this tree" >"$logs/fit_bench.absent"

@@ -22,6 +22,7 @@
 #   fit_bench.log, .rc            the tree (a note); either absent and not noted is a FAIL
 #   peers_activation.log, .rc     bench/peers/activation_offload.py (required)
 #   peers_optimizer.log, .rc      bench/peers/gpu_optimizer.py (required)
+#   peers_fsdp.log, .rc           bench/peers/fsdp_offload.py --device cuda --nproc 1 (required)
 #   peers_build.log, .rc, .seconds  DeepSpeed's CPU Adam op built for the optimizer bench (a
 #                                 note: without it that bench leaves DeepSpeed's side out)
 #   elapsed                       seconds the run took
@@ -56,6 +57,7 @@ TARGETS=(
   'peers_activation|act_tiermem_over_torchtune|<=|1.0|tiermem DRAM step / torchtune OffloadActivations step, same tensors'
   'peers_activation|act_tiermem_over_bound|<=|1.15|tiermem DRAM step / its overlap bound (peer bench)'
   'peers_optimizer|opt_cpuadam_over_torchao|<=|1.0|GPT step with CPUAdam / with torchao CPUOffloadOptimizer'
+  'peers_fsdp|fsdp_step_tiermem_over_cpu_offload_policy|<=|1.0|FSDP2 step with FSDPCPUAdam, state in DRAM / with CPUOffloadPolicy'
 )
 
 rows=()
