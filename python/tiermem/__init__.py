@@ -280,7 +280,9 @@ class Runtime:
         self._homecoming = weakref.WeakSet()
 
     def _bring_home_at_close(self, offload):
-        """close() calls offload.remove() before the runtime goes (tiermem.torch)."""
+        """close() calls offload._runtime_closing() (else offload.remove()) before the runtime
+        goes (tiermem.torch: the offloads, and CPUAdam, whose state comes home into torch
+        tensors); a failure there refuses the close."""
         self._homecoming.add(offload)
 
     def _handle(self):
@@ -296,13 +298,16 @@ class Runtime:
     def close(self):
         """Destroys the runtime and every tensor it still holds; its swap files vanish. Offloads
         of tiermem.torch still in place (parameters, optimizer state) are brought home first,
-        as their remove() does, so that the model keeps its weights: when one cannot be, close
-        raises and the runtime stays open."""
+        as their remove() does, so that the model keeps its weights, and so is the state of a
+        CPUAdam or FSDPCPUAdam on this runtime (with FSDPCPUAdam's shards and gradients), which
+        goes on in torch memory: when one cannot be, close raises (TM_ERR_BUSY, naming it) and
+        the runtime stays open."""
         if self._rt is None:
             return
         for offload in list(getattr(self, "_homecoming", ())):
             try:
-                offload.remove()
+                home = getattr(offload, "_runtime_closing", None) or offload.remove
+                home()
             except Exception as e:
                 raise TiermemError(
                     _capi.STATUS_NAMES.index("TM_ERR_BUSY"),
@@ -407,8 +412,11 @@ class Runtime:
         except BaseException:
             try:
                 self.step_end()
-            except TiermemError:
-                pass  # the exception already propagating says more
+            except Exception:  # noqa: BLE001: the exception already propagating says more
+                # Not `except TiermemError`: a step left open at interpreter exit ends here, in
+                # the generator's GeneratorExit, once this module's globals may be None already
+                # (an except clause naming None is a TypeError, printed as "Exception ignored").
+                pass
             raise
         self.step_end()
 

@@ -140,6 +140,30 @@ def test_steps_do_not_nest(make_runtime):
     t.destroy()
 
 
+def test_exit_with_a_step_open_is_quiet(tmp_path):
+    """An interpreter leaving with `with rt.step():` (and a saved-tensor context) still entered
+    ends the step in the generator's GeneratorExit after this module's globals may be None:
+    nothing may be printed ("Exception ignored in <generator Runtime.step>: TypeError: catching
+    classes that do not inherit from BaseException")."""
+    code = """if True:
+        import torch, tiermem, tiermem.torch as tt
+        rt = tiermem.Runtime(device="emulated", dram_bytes="4MiB", nvme_paths=%r,
+                             nvme_bytes="16MiB", log_level="error")
+        m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+        params = tt.offload_parameters(m, rt, tier="nvme",
+                                       optimizer=torch.optim.AdamW(m.parameters()))
+        step = rt.step(); step.__enter__()
+        saved = tt.offload_saved_tensors(rt, tier="nvme", min_bytes=1); saved.__enter__()
+        loss = m(torch.randn(8, 64)).sum()  # the graph alive, its saved tensors in tiermem
+        print("exiting", flush=True)
+    """ % str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "exiting\n", out.stdout
+    assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def test_installed_package_finds_its_library(tmp_path):
     """cmake --install puts the package into the site directory with the library's path."""
     build = os.environ.get("TIERMEM_BUILD_DIR")
