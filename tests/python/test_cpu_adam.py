@@ -187,11 +187,135 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="nvme"):
         CPUAdam([p], state_tier="nvme")
     p.grad = torch.ones(4)
+    opt = CPUAdam([p])
+    opt.param_groups[0]["betas"] = (0.9, 1.0)  # changed after construction: the step checks
     with pytest.raises(tiermem.TiermemError, match="beta2"):
-        CPUAdam([p], betas=(0.9, 1.0)).step()
+        opt.step()
     assert torch.equal(p.detach(), torch.zeros(4)), "a refused step changed nothing"
+    opt.close()
     with pytest.raises(ValueError, match="set_isa_limit"):
         set_isa_limit("sse9")
+
+
+@pytest.mark.parametrize("hyper", [dict(lr=-1.0), dict(lr=float("nan")), dict(eps=-1e-8),
+                                   dict(eps=float("nan")), dict(betas=(1.5, 0.9)),
+                                   dict(betas=(0.9, 1.0)), dict(betas=(0.9, -0.1)),
+                                   dict(weight_decay=-1.0)], ids=str)
+def test_bad_hyperparameters_are_refused_as_adamw_refuses_them(hyper):
+    """At construction, with torch.optim.AdamW's ValueError and message (not at the first step,
+    a TiermemError); nothing is made."""
+    p = torch.nn.Parameter(torch.zeros(4))
+    with pytest.raises(ValueError) as want:
+        torch.optim.AdamW([p], **hyper)
+    with pytest.raises(ValueError) as got:
+        CPUAdam([p], **hyper)
+    assert str(got.value) == str(want.value)
+
+
+def test_hyperparameters_of_the_wrong_kind_are_named():
+    p = torch.nn.Parameter(torch.zeros(4))
+    for bad in [(0.9,), (0.9, 0.99, 0.999), 0.9, None]:
+        with pytest.raises(ValueError, match=r"Invalid betas: .*want a pair"):
+            CPUAdam([p], betas=bad)
+    for name in ("lr", "eps", "weight_decay"):
+        with pytest.raises(TypeError, match="^%s='x': want a number" % name):
+            CPUAdam([p], **{name: "x"})
+    opt = CPUAdam([p], lr=torch.tensor(1e-2))  # a tensor lr, as AdamW takes it
+    p.grad = torch.ones(4)
+    opt.step()
+    assert (p.detach() < 0).all()
+    opt.close()
+
+
+def test_a_closed_optimizer_says_so():
+    p = torch.nn.Parameter(torch.zeros(4))
+    p.grad = torch.ones(4)
+    opt = CPUAdam([p])
+    opt.step()
+    sd = opt.state_dict()
+    opt.close()
+    opt.close()  # once
+    for call in (opt.step, opt.state_dict, lambda: opt.load_state_dict(sd)):
+        with pytest.raises(tiermem.TiermemError, match="the optimizer was closed") as e:
+            call()
+        assert e.value.status == tiermem.TM_ERR_INVALID_HANDLE
+        assert "0x0000000000000000" not in str(e.value)
+
+
+def _train(m, opt, steps, start=0):
+    for i in range(start, start + steps):
+        g = torch.Generator().manual_seed(i)
+        x = torch.randn(8, 16, generator=g).to(next(m.parameters()).dtype)
+        m(x).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _small(dtype):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                               torch.nn.Linear(32, 4)).to(dtype)
+
+
+@pytest.mark.parametrize("tier,dtype,amsgrad", [("dram", torch.float32, False),
+                                                ("nvme", torch.float32, True),
+                                                ("dram", torch.bfloat16, False),
+                                                ("nvme", torch.float16, False)])
+def test_runtime_close_brings_the_state_home(make_runtime, tier, dtype, amsgrad):
+    """The runtime closed before the optimizer (a `with tiermem.Runtime()` block ending first, an
+    exception in it): its close() brings the moments (and the fp32 masters of bf16 / fp16
+    parameters) home into torch tensors, as it brings offload_optimizer_state's: state_dict()
+    gives what it gave before, and the optimizer steps on, bit for bit the run whose runtime
+    stayed open; a new parameter group and a load_state_dict() work there too."""
+    runs = []
+    for close_first in (False, True):
+        m = _small(dtype)
+        rt = make_runtime(dram_bytes="1MiB")
+        opt = CPUAdam(m[0].parameters(), runtime=rt, state_tier=tier, amsgrad=amsgrad, lr=1e-2)
+        _train(m, opt, 3)
+        before = opt.state_dict()
+        if close_first:
+            rt.close()
+            assert rt.closed
+            after = opt.state_dict()
+            assert sorted(after["state"][0]) == sorted(before["state"][0])
+            for k, entry in before["state"].items():
+                for name, t in entry.items():
+                    assert torch.equal(after["state"][k][name], t), (k, name)
+        opt.add_param_group(dict(params=list(m[2].parameters())))
+        _train(m, opt, 3, start=3)
+        opt.load_state_dict(opt.state_dict())
+        _train(m, opt, 2, start=6)
+        runs.append(([p.detach().clone() for p in m.parameters()], opt.state_dict()))
+        opt.close()
+        opt.close()
+    (kept, kept_sd), (home, home_sd) = runs
+    assert all(torch.equal(a, b) for a, b in zip(kept, home)), "the run after close differs"
+    for k, entry in kept_sd["state"].items():
+        for name, t in entry.items():
+            assert torch.equal(home_sd["state"][k][name], t), (k, name)
+    assert "master_param" in kept_sd["state"][0] or dtype == torch.float32
+
+
+def test_runtime_close_refused_when_the_state_cannot_come_home(make_runtime):
+    """A state that cannot be read refuses the close (TM_ERR_BUSY naming CPUAdam): the runtime
+    stays open with the state, which a later close brings home."""
+    p = torch.nn.Parameter(torch.zeros(64))
+    p.grad = torch.ones(64)
+    rt = make_runtime(dram_bytes="1MiB")
+    opt = CPUAdam([p], runtime=rt, state_tier="nvme")
+    opt.step()
+    want = opt.state_dict()
+    slot = opt._slots[p]
+    handle, slot.handle = slot.handle, tiermem._capi.Tensor()  # the zero handle: reads fail
+    with pytest.raises(tiermem.TiermemError, match="CPUAdam could not bring") as e:
+        rt.close()
+    assert e.value.status == tiermem.TM_ERR_BUSY and not rt.closed
+    slot.handle = handle
+    rt.close()
+    got = opt.state_dict()
+    assert all(torch.equal(got["state"][0][k], want["state"][0][k]) for k in want["state"][0])
+    opt.close()
 
 
 def cuda_curve(make_opt, steps):

@@ -59,19 +59,54 @@ def set_isa_limit(name):
     return _optim_capi.ISA_NAMES[active.value]
 
 
+def _check_hyper(lr, betas, eps, weight_decay):
+    """torch.optim.AdamW's checks of the hyperparameters, made when the optimizer is (the C step
+    checks them again each step, as a scheduler or the user may change param_groups)."""
+    def number(name, v):
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            raise TypeError("%s=%r: want a number" % (name, v)) from None
+
+    if not 0.0 <= number("lr", lr):
+        raise ValueError("Invalid learning rate: %s" % (lr,))
+    if not 0.0 <= number("eps", eps):
+        raise ValueError("Invalid epsilon value: %s" % (eps,))
+    try:
+        beta1, beta2 = betas
+    except (TypeError, ValueError):
+        raise ValueError("Invalid betas: %r, want a pair (beta1, beta2)" % (betas,)) from None
+    for i, beta in enumerate((beta1, beta2)):
+        if not 0.0 <= number("betas[%d]" % i, beta) < 1.0:
+            raise ValueError("Invalid beta parameter at index %d: %s" % (i, beta))
+    if not 0.0 <= number("weight_decay", weight_decay):
+        raise ValueError("Invalid weight_decay value: %s" % (weight_decay,))
+
+
+def _closed_error(what):
+    return tiermem.TiermemError(
+        _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE"),
+        "%s: the optimizer was closed (close() freed its state): make a new one, and load a "
+        "state_dict() taken before close() into it" % what)
+
+
 class _Slot:
     """One parameter's bucket: its state tensor in tiermem and, for a parameter on a GPU, pinned
     buffers for its gradient and its updated value. The state is [master | exp_avg | exp_avg_sq
     | max_exp_avg_sq] in fp32, or without the master (`in_place`) for an fp32 CPU parameter
     with its state in DRAM: that parameter is its own master, stepped in place as AdamW and
-    DeepSpeed step it (28 bytes a parameter moved instead of 36 with a master beside it)."""
+    DeepSpeed step it (28 bytes a parameter moved instead of 36 with a master beside it). Once
+    the runtime closed (CPUAdam._runtime_closing), the same layout in `home`, one flat fp32
+    torch tensor, and no tiermem tensor."""
 
     __slots__ = ("tensor", "handle", "count", "amsgrad", "in_place", "grad_host", "out_host",
-                 "ready")
+                 "ready", "home")
 
-    def __init__(self, tensor, count, amsgrad, in_place):
+    def __init__(self, tensor, count, amsgrad, in_place, home=None):
         self.tensor, self.count, self.amsgrad, self.in_place = tensor, count, amsgrad, in_place
-        self.handle = tensor._handle()  # the C handle (the tensor is destroyed only by close())
+        # The C handle (the tensor is destroyed only by close(), or by the runtime's).
+        self.handle = tensor._handle() if tensor is not None else None
+        self.home = home
         self.grad_host = self.out_host = self.ready = None
 
 
@@ -88,11 +123,18 @@ class CPUAdam(torch.optim.Optimizer):
     place (docs/pytorch.md). overlap: on a GPU, copy each gradient down on a side stream as
     backward produces it and step each parameter on the CPU while backward goes on (None: when
     the parameters are on a GPU and torch has register_post_accumulate_grad_hook).
+
+    The runtime's close() (a `with tiermem.Runtime(...)` block ending before close(), an
+    exception in it) brings the state home first, into torch tensors: step(), state_dict() and
+    load_state_dict() go on over them, stepped by the same kernel. After close(), step(),
+    state_dict() and load_state_dict() raise.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, adamw=True, max_grad_norm=None, runtime=None,
                  state_tier="dram", threads=0, overlap=None):
+        self._closed, self._home = False, False  # close() called; the runtime's close() was
+        _check_hyper(lr, betas, eps, weight_decay)
         if state_tier not in ("dram", "nvme"):
             raise ValueError("CPUAdam: state_tier=%r, want 'dram' or 'nvme'" % (state_tier,))
         if max_grad_norm is not None and not max_grad_norm > 0:
@@ -136,6 +178,39 @@ class CPUAdam(torch.optim.Optimizer):
         if overlap:
             from tiermem.torch.cpu_adam_overlap import Overlap  # CUDA only
             self._overlap = Overlap(self)
+        # Its close() brings the state home first (even a private runtime's, reachable as
+        # .runtime), as it brings offload_optimizer_state's.
+        runtime._bring_home_at_close(self)
+
+    def _runtime_closing(self):
+        """The runtime is closing (Runtime.close, before it destroys its tensors): every slot's
+        state comes home into a torch tensor of the same layout, all read before any tiermem
+        tensor goes (a failed read refuses the close, nothing changed), and from then on the
+        optimizer steps them with the same kernel (tm_adam_step over host memory needs no
+        runtime). Without this the close destroyed the moments and the masters, silently."""
+        if self._closed or self._home:
+            return
+        if self._overlap is not None:
+            self._overlap.drain()  # the steps backward queued, over the state still in tiermem
+        with self._lock:
+            rt = self.runtime._handle()
+            homes = {}
+            for p, slot in self._slots.items():
+                flat = torch.empty(slot.tensor.nbytes // 4, dtype=torch.float32)
+                _check(_lib.tm_tensor_read(rt, slot.handle, 0, flat.data_ptr(),
+                                           flat.numel() * 4), "tm_tensor_read")
+                homes[p] = flat
+            for p, slot in self._slots.items():
+                old, slot.tensor, slot.handle, slot.home = slot.tensor, None, None, homes[p]
+                try:
+                    old.destroy()
+                except tiermem.TiermemError:
+                    pass  # the runtime destroys it next anyway
+            self._home = True
+
+    def _check_open(self, what):
+        if self._closed:
+            raise _closed_error("%s.%s" % (type(self).__name__, what))
 
     # ---- state in tiermem ----
 
@@ -155,10 +230,8 @@ class CPUAdam(torch.optim.Optimizer):
         if slot is None:
             n = p.numel()
             in_place = self._in_place_ok(p)
-            t = self.runtime.tensor(((3 if amsgrad else 2) + (not in_place)) * 4 * n,
-                                    cls="optimizer_state", home=self.state_tier,
-                                    name=self.runtime.next_name("cpu_adam"))
-            slot = _Slot(t, n, amsgrad, in_place)
+            t, home = self._new_state(((3 if amsgrad else 2) + (not in_place)) * n)
+            slot = _Slot(t, n, amsgrad, in_place, home)
             self._slots[p] = slot
             if init:
                 zeros = torch.zeros(n, dtype=torch.float32)
@@ -172,12 +245,19 @@ class CPUAdam(torch.optim.Optimizer):
         """A parameter stepped in place that no longer can be (made bf16, moved, made a strided
         view): its state gets a master again, the parameter's value widened to fp32."""
         _, m, v, *vmax = self._read(slot, p)
-        t = self.runtime.tensor(((4 if slot.amsgrad else 3) * 4 * slot.count),
-                                cls="optimizer_state", home=self.state_tier,
-                                name=self.runtime.next_name("cpu_adam"))
-        old, slot.tensor, slot.handle, slot.in_place = slot.tensor, t, t._handle(), False
+        t, home = self._new_state((4 if slot.amsgrad else 3) * slot.count)
+        old, slot.tensor, slot.in_place = slot.tensor, t, False
+        slot.handle, slot.home = t._handle() if t is not None else None, home
         self._write(slot, p.detach().reshape(-1), m, v, vmax[0] if vmax else None, p)
-        old.destroy()
+        if old is not None:
+            old.destroy()
+
+    def _new_state(self, words):
+        """(tiermem tensor, None) of `words` fp32 words; (None, zeros) once the runtime closed."""
+        if self._home:
+            return None, torch.zeros(words, dtype=torch.float32)
+        return self.runtime.tensor(4 * words, cls="optimizer_state", home=self.state_tier,
+                                   name=self.runtime.next_name("cpu_adam")), None
 
     def _write(self, slot, master, m, v, vmax, p):
         parts = [m, v] + ([vmax if vmax is not None else torch.zeros_like(v)]
@@ -188,6 +268,9 @@ class CPUAdam(torch.optim.Optimizer):
         else:
             parts.insert(0, master)
         flat = torch.cat([t.detach().to("cpu", torch.float32).reshape(-1) for t in parts])
+        if slot.home is not None:
+            slot.home = flat  # a new tensor (cat): the old one may still be read by the caller
+            return
         _check(_lib.tm_tensor_write(self.runtime._handle(), slot.tensor._handle(), 0,
                                     flat.data_ptr(), flat.numel() * 4), "tm_tensor_write")
 
@@ -195,9 +278,12 @@ class CPUAdam(torch.optim.Optimizer):
         """[master, exp_avg, exp_avg_sq(, max_exp_avg_sq)] as flat fp32 tensors (the master of a
         parameter stepped in place is the parameter itself)."""
         parts = (3 if slot.amsgrad else 2) + (not slot.in_place)
-        flat = torch.empty(parts * slot.count, dtype=torch.float32)
-        _check(_lib.tm_tensor_read(self.runtime._handle(), slot.tensor._handle(), 0,
-                                   flat.data_ptr(), flat.numel() * 4), "tm_tensor_read")
+        if slot.home is not None:
+            flat = slot.home  # views of it: callers that keep them clone them (state_dict)
+        else:
+            flat = torch.empty(parts * slot.count, dtype=torch.float32)
+            _check(_lib.tm_tensor_read(self.runtime._handle(), slot.tensor._handle(), 0,
+                                       flat.data_ptr(), flat.numel() * 4), "tm_tensor_read")
         out = list(flat.split(slot.count))
         if slot.in_place:
             out.insert(0, p.detach().reshape(-1))
@@ -290,8 +376,9 @@ class CPUAdam(torch.optim.Optimizer):
 
     def _step_groups(self, runs, grad_scale):
         """Parameters stepped in place (their own master, state in DRAM: one tm_adam_step per
-        run, over the state acquired in DRAM) and the others (tm_adam_step_groups, one call, all
-        or nothing). Everything that can fail is done before anything changes: the state
+        run, over the state acquired in DRAM), or over state at home in torch tensors once the
+        runtime closed (the same call), and the others (tm_adam_step_groups, one call, all or
+        nothing). Everything that can fail is done before anything changes: the state
         acquired, the hyperparameters checked, the groups' call taken (it changes nothing when
         it fails); the in-place steps after it cannot fail."""
         keep = []  # the gradients, arrays and configs the C calls read
@@ -302,13 +389,14 @@ class CPUAdam(torch.optim.Optimizer):
                 slot = self._slot(p, group)
                 g = self._grad(slot, grad)
                 keep.append(g)
-                (here if slot.in_place else there).append((p, slot, g, c))
+                (here if slot.in_place or slot.home is not None else there).append(
+                    (p, slot, g, c))
             if here:
                 in_place_runs.append((group, step, here))
             if there:
                 bucket_runs.append((group, step, there))
         acquired = []
-        rt = self.runtime._handle()
+        rt = None if self._home else self.runtime._handle()
         try:
             spans = [self._acquire_spans(rt, here, acquired) for _, _, here in in_place_runs]
             cfgs = [self._config(group) for group, _, _ in in_place_runs]
@@ -324,6 +412,9 @@ class CPUAdam(torch.optim.Optimizer):
                 _check(_lib.tm_adam_step(self._adam, step, grad_scale, arr, len(here)),
                        "tm_adam_step")
                 self._count([(p, c) for p, _, _, c in here])
+                for p, slot, _, _ in here:
+                    if slot.out_host is not None and slot.home is not None:
+                        p.data.copy_(slot.out_host.view(p.shape), non_blocking=True)
         finally:
             release = _lib.tm_tensor_release
             for slot in acquired:
@@ -331,18 +422,35 @@ class CPUAdam(torch.optim.Optimizer):
 
     def _acquire_spans(self, rt, here, acquired):
         """The tm_adam_span array of parameters stepped in place, their state acquired in DRAM
-        for writing (appended to `acquired` as it goes, for the caller to release)."""
+        for writing (appended to `acquired` as it goes, for the caller to release), or at home
+        in torch memory (a master there too, but for a parameter that is its own)."""
         words = array.array("Q", bytes(8 * _SPAN_WORDS * len(here)))
         ptr = ctypes.c_void_p()
         out = ctypes.byref(ptr)
         acquire = _lib.tm_tensor_acquire
         for i, (p, slot, g, _) in enumerate(here):
-            status = acquire(rt, slot.handle, _capi.TIER_DRAM, _capi.ACCESS_READ_WRITE, None, out)
-            if status != _capi.OK:
-                _check(status, "tm_tensor_acquire")
-            acquired.append(slot)
-            n, base, w = slot.count, ptr.value, i * _SPAN_WORDS
-            words[w + _SPAN_PARAM] = p.data_ptr()
+            if slot.home is not None:
+                base = slot.home.data_ptr()
+            else:
+                status = acquire(rt, slot.handle, _capi.TIER_DRAM, _capi.ACCESS_READ_WRITE, None,
+                                 out)
+                if status != _capi.OK:
+                    _check(status, "tm_tensor_acquire")
+                acquired.append(slot)
+                base = ptr.value
+            n, w = slot.count, i * _SPAN_WORDS
+            if slot.in_place:
+                words[w + _SPAN_PARAM] = p.data_ptr()
+            else:  # the master first; the updated parameter written as its dtype
+                words[w + _SPAN_PARAM] = base
+                base += 4 * n
+                if p.is_cuda or not p.is_contiguous():
+                    if slot.out_host is None:
+                        slot.out_host = torch.empty(n, dtype=p.dtype, pin_memory=p.is_cuda)
+                    words[w + _SPAN_OUT] = slot.out_host.data_ptr()
+                else:
+                    words[w + _SPAN_OUT] = p.data_ptr()
+                words[w + _SPAN_OUT_DTYPE] = _DTYPES[p.dtype]
             words[w + _SPAN_M] = base
             words[w + _SPAN_V] = base + 4 * n
             if slot.amsgrad:
@@ -389,6 +497,7 @@ class CPUAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        self._check_open("step")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -417,6 +526,7 @@ class CPUAdam(torch.optim.Optimizer):
     # ---- checkpoints, in torch.optim.AdamW's layout ----
 
     def state_dict(self):
+        self._check_open("state_dict")
         if self._overlap is not None:
             self._overlap.drain()
         sd = super().state_dict()
@@ -449,6 +559,7 @@ class CPUAdam(torch.optim.Optimizer):
         return sd
 
     def load_state_dict(self, state_dict):
+        self._check_open("load_state_dict")
         groups, saved = self.param_groups, state_dict["param_groups"]
         if len(groups) != len(saved) or any(len(a["params"]) != len(b["params"])
                                             for a, b in zip(groups, saved)):
@@ -476,7 +587,9 @@ class CPUAdam(torch.optim.Optimizer):
             self._write(slot, master, entry["exp_avg"], entry["exp_avg_sq"], vmax, p)
 
     def close(self):
-        """Frees the state in tiermem and the workers (also done when collected)."""
+        """Frees the state in tiermem (or brought home by the runtime's close) and the workers
+        (also done when collected). Once: a second call does nothing."""
+        self._closed = True
         if self._overlap is not None:
             self._overlap.close()
             self._overlap = None
@@ -484,7 +597,7 @@ class CPUAdam(torch.optim.Optimizer):
             _lib.tm_adam_destroy(self._adam)
             self._adam = _optim_capi.Adam()
         for slot in self._slots.values():
-            if not self.runtime.closed:
+            if slot.tensor is not None and not self.runtime.closed:
                 slot.tensor.destroy()
         self._slots, self._counters = {}, {}
         if self._own_runtime is not None:
