@@ -6,6 +6,7 @@ the model's forward pre-hooks, and the bytes moved."""
 
 import os
 
+import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
                                                      get_optimizer_state_dict,
@@ -180,3 +181,55 @@ class ShardCases:
             held = run(rt, shard_tier="nvme", grad_tier="nvme")
         return dict(vs_plain=w.compare(held[0], held[1], plain[0], plain[1]),
                     peak_units=held[2])
+
+    def shards_rt_close(self, w):
+        """The runtime closed before the optimizer, by an exception inside its `with` block
+        after a backward (shards, gradient shards and state on NVMe): its close() brings them
+        all home, the model reads as it did inside shards_in(), and the step and 14 more go on:
+        the bits of plain FSDPCPUAdam; close() after that returns. Also the refused
+        shard_prefetch_depth values, and step() after close()."""
+        out = dict(depth={})
+        with self.runtime(dram_bytes="1MiB", nvme_paths=self.nvme_dir,
+                          nvme_bytes="16MiB") as rt:
+            for depth in (-1, "x", 2.5, None, True):
+                try:
+                    FSDPCPUAdam(w.build(), runtime=rt, shard_tier="nvme",
+                                shard_prefetch_depth=depth)
+                    out["depth"][repr(depth)] = "accepted"
+                except Exception as e:  # noqa: BLE001 - reported to the test
+                    out["depth"][repr(depth)] = "%s: %s" % (type(e).__name__, e)
+        model = w.build()
+        losses = []
+        try:
+            with self.runtime(dram_bytes="1MiB", nvme_paths=self.nvme_dir,
+                              nvme_bytes="16MiB") as rt:
+                opt = FSDPCPUAdam(model, runtime=rt, threads=1, state_tier="nvme",
+                                  shard_tier="nvme", grad_tier="nvme", **w.HYPER)
+                losses += w.train(model, opt, 5)
+                with opt.shards_in():
+                    before = w.full(model)
+                loss = w.loss_of(model, *w.batch(5))
+                loss.backward()
+                losses.append(loss.item())
+                out["grads_held"] = all(r["grad_torch_bytes"] == 0
+                                        for r in opt.shard_offload.residency())
+                raise KeyboardInterrupt  # the `with` block ends first
+        except KeyboardInterrupt:
+            pass
+        out["closed"] = rt.closed
+        out["shard_offload_off"] = opt.shard_offload is None
+        after = w.full(model)  # no shards_in(): ordinary tensors again
+        out["reads_as_before"] = all(torch.equal(after[n], before[n]) for n in before)
+        opt.step()
+        opt.zero_grad()
+        losses += w.train(model, opt, w.STEPS - 6, start=6)
+        params = w.full(model)
+        opt.close()
+        opt.close()
+        try:
+            opt.step()
+            out["step_after_close"] = "returned"
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out["step_after_close"] = "%s: %s" % (type(e).__name__, e)
+        out["vs_plain"] = w.compare(losses, params, *self._plain("nn", lambda: self._run_plain(w)))
+        return out

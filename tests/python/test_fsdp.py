@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fsdp_worker.py")
 CASES = ("dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,"
          "shards_nvme,shards_llama,shards_dcp,shards_accumulate,shards_prefetch,shards_guard,"
-         "shards_hostile")
+         "shards_hostile,shards_rt_close")
 # The tolerance of test_cpu_adam.py: CPUAdam's kernel and torch's scalar AdamW round differently
 # in the last bit (FMA or not), so the curves agree to 1e-5 relative, not bit for bit, at lr 1e-3.
 LOSS_RTOL = 1e-5
@@ -313,3 +313,22 @@ def test_hostile_pass_follows_plain(single_node):
         for name, got in r.items():
             assert got.get("bit_identical"), "rank %d: %s: %s" % (rank, name, got)
             assert got["after_close_equal"], "rank %d: %s: %s" % (rank, name, got)
+
+
+def test_runtime_closed_first_brings_shards_and_state_home(single_node):
+    """The runtime's close() (an exception inside its `with` block, after a backward) before the
+    optimizer's: shards, gradient shards and state come home, the model reads as before without
+    shards_in(), and training goes on with the bits of plain FSDPCPUAdam (it lost the weights and
+    the next forward crashed both ranks)."""
+    for rank, r in results(single_node, "shards_rt_close").items():
+        what = "rank %d" % rank
+        assert r["grads_held"], "%s: the gradients were not in tiermem when it closed" % what
+        assert r["closed"] and r["shard_offload_off"], r
+        assert r["reads_as_before"], "%s: the shards read otherwise after the close" % what
+        assert r["vs_plain"]["bit_identical"], "%s: %s" % (what, r["vs_plain"])
+        assert r["step_after_close"].startswith("TiermemError: TM_ERR_INVALID_HANDLE: "
+                                                "FSDPCPUAdam.step: the optimizer was closed"), r
+        depth = r["depth"]
+        for bad in ("'x'", "2.5", "None", "True"):
+            assert depth[bad].startswith("TypeError: FSDPCPUAdam: shard_prefetch_depth="), depth
+        assert depth["-1"].startswith("ValueError: FSDPCPUAdam: shard_prefetch_depth=-1"), depth

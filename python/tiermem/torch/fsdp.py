@@ -20,8 +20,8 @@ returns torch.optim.AdamW's layout with each state tensor a DTensor sharded as i
 torch.distributed.checkpoint's get/set_optimizer_state_dict treat it as they treat AdamW's, and
 checkpoints move between the two. Nothing of the model is changed (no hook, no wrapper), unless
 shard_tier / grad_tier hold the parameter and gradient shards in tiermem too (_fsdp_shards.py:
-hooks on the model, removed by close(), which brings every shard back; close() before the
-runtime's).
+hooks on the model, removed by close(), which brings every shard back; the runtime's close()
+brings them back too, with the state, if it comes first).
 
 Refused, by name: FSDP1 (FullyShardedDataParallel), fully_shard's offload_policy=CPUOffloadPolicy
 (the state would be offloaded twice), meshes that are not 1-D shardings (HSDP, FSDP2's
@@ -29,13 +29,14 @@ replicate, FSDP with tensor parallelism) and parameters FSDP2 does not shard (ig
 """
 
 import contextlib
+import operator
 from collections import defaultdict
 
 import torch
 
 from tiermem.torch._fsdp_guard import local
 from tiermem.torch._fsdp_shards import _ShardOffload
-from tiermem.torch.cpu_adam import CPUAdam
+from tiermem.torch.cpu_adam import CPUAdam, _check_hyper, _closed_error
 
 __all__ = ["FSDPCPUAdam"]
 
@@ -162,14 +163,31 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     shards there too, from FSDP2's post-backward to the unit's step and until zero_grad(); read
     them in between only inside shards_in(): elsewhere a read raises a RuntimeError (clip with
     max_grad_norm, not clip_grad_norm_, which raises).
+
+    The runtime's close() before this optimizer's (a `with tiermem.Runtime(...)` block ending
+    first, an exception in it) brings everything home first: the shards and gradient shards
+    into their torch storages for good (shard_tier off from then on, the hooks gone), the state
+    into torch tensors, where step() goes on; a later close() only frees the rest.
     """
 
     def __init__(self, module, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=1e-2, amsgrad=False, *, adamw=True, max_grad_norm=None,
                  runtime=None, state_tier="dram", threads=0, shard_tier=None,
                  shard_prefetch_depth=1, grad_tier=None):
+        self._closed = False
         self._names = names = _check_module(module)
         self._offload = None
+        _check_hyper(lr, betas, eps, weight_decay)
+        try:  # an int, numpy's too; not a bool, a float or None
+            if isinstance(shard_prefetch_depth, bool):
+                raise TypeError
+            shard_prefetch_depth = operator.index(shard_prefetch_depth)
+        except TypeError:
+            raise TypeError("FSDPCPUAdam: shard_prefetch_depth=%r; want an int, the units "
+                            "prefetched ahead (0: none)" % (shard_prefetch_depth,)) from None
+        if shard_prefetch_depth < 0:
+            raise ValueError("FSDPCPUAdam: shard_prefetch_depth=%d; want 0 or more (0: no "
+                             "prefetch)" % shard_prefetch_depth)
         if shard_tier is not None:
             if shard_tier not in ("dram", "nvme"):
                 raise ValueError("FSDPCPUAdam: shard_tier=%r; want \"dram\", \"nvme\" or None" %
@@ -219,6 +237,19 @@ class FSDPCPUAdam(torch.optim.Optimizer):
             if unowned:
                 raise ValueError("FSDPCPUAdam: parameters %s belong to no fully_shard unit of "
                                  "the module; shard_tier needs every one in a unit" % unowned)
+            # Its close() brings the shards home first (the state: _ShardAdam registered too).
+            runtime._bring_home_at_close(self)
+
+    def _runtime_closing(self):
+        """The runtime is closing (Runtime.close, before it destroys its tensors): the shards and
+        gradient shards back into their torch storages for good, the hooks off (as close()
+        does), then the state into torch tensors (CPUAdam._runtime_closing), where step() goes
+        on. Without this the shards' bytes went with the runtime: reads raised, close() raised
+        and the next forward all-gathered freed storage (SIGSEGV)."""
+        if self._offload is not None:
+            self._offload.close()
+            self._offload = None
+        self._adam._runtime_closing()
 
     def _params(self):
         return (p for g in self.param_groups for p in g["params"])
@@ -260,8 +291,13 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         self.state = defaultdict(dict, {p: inner[a] for p, a in self._shards.items()
                                         if a in inner})
 
+    def _check_open(self, what):
+        if self._closed:
+            raise _closed_error("FSDPCPUAdam." + what)
+
     @torch.no_grad()
     def step(self, closure=None):
+        self._check_open("step")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -349,6 +385,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
 
     def state_dict(self):
         """torch.optim.AdamW's layout; each state tensor a DTensor sharded as its parameter."""
+        self._check_open("state_dict")
         DTensor = _fsdp2()[3]
         self._sync()
         sd = self._adam.state_dict()
@@ -364,6 +401,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         """From state_dict()'s layout or torch.optim.AdamW's (DTensor state, as DCP loads it, or
         this rank's local shards)."""
+        self._check_open("load_state_dict")
         DTensor = _fsdp2()[3]
         self._sync()
         params = list(self._params())
@@ -394,7 +432,9 @@ class FSDPCPUAdam(torch.optim.Optimizer):
 
     def close(self):
         """Frees this rank's state in tiermem (also done when the optimizer is collected);
-        with shard_tier, the shards come back into torch memory for good, the hooks go."""
+        with shard_tier, the shards come back into torch memory for good, the hooks go. Once: a
+        second call does nothing; step() and state_dict() after it raise."""
+        self._closed = True
         if self._offload is not None:
             self._offload.close()
             self._offload = None
