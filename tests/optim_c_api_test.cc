@@ -116,6 +116,39 @@ TEST(OptimCApi, CountsNear2To64AreRefusedBeforeAnyStep) {
   ASSERT_EQ(tm_runtime_destroy(rt), TM_OK);
 }
 
+// An optimizer outlives the runtime it was made with: host spans still step (PyTorch's CPUAdam
+// steps its state this way once the runtime's close brought it home), its bucket calls name the
+// closed runtime, and destroy frees it.
+TEST(OptimCApi, StepsHostSpansAfterItsRuntimeIsDestroyed) {
+  TempDir dir;
+  tm_config cfg = SmallConfig(dir.path());
+  tm_runtime rt{0};
+  ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_OK) << LastError();
+  tm_adam_config c = TM_ADAM_CONFIG_INIT;
+  c.threads = 2;
+  tm_adam adam{0};
+  ASSERT_EQ(tm_adam_create(rt, &c, &adam), TM_OK) << LastError();
+  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+  d.bytes = 12 * 64;
+  d.cls = TM_CLASS_OPTIMIZER_STATE;
+  d.home_tier = TM_TIER_DRAM;
+  tm_tensor t{0};
+  ASSERT_EQ(tm_tensor_create(rt, &d, &t), TM_OK) << LastError();
+  ASSERT_EQ(tm_runtime_destroy(rt), TM_OK) << LastError();
+  std::vector<float> p(4096, 1.0f), m(4096, 0.0f), v(4096, 0.0f), g(4096, 0.5f);
+  tm_adam_span span = {p.data(),     m.data(), v.data(),     nullptr, g.data(),
+                       TM_DTYPE_F32, nullptr,  TM_DTYPE_F32, p.size()};
+  ASSERT_EQ(tm_adam_step(adam, 1, 1.0f, &span, 1), TM_OK) << LastError();
+  ASSERT_EQ(tm_adam_step(adam, 2, 1.0f, &span, 1), TM_OK) << LastError();
+  for (float x : p) ASSERT_LT(x, 1.0f);
+  std::vector<float> grad(64, 0.5f);
+  const tm_adam_bucket bucket = {t, 64, grad.data(), TM_DTYPE_F32, nullptr, TM_DTYPE_F32};
+  size_t done = 99;
+  EXPECT_EQ(tm_adam_step_buckets(adam, 1, 1.0f, &bucket, 1, &done), TM_ERR_INVALID_HANDLE);
+  EXPECT_EQ(done, 0u);
+  ASSERT_EQ(tm_adam_destroy(adam), TM_OK) << LastError();
+}
+
 TEST(OptimCApi, TensorBucketsMatchHostSpans) {
   TempDir dir;
   tm_config cfg = SmallConfig(dir.path());
