@@ -3,7 +3,7 @@ tensor's storage freed and refilled in place."""
 
 import torch
 
-from .. import TiermemError, _capi, _tier
+from .. import TiermemError, _capi, _tier, parse_size
 
 _TIER_HOME = {"dram": "dram", "nvme": "dram"}  # NVMe tensors are written to DRAM, then offloaded
 
@@ -13,6 +13,14 @@ def _check_tier(tier):
     if name not in _TIER_HOME:
         raise ValueError("tier=%r: offload goes to \"dram\" or \"nvme\"" % (tier,))
     return name
+
+
+def _size_arg(value, what):
+    """A size argument (bucket_bytes=, min_bytes=): bytes as an int, or a string such as
+    "64MiB"; a TypeError or ValueError naming the argument for anything else."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return parse_size(value, what)
 
 
 # cudaStreamLegacy: PyTorch's default stream reports cuda_stream == 0, which the C API takes as
@@ -57,6 +65,60 @@ def _storage_nbytes(t):
     if hasattr(t, "untyped_storage"):
         return t.untyped_storage().nbytes()
     return t.storage().size() * t.element_size()
+
+
+def _storage_key(t):
+    """The identity of t's storage (its StorageImpl): the tensors that share memory through one
+    storage give the same key."""
+    if hasattr(t, "untyped_storage"):
+        return t.untyped_storage()._cdata
+    return t.storage()._cdata
+
+
+def _resizable(t):
+    """Whether t's storage can be freed and refilled in place. torch.load's storages (mmap'd or
+    not) cannot: load_state_dict(assign=True) and transformers' from_pretrained leave
+    parameters on them."""
+    if hasattr(t, "untyped_storage"):
+        return t.untyped_storage().resizable()
+    return t.storage().resizable()
+
+
+def _byte_span(t):
+    """(first, end): the bytes of t's storage that t covers (numel() > 0, strides >= 0)."""
+    size = t.element_size()
+    first = t.storage_offset() * size
+    return first, first + size * (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())))
+
+
+def _rehome(tensors):
+    """Moves tensors that share one storage (none of them empty) onto fresh, resizable storages
+    holding the same bytes: those whose bytes overlap share one new storage, at the same places
+    relative to one another; the others get one each. Each tensor keeps its object (its .data
+    is set), so that whatever holds it (an optimizer, a module tying it twice) has the new one;
+    anything else on the old storage (the state dict loaded) keeps the old bytes."""
+    spans = sorted(((_byte_span(t), t) for t in tensors), key=lambda x: x[0][0])
+    groups = []  # [first, end, members]: runs of overlapping spans
+    for (first, end), t in spans:
+        if groups and first < groups[-1][1]:
+            groups[-1][1] = max(groups[-1][1], end)
+            groups[-1][2].append(t)
+        else:
+            groups.append([first, end, [t]])
+    old = tensors[0].untyped_storage()
+    device = tensors[0].device
+    with torch.no_grad():
+        for first, end, members in groups:
+            # Every member's offset stays a whole number of its elements: element sizes are
+            # powers of two, so starting at a multiple of the largest is enough.
+            align = max(t.element_size() for t in members)
+            first -= first % align
+            src = torch.empty(0, dtype=torch.uint8, device=device).set_(old, first, (end - first,))
+            fresh = src.clone().untyped_storage()
+            for t in members:
+                offset = (t.storage_offset() * t.element_size() - first) // t.element_size()
+                t.data = torch.empty(0, dtype=t.dtype, device=device).set_(
+                    fresh, offset, t.size(), t.stride())
 
 
 def _owns_storage(t):

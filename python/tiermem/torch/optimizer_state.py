@@ -13,8 +13,9 @@ import weakref
 
 import torch
 
+from .. import Runtime
 from ._swapped import _Swapped
-from ._transfers import _check_tier, _destroy_quietly, _owns_storage
+from ._transfers import _check_tier, _destroy_quietly, _owns_storage, _resizable, _size_arg
 
 
 def _chunks(optimizer, bucket_bytes):
@@ -83,6 +84,13 @@ class _StepDriver:
             _drivers[optimizer] = driver
         return driver
 
+    @staticmethod
+    def _existing(optimizer):
+        """The optimizer's driver, or None when it has none."""
+        if isinstance(optimizer, OptimizerStateOffload):
+            optimizer = optimizer.optimizer
+        return _drivers.get(optimizer)
+
     def _detach_if_unused(self):
         if self.state is None and self.params is None:
             for h in self._hooks:
@@ -133,8 +141,16 @@ class _StepDriver:
                 pass
 
     # --- the bucketed step (OptimizerStateOffload.step, ParameterOffload.step) ----------------
+    def _check_open(self):
+        """Raises (TiermemError) when a runtime holding tensors of this optimizer was closed:
+        before the step changes anything, so that it is not half taken."""
+        for offload in (self.state, self.params):
+            if offload is not None:
+                offload.runtime._handle()
+
     def step(self, closure=None):
         opt = self._optimizer()
+        self._check_open()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -181,6 +197,7 @@ class _StepDriver:
         parameter of it in (not bucketed: all at once), sent back by the post-hook."""
         if self._bucketing or self._held is not None:
             return None
+        self._check_open()
         # Our post-hook last, so that post-hooks of the caller's own (registered since) run
         # while the state is in.
         post_hooks = getattr(optimizer, "_optimizer_step_post_hooks", None)
@@ -255,6 +272,15 @@ class OptimizerStateOffload(torch.optim.Optimizer):
     def __init__(self, optimizer, runtime, tier, min_bytes, bucket_bytes):
         if isinstance(optimizer, OptimizerStateOffload):
             raise ValueError("offload_optimizer_state: this optimizer's state is offloaded already")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError("optimizer: expected a torch.optim.Optimizer, got %s" %
+                            type(optimizer).__name__)
+        if not isinstance(runtime, Runtime):
+            raise TypeError("runtime: expected a tiermem.Runtime, got %s" %
+                            type(runtime).__name__)
+        # A closed runtime raises here: accepted, the first step would update the parameters
+        # and then fail to offload the state it made.
+        runtime._handle()
         self.optimizer = optimizer
         self.runtime = runtime
         self.tier = tier
@@ -295,8 +321,19 @@ class OptimizerStateOffload(torch.optim.Optimizer):
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict):
-        """Loads into the optimizer; what it loaded is offloaded again."""
-        self.optimizer.load_state_dict(state_dict)
+        """Loads into the optimizer; what it loaded is offloaded again. A load that fails keeps
+        the state it had, offloaded again."""
+        try:
+            self.optimizer.load_state_dict(state_dict)
+        except BaseException:
+            if self._driver is not None:
+                try:
+                    # The pre-hook brought the state home for the load: back it goes.
+                    self._adopt(_all_params(self.optimizer))
+                except Exception:
+                    pass  # left in ordinary tensors, which the next step offloads: the load's
+                    # error is the one raised
+            raise
 
     def add_param_group(self, param_group):
         self.optimizer.add_param_group(param_group)
@@ -319,16 +356,26 @@ class OptimizerStateOffload(torch.optim.Optimizer):
     # --- the offload ------------------------------------------------------------------------
     def _adopt(self, params):
         """Offloads the state tensors of params not yet held (new after a first step)."""
+        fresh = {}  # id of a tensor on a storage that cannot be resized -> its copy
         for p in params:
             state = self.optimizer.state.get(p)
             if not state:
                 continue
             per_param = self.records.setdefault(id(p), {})
-            for key, v in state.items():
+            for key, v in list(state.items()):
                 if key in per_param and per_param[key].tensor is v:
                     continue
-                if (not torch.is_tensor(v) or not _owns_storage(v) or
+                if (not torch.is_tensor(v) or v.layout != torch.strided or
                         v.numel() * v.element_size() < self.min_bytes):
+                    continue
+                if not _resizable(v):
+                    # torch.load's (a checkpoint loaded): the optimizer gets a copy, whose
+                    # memory can be freed and refilled; the loaded dict keeps its tensor.
+                    if id(v) not in fresh:
+                        with torch.no_grad():
+                            fresh[id(v)] = v.clone(memory_format=torch.contiguous_format)
+                    v = state[key] = fresh[id(v)]
+                if not _owns_storage(v):
                     continue
                 if key in per_param:
                     _destroy_quietly(per_param.pop(key).tm)  # replaced by the optimizer
@@ -361,5 +408,6 @@ def offload_optimizer_state(optimizer, runtime, tier="dram", min_bytes=4096,
     its remove() undoes the offload. The optimizer itself is left unpatched and keeps working:
     its own step() brings all of the state in and sends it back (correct, not bucketed), its
     state_dict() and load_state_dict() keep AdamW's layout."""
-    return OptimizerStateOffload(optimizer, runtime, _check_tier(tier), int(min_bytes),
-                                 int(bucket_bytes))
+    return OptimizerStateOffload(optimizer, runtime, _check_tier(tier),
+                                 _size_arg(min_bytes, "min_bytes"),
+                                 _size_arg(bucket_bytes, "bucket_bytes"))
