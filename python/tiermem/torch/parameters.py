@@ -5,11 +5,18 @@ child's parameter directly (nn.MultiheadAttention reads out_proj.weight) finds i
 units' parameters are prefetched into HBM while a unit runs, in forward and in backward order."""
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
+from .. import Runtime
 from . import _param_state_dict
-from ._param_views import SavedAliases, _outer_hooks, _ViewedParam
-from ._transfers import _check_tier, _owns_storage
+from ._param_views import SavedAliases, _eager, _outer_hooks, _ViewedParam
+from ._transfers import (_check_tier, _owns_storage, _rehome, _resizable, _size_arg,
+                         _storage_key)
 from .optimizer_state import _StepDriver
+
+# Modules and parameters held by a ParameterOffload (until its remove()): a second
+# offload_parameters of them is refused.
+_held = WeakIdKeyDictionary()
 
 
 class _PreBackward(torch.autograd.Function):
@@ -78,9 +85,19 @@ def _unit_modules(module, units):
     collection of modules."""
     if units is None:
         return _largest_module_list(module)
+    if isinstance(units, torch.nn.ModuleList):
+        units = list(units)  # its blocks (a module is callable, but not a policy)
+    elif isinstance(units, torch.nn.Module):
+        raise TypeError("units: expected None, module classes, modules or a callable(module), "
+                        "got a %s: give [module] for it as one unit" % type(units).__name__)
     if callable(units) and not isinstance(units, type):
         return _outermost(module, units)
-    units = list(units) if not isinstance(units, type) else [units]
+    if isinstance(units, type):
+        units = [units]
+    elif isinstance(units, (str, bytes)) or not hasattr(units, "__iter__"):
+        raise TypeError("units: expected None, module classes, modules or a callable(module), "
+                        "got %s" % type(units).__name__)
+    units = list(units)
     if all(isinstance(u, type) for u in units):
         classes = tuple(units)
         return _outermost(module, lambda m: isinstance(m, classes))
@@ -91,7 +108,51 @@ def _unit_modules(module, units):
                 raise ValueError("units: %s is not a submodule of the offloaded module" %
                                  type(u).__name__)
         return units
-    raise TypeError("units: expected None, module classes, modules or a callable(module)")
+    raise TypeError("units: expected None, module classes, modules or a callable(module), "
+                    "got a collection of %s" % ", ".join(sorted({type(u).__name__
+                                                                 for u in units})))
+
+
+def _refuse_held(module, optimizer):
+    """Raises when module, one of its parameters or the optimizer's parameters are offloaded
+    already: a second offload would free what the first one holds, and steps would fail."""
+    if module in _held:
+        raise ValueError("offload_parameters: this %s's parameters are offloaded already (by an "
+                         "earlier offload_parameters; its handle's remove() undoes it)" %
+                         type(module).__name__)
+    for name, p in module.named_parameters():
+        if p in _held:
+            raise ValueError("offload_parameters: parameter %s is offloaded already (by an "
+                             "earlier offload_parameters of a module holding it; its handle's "
+                             "remove() undoes it)" % name)
+    if optimizer is not None:
+        driver = _StepDriver._existing(optimizer)
+        if driver is not None and driver.params is not None:
+            raise ValueError("offload_parameters: this optimizer steps parameters offloaded "
+                             "already (one offload_parameters per optimizer: give it the module "
+                             "holding all of them, or remove() the first)")
+
+
+def _storages(module):
+    """Storage key -> the distinct parameters and buffers of module on it. Storages that cannot
+    be resized (torch.load's: load_state_dict(assign=True), from_pretrained) are replaced first
+    by fresh ones with the same bytes (_rehome), so that they can be freed and refilled."""
+    on = {}
+    seen = set()
+    for t in list(module.parameters()) + list(module.buffers()):
+        if (id(t) in seen or t.layout != torch.strided or t.numel() == 0 or
+                t.device.type == "meta"):
+            continue
+        seen.add(id(t))
+        on.setdefault(_storage_key(t), []).append(t)
+    params = {id(p) for p in module.parameters()}
+    for key, tensors in list(on.items()):
+        if not _resizable(tensors[0]) and any(id(t) in params for t in tensors):
+            del on[key]
+            _rehome(tensors)
+            for t in tensors:
+                on.setdefault(_storage_key(t), []).append(t)
+    return on
 
 
 class ParameterOffload:
@@ -101,6 +162,16 @@ class ParameterOffload:
     copy) and .copies (copied in instead)."""
 
     def __init__(self, module, runtime, tier, optimizer, bucket_bytes, units=None, views=True):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError("module: expected a torch.nn.Module, got %s" % type(module).__name__)
+        if not isinstance(runtime, Runtime):
+            raise TypeError("runtime: expected a tiermem.Runtime, got %s" %
+                            type(runtime).__name__)
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError("optimizer: expected a torch.optim.Optimizer or None, got %s" %
+                            type(optimizer).__name__)
+        runtime._handle()  # a closed runtime raises here, before anything is changed
+        _refuse_held(module, optimizer)
         self.module = module
         self.runtime = runtime
         self.tier = tier
@@ -117,11 +188,27 @@ class ParameterOffload:
         self._hbm_bytes = runtime.info()["tier_bytes"]["hbm"]
         blocks = _unit_modules(module, units)  # first: a bad policy leaves nothing behind
         self.records = {}  # id(param) -> _ViewedParam
+        self._hooks, self._grad_hooks, self._driver = [], [], None
+        try:
+            self._offload(module, runtime, tier, optimizer, bucket_bytes, blocks)
+        except BaseException:
+            self.remove()  # what was offloaded comes back: the module as it was
+            raise
+        runtime._bring_home_at_close(self)  # close() brings them home first
+
+    def _offload(self, module, runtime, tier, optimizer, bucket_bytes, blocks):
+        _held[module] = self
+        on = _storages(module)  # storage -> the parameters and buffers on it
         for name, p in module.named_parameters():
             if id(p) in self.records or not _owns_storage(p.data):
                 continue  # tied (held once) or a view into a shared buffer (left alone)
+            if len(on.get(_storage_key(p), ())) > 1:
+                # Another tensor on its storage (a second Parameter object over the same
+                # memory, a buffer): freeing the storage would free that one's too. Left alone.
+                continue
             # The Parameter itself: its version counter tells whether a step changed it.
             self.records[id(p)] = _ViewedParam(runtime, p, "param", "param." + name, tier)
+            _held[p] = self
         self.units = []
         in_block = set()
         for b in blocks:
@@ -134,17 +221,15 @@ class ParameterOffload:
         self._pending = {}  # unit -> ids of parameters whose gradient is still to come
         self._kept = set()  # units held since their backward (or always: unwrappable output)
         self._backward_hooked = False
-        self._hooks = []
         for u in self.units:
-            pre = u.module.register_forward_pre_hook(self._pre_forward_of(u))
-            post = u.module.register_forward_hook(self._post_forward_of(u))
+            pre = u.module.register_forward_pre_hook(_eager(self._pre_forward_of(u)))
+            post = u.module.register_forward_hook(_eager(self._post_forward_of(u)))
             u.hook_ids = (pre.id, post.id)
             _order_hooks(u)
             self._hooks += [pre, post]
         self._loading = 0  # load_state_dict() calls running
         self._hooks += _param_state_dict.install(self)
         self.optimizer_aware = optimizer is not None
-        self._grad_hooks = []
         if self.optimizer_aware:
             # Released after the unit's backward only when the step knows to bring them in.
             self._units_of = {}
@@ -156,9 +241,6 @@ class ParameterOffload:
                     self._grad_hooks.append(s.tensor.register_hook(self._grad_hook(id(s.tensor))))
             self._driver = _StepDriver._of(optimizer, bucket_bytes)
             self._driver.params = self
-        else:
-            self._driver = None
-        runtime._bring_home_at_close(self)  # close() brings them home first
 
     # Reference counts: a tied parameter is held by each unit using it.
     def _hold(self, s, view=True):
@@ -349,6 +431,10 @@ class ParameterOffload:
         self._hooks, self._grad_hooks = [], []
         for s in self.records.values():
             s.restore()
+        for p in [p for p, offload in _held.items() if offload is self]:
+            del _held[p]
+        if _held.get(self.module) is self:
+            del _held[self.module]
         self.records.clear()
         if self._driver is not None:
             self._driver.params = None
@@ -375,5 +461,5 @@ def offload_parameters(module, runtime, tier="dram", optimizer=None, bucket_byte
     CPU parameter with a CUDA runtime, a dtype that cannot view bytes, views=False, or torch
     before 2.8 under saved-tensor hooks it cannot read). Returns a handle (gathered(), step(),
     remove())."""
-    return ParameterOffload(module, runtime, _check_tier(tier), optimizer, int(bucket_bytes),
-                            units, views)
+    return ParameterOffload(module, runtime, _check_tier(tier), optimizer,
+                            _size_arg(bucket_bytes, "bucket_bytes"), units, views)
