@@ -366,7 +366,16 @@ ARGS = {
     "optstate-min-bytes-negative": (lambda rt: tt.offload_optimizer_state(
         torch.optim.AdamW(torch.nn.Linear(4, 4).parameters()), rt, min_bytes=-1),
         ValueError, "min_bytes: -1 is negative"),
+    "saved-min-bytes": (lambda rt: tt.offload_saved_tensors(rt, min_bytes="x"),
+                        ValueError, "min_bytes: 'x' is not a size"),
+    "saved-stash-bytes": (lambda rt: tt.offload_saved_tensors(rt, stash_bytes=[1]),
+                          TypeError, "stash_bytes: expected an int or a string"),
 }
+
+
+def test_saved_tensor_sizes_as_strings(make_runtime):
+    ctx = tt.offload_saved_tensors(make_runtime(), min_bytes="16KiB", stash_bytes="1MiB")
+    assert ctx.min_bytes == 16384 and ctx.stash.max_bytes == 1 << 20
 
 
 @pytest.mark.parametrize("case", list(ARGS))

@@ -15,7 +15,8 @@ import torch
 from .. import TM_ERR_OUT_OF_MEMORY, Runtime, Tensor, TiermemError, _capi, _hot
 from . import _views
 from ._stash import CopyStash
-from ._transfers import _CUDA_STREAM_LEGACY, _check_tier, _fetch, _is_cuda_runtime, _stream
+from ._transfers import (_CUDA_STREAM_LEGACY, _check_tier, _fetch, _is_cuda_runtime, _size_arg,
+                         _stream)
 
 _HBM, _DRAM = _capi.TIER_HBM, _capi.TIER_DRAM
 _ACTIVATION, _READ = _capi.CLASS_ACTIVATION, _capi.ACCESS_READ
@@ -101,9 +102,9 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
                             type(runtime).__name__)
         self.runtime = runtime
         self.tier = _check_tier(tier)
-        self.min_bytes = int(min_bytes)
+        self.min_bytes = _size_arg(min_bytes, "min_bytes")
         self.views = bool(views)
-        self.stash = _stash_of(runtime, stash_bytes)
+        self.stash = _stash_of(runtime, _size_arg(stash_bytes, "stash_bytes"))
         self._cuda_runtime = _is_cuda_runtime(runtime)
         self._rt_bits = runtime._handle().bits  # packs made after close fail as a bad handle
         self.packed = 0
