@@ -405,3 +405,23 @@ def test_units_module_list(make_runtime):
     handle = tt.offload_parameters(model, make_runtime(), units=model.blocks)
     assert [u.module for u in handle.units[1:]] == list(model.blocks)
     handle.remove()
+
+
+def test_load_with_assign_into_offloaded_module_is_refused(make_runtime):
+    """assign=True would swap in Parameter objects tiermem does not hold and the optimizer does
+    not step; refused before anything is loaded, and a plain load still works."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    saved = {k: v.clone() + 1 for k, v in model.state_dict().items()}
+    opt = torch.optim.AdamW(model.parameters())
+    params = tt.offload_parameters(model, make_runtime(), optimizer=opt)
+    held = list(model.parameters())
+    with pytest.raises(RuntimeError, match="assign=True"):
+        model.load_state_dict(saved, assign=True)
+    assert all(a is b for a, b in zip(model.parameters(), held))
+    model.load_state_dict(saved)
+    with params.gathered():
+        for k, v in model.state_dict().items():
+            assert torch.equal(v, saved[k])
+    params.remove()
+

@@ -37,9 +37,17 @@ def install(offload):
             state_dict[key] = copy
         return state_dict
 
-    def before_load(mod, state_dict, prefix, *args):
+    def before_load(mod, state_dict, prefix, local_metadata, *args):
         if mod is not module:
             return
+        if local_metadata.get("assign_to_params_buffers"):
+            # Raised before anything is loaded: the new Parameter objects would be neither
+            # offloaded nor the optimizer's, so training would go on without them.
+            raise RuntimeError(
+                "load_state_dict(assign=True) on a module whose parameters tiermem holds "
+                "(offload_parameters) would replace them with parameters that are neither "
+                "offloaded nor stepped by the optimizer: load without assign=True (the values "
+                "are copied into the offloaded parameters), or call the handle's remove() first")
         if offload._loading == 0:
             for s in offload.records.values():
                 offload._hold(s)
