@@ -363,8 +363,11 @@ TEST_F(ApiArgs, OutOfRange) {
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_read(rt_, t_, UINT64_MAX, buf_, 2));  // overflow
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT,
                 tm_tensor_acquire(rt_, t_, TM_TIER_NVME, TM_ACCESS_READ, nullptr, &p));
+  EXPECT_NE(std::string(tm_last_error()).find("not nvme"), std::string::npos) << tm_last_error();
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT,
                 tm_tensor_acquire(rt_, t_, static_cast<tm_tier>(7), TM_ACCESS_READ, nullptr, &p));
+  EXPECT_NE(std::string(tm_last_error()).find("tier 7 is not a tier"), std::string::npos)
+      << tm_last_error();
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT,
                 tm_tensor_acquire(rt_, t_, TM_TIER_HBM, static_cast<tm_access>(9), nullptr, &p));
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_release(rt_, t_, static_cast<tm_tier>(-1)));

@@ -32,6 +32,11 @@ TEST(OptimCApi, BadArgumentsAreNamed) {
   EXPECT_EQ(tm_adam_create({0}, &c, &adam), TM_ERR_INVALID_ARGUMENT);
   EXPECT_NE(LastError().find("threads"), std::string::npos) << LastError();
   c = TM_ADAM_CONFIG_INIT;
+  c.numa_node = 1000000;  // no machine has it
+  EXPECT_EQ(tm_adam_create({0}, &c, &adam), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("numa_node = 1000000: no such NUMA node"), std::string::npos)
+      << LastError();
+  c = TM_ADAM_CONFIG_INIT;
   c.struct_size = 8;
   EXPECT_EQ(tm_adam_create({0}, &c, &adam), TM_ERR_INVALID_ARGUMENT);
   EXPECT_NE(LastError().find("struct_size"), std::string::npos) << LastError();
@@ -47,6 +52,32 @@ TEST(OptimCApi, BadArgumentsAreNamed) {
   EXPECT_NE(LastError().find("span 0: grad is NULL"), std::string::npos) << LastError();
   EXPECT_EQ(tm_adam_step(adam, 1, 1.0f, nullptr, 1), TM_ERR_INVALID_ARGUMENT);
   EXPECT_NE(LastError().find("spans"), std::string::npos) << LastError();
+  // Arrays of one span that overlap are refused before anything is written.
+  {
+    std::vector<float> buf(64, 1.0f), g(16, 0.5f);
+    const std::vector<float> before = buf;
+    float* b = buf.data();
+    struct Case {
+      tm_adam_span s;
+      const char* names;
+    };
+    for (const Case& k :
+         {Case{{b, b, b + 16, nullptr, g.data(), TM_DTYPE_F32, nullptr, TM_DTYPE_F32, 16},
+               "param and exp_avg overlap"},
+          Case{{b, b + 16, b + 24, nullptr, g.data(), TM_DTYPE_F32, nullptr, TM_DTYPE_F32, 16},
+               "exp_avg and exp_avg_sq overlap"},
+          Case{{b, b + 16, b + 32, nullptr, b + 8, TM_DTYPE_F32, nullptr, TM_DTYPE_F32, 16},
+               "param and grad overlap"},
+          Case{{b, b + 16, b + 32, nullptr, g.data(), TM_DTYPE_F32, b + 20, TM_DTYPE_BF16, 16},
+               "exp_avg and param_out overlap"}}) {
+      EXPECT_EQ(tm_adam_step(adam, 1, 1.0f, &k.s, 1), TM_ERR_INVALID_ARGUMENT) << k.names;
+      EXPECT_NE(LastError().find(k.names), std::string::npos) << LastError();
+    }
+    EXPECT_EQ(buf, before) << "a refused step wrote";
+    const tm_adam_span apart = {b,      b + 16,       b + 32, nullptr, g.data(), TM_DTYPE_F32,
+                                b + 48, TM_DTYPE_F32, 16};
+    EXPECT_EQ(tm_adam_step(adam, 1, 1.0f, &apart, 1), TM_OK) << LastError();
+  }
   EXPECT_EQ(tm_adam_step(adam, 1, -1.0f, &span, 0), TM_ERR_INVALID_ARGUMENT);
   EXPECT_NE(LastError().find("grad_scale"), std::string::npos) << LastError();
   tm_adam_bucket bucket = {{1}, 1, &x, TM_DTYPE_F32, nullptr, TM_DTYPE_F32};

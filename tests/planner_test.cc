@@ -202,6 +202,34 @@ TEST(Planner, BadInputNamesTheField) {
   p = MakePlan(in);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("optimizer_bytes_per_param"), absl::string_view::npos);
+  // Counts are whole, heads divide hidden, tensor parallelism splits whole heads.
+  for (auto [field, set] : std::vector<std::pair<const char*, void (*)(PlanInput&)>>{
+           {"layers", [](PlanInput& i) { i.layers = 2.5; }},
+           {"hidden=2048 is not a multiple of heads=3",
+            [](PlanInput& i) {
+              i.hidden = 2048;
+              i.heads = 3;
+            }},
+           {"tensor_parallel=3", [](PlanInput& i) { i.tensor_parallel = 3; }}}) {
+    in = SevenB(80);
+    set(in);
+    p = MakePlan(in);
+    ASSERT_FALSE(p.ok()) << field;
+    EXPECT_NE(p.status().message().find(field), absl::string_view::npos) << p.status();
+  }
+  // Finite inputs whose plan would overflow are refused, not priced as infinities.
+  for (auto set : std::vector<void (*)(PlanInput&)>{
+           [](PlanInput& i) { i.layers = 1e308; }, [](PlanInput& i) { i.heads = 1e300; },
+           [](PlanInput& i) { i.optimizer_bytes_per_param = 1e308; }}) {
+    in = SevenB(80);
+    in.dram_bytes_per_s = 50e9;
+    set(in);
+    if (in.heads > 1e299) in.hidden = 1e300;  // a multiple of heads
+    p = MakePlan(in);
+    ASSERT_FALSE(p.ok());
+    EXPECT_NE(p.status().message().find("too large to price"), absl::string_view::npos)
+        << p.status();
+  }
 }
 
 TEST(Planner, CApi) {

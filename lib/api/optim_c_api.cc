@@ -102,8 +102,16 @@ absl::Status ResolveWorkers(const tm_adam_config& c, tm_runtime runtime, int* no
         absl::StrFormat("tm_adam_create: config->threads = %d, want 0 to 1024", c.threads));
   }
   *threads = c.threads;
+  auto topo = io::Topology::Load(/*with_pci=*/false);
+  // A node asked for by number must exist, as TIERMEM_NUMA's must (the runtime refuses one that
+  // does not): workers left unbound would be a silent surprise on a multi-socket host.
+  if (c.numa_node >= 0 && topo.ok() && !(*topo)->HasNode(c.numa_node)) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("tm_adam_create: config->numa_node = %d: no such NUMA node (this "
+                                 "machine has %d)",
+                                 c.numa_node, (*topo)->NodeCount()));
+  }
   if (*threads == 0) {
-    auto topo = io::Topology::Load(/*with_pci=*/false);
     *threads = topo.ok() ? (*topo)->CoresOfNode(*node)
                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }

@@ -1,6 +1,8 @@
 #include "lib/optim/adam_optimizer.h"
 
 #include <cmath>
+#include <cstdint>
+#include <iterator>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -24,6 +26,34 @@ absl::Status ValidateSpan(const AdamSpan& span, size_t index, bool amsgrad) {
     return bad("param_out_dtype is not TM_DTYPE_F32, _BF16 or _F16");
   }
   if (span.n > (SIZE_MAX / 8)) return bad("count is too large");
+  // The arrays of one span are read and written in one pass: two that overlap would step on
+  // each other's values (a silently wrong state, not an error the kernel could see).
+  struct Range {
+    const char* name;
+    uintptr_t begin;
+    size_t bytes;
+  };
+  auto bytes_of = [](Dtype d) { return d == Dtype::kF32 ? size_t{4} : size_t{2}; };
+  const Range ranges[] = {
+      {"param", reinterpret_cast<uintptr_t>(span.param), span.n * 4},
+      {"exp_avg", reinterpret_cast<uintptr_t>(span.m), span.n * 4},
+      {"exp_avg_sq", reinterpret_cast<uintptr_t>(span.v), span.n * 4},
+      {"max_exp_avg_sq", amsgrad ? reinterpret_cast<uintptr_t>(span.max_v) : 0, span.n * 4},
+      {"grad", reinterpret_cast<uintptr_t>(span.grad), span.n * bytes_of(span.grad_type)},
+      {"param_out", reinterpret_cast<uintptr_t>(span.out), span.n * bytes_of(span.out_type)}};
+  for (size_t i = 0; i < std::size(ranges); ++i) {
+    for (size_t j = i + 1; j < std::size(ranges); ++j) {
+      const Range& a = ranges[i];
+      const Range& b = ranges[j];
+      if (a.begin == 0 || b.begin == 0) continue;
+      if (a.begin < b.begin + b.bytes && b.begin < a.begin + a.bytes) {
+        return Error(TM_ERR_INVALID_ARGUMENT,
+                     absl::StrFormat("span %zu: %s and %s overlap: each array of a span must "
+                                     "have memory of its own",
+                                     index, a.name, b.name));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -50,6 +50,27 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
                    in.optimizer_bytes_per_param, "must be positive"}}) {
     if (auto st = Need(ok && std::isfinite(v), field, v, why); !st.ok()) return st;
   }
+  // Counts are whole: a layer, a head or a token is not split. The layout is Megatron's: heads
+  // divide the hidden size, and tensor parallelism splits whole heads.
+  for (auto [field, v] : {std::pair{"layers", in.layers}, std::pair{"hidden", in.hidden},
+                          std::pair{"heads", in.heads}, std::pair{"seq", in.seq},
+                          std::pair{"micro_batch", in.micro_batch},
+                          std::pair{"tensor_parallel", in.tensor_parallel}}) {
+    if (auto st = Need(v == std::floor(v), field, v, "must be a whole number"); !st.ok()) {
+      return st;
+    }
+  }
+  if (std::fmod(in.hidden, in.heads) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "hidden=%g is not a multiple of heads=%g: each head has hidden/heads dimensions", in.hidden,
+        in.heads));
+  }
+  if (std::fmod(in.heads, in.tensor_parallel) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("heads=%g is not a multiple of tensor_parallel=%g: tensor parallelism "
+                        "splits whole heads",
+                        in.heads, in.tensor_parallel));
+  }
   const double s = in.seq, b = in.micro_batch, h = in.hidden, a = in.heads, L = in.layers;
   const double t = in.tensor_parallel;
   const double scale = in.bytes_per_element / 2;
@@ -79,7 +100,28 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   if (in.dram_bytes_per_s > 0) {
     p.optimizer_step_seconds = in.optimizer_bytes_per_param * params_per_gpu / in.dram_bytes_per_s;
   }
+  // Finite inputs can still overflow a double (layers=1e308): a plan of infinities would
+  // recommend a rung at "0 added seconds".
+  for (auto [what, v] :
+       {std::pair{"activation bytes per layer", p.activation_full},
+        std::pair{"model state bytes", p.model_state}, std::pair{"forward FLOPs", p.forward_flops},
+        std::pair{"step compute seconds", p.step_compute_seconds},
+        std::pair{"optimizer step seconds", p.optimizer_step_seconds}}) {
+    if (!std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the inputs give %s = %g: too large to price (check layers, hidden, heads, seq, "
+          "micro_batch, params and optimizer_bytes_per_param)",
+          what, v));
+    }
+  }
   PriceLadder(in, &p);
+  for (const PlanPrice& c : p.combinations) {
+    if (!std::isfinite(c.hbm_bytes) || !std::isfinite(c.added_seconds)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the inputs give hbm_bytes = %g, added_seconds = %g for rungs 0x%x: too large to price",
+          c.hbm_bytes, c.added_seconds, c.rungs));
+    }
+  }
   return p;
 }
 

@@ -99,10 +99,13 @@ bool InPlace(const Tensor& t, tm_tier tier) {
 }
 // An acquire's tier and access mode: only HBM and DRAM copies have an address.
 absl::Status CheckAcquireArguments(tm_tier tier, tm_access access) {
+  if (tier == TM_TIER_NVME) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 "acquire needs tier hbm or dram, not nvme: NVMe copies have no address");
+  }
   if (tier != TM_TIER_HBM && tier != TM_TIER_DRAM) {
     return Error(TM_ERR_INVALID_ARGUMENT,
-                 absl::StrFormat("acquire needs tier hbm or dram, not %d: NVMe copies have no "
-                                 "address",
+                 absl::StrFormat("acquire: tier %d is not a tier (TM_TIER_HBM or TM_TIER_DRAM)",
                                  static_cast<int>(tier)));
   }
   if (access < 0 || access >= TM_ACCESS_COUNT) {
