@@ -281,13 +281,15 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"TIERMEM_IO_QUEUE_DEPTH", "deep"}, BadValue{"TIERMEM_NUMA", "near"},
         BadValue{"TIERMEM_NUMA", "-2"}, BadValue{"TIERMEM_LOG_LEVEL", "verbose"},
         BadValue{"TIERMEM_EMU_LINK_GBPS", "fast"}, BadValue{"TIERMEM_EMU_LINK_GBPS", "-3"},
-        BadValue{"TIERMEM_EMU_LINK_GBPS", "nan"}, BadValue{"TIERMEM_IO_THREADS", "0"},
-        BadValue{"TIERMEM_IO_THREADS", "65"}, BadValue{"TIERMEM_PREFETCH_DEPTH", "-1"},
-        BadValue{"TIERMEM_PREFETCH_DEPTH", "2000"}, BadValue{"TIERMEM_PREFETCH_BYTES", "some"},
-        BadValue{"TIERMEM_PLACEMENT", "zero3"}, BadValue{"TIERMEM_TRACE", "/tmp/dir/"},
-        BadValue{"TIERMEM_CHECKSUM", "crc32"}, BadValue{"TIERMEM_TRACE", "/tmp/t-%d.json"},
-        BadValue{"TIERMEM_TRACE", "/tmp/t-%"}, BadValue{"TIERMEM_LOCAL_RANK", "-1"},
-        BadValue{"TIERMEM_LOCAL_RANK", "65536"}, BadValue{"TIERMEM_LOCAL_RANK", "first"}));
+        BadValue{"TIERMEM_EMU_LINK_GBPS", "nan"}, BadValue{"TIERMEM_EMU_LINK_GBPS", "0x10"},
+        BadValue{"TIERMEM_LINK_GBPS", "0x10"}, BadValue{"TIERMEM_NVME_GBPS", "inf"},
+        BadValue{"TIERMEM_IO_THREADS", "0"}, BadValue{"TIERMEM_IO_THREADS", "65"},
+        BadValue{"TIERMEM_PREFETCH_DEPTH", "-1"}, BadValue{"TIERMEM_PREFETCH_DEPTH", "2000"},
+        BadValue{"TIERMEM_PREFETCH_BYTES", "some"}, BadValue{"TIERMEM_PLACEMENT", "zero3"},
+        BadValue{"TIERMEM_TRACE", "/tmp/dir/"}, BadValue{"TIERMEM_CHECKSUM", "crc32"},
+        BadValue{"TIERMEM_TRACE", "/tmp/t-%d.json"}, BadValue{"TIERMEM_TRACE", "/tmp/t-%"},
+        BadValue{"TIERMEM_LOCAL_RANK", "-1"}, BadValue{"TIERMEM_LOCAL_RANK", "65536"},
+        BadValue{"TIERMEM_LOCAL_RANK", "first"}));
 
 // A TIERMEM_ENV_FILE, as tiermem-probe --tune writes it.
 class EnvFileTest : public ::testing::Test {

@@ -7,6 +7,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "lib/config/config.h"
@@ -18,6 +20,20 @@ inline constexpr uint64_t kKiB = 1024;
 // InvalidArgument: NAME="text" is invalid: why.
 inline absl::Status Bad(absl::string_view what, absl::string_view text, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrFormat("%s=\"%s\" is invalid: %s", what, text, why));
+}
+
+// A decimal number as the docs write rates ("12.5", "1e3"): absl::SimpleAtod alone would also
+// take hex ("0x10"), "inf" and "nan", which no size or rate variable accepts. False otherwise.
+inline bool ParseDecimal(absl::string_view text, double* out) {
+  text = absl::StripAsciiWhitespace(text);
+  if (text.empty()) return false;
+  for (char c : text) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c)) && c != '.' && c != 'e' && c != 'E' &&
+        c != '+' && c != '-') {
+      return false;
+    }
+  }
+  return absl::SimpleAtod(text, out);
 }
 
 template <typename T>
