@@ -27,7 +27,11 @@ const char* RungName(Rung r) {
   return kNames[static_cast<int>(r)];
 }
 
-absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
+namespace {
+
+// InvalidArgument naming the first input that is missing, out of range, or not whole where a
+// count must be.
+absl::Status CheckInput(const PlanInput& in) {
   for (auto [ok, field, v, why] :
        {std::tuple{in.layers >= 1, "layers", in.layers, "at least 1"},
         std::tuple{in.hidden >= 1, "hidden", in.hidden, "at least 1"},
@@ -71,6 +75,38 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
                         "splits whole heads",
                         in.heads, in.tensor_parallel));
   }
+  return absl::OkStatus();
+}
+
+// Finite inputs can still overflow a double (layers=1e308): a plan of infinities would
+// recommend a rung at "0 added seconds".
+absl::Status CheckFinite(const Plan& p) {
+  for (auto [what, v] :
+       {std::pair{"activation bytes per layer", p.activation_full},
+        std::pair{"model state bytes", p.model_state}, std::pair{"forward FLOPs", p.forward_flops},
+        std::pair{"step compute seconds", p.step_compute_seconds},
+        std::pair{"optimizer step seconds", p.optimizer_step_seconds}}) {
+    if (!std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the inputs give %s = %g: too large to price (check layers, hidden, heads, seq, "
+          "micro_batch, params and optimizer_bytes_per_param)",
+          what, v));
+    }
+  }
+  for (const PlanPrice& c : p.combinations) {
+    if (!std::isfinite(c.hbm_bytes) || !std::isfinite(c.added_seconds)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the inputs give hbm_bytes = %g, added_seconds = %g for rungs 0x%x: too large to price",
+          c.hbm_bytes, c.added_seconds, c.rungs));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
+  if (absl::Status st = CheckInput(in); !st.ok()) return st;
   const double s = in.seq, b = in.micro_batch, h = in.hidden, a = in.heads, L = in.layers;
   const double t = in.tensor_parallel;
   const double scale = in.bytes_per_element / 2;
@@ -100,28 +136,8 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   if (in.dram_bytes_per_s > 0) {
     p.optimizer_step_seconds = in.optimizer_bytes_per_param * params_per_gpu / in.dram_bytes_per_s;
   }
-  // Finite inputs can still overflow a double (layers=1e308): a plan of infinities would
-  // recommend a rung at "0 added seconds".
-  for (auto [what, v] :
-       {std::pair{"activation bytes per layer", p.activation_full},
-        std::pair{"model state bytes", p.model_state}, std::pair{"forward FLOPs", p.forward_flops},
-        std::pair{"step compute seconds", p.step_compute_seconds},
-        std::pair{"optimizer step seconds", p.optimizer_step_seconds}}) {
-    if (!std::isfinite(v)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "the inputs give %s = %g: too large to price (check layers, hidden, heads, seq, "
-          "micro_batch, params and optimizer_bytes_per_param)",
-          what, v));
-    }
-  }
   PriceLadder(in, &p);
-  for (const PlanPrice& c : p.combinations) {
-    if (!std::isfinite(c.hbm_bytes) || !std::isfinite(c.added_seconds)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "the inputs give hbm_bytes = %g, added_seconds = %g for rungs 0x%x: too large to price",
-          c.hbm_bytes, c.added_seconds, c.rungs));
-    }
-  }
+  if (absl::Status st = CheckFinite(p); !st.ok()) return st;
   return p;
 }
 
