@@ -86,6 +86,12 @@ TEST_F(ApiArgs, StructsFromANewerHeaderAreRefused) {
             std::string::npos)
       << error;
   EXPECT_NE(error.find("newer tiermem.h"), std::string::npos) << error;
+  // A size no header ever had: it ends inside a field (every sizeof is a multiple of the
+  // struct's alignment).
+  newer.config.struct_size = offsetof(tm_config, io_threads) + 1;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_create(&newer.config, &rt));
+  EXPECT_NE(std::string(tm_last_error()).find("tm_config.struct_size is"), std::string::npos)
+      << tm_last_error();
   newer.config.struct_size = sizeof(tm_config);
   ASSERT_EQ(tm_runtime_create(&newer.config, &rt), TM_OK) << tm_last_error();
   EXPECT_STATUS(TM_OK, tm_runtime_destroy(rt));

@@ -13,9 +13,9 @@ namespace {
 
 // TM_OK when desc's struct_size is one this library reads.
 tm_status CheckDesc(const tm_tensor_desc* desc) {
-  const absl::Status s =
-      CheckCallerStruct(desc->struct_size, offsetof(tm_tensor_desc, name) + sizeof(desc->name),
-                        sizeof(tm_tensor_desc), "tm_tensor_desc", "TM_TENSOR_DESC_INIT");
+  const absl::Status s = CheckCallerStruct(
+      desc->struct_size, offsetof(tm_tensor_desc, name) + sizeof(desc->name),
+      sizeof(tm_tensor_desc), alignof(tm_tensor_desc), "tm_tensor_desc", "TM_TENSOR_DESC_INIT");
   return Report(s);
 }
 

@@ -149,8 +149,8 @@ absl::StatusOr<ConfigOverrides> OverridesFrom(const tm_config* c) {
   ConfigOverrides o;
   if (c == nullptr) return o;
   const size_t size = c->struct_size;
-  if (auto s = CheckCallerStruct(size, offsetof(tm_config, device), sizeof(tm_config), "tm_config",
-                                 "TM_CONFIG_INIT");
+  if (auto s = CheckCallerStruct(size, offsetof(tm_config, device), sizeof(tm_config),
+                                 alignof(tm_config), "tm_config", "TM_CONFIG_INIT");
       !s.ok()) {
     return s;
   }

@@ -49,7 +49,7 @@ absl::StatusOr<AdamHyper> HyperFrom(const char* function, const tm_adam_config* 
     return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("%s: config is NULL", function));
   }
   if (auto s = CheckCallerStruct(c->struct_size, sizeof(tm_adam_config), sizeof(tm_adam_config),
-                                 "tm_adam_config", "TM_ADAM_CONFIG_INIT");
+                                 alignof(tm_adam_config), "tm_adam_config", "TM_ADAM_CONFIG_INIT");
       !s.ok()) {
     return WithContext(s, function);
   }

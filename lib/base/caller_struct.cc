@@ -6,9 +6,9 @@
 
 namespace tiermem {
 
-absl::Status CheckCallerStruct(size_t struct_size, size_t minimum, size_t known,
+absl::Status CheckCallerStruct(size_t struct_size, size_t minimum, size_t known, size_t align,
                                absl::string_view what, absl::string_view init) {
-  if (struct_size < minimum) {
+  if (struct_size < minimum || (align > 1 && struct_size % align != 0)) {
     return Error(
         TM_ERR_INVALID_ARGUMENT,
         absl::StrFormat("%s.struct_size is %zu: fill the struct with %s", what, struct_size, init));

@@ -16,7 +16,9 @@ namespace tiermem {
 // TM_ERR_INVALID_ARGUMENT naming `what` and the initializer to use. (The bytes past `known`
 // cannot tell set from unset: a newer field's unset value need not be zero, and padding
 // between fields is whatever the caller's stack held.)
-absl::Status CheckCallerStruct(size_t struct_size, size_t minimum, size_t known,
+// A size that is not a multiple of `align` (the struct's alignment, which every version's
+// sizeof is a multiple of) ends inside a field: refused too.
+absl::Status CheckCallerStruct(size_t struct_size, size_t minimum, size_t known, size_t align,
                                absl::string_view what, absl::string_view init);
 
 }  // namespace tiermem
