@@ -179,6 +179,19 @@ TEST_F(ApiArgs, RuntimeCreateAndDestroy) {
   EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_stats(other, &s));
 }
 
+// An NVMe budget that rounds down to nothing names its settings as the caller gave them: from
+// the struct, the struct's fields (not the variables).
+TEST_F(ApiArgs, NvmeBudgetOfNothingNamesTheFields) {
+  tm_config c = SmallConfig(dir_.path());
+  c.nvme_bytes = 4096;  // below one stripe (the block size)
+  tm_runtime rt;
+  EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&c, &rt));
+  const std::string error = tm_last_error();
+  EXPECT_NE(error.find("tm_config.nvme_bytes=4KiB resolves to 0 bytes"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("file systems of tm_config.nvme_paths"), std::string::npos) << error;
+}
+
 TEST_F(ApiArgs, Stats) {
   tm_stats s = TM_STATS_INIT;
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_runtime_stats(rt_, nullptr));

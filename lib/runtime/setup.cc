@@ -273,12 +273,14 @@ absl::Status Runtime::InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm)
     return Error(
         TM_ERR_CONFIG,
         absl::StrFormat("%s=%s resolves to 0 bytes (the file systems of "
-                        "TIERMEM_NVME_PATHS hold %llu bytes, shared by %d rank(s), in "
-                        "whole stripes of %llu bytes: TIERMEM_IO_BLOCK_SIZE times the "
+                        "%s hold %llu bytes, shared by %d rank(s), in "
+                        "whole stripes of %llu bytes: %s times the "
                         "paths); the least budget is %llu bytes",
                         nvme_budget, core_.config.nvme_bytes.ToString(),
+                        core_.config.SettingName("TIERMEM_NVME_PATHS"),
                         static_cast<unsigned long long>(NvmeNodeBytes(core_.config.nvme_paths)),
                         world, static_cast<unsigned long long>(stripes),
+                        core_.config.SettingName("TIERMEM_IO_BLOCK_SIZE"),
                         static_cast<unsigned long long>(stripes)));
   }
   auto nvme = NvmeTier::Create(core_.config.nvme_paths, given, core_.config.io_block_size,
