@@ -452,8 +452,7 @@ void ProcessRows(std::vector<Setting>& rows) {
     s.default_value = [](const EnvLookup&) { return Fixed("0"); };
     s.parse = [](absl::string_view t, Config& c) -> absl::Status {
       double v = 0;
-      if (!ParseDecimal(t, &v) || !std::isfinite(v) || v < 0 ||
-          v > 1e6) {
+      if (!ParseDecimal(t, &v) || !std::isfinite(v) || v < 0 || v > 1e6) {
         return Bad("TIERMEM_EMU_LINK_GBPS", t, "expected GB/s from 0 (no cap) to 1e6");
       }
       if (v > 0 && v < 1e-6) {  // a copy's time at such a rate overflows the clock: no cap

@@ -25,8 +25,7 @@ Setting GbpsRow(std::string name, std::string default_doc, std::string summary,
   s.default_value = [](const EnvLookup&) { return Setting::Default{"0", "default"}; };
   s.parse = [name, field](absl::string_view t, Config& c) -> absl::Status {
     double v = 0;
-    if (!ParseDecimal(t, &v) || !std::isfinite(v) || v < 0 ||
-        v > 1e6) {
+    if (!ParseDecimal(t, &v) || !std::isfinite(v) || v < 0 || v > 1e6) {
       return Bad(name, t, "expected GB/s from 0 (the default) to 1e6");
     }
     c.*field = v;
