@@ -17,6 +17,27 @@ using tiermem::testing::TempDir;
 
 std::string LastError() { return tm_last_error(); }
 
+// An optimizer made with `rt` on `threads` threads; the zero handle (and a failure) if not.
+tm_adam Adam(tm_runtime rt, int threads) {
+  tm_adam_config c = TM_ADAM_CONFIG_INIT;
+  c.threads = threads;
+  tm_adam adam{0};
+  EXPECT_EQ(tm_adam_create(rt, &c, &adam), TM_OK) << LastError();
+  return adam;
+}
+
+// A DRAM-homed state tensor for `count` parameters (master | exp_avg | exp_avg_sq, fp32); the
+// zero handle (and a failure) if not.
+tm_tensor StateTensor(tm_runtime rt, uint64_t count) {
+  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+  d.bytes = 12 * count;
+  d.cls = TM_CLASS_OPTIMIZER_STATE;
+  d.home_tier = TM_TIER_DRAM;
+  tm_tensor t{0};
+  EXPECT_EQ(tm_tensor_create(rt, &d, &t), TM_OK) << LastError();
+  return t;
+}
+
 TEST(OptimCApi, BadArgumentsAreNamed) {
   tm_adam adam{0};
   EXPECT_EQ(tm_adam_create({0}, nullptr, &adam), TM_ERR_INVALID_ARGUMENT);
@@ -110,18 +131,12 @@ TEST(OptimCApi, CountsNear2To64AreRefusedBeforeAnyStep) {
   tm_config cfg = SmallConfig(dir.path());
   tm_runtime rt{0};
   ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_OK) << LastError();
-  tm_adam_config c = TM_ADAM_CONFIG_INIT;
-  c.threads = 1;
-  tm_adam adam{0};
-  ASSERT_EQ(tm_adam_create(rt, &c, &adam), TM_OK) << LastError();
-  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
-  d.bytes = 12 * 64;
-  d.cls = TM_CLASS_OPTIMIZER_STATE;
-  d.home_tier = TM_TIER_DRAM;
-  tm_tensor t{0};
-  ASSERT_EQ(tm_tensor_create(rt, &d, &t), TM_OK) << LastError();
+  const tm_adam adam = Adam(rt, 1);
+  const tm_tensor t = StateTensor(rt, 64);
+  ASSERT_NE(adam.bits, 0u);
+  ASSERT_NE(t.bits, 0u);
   std::vector<float> state(3 * 64, 1.0f), grad(64, 0.5f);
-  ASSERT_EQ(tm_tensor_write(rt, t, 0, state.data(), d.bytes), TM_OK) << LastError();
+  ASSERT_EQ(tm_tensor_write(rt, t, 0, state.data(), 12 * 64), TM_OK) << LastError();
   const tm_adam_bucket good = {t, 64, grad.data(), TM_DTYPE_F32, nullptr, TM_DTYPE_F32};
   for (uint64_t count : {UINT64_MAX, UINT64_MAX / 12 + 1, (uint64_t{1} << 62) + 1}) {
     tm_adam_bucket huge = good;
@@ -141,7 +156,7 @@ TEST(OptimCApi, CountsNear2To64AreRefusedBeforeAnyStep) {
   EXPECT_EQ(tm_adam_step_groups(adam, 1.0f, &no_buckets, 1, &done), TM_ERR_INVALID_ARGUMENT);
   EXPECT_NE(LastError().find("buckets"), std::string::npos) << LastError();
   std::vector<float> back(3 * 64);
-  ASSERT_EQ(tm_tensor_read(rt, t, 0, back.data(), d.bytes), TM_OK);
+  ASSERT_EQ(tm_tensor_read(rt, t, 0, back.data(), 12 * 64), TM_OK);
   EXPECT_EQ(back, state) << "a refused step changed the state";
   ASSERT_EQ(tm_adam_destroy(adam), TM_OK);
   ASSERT_EQ(tm_runtime_destroy(rt), TM_OK);
@@ -155,16 +170,10 @@ TEST(OptimCApi, StepsHostSpansAfterItsRuntimeIsDestroyed) {
   tm_config cfg = SmallConfig(dir.path());
   tm_runtime rt{0};
   ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_OK) << LastError();
-  tm_adam_config c = TM_ADAM_CONFIG_INIT;
-  c.threads = 2;
-  tm_adam adam{0};
-  ASSERT_EQ(tm_adam_create(rt, &c, &adam), TM_OK) << LastError();
-  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
-  d.bytes = 12 * 64;
-  d.cls = TM_CLASS_OPTIMIZER_STATE;
-  d.home_tier = TM_TIER_DRAM;
-  tm_tensor t{0};
-  ASSERT_EQ(tm_tensor_create(rt, &d, &t), TM_OK) << LastError();
+  const tm_adam adam = Adam(rt, 2);
+  const tm_tensor t = StateTensor(rt, 64);
+  ASSERT_NE(adam.bits, 0u);
+  ASSERT_NE(t.bits, 0u);
   ASSERT_EQ(tm_runtime_destroy(rt), TM_OK) << LastError();
   std::vector<float> p(4096, 1.0f), m(4096, 0.0f), v(4096, 0.0f), g(4096, 0.5f);
   tm_adam_span span = {p.data(),     m.data(), v.data(),     nullptr, g.data(),
