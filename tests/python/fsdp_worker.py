@@ -4,6 +4,7 @@ written as JSON to $FSDP_OUT/<case>.rank<R>.json for test_fsdp.py to judge. FSDP
 cases to run (comma-separated). The swap files go to $FSDP_OUT/nvme-node<N> (one directory per
 node, shared by its ranks as they share its drives), the checkpoints to $FSDP_OUT/dcp."""
 
+import gc
 import json
 import os
 import sys
@@ -431,6 +432,13 @@ def main():
         result = case(sys.modules[__name__]) if name.startswith("shards") else case()
         with open(os.path.join(out, "%s.rank%d.json" % (name, dist.get_rank())), "w") as f:
             json.dump(result, f)
+    # The cases' models and optimizers are cyclic garbage (FSDP2's hooks reference their
+    # modules) holding FSDP2's gloo work objects and their tensors: collected here, while the
+    # interpreter is whole. Left to interpreter finalization, their destruction takes the GIL of
+    # a dying interpreter and aborts the process ("terminate called without an active exception",
+    # pytorch/pytorch#179291), as a CI run did once after every case had passed.
+    del runner
+    gc.collect()
     dist.barrier()  # no rank tears its gloo pairs down while another still uses them
     dist.destroy_process_group()
 
