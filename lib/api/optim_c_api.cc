@@ -176,6 +176,11 @@ class HandleStateTensors : public StateTensors {
   absl::Status SwapContents(const std::vector<std::pair<uint64_t, uint64_t>>& pairs) override {
     return FromC(WithRuntime(rt_, [&](Runtime& r) { return r.SwapContents(pairs); }));
   }
+  absl::StatusOr<uint64_t> DramCapacity() override {
+    tm_stats st = TM_STATS_INIT;
+    if (tm_status s = tm_runtime_stats(rt_, &st); s != TM_OK) return FromC(s);
+    return st.tiers[TM_TIER_DRAM].capacity;
+  }
 
  private:
   tm_runtime rt_;

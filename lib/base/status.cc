@@ -1,6 +1,8 @@
 // The tm_status tag rides in a status payload so that it survives context added on the way up.
 #include "lib/base/status.h"
 
+#include <cmath>
+#include <cstdlib>
 #include <exception>
 #include <new>
 #include <string>
@@ -108,6 +110,27 @@ absl::Status CurrentExceptionStatus() {
   } catch (...) {
     return Error(TM_ERR_INTERNAL, "unexpected exception");
   }
+}
+
+std::string HumanBytes(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 6) {
+    v /= 1024;
+    ++u;
+  }
+  const auto exact = static_cast<unsigned long long>(bytes);
+  if (u == 0) return absl::StrFormat("%llu B", exact);
+  std::string shown = absl::StrFormat("%.4g %s", v, kUnits[u]);
+  // Four digits round: 2 MiB - 1 would show as "2 MiB", and a message that compares what a
+  // request needs with what is free would then contradict itself. Unless the figure shown is
+  // the count itself, the exact count follows it.
+  const double back = std::strtod(shown.c_str(), nullptr) * std::ldexp(1.0, 10 * u);
+  if (bytes > (uint64_t{1} << 53) || back != static_cast<double>(bytes)) {
+    absl::StrAppendFormat(&shown, " (%llu B)", exact);
+  }
+  return shown;
 }
 
 }  // namespace tiermem

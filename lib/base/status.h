@@ -1,6 +1,8 @@
 // absl::Status inside the core, tagged with the tm_status the C boundary will report.
 #pragma once
 
+#include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -22,5 +24,9 @@ absl::Status Retag(const absl::Status& s, tm_status code);
 // and a thread the system would not start (std::system_error, EAGAIN) are
 // TM_ERR_OUT_OF_MEMORY, with what limits them; anything else is TM_ERR_INTERNAL, a bug.
 absl::Status CurrentExceptionStatus();
+
+// Formats a byte count for messages: "64 MiB", "1.5 GiB", "1000 B"; a count that four
+// significant digits would round is followed by its exact value: "2 MiB (2097151 B)".
+std::string HumanBytes(uint64_t bytes);
 
 }  // namespace tiermem

@@ -108,6 +108,9 @@ class Step {
   const BucketGroup& GroupOf(size_t k) const { return groups_[group_of_[k]]; }
   absl::StatusOr<uint64_t> ShadowOf(size_t k);
   absl::Status StepIntoShadow(size_t k, char* staged);
+  uint64_t WindowLimit();
+  absl::Status Drain(size_t j, size_t* synced);
+  absl::Status NeedsMoreRoom(const absl::Status& failed, size_t j);
   void ReleasePinned();
 
   AdamOptimizer& opt_;
@@ -125,6 +128,8 @@ class Step {
   std::vector<uint64_t> held_;     // states held for the step (StateTensors::Hold)
   std::vector<size_t> nvme_;       // buckets stepped into shadows, in order
   std::vector<size_t> staged_at_;  // by position in nvme_: offset in versions_.staged_out
+  std::vector<uint64_t> state_bytes_;  // by position in nvme_: its state tensor's size
+  uint64_t dram_pinned_bytes_ = 0;     // DRAM state pinned for the commit
   std::vector<std::pair<uint64_t, uint64_t>> swaps_;  // (state, shadow) written
   size_t prefetched_ = 0;  // positions of nvme_ whose prefetch was asked for
 };
@@ -185,6 +190,9 @@ absl::Status Step::Check() {
     // in place in DRAM at commit.
     on_nvme_[i] = (*mask & TM_TIER_BIT(TM_TIER_NVME)) != 0;
     if (on_nvme_[i]) {
+      auto bytes = tensors_.Bytes(buckets_[i].state.bits);
+      if (!bytes.ok()) return InBucket(bytes.status(), Name(i), "state");
+      state_bytes_.push_back(*bytes);
       nvme_.push_back(i);
       staged_at_.push_back(staged);
       staged += OutBytes(buckets_[i]);
@@ -202,6 +210,7 @@ absl::Status Step::PinDramState() {
     auto state = tensors_.Acquire(t, TM_TIER_DRAM, TM_ACCESS_READ_WRITE);
     if (!state.ok()) return InBucket(state.status(), Name(i), "acquiring its state in DRAM");
     pinned_.push_back(t);
+    if (auto bytes = tensors_.Bytes(t); bytes.ok()) dram_pinned_bytes_ += *bytes;
     dram_spans_.push_back(SpanOver(buckets_[i], *state, amsgrad));
     dram_group_.push_back(group_of_[i]);
     if (absl::Status s = ValidateSpan(dram_spans_.back(), i, amsgrad); !s.ok()) return s;
@@ -265,30 +274,98 @@ absl::Status Step::StepIntoShadow(size_t k, char* staged) {
   return absl::OkStatus();
 }
 
+// The step's footprint in DRAM is kept under a share of the DRAM tier's budget (what the DRAM
+// state stepped in place leaves of it): the bucket stepping (its state and its new version), the
+// states read ahead, and the new versions still being written. The rest is left to other
+// tensors and to the holes between pinned copies: a copy needs one hole of its size.
+uint64_t Step::WindowLimit() {
+  auto capacity = tensors_.DramCapacity();
+  if (!capacity.ok()) return UINT64_MAX;  // unknown: the prefetch depth alone bounds it
+  const uint64_t free = *capacity > dram_pinned_bytes_ ? *capacity - dram_pinned_bytes_ : 0;
+  return free / 4 * 3;
+}
+
+absl::Status Step::NeedsMoreRoom(const absl::Status& failed, size_t j) {
+  const uint64_t b = state_bytes_[j];
+  auto capacity = tensors_.DramCapacity();
+  return Error(
+      ToTmStatus(failed),
+      absl::StrFormat("%s (%s: this bucket needs %s of DRAM at once, its state and its new "
+                      "version, each in one piece%s; the step waited for every copy it had "
+                      "in flight and went on serially, and still found no room: give the DRAM "
+                      "tier more, or split the bucket's state in smaller buckets (tiermem.torch's "
+                      "optimizers step big tensors in slices))",
+                      failed.message(), Name(nvme_[j]), HumanBytes(2 * b),
+                      capacity.ok() ? absl::StrFormat("; the DRAM tier holds %s, %s of it pinned "
+                                                      "by state stepped in place",
+                                                      HumanBytes(*capacity),
+                                                      HumanBytes(dram_pinned_bytes_))
+                                    : ""));
+}
+
+// Waits for every copy the pipeline has in flight and lets go of the states read ahead, so
+// that the bucket stepping has the DRAM to itself (but for other tensors' pinned copies).
+absl::Status Step::Drain(size_t j, size_t* synced) {
+  for (; *synced < j; ++*synced) {
+    if (absl::Status s = tensors_.Sync(swaps_[*synced].second); !s.ok()) {
+      return InBucket(s, Name(nvme_[*synced]), "writing its new state to NVMe");
+    }
+  }
+  for (size_t k = j + 1; k < prefetched_ && k < nvme_.size(); ++k) {
+    const uint64_t t = buckets_[nvme_[k]].state.bits;
+    (void)tensors_.Sync(t);  // a failed read shows again at the bucket's acquire
+    (void)tensors_.Offload(t, TM_TIER_NVME);  // a clean copy: only freed
+    (void)tensors_.Sync(t);
+  }
+  prefetched_ = j + 1;
+  return absl::OkStatus();
+}
+
 absl::Status Step::StepNvmeState(int prefetch_depth) {
-  const size_t depth = static_cast<size_t>(std::max(0, prefetch_depth));
+  size_t depth = static_cast<size_t>(std::max(0, prefetch_depth));
+  const uint64_t limit = WindowLimit();
   absl::Status status;
-  // New versions being written, at most: as many as the buckets read ahead, and one more.
-  // The disk is the bottleneck here, so the step waits for the oldest write rather than let
-  // new versions pile up in DRAM: a demand for room drops clean copies before it waits for
-  // writes, and the clean copies in DRAM are the buckets read ahead, which would be read again.
-  // In DRAM at once: the bucket stepping and its new version, the depth read ahead, and the
-  // writes behind: 2 + 2 * depth buckets.
-  const size_t writing = depth + 1;
+  // New versions being written, at most: as many as the buckets read ahead, and one more, and
+  // fewer where the window would pass its limit. The disk is the bottleneck here, so the step
+  // waits for the oldest write rather than let new versions pile up in DRAM: a demand for room
+  // drops clean copies before it waits for writes, and the clean copies in DRAM are the
+  // buckets read ahead, which would be read again.
+  size_t synced = 0;       // positions of nvme_ whose new version is known written
+  uint64_t writing = 0;    // bytes of new versions written behind, not yet waited for
+  uint64_t ahead = 0;      // bytes of states read ahead
   for (size_t j = 0; j < nvme_.size() && status.ok(); ++j) {
-    if (j >= writing) {
-      absl::Status s = tensors_.Sync(swaps_[j - writing].second);
+    const uint64_t here = 2 * state_bytes_[j];
+    if (j < prefetched_ && j > 0) ahead -= std::min(ahead, state_bytes_[j]);
+    while (synced < j && (j - synced > depth || writing + ahead + here > limit)) {
+      absl::Status s = tensors_.Sync(swaps_[synced].second);
       if (!s.ok()) {
-        status = InBucket(s, Name(nvme_[j - writing]), "writing its new state to NVMe");
+        status = InBucket(s, Name(nvme_[synced]), "writing its new state to NVMe");
         break;
       }
+      writing -= state_bytes_[synced++];
     }
+    if (!status.ok()) break;
     const size_t want = std::min(nvme_.size(), j + 1 + depth);
     for (prefetched_ = std::max(prefetched_, j + 1); prefetched_ < want; ++prefetched_) {
+      if (writing + ahead + here + state_bytes_[prefetched_] > limit) break;
       // A hint: a failed read shows again at the bucket's acquire, which reports it.
       (void)tensors_.Prefetch(buckets_[nvme_[prefetched_]].state.bits, TM_TIER_DRAM);
+      ahead += state_bytes_[prefetched_];
     }
-    status = StepIntoShadow(nvme_[j], versions_.staged_out.data() + staged_at_[j]);
+    char* staged = versions_.staged_out.data() + staged_at_[j];
+    status = StepIntoShadow(nvme_[j], staged);
+    if (ToTmStatus(status) == TM_ERR_OUT_OF_MEMORY) {
+      // No room beside the copies in flight: wait for them all, and go on serially.
+      if (absl::Status s = Drain(j, &synced); !s.ok()) {
+        status = s;
+        break;
+      }
+      writing = ahead = 0;
+      depth = 0;
+      status = StepIntoShadow(nvme_[j], staged);
+      if (ToTmStatus(status) == TM_ERR_OUT_OF_MEMORY) status = NeedsMoreRoom(status, j);
+    }
+    if (status.ok()) writing += state_bytes_[j];
   }
   // Every new version is on NVMe before any is swapped in.
   for (size_t j = 0; j < swaps_.size(); ++j) {

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "io/sync.h"
+#include "lib/base/status.h"
 #include "lib/tiers/offset_allocator.h"
 #include "tiermem/tiermem.h"
 
@@ -140,9 +141,5 @@ class TierSpace {
   uint64_t counted_used_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t counted_peak_ ABSL_GUARDED_BY(mu_) = 0;
 };
-
-// Formats a byte count for messages: "64 MiB", "1.5 GiB", "1000 B"; a count that four
-// significant digits would round is followed by its exact value: "2 MiB (2097151 B)".
-std::string HumanBytes(uint64_t bytes);
 
 }  // namespace tiermem

@@ -307,11 +307,11 @@ def test_runtime_close_refused_when_the_state_cannot_come_home(make_runtime):
     opt.step()
     want = opt.state_dict()
     slot = opt._slots[p]
-    handle, slot.handle = slot.handle, tiermem._capi.Tensor()  # the zero handle: reads fail
+    handle, slot.handles = slot.handles, [tiermem._capi.Tensor()]  # the zero handle: reads fail
     with pytest.raises(tiermem.TiermemError, match="CPUAdam could not bring") as e:
         rt.close()
     assert e.value.status == tiermem.TM_ERR_BUSY and not rt.closed
-    slot.handle = handle
+    slot.handles = handle
     rt.close()
     got = opt.state_dict()
     assert all(torch.equal(got["state"][0][k], want["state"][0][k]) for k in want["state"][0])
@@ -409,11 +409,11 @@ def test_failed_nvme_read_leaves_the_parameters_untouched(make_runtime, nvme_dir
     step(opt, ps, grads[0])
     step(twin, twins, grads[0])
     for slot in opt._slots.values():  # every state on NVMe only, where the fault strikes
-        slot.tensor.offload("nvme")
-        slot.tensor.sync()
-        assert slot.tensor.residency() == {"nvme"}, slot.tensor.residency()
+        [t.offload("nvme") for t in slot.tensors]
+        [t.sync() for t in slot.tensors]
+        assert all(t.residency() == {"nvme"} for t in slot.tensors)
     # The first parameter's state reads from a DRAM copy: it steps before the second one fails.
-    first = opt._slots[ps[0]].tensor
+    first = opt._slots[ps[0]].tensors[0]
     first.prefetch("dram")
     first.sync()
     assert first.residency() == {"dram", "nvme"}
@@ -464,10 +464,10 @@ def test_failure_in_one_group_leaves_every_group_untouched(make_runtime, nvme_di
     step(opt, ps, grads[0])
     step(twin, twins, grads[0])
     for slot in opt._slots.values():  # every state on NVMe only, where the fault strikes
-        slot.tensor.offload("nvme")
-        slot.tensor.sync()
+        [t.offload("nvme") for t in slot.tensors]
+        [t.sync() for t in slot.tensors]
     # The first group's state reads from a DRAM copy: alone, its step would succeed.
-    first = opt._slots[ps[0]].tensor
+    first = opt._slots[ps[0]].tensors[0]
     first.prefetch("dram")
     first.sync()
     assert first.residency() == {"dram", "nvme"}
@@ -548,7 +548,7 @@ def test_fp32_cpu_parameters_are_their_own_master():
     for i in range(2):
         both()
     slot = opt._slots[p]
-    assert slot.in_place and slot.tensor.nbytes == 8 * p.numel(), "the moments only"
+    assert slot.in_place and slot.tensors[0].nbytes == 8 * p.numel(), "the moments only"
     torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
     with torch.no_grad():  # an edit between steps (a weight tied, a re-initialization)
         p.mul_(0.5)
@@ -561,7 +561,7 @@ def test_fp32_cpu_parameters_are_their_own_master():
     assert not p.is_contiguous()
     i = 3
     both()
-    assert not slot.in_place and slot.tensor.nbytes == 12 * p.numel(), "a master again"
+    assert not slot.in_place and slot.tensors[0].nbytes == 12 * p.numel(), "a master again"
     torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
     sd, sd_ref = opt.state_dict()["state"][0], ref.state_dict()["state"][0]
     for name in ("step", "exp_avg", "exp_avg_sq"):  # fused multiply-adds: m may cancel

@@ -20,6 +20,7 @@ import torch
 
 import tiermem
 from tiermem import _capi, _optim_capi
+from tiermem.torch._transfers import _size_arg
 
 __all__ = ["CPUAdam", "isa", "set_isa_limit"]
 
@@ -91,23 +92,60 @@ def _closed_error(what):
 
 
 class _Slot:
-    """One parameter's bucket: its state tensor in tiermem and, for a parameter on a GPU, pinned
-    buffers for its gradient and its updated value. The state is [master | exp_avg | exp_avg_sq
-    | max_exp_avg_sq] in fp32, or without the master (`in_place`) for an fp32 CPU parameter
-    with its state in DRAM: that parameter is its own master, stepped in place as AdamW and
-    DeepSpeed step it (28 bytes a parameter moved instead of 36 with a master beside it). Once
-    the runtime closed (CPUAdam._runtime_closing), the same layout in `home`, one flat fp32
-    torch tensor, and no tiermem tensor."""
+    """One parameter's state in tiermem and, for a parameter on a GPU, pinned buffers for its
+    gradient and its updated value. The state is [master | exp_avg | exp_avg_sq |
+    max_exp_avg_sq] in fp32, or without the master (`in_place`) for an fp32 CPU parameter with
+    its state in DRAM: that parameter is its own master, stepped in place as AdamW and DeepSpeed
+    step it (28 bytes a parameter moved instead of 36 with a master beside it).
 
-    __slots__ = ("tensor", "handle", "count", "amsgrad", "in_place", "grad_host", "out_host",
-                 "ready", "home")
+    The state is cut into slices of the parameter's elements, one tiermem tensor each in that
+    layout: elements [bounds[i], bounds[i + 1]) in tensors[i], each slice a bucket of the step.
+    The step reads, steps and writes a slice at a time, so a tensor bigger than the DRAM tier
+    steps through it; Adam is elementwise and the bounds are multiples of the kernel's vector
+    width, so the result is bit for bit that of the whole tensor. Once the runtime closed
+    (CPUAdam._runtime_closing), the whole layout in `home`, one flat fp32 torch tensor, and no
+    tiermem tensor."""
 
-    def __init__(self, tensor, count, amsgrad, in_place, home=None):
-        self.tensor, self.count, self.amsgrad, self.in_place = tensor, count, amsgrad, in_place
-        # The C handle (the tensor is destroyed only by close(), or by the runtime's).
-        self.handle = tensor._handle() if tensor is not None else None
+    __slots__ = ("tensors", "handles", "bounds", "count", "amsgrad", "in_place", "grad_host",
+                 "out_host", "ready", "home")
+
+    def __init__(self, tensors, bounds, count, amsgrad, in_place, home=None):
+        self.count, self.amsgrad, self.in_place = count, amsgrad, in_place
+        self.tensors, self.bounds = tensors, bounds
+        # The C handles (the tensors are destroyed only by close(), or by the runtime's).
+        self.handles = [t._handle() for t in tensors]
         self.home = home
         self.grad_host = self.out_host = self.ready = None
+
+    @property
+    def parts(self):
+        """fp32 words a parameter: the moments, the master but for a parameter stepped in
+        place, the maximum with amsgrad."""
+        return (3 if self.amsgrad else 2) + (not self.in_place)
+
+    def slices(self):
+        """(tiermem tensor, its handle, first element, elements) of each slice."""
+        b = self.bounds
+        return [(t, h, b[i], b[i + 1] - b[i])
+                for i, (t, h) in enumerate(zip(self.tensors, self.handles))]
+
+
+# A slice's elements are a multiple of this: 64 floats, four AVX-512 vectors (the kernel's
+# vector loop and its tiles start at a slice's first element, and end at the tensor's last
+# only where a slice ends it, so every element takes the same path as in the whole tensor).
+_SLICE_ALIGN = 64
+# The largest slice of state, in bytes: beyond it a bigger slice saves no time (the disk runs at
+# its speed from a few MiB a request) and costs DRAM the pipeline could read ahead with.
+_SLICE_MAX = 64 << 20
+# The DRAM tier holds this many slices: the one stepping and its new version, the slices read
+# ahead and the new versions written behind, with room to spare for other tensors and for the
+# holes between pinned copies (every copy needs one hole of its size).
+_SLICES_IN_DRAM = 8
+
+
+def _slice_bounds(count, per):
+    """Element bounds [0, ..., count] of slices of at most `per` elements."""
+    return list(range(0, count, per)) + [count] if count > 0 else [0, 0]
 
 
 class CPUAdam(torch.optim.Optimizer):
@@ -132,7 +170,7 @@ class CPUAdam(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, adamw=True, max_grad_norm=None, runtime=None,
-                 state_tier="dram", threads=0, overlap=None):
+                 state_tier="dram", threads=0, overlap=None, slice_bytes=None):
         self._closed, self._home = False, False  # close() called; the runtime's close() was
         _check_hyper(lr, betas, eps, weight_decay)
         if state_tier not in ("dram", "nvme"):
@@ -148,6 +186,12 @@ class CPUAdam(torch.optim.Optimizer):
                 raise TypeError("CPUAdam: a parameter is %s; fp32, bf16 and fp16 are supported" %
                                 p.dtype)
         self.adamw, self.max_grad_norm, self.state_tier = bool(adamw), max_grad_norm, state_tier
+        if slice_bytes is not None:
+            slice_bytes = _size_arg(slice_bytes, "CPUAdam: slice_bytes")
+            if slice_bytes < 16 * _SLICE_ALIGN:
+                raise ValueError("CPUAdam: slice_bytes=%r, want at least %d (a slice of %d "
+                                 "parameters with amsgrad) or None" %
+                                 (slice_bytes, 16 * _SLICE_ALIGN, _SLICE_ALIGN))
         if runtime is None:
             if state_tier == "nvme":
                 raise ValueError("CPUAdam: state_tier='nvme' needs a runtime with nvme_paths")
@@ -162,6 +206,7 @@ class CPUAdam(torch.optim.Optimizer):
         else:
             self._own_runtime = None
         self.runtime = runtime
+        self.slice_bytes = self._slice_bytes(slice_bytes)
         cfg = _optim_capi.AdamConfig()
         cfg.threads = int(threads)
         self._adam = _optim_capi.Adam()
@@ -196,16 +241,16 @@ class CPUAdam(torch.optim.Optimizer):
             rt = self.runtime._handle()
             homes = {}
             for p, slot in self._slots.items():
-                flat = torch.empty(slot.tensor.nbytes // 4, dtype=torch.float32)
-                _check(_lib.tm_tensor_read(rt, slot.handle, 0, flat.data_ptr(),
-                                           flat.numel() * 4), "tm_tensor_read")
-                homes[p] = flat
+                homes[p] = torch.cat(self._read(slot, p, rt)[slot.in_place:])
             for p, slot in self._slots.items():
-                old, slot.tensor, slot.handle, slot.home = slot.tensor, None, None, homes[p]
-                try:
-                    old.destroy()
-                except tiermem.TiermemError:
-                    pass  # the runtime destroys it next anyway
+                old = slot.tensors
+                slot.tensors, slot.handles, slot.home = [], [], homes[p]
+                slot.bounds = [0, slot.count]
+                for t in old:
+                    try:
+                        t.destroy()
+                    except tiermem.TiermemError:
+                        pass  # the runtime destroys it next anyway
             self._home = True
 
     def _check_open(self, what):
@@ -230,8 +275,7 @@ class CPUAdam(torch.optim.Optimizer):
         if slot is None:
             n = p.numel()
             in_place = self._in_place_ok(p)
-            t, home = self._new_state(((3 if amsgrad else 2) + (not in_place)) * n)
-            slot = _Slot(t, n, amsgrad, in_place, home)
+            slot = self._new_slot(n, amsgrad, in_place)
             self._slots[p] = slot
             if init:
                 zeros = torch.zeros(n, dtype=torch.float32)
@@ -245,19 +289,47 @@ class CPUAdam(torch.optim.Optimizer):
         """A parameter stepped in place that no longer can be (made bf16, moved, made a strided
         view): its state gets a master again, the parameter's value widened to fp32."""
         _, m, v, *vmax = self._read(slot, p)
-        t, home = self._new_state((4 if slot.amsgrad else 3) * slot.count)
-        old, slot.tensor, slot.in_place = slot.tensor, t, False
-        slot.handle, slot.home = t._handle() if t is not None else None, home
+        new = self._new_slot(slot.count, slot.amsgrad, False)
+        old = slot.tensors
+        slot.tensors, slot.handles, slot.bounds = new.tensors, new.handles, new.bounds
+        slot.home, slot.in_place = new.home, False
         self._write(slot, p.detach().reshape(-1), m, v, vmax[0] if vmax else None, p)
-        if old is not None:
-            old.destroy()
+        for t in old:
+            t.destroy()
 
-    def _new_state(self, words):
-        """(tiermem tensor, None) of `words` fp32 words; (None, zeros) once the runtime closed."""
+    def _slice_bytes(self, asked):
+        """The bytes of state a slice holds at most: `asked`, or with state on NVMe an eighth of
+        the DRAM tier (at most 64 MiB); with state in DRAM, none (one slice a parameter: it is
+        all in DRAM anyway, and stepped in place there)."""
+        if asked is not None:
+            return asked
+        if self.state_tier != "nvme":
+            return None
+        dram = self.runtime.stats()["tiers"]["dram"]["capacity"]
+        return max(16 * _SLICE_ALIGN, min(_SLICE_MAX, dram // _SLICES_IN_DRAM))
+
+    def _new_slot(self, n, amsgrad, in_place):
+        """A slot of n elements: its slices' tiermem tensors, or once the runtime closed its
+        state at home (zeros, one slice)."""
+        words = ((3 if amsgrad else 2) + (not in_place))
         if self._home:
-            return None, torch.zeros(words, dtype=torch.float32)
-        return self.runtime.tensor(4 * words, cls="optimizer_state", home=self.state_tier,
-                                   name=self.runtime.next_name("cpu_adam")), None
+            return _Slot([], [0, n], n, amsgrad, in_place,
+                         torch.zeros(words * n, dtype=torch.float32))
+        per = n
+        if self.slice_bytes is not None and not in_place:  # in place: in DRAM, pinned whole
+            per = max(_SLICE_ALIGN, self.slice_bytes // (4 * words) // _SLICE_ALIGN * _SLICE_ALIGN)
+        bounds = _slice_bounds(n, per)
+        tensors = []
+        try:
+            for i in range(len(bounds) - 1):
+                tensors.append(self.runtime.tensor(
+                    4 * words * (bounds[i + 1] - bounds[i]), cls="optimizer_state",
+                    home=self.state_tier, name=self.runtime.next_name("cpu_adam")))
+        except BaseException:
+            for t in tensors:
+                t.destroy()
+            raise
+        return _Slot(tensors, bounds, n, amsgrad, in_place)
 
     def _write(self, slot, master, m, v, vmax, p):
         parts = [m, v] + ([vmax if vmax is not None else torch.zeros_like(v)]
@@ -267,24 +339,32 @@ class CPUAdam(torch.optim.Optimizer):
                 p.detach().view(-1).copy_(master.to(torch.float32).reshape(-1))
         else:
             parts.insert(0, master)
-        flat = torch.cat([t.detach().to("cpu", torch.float32).reshape(-1) for t in parts])
+        parts = [t.detach().to("cpu", torch.float32).reshape(-1) for t in parts]
         if slot.home is not None:
-            slot.home = flat  # a new tensor (cat): the old one may still be read by the caller
+            # A new tensor (cat): the old one may still be read by the caller.
+            slot.home = torch.cat(parts)
             return
-        _check(_lib.tm_tensor_write(self.runtime._handle(), slot.tensor._handle(), 0,
-                                    flat.data_ptr(), flat.numel() * 4), "tm_tensor_write")
+        rt = self.runtime._handle()
+        for _, h, first, n in slot.slices():
+            flat = torch.cat([t[first:first + n] for t in parts])
+            _check(_lib.tm_tensor_write(rt, h, 0, flat.data_ptr(), flat.numel() * 4),
+                   "tm_tensor_write")
 
-    def _read(self, slot, p):
+    def _read(self, slot, p, rt=None):
         """[master, exp_avg, exp_avg_sq(, max_exp_avg_sq)] as flat fp32 tensors (the master of a
         parameter stepped in place is the parameter itself)."""
-        parts = (3 if slot.amsgrad else 2) + (not slot.in_place)
+        parts = slot.parts
         if slot.home is not None:
-            flat = slot.home  # views of it: callers that keep them clone them (state_dict)
+            out = list(slot.home.split(slot.count))  # views: callers that keep them clone them
         else:
-            flat = torch.empty(parts * slot.count, dtype=torch.float32)
-            _check(_lib.tm_tensor_read(self.runtime._handle(), slot.tensor._handle(), 0,
-                                       flat.data_ptr(), flat.numel() * 4), "tm_tensor_read")
-        out = list(flat.split(slot.count))
+            rt = self.runtime._handle() if rt is None else rt
+            out = [torch.empty(slot.count, dtype=torch.float32) for _ in range(parts)]
+            for _, h, first, n in slot.slices():
+                flat = torch.empty(parts * n, dtype=torch.float32)
+                _check(_lib.tm_tensor_read(rt, h, 0, flat.data_ptr(), flat.numel() * 4),
+                       "tm_tensor_read")
+                for whole, piece in zip(out, flat.split(n)):
+                    whole[first:first + n] = piece
         if slot.in_place:
             out.insert(0, p.detach().reshape(-1))
         return out
@@ -316,18 +396,25 @@ class CPUAdam(torch.optim.Optimizer):
             grad = grad.float()
         return grad.contiguous()
 
-    def _bucket(self, p, slot, g):
-        b = _optim_capi.AdamBucket()
-        b.state = slot.tensor._handle()
-        b.count, b.grad, b.grad_dtype = slot.count, g.data_ptr(), _DTYPES[g.dtype]
+    def _buckets(self, p, slot, g):
+        """One bucket a slice: its elements of the gradient and of the updated parameter."""
         if p.is_cuda or not p.is_contiguous():
             if slot.out_host is None:
                 slot.out_host = torch.empty(slot.count, dtype=p.dtype,
                                             pin_memory=p.is_cuda)
-            b.param_out, b.param_out_dtype = slot.out_host.data_ptr(), _DTYPES[p.dtype]
+            out = slot.out_host
         else:  # the parameter itself receives the updated value in the same pass
-            b.param_out, b.param_out_dtype = p.data_ptr(), _DTYPES[p.dtype]
-        return b
+            out = p
+        grad, grad_size, grad_dtype = g.data_ptr(), g.element_size(), _DTYPES[g.dtype]
+        out_ptr, out_size, out_dtype = out.data_ptr(), out.element_size(), _DTYPES[p.dtype]
+        buckets = []
+        for _, h, first, n in slot.slices():
+            b = _optim_capi.AdamBucket()
+            b.state, b.count = h, n
+            b.grad, b.grad_dtype = grad + first * grad_size, grad_dtype
+            b.param_out, b.param_out_dtype = out_ptr + first * out_size, out_dtype
+            buckets.append(b)
+        return buckets
 
     def _download(self, slot, g):
         if slot.grad_host is None or slot.grad_host.dtype != g.dtype:
@@ -418,7 +505,7 @@ class CPUAdam(torch.optim.Optimizer):
         finally:
             release = _lib.tm_tensor_release
             for slot in acquired:
-                release(rt, slot.handle, _capi.TIER_DRAM)
+                release(rt, slot.handles[0], _capi.TIER_DRAM)
 
     def _acquire_spans(self, rt, here, acquired):
         """The tm_adam_span array of parameters stepped in place, their state acquired in DRAM
@@ -431,9 +518,9 @@ class CPUAdam(torch.optim.Optimizer):
         for i, (p, slot, g, _) in enumerate(here):
             if slot.home is not None:
                 base = slot.home.data_ptr()
-            else:
-                status = acquire(rt, slot.handle, _capi.TIER_DRAM, _capi.ACCESS_READ_WRITE, None,
-                                 out)
+            else:  # state in DRAM: one slice
+                status = acquire(rt, slot.handles[0], _capi.TIER_DRAM, _capi.ACCESS_READ_WRITE,
+                                 None, out)
                 if status != _capi.OK:
                     _check(status, "tm_tensor_acquire")
                 acquired.append(slot)
@@ -472,13 +559,12 @@ class CPUAdam(torch.optim.Optimizer):
     def _step_buckets(self, runs, grad_scale, keep):
         groups = (_optim_capi.AdamGroup * len(runs))()
         for i, (group, step, pairs) in enumerate(runs):
-            arr = (_optim_capi.AdamBucket * len(pairs))()
-            for j, (p, slot, g, _) in enumerate(pairs):
-                arr[j] = self._bucket(p, slot, g)
+            buckets = [b for p, slot, g, _ in pairs for b in self._buckets(p, slot, g)]
+            arr = (_optim_capi.AdamBucket * len(buckets))(*buckets)
             cfg = self._config(group)
             keep += [arr, cfg]
             groups[i].config = ctypes.pointer(cfg)
-            groups[i].step, groups[i].count = step, len(pairs)
+            groups[i].step, groups[i].count = step, len(buckets)
             groups[i].buckets = ctypes.cast(arr, ctypes.POINTER(_optim_capi.AdamBucket))
         done = ctypes.c_size_t(0)
         status = _lib.tm_adam_step_groups(self._adam, grad_scale, groups, len(runs),
@@ -597,8 +683,9 @@ class CPUAdam(torch.optim.Optimizer):
             _lib.tm_adam_destroy(self._adam)
             self._adam = _optim_capi.Adam()
         for slot in self._slots.values():
-            if slot.tensor is not None and not self.runtime.closed:
-                slot.tensor.destroy()
+            if not self.runtime.closed:
+                for t in slot.tensors:
+                    t.destroy()
         self._slots, self._counters = {}, {}
         if self._own_runtime is not None:
             self._own_runtime.close()
