@@ -26,8 +26,9 @@ class Budget : public ::testing::Test {
   // A DRAM tier of dram_bytes (beside the staging pool), buckets of `counts` elements on NVMe,
   // read ahead by `depth`.
   void Make(uint64_t dram_bytes, const std::vector<size_t>& counts) {
-    rt_ = testing::MakeRuntime(testing::Emulated(dir_.path(), 16ull << 20, dram_bytes, 256ull << 20),
-                               {{"TIERMEM_DRAM_INCLUSIVE", "off"}});
+    rt_ =
+        testing::MakeRuntime(testing::Emulated(dir_.path(), 16ull << 20, dram_bytes, 256ull << 20),
+                             {{"TIERMEM_DRAM_INCLUSIVE", "off"}});
     ASSERT_NE(rt_, nullptr);
     io_ = std::make_unique<RuntimeStateTensors>(*rt_);
     AdamHyper h;
@@ -65,8 +66,8 @@ class Budget : public ::testing::Test {
   BucketStepResult Step(uint64_t step, int depth) {
     std::vector<tm_adam_bucket> specs;
     for (size_t b = 0; b < tensors_.size(); ++b) {
-      specs.push_back({{tensors_[b]}, counts_[b], grads_[b].data(), TM_DTYPE_F32, nullptr,
-                       TM_DTYPE_F32});
+      specs.push_back(
+          {{tensors_[b]}, counts_[b], grads_[b].data(), TM_DTYPE_F32, nullptr, TM_DTYPE_F32});
     }
     return StepBuckets(*opt_, *io_, versions_, depth, step, 1.0f, specs.data(), specs.size());
   }
@@ -136,8 +137,7 @@ TEST_F(Budget, BucketThatCannotFitSaysWhatItNeeds) {
   EXPECT_EQ(r.buckets_done, 0u);
   const std::string msg(r.status.message());
   EXPECT_NE(msg.find("bucket 1"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("needs " + HumanBytes(2 * 12 * 60000) + " of DRAM at once"),
-            std::string::npos)
+  EXPECT_NE(msg.find("needs " + HumanBytes(2 * 12 * 60000) + " of DRAM at once"), std::string::npos)
       << msg;
   EXPECT_NE(msg.find("the step was not taken"), std::string::npos) << msg;
   for (size_t b = 0; b < tensors_.size(); ++b) EXPECT_TRUE(Matches(b)) << "bucket " << b;

@@ -125,9 +125,9 @@ class Step {
   std::vector<AdamSpan> dram_spans_;  // DRAM state, acquired for writing, stepped at commit
   std::vector<size_t> dram_group_;    // by position in dram_spans_: its group
   std::vector<uint64_t> pinned_;
-  std::vector<uint64_t> held_;     // states held for the step (StateTensors::Hold)
-  std::vector<size_t> nvme_;       // buckets stepped into shadows, in order
-  std::vector<size_t> staged_at_;  // by position in nvme_: offset in versions_.staged_out
+  std::vector<uint64_t> held_;         // states held for the step (StateTensors::Hold)
+  std::vector<size_t> nvme_;           // buckets stepped into shadows, in order
+  std::vector<size_t> staged_at_;      // by position in nvme_: offset in versions_.staged_out
   std::vector<uint64_t> state_bytes_;  // by position in nvme_: its state tensor's size
   uint64_t dram_pinned_bytes_ = 0;     // DRAM state pinned for the commit
   std::vector<std::pair<uint64_t, uint64_t>> swaps_;  // (state, shadow) written
@@ -296,11 +296,11 @@ absl::Status Step::NeedsMoreRoom(const absl::Status& failed, size_t j) {
                       "tier more, or split the bucket's state in smaller buckets (tiermem.torch's "
                       "optimizers step big tensors in slices))",
                       failed.message(), Name(nvme_[j]), HumanBytes(2 * b),
-                      capacity.ok() ? absl::StrFormat("; the DRAM tier holds %s, %s of it pinned "
-                                                      "by state stepped in place",
-                                                      HumanBytes(*capacity),
-                                                      HumanBytes(dram_pinned_bytes_))
-                                    : ""));
+                      capacity.ok()
+                          ? absl::StrFormat("; the DRAM tier holds %s, %s of it pinned "
+                                            "by state stepped in place",
+                                            HumanBytes(*capacity), HumanBytes(dram_pinned_bytes_))
+                          : ""));
 }
 
 // Waits for every copy the pipeline has in flight and lets go of the states read ahead, so
@@ -313,7 +313,7 @@ absl::Status Step::Drain(size_t j, size_t* synced) {
   }
   for (size_t k = j + 1; k < prefetched_ && k < nvme_.size(); ++k) {
     const uint64_t t = buckets_[nvme_[k]].state.bits;
-    (void)tensors_.Sync(t);  // a failed read shows again at the bucket's acquire
+    (void)tensors_.Sync(t);                   // a failed read shows again at the bucket's acquire
     (void)tensors_.Offload(t, TM_TIER_NVME);  // a clean copy: only freed
     (void)tensors_.Sync(t);
   }
@@ -330,9 +330,9 @@ absl::Status Step::StepNvmeState(int prefetch_depth) {
   // waits for the oldest write rather than let new versions pile up in DRAM: a demand for room
   // drops clean copies before it waits for writes, and the clean copies in DRAM are the
   // buckets read ahead, which would be read again.
-  size_t synced = 0;       // positions of nvme_ whose new version is known written
-  uint64_t writing = 0;    // bytes of new versions written behind, not yet waited for
-  uint64_t ahead = 0;      // bytes of states read ahead
+  size_t synced = 0;     // positions of nvme_ whose new version is known written
+  uint64_t writing = 0;  // bytes of new versions written behind, not yet waited for
+  uint64_t ahead = 0;    // bytes of states read ahead
   for (size_t j = 0; j < nvme_.size() && status.ok(); ++j) {
     const uint64_t here = 2 * state_bytes_[j];
     if (j < prefetched_ && j > 0) ahead -= std::min(ahead, state_bytes_[j]);
