@@ -23,12 +23,12 @@ namespace {
 
 class Budget : public ::testing::Test {
  protected:
-  // A DRAM tier of dram_bytes (beside the staging pool), buckets of `counts` elements on NVMe,
-  // read ahead by `depth`.
-  void Make(uint64_t dram_bytes, const std::vector<size_t>& counts) {
+  // A runtime of dram_bytes (the DRAM tier and the staging pool) and buckets of `counts`
+  // elements on NVMe; `inclusive`: TIERMEM_DRAM_INCLUSIVE.
+  void Make(uint64_t dram_bytes, const std::vector<size_t>& counts, const char* inclusive = "off") {
     rt_ =
         testing::MakeRuntime(testing::Emulated(dir_.path(), 16ull << 20, dram_bytes, 256ull << 20),
-                             {{"TIERMEM_DRAM_INCLUSIVE", "off"}});
+                             {{"TIERMEM_DRAM_INCLUSIVE", inclusive}});
     ASSERT_NE(rt_, nullptr);
     io_ = std::make_unique<RuntimeStateTensors>(*rt_);
     AdamHyper h;
@@ -110,6 +110,32 @@ TEST_F(Budget, WindowLargerThanTheTierStepsThrough) {
     BucketStepResult r = Step(step, 4);
     ASSERT_TRUE(r.status.ok()) << "step " << step << ": " << r.status;
     EXPECT_EQ(r.buckets_done, tensors_.size());
+    StepHost(step);
+    for (size_t b = 0; b < tensors_.size(); ++b) EXPECT_TRUE(Matches(b)) << "bucket " << b;
+  }
+}
+
+// Inclusive DRAM keeps a clean copy of what an offload wrote while there is room: the step,
+// streaming state five times the DRAM tier through it, drops the old versions and the written
+// new ones itself, so that no state read ahead is evicted for them and read twice. Each step
+// reads and writes every state once.
+TEST_F(Budget, StreamingStateIsReadOnce) {
+  Make(5ull << 18, std::vector<size_t>(12, 36000), "on");  // 5.2 MB of state, a 1 MiB tier
+  uint64_t state = 0;
+  for (size_t n : counts_) state += 12 * n;
+  for (uint64_t step = 1; step <= 3; ++step) {
+    const tm_stats before = rt_->Stats();
+    BucketStepResult r = Step(step, 2);
+    ASSERT_TRUE(r.status.ok()) << "step " << step << ": " << r.status;
+    const tm_stats after = rt_->Stats();
+    EXPECT_EQ(after.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM] -
+                  before.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM],
+              state)
+        << "step " << step << " read the state once";
+    EXPECT_EQ(after.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME] -
+                  before.bytes_moved[TM_TIER_DRAM][TM_TIER_NVME],
+              state)
+        << "step " << step << " wrote the new state once";
     StepHost(step);
     for (size_t b = 0; b < tensors_.size(); ++b) EXPECT_TRUE(Matches(b)) << "bucket " << b;
   }

@@ -181,6 +181,9 @@ class HandleStateTensors : public StateTensors {
     if (tm_status s = tm_runtime_stats(rt_, &st); s != TM_OK) return FromC(s);
     return st.tiers[TM_TIER_DRAM].capacity;
   }
+  absl::Status DropClean(uint64_t t) override {
+    return FromC(WithRuntime(rt_, [&](Runtime& r) { return r.DropCleanCopy(t, TM_TIER_DRAM); }));
+  }
 
  private:
   tm_runtime rt_;

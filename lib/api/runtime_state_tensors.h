@@ -33,6 +33,7 @@ class RuntimeStateTensors : public StateTensors {
   absl::Status SwapContents(const std::vector<std::pair<uint64_t, uint64_t>>& pairs) override {
     return rt_.SwapContents(pairs);
   }
+  absl::Status DropClean(uint64_t t) override { return rt_.DropCleanCopy(t, TM_TIER_DRAM); }
   absl::StatusOr<uint64_t> DramCapacity() override {
     return rt_.Stats().tiers[TM_TIER_DRAM].capacity;
   }

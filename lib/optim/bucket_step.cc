@@ -110,6 +110,7 @@ class Step {
   absl::Status StepIntoShadow(size_t k, char* staged);
   uint64_t WindowLimit();
   absl::Status Drain(size_t j, size_t* synced);
+  void Written(size_t j);
   absl::Status NeedsMoreRoom(const absl::Status& failed, size_t j);
   void ReleasePinned();
 
@@ -130,6 +131,7 @@ class Step {
   std::vector<size_t> staged_at_;      // by position in nvme_: offset in versions_.staged_out
   std::vector<uint64_t> state_bytes_;  // by position in nvme_: its state tensor's size
   uint64_t dram_pinned_bytes_ = 0;     // DRAM state pinned for the commit
+  bool streaming_ = false;  // the NVMe state is more than the DRAM window: none kept there
   std::vector<std::pair<uint64_t, uint64_t>> swaps_;  // (state, shadow) written
   size_t prefetched_ = 0;  // positions of nvme_ whose prefetch was asked for
 };
@@ -262,10 +264,10 @@ absl::Status Step::StepIntoShadow(size_t k, char* staged) {
   if (!released_src.ok()) return InBucket(released_src, Name(k), "release");
   // The old version's DRAM copy is spent (NVMe holds its bytes): dropped now, before the next
   // prefetch needs its room. Left to eviction, it would outlive the buckets read ahead, which
-  // were touched less recently, and those would be dropped instead and read twice. The offload
-  // only frees the copy; the sync waits for that (a failure is no failure of the step).
-  (void)tensors_.Offload(t, TM_TIER_NVME);
-  (void)tensors_.Sync(t);
+  // were touched less recently, and those would be dropped instead and read twice. (An offload
+  // would not do: inclusive DRAM keeps a clean copy while there is room.) A failure is no
+  // failure of the step.
+  (void)tensors_.DropClean(t);
   // Returns at once: the write runs while the next bucket steps.
   if (absl::Status s = tensors_.Offload(*shadow, TM_TIER_NVME); !s.ok()) {
     return InBucket(s, Name(k), "writing its new state to NVMe");
@@ -282,7 +284,7 @@ uint64_t Step::WindowLimit() {
   auto capacity = tensors_.DramCapacity();
   if (!capacity.ok()) return UINT64_MAX;  // unknown: the prefetch depth alone bounds it
   const uint64_t free = *capacity > dram_pinned_bytes_ ? *capacity - dram_pinned_bytes_ : 0;
-  return free / 4 * 3;
+  return free / 2;
 }
 
 absl::Status Step::NeedsMoreRoom(const absl::Status& failed, size_t j) {
@@ -310,15 +312,24 @@ absl::Status Step::Drain(size_t j, size_t* synced) {
     if (absl::Status s = tensors_.Sync(swaps_[*synced].second); !s.ok()) {
       return InBucket(s, Name(nvme_[*synced]), "writing its new state to NVMe");
     }
+    Written(*synced);
   }
   for (size_t k = j + 1; k < prefetched_ && k < nvme_.size(); ++k) {
     const uint64_t t = buckets_[nvme_[k]].state.bits;
-    (void)tensors_.Sync(t);                   // a failed read shows again at the bucket's acquire
-    (void)tensors_.Offload(t, TM_TIER_NVME);  // a clean copy: only freed
-    (void)tensors_.Sync(t);
+    (void)tensors_.Sync(t);  // a failed read shows again at the bucket's acquire
+    (void)tensors_.DropClean(t);
   }
   prefetched_ = j + 1;
   return absl::OkStatus();
+}
+
+// A new version known written. State that DRAM cannot keep from one step to the next streams
+// through it: the clean copy the write leaves in DRAM (inclusive DRAM keeps one) is then only in
+// the way. Left to eviction, it would outlive the states read ahead, which were touched less
+// recently, and those would be dropped instead and read twice.
+void Step::Written(size_t j) {
+  if (!streaming_) return;
+  (void)tensors_.DropClean(swaps_[j].second);
 }
 
 absl::Status Step::StepNvmeState(int prefetch_depth) {
@@ -333,6 +344,9 @@ absl::Status Step::StepNvmeState(int prefetch_depth) {
   size_t synced = 0;     // positions of nvme_ whose new version is known written
   uint64_t writing = 0;  // bytes of new versions written behind, not yet waited for
   uint64_t ahead = 0;    // bytes of states read ahead
+  uint64_t total = 0;
+  for (uint64_t b : state_bytes_) total += b;
+  streaming_ = total > limit;
   for (size_t j = 0; j < nvme_.size() && status.ok(); ++j) {
     const uint64_t here = 2 * state_bytes_[j];
     if (j < prefetched_ && j > 0) ahead -= std::min(ahead, state_bytes_[j]);
@@ -342,6 +356,7 @@ absl::Status Step::StepNvmeState(int prefetch_depth) {
         status = InBucket(s, Name(nvme_[synced]), "writing its new state to NVMe");
         break;
       }
+      Written(synced);
       writing -= state_bytes_[synced++];
     }
     if (!status.ok()) break;
@@ -368,11 +383,12 @@ absl::Status Step::StepNvmeState(int prefetch_depth) {
     if (status.ok()) writing += state_bytes_[j];
   }
   // Every new version is on NVMe before any is swapped in.
-  for (size_t j = 0; j < swaps_.size(); ++j) {
+  for (size_t j = synced; j < swaps_.size(); ++j) {
     absl::Status s = tensors_.Sync(swaps_[j].second);
     if (!s.ok() && status.ok()) {
       status = InBucket(s, Name(nvme_[j]), "writing its new state to NVMe");
     }
+    if (s.ok()) Written(j);
   }
   return status;
 }

@@ -44,6 +44,9 @@ class StateTensors {
   virtual absl::Status Destroy(uint64_t tensor) = 0;
   // All pairs exchange their contents, or none does (Runtime::SwapContents).
   virtual absl::Status SwapContents(const std::vector<std::pair<uint64_t, uint64_t>>& pairs) = 0;
+  // Frees the tensor's DRAM copy when NVMe holds the same bytes (Runtime::DropCleanCopy): the
+  // step will not read it again, and left to eviction it would outlive copies it still needs.
+  virtual absl::Status DropClean(uint64_t tensor) = 0;
   // The DRAM tier's budget in bytes: the pipeline keeps what it has in DRAM at once under it.
   virtual absl::StatusOr<uint64_t> DramCapacity() = 0;
 };

@@ -262,6 +262,28 @@ absl::StatusOr<uint32_t> Runtime::Residency(uint64_t handle) {
   return (*found)->ResidencyMask();
 }
 
+absl::Status Runtime::DropCleanCopy(uint64_t handle, tm_tier tier) {
+  if (tier != TM_TIER_HBM && tier != TM_TIER_DRAM) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("a clean copy is dropped from hbm or dram, not tier %d",
+                                 static_cast<int>(tier)));
+  }
+  MutexLock lock(&core_.mu);
+  auto claimed = core_.Claim(handle);
+  if (!claimed.ok()) return claimed.status();
+  Tensor& t = **claimed;
+  const TensorCopy& c = t.copy(tier);
+  if (c.state != CopyState::kValid || c.pins > 0) return absl::OkStatus();
+  bool below = false;
+  for (int lower = tier + 1; lower < TM_TIER_COUNT; ++lower) {
+    below = below || t.copy(static_cast<tm_tier>(lower)).state == CopyState::kValid;
+  }
+  if (!below) return absl::OkStatus();
+  core_.FreeCopy(t, tier);
+  core_.changed.SignalAll();  // a demand waiting for room may now have it
+  return absl::OkStatus();
+}
+
 tm_stats Runtime::Stats() {
   tm_stats s = TM_STATS_INIT;
   for (int t = 0; t < TM_TIER_COUNT; ++t)

@@ -71,6 +71,11 @@ class Runtime {
   absl::Status HoldForStep(uint64_t handle);
   void UnholdForStep(uint64_t handle);
   absl::StatusOr<uint32_t> Residency(uint64_t handle);
+  // Frees the tensor's copy in `tier` when a lower tier holds the same bytes and nobody holds or
+  // moves it (a clean copy inclusive DRAM kept, or one read ahead): a caller streaming through
+  // the tier says it will not read the copy again soon. A copy that is the only one, acquired,
+  // or on its way is left alone: the call is a hint and succeeds.
+  absl::Status DropCleanCopy(uint64_t handle, tm_tier tier);
   // Steps and the schedule (see Schedule).
   absl::Status StepBegin();
   // Ends the step; returns (and forgets) the failures kept so far, without waiting.

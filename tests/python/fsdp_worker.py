@@ -413,6 +413,70 @@ class Cases(ShardCases, GuardCases):
                     group_keys_ours=groups_ours, group_keys_theirs=groups_theirs)
 
 
+    # ---- at a DRAM budget below the state: any budget trains, a resume goes on at it ----
+
+    def _tight_run(self, dram, steps, start=0, load=None, save=None):
+        """FSDPCPUAdam with its state on NVMe at a DRAM budget of `dram` bytes: `steps` steps
+        from `start`, after loading the DCP checkpoint `load` (get_state_dict, dcp.load,
+        set_state_dict, as docs/pytorch.md has it); save = (path, k): a checkpoint saved after
+        k of the steps, the run going on."""
+        with self.runtime(dram_bytes=dram, nvme_paths=self.nvme_dir, nvme_bytes="32MiB") as rt:
+            model = build()
+            opt = FSDPCPUAdam(model, runtime=rt, state_tier="nvme", threads=1, **HYPER)
+            if load is not None:
+                sd = {"model": get_model_state_dict(model),
+                      "optim": get_optimizer_state_dict(model, opt)}
+                dcp.load(sd, checkpoint_id=load)
+                set_model_state_dict(model, sd["model"])
+                set_optimizer_state_dict(model, opt, sd["optim"])
+            first = steps if save is None else save[1]
+            losses = train(model, opt, first, start=start)
+            if save is not None:  # mid-run, and the run goes on
+                dcp.save({"model": get_model_state_dict(model),
+                          "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=save[0])
+                losses += train(model, opt, steps - first, start=start + first)
+            params = full(model)
+            largest = max(12 * p.to_local().numel() for p in model.parameters())
+            tier = rt.stats()["tiers"]["dram"]["capacity"]
+            opt.close()
+        return losses, params, largest, tier, state_bytes(model)
+
+    def tight(self):
+        """The DRAM budget swept from above the state down to a DRAM tier smaller than the
+        largest tensor's state: each run bit-identical to the state held in DRAM."""
+        steps = 6
+        with self.runtime() as rt:
+            model = build()
+            opt = FSDPCPUAdam(model, runtime=rt, state_tier="dram", threads=1, **HYPER)
+            ref = train(model, opt, steps), full(model)
+            opt.close()
+        runs = []
+        for dram in (2 << 20, 1 << 20, 512 << 10, 256 << 10, 176 << 10, 160 << 10):
+            losses, params, largest, tier, state = self._tight_run(dram, steps)
+            runs.append(dict(dram_bytes=dram, tier=tier, largest=largest, state=state,
+                             bit_identical=compare(losses, params, *ref)["bit_identical"]))
+        return runs
+
+    RESUME_DRAM = 320 << 10
+
+    def resume_save(self):
+        """Trained 4 steps at a DRAM budget below the state, saved, then 4 more: the run a
+        resume in a new process (resume_load) must equal, kept on disk for it."""
+        path = os.path.join(self.dcp_dir, "tight")
+        losses, params, _, _, state = self._tight_run(self.RESUME_DRAM, 8, save=(path, 4))
+        torch.save((losses[4:], params), os.path.join(self.dcp_dir, "went_on.rank%d.pt" %
+                                                      dist.get_rank()))
+        return dict(state_bytes=state, dram_bytes=self.RESUME_DRAM)
+
+    def resume_load(self):
+        """A new process: the checkpoint resume_save wrote, loaded at the same budget, and 4
+        steps on: bit-identical to the run that went on."""
+        path = os.path.join(self.dcp_dir, "tight")
+        losses, params, _, _, _ = self._tight_run(self.RESUME_DRAM, 4, start=4, load=path)
+        want = torch.load(os.path.join(self.dcp_dir, "went_on.rank%d.pt" % dist.get_rank()))
+        return dict(steps=len(losses), bit_identical=compare(losses, params, *want)["bit_identical"])
+
+
 def layout(osd):
     """What DCP sees of an optimizer's state: per FQN the keys, DTensor or not, shapes."""
     from torch.distributed.tensor import DTensor

@@ -140,7 +140,7 @@ _SLICE_MAX = 64 << 20
 # The DRAM tier holds this many slices: the one stepping and its new version, the slices read
 # ahead and the new versions written behind, with room to spare for other tensors and for the
 # holes between pinned copies (every copy needs one hole of its size).
-_SLICES_IN_DRAM = 8
+_SLICES_IN_DRAM = 16
 
 
 def _slice_bounds(count, per):
@@ -349,6 +349,14 @@ class CPUAdam(torch.optim.Optimizer):
             flat = torch.cat([t[first:first + n] for t in parts])
             _check(_lib.tm_tensor_write(rt, h, 0, flat.data_ptr(), flat.numel() * 4),
                    "tm_tensor_write")
+            if self.state_tier == "nvme":
+                # Written down, as a step leaves it: a write lands in a DRAM copy when there is
+                # one, and state found only in DRAM is pinned whole through the next step (the
+                # step of state in DRAM), which a budget below the state cannot hold.
+                _check(_lib.tm_tensor_offload(rt, h, _capi.TIER_NVME), "tm_tensor_offload")
+        if self.state_tier == "nvme":
+            for _, h, _, _ in slot.slices():
+                _check(_lib.tm_tensor_sync(rt, h), "tm_tensor_sync")
 
     def _read(self, slot, p, rt=None):
         """[master, exp_avg, exp_avg_sq(, max_exp_avg_sq)] as flat fp32 tensors (the master of a

@@ -1,0 +1,154 @@
+"""Bigger than memory: CPUAdam with its state on NVMe through a DRAM budget smaller than the
+state (by default a quarter of it) and smaller than the largest tensor's state, its step printed
+beside the disk bound measured in the same run.
+
+The model is transformers' Llama from a config (no download): by default vocabulary 32,000,
+hidden 1,024, 12 layers, 220M parameters, 2.64 GB of fp32 state (master, exp_avg, exp_avg_sq),
+its embedding and head 375 MiB each. The disk bound is the state read once and written once
+over fio's sequential read and write bandwidths (io_uring, O_DIRECT, the same directory, block
+size and queue depth), measured before and after the steps: bound = state / read bandwidth +
+state / write bandwidth. tiermem's counters say what the step moved. Steps are timed at
+`opt.step()` alone (the forward and backward are the same with any optimizer); the first step,
+which makes the state, is not counted.
+
+    .venv/bin/python bench/optim_nvme_bound.py [--dram 512MiB] [--dir /var/tmp] [--steps 4]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+import torch  # noqa: E402
+
+import tiermem  # noqa: E402
+from tiermem.torch import CPUAdam  # noqa: E402
+
+
+def fio(directory, rw, size, block, depth):
+    """fio's bandwidth in bytes/s for a sequential `rw` ("write" or "read") of `size` bytes in a
+    fresh file under `directory` (written first for a read)."""
+    path = os.path.join(directory, "fio.%s" % rw)
+    args = ["fio", "--name=seq", "--filename=" + path, "--ioengine=io_uring", "--direct=1",
+            "--bs=%d" % block, "--iodepth=%d" % depth, "--size=%d" % size, "--rw=" + rw,
+            "--registerfiles=1", "--fixedbufs=1", "--output-format=json"]
+    try:
+        if rw == "read":  # a file to read: laid out by a write first
+            subprocess.run(args[:-1] + ["--rw=write", "--output-format=json"], check=True,
+                           capture_output=True)
+        out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    job = json.loads(out)["jobs"][0]
+    return job["read" if rw == "read" else "write"]["bw_bytes"]
+
+
+def llama(vocab, hidden, layers, intermediate):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                      num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                      num_key_value_heads=hidden // 64, max_position_embeddings=256,
+                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dram", default="512MiB", help="TIERMEM_DRAM_BYTES of the runtime")
+    ap.add_argument("--dir", default="/var/tmp", help="where the swap files and fio's go")
+    ap.add_argument("--steps", type=int, default=4, help="steps timed (after a first one)")
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--intermediate", type=int, default=2816)
+    ap.add_argument("--fio-size", default="2GiB", help="bytes of each fio run")
+    args = ap.parse_args()
+    if shutil.which("fio") is None:
+        sys.exit("fio not found: apt-get install fio")
+
+    work = tempfile.mkdtemp(prefix="tiermem-bound-", dir=args.dir)
+    try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args, work):
+    model = llama(args.vocab, args.hidden, args.layers, args.intermediate)
+    params = sum(p.numel() for p in model.parameters())
+    largest = max(p.numel() for p in model.parameters())
+    state = 12 * params
+    rt = tiermem.Runtime(dram_bytes=args.dram, nvme_paths=work, nvme_bytes=2 * state + (1 << 30),
+                         log_level="error")
+    info = rt.info()
+    block, depth = info["io_block_size"], info["io_queue_depth"]
+    dram_tier = rt.stats()["tiers"]["dram"]["capacity"]
+    fio_size = tiermem.parse_size(args.fio_size, "--fio-size")
+    bw = {"read": [], "write": []}
+
+    def measure():
+        for rw in ("write", "read"):
+            bw[rw].append(fio(work, rw, fio_size, block, depth))
+
+    opt = CPUAdam(model.parameters(), runtime=rt, state_tier="nvme", lr=1e-4)
+    print("model       Llama, %d parameters (%.1f M), largest tensor %d (%s of state)" %
+          (params, params / 1e6, largest, human(12 * largest)))
+    print("state       %s on NVMe; DRAM tier %s (TIERMEM_DRAM_BYTES %s: the state is %.1fx "
+          "it); slices of at most %s" % (human(state), human(dram_tier), args.dram,
+                                          state / dram_tier, human(opt.slice_bytes)))
+    print("io          block %s, queue depth %d, %s" % (human(block), depth, args.dir))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    t0 = time.perf_counter()
+    opt.step()  # makes the state (written down) and takes the first step
+    print("first step  %.2f s (makes the state)" % (time.perf_counter() - t0))
+    measure()
+    times, read, written = [], [], []
+    for _ in range(args.steps):
+        before = rt.stats()["bytes_moved"]
+        t0 = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        after = rt.stats()["bytes_moved"]
+        read.append(after["nvme"]["dram"] - before["nvme"]["dram"])
+        written.append(after["dram"]["nvme"] - before["dram"]["nvme"])
+    measure()
+    rbw, wbw = max(bw["read"]), max(bw["write"])
+    r, w = statistics.median(read), statistics.median(written)
+    bound = state / rbw + state / wbw  # the state read once and written once
+    step = statistics.median(times)
+    print("fio         read %.2f GB/s [%s], write %.2f GB/s [%s] (best of before and after)" %
+          (rbw / 1e9, spread(bw["read"]), wbw / 1e9, spread(bw["write"])))
+    print("moved       %s read, %s written a step (%.2fx, %.2fx the state)" %
+          (human(r), human(w), r / state, w / state))
+    print("step        %.3f s median of %d [%.3f-%.3f]" % (step, len(times), min(times),
+                                                            max(times)))
+    print("disk bound  %.3f s (the state / fio read + the state / fio write)" % bound)
+    print("ratio       %.2fx the bound (target <= 1.25)" % (step / bound))
+    opt.close()
+    rt.close()
+
+
+def spread(xs):
+    return "-".join("%.2f" % (x / 1e9) for x in sorted(xs))
+
+
+def human(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return "%.4g %s" % (n, unit) if unit != "B" else "%d B" % n
+        n /= 1024.0
+
+
+if __name__ == "__main__":
+    main()
