@@ -120,12 +120,14 @@ TEST_F(Budget, WindowLargerThanTheTierStepsThrough) {
 // new ones itself, so that no state read ahead is evicted for them and read twice. Each step
 // reads and writes every state once.
 TEST_F(Budget, StreamingStateIsReadOnce) {
-  Make(5ull << 18, std::vector<size_t>(12, 36000), "on");  // 5.2 MB of state, a 1 MiB tier
+  // 80 buckets of 64 KiB of state (5.2 MB), a sixteenth of the 1 MiB DRAM tier each, as
+  // tiermem.torch slices them, read 4 ahead.
+  Make(5ull << 18, std::vector<size_t>(80, 5440), "on");
   uint64_t state = 0;
   for (size_t n : counts_) state += 12 * n;
   for (uint64_t step = 1; step <= 3; ++step) {
     const tm_stats before = rt_->Stats();
-    BucketStepResult r = Step(step, 2);
+    BucketStepResult r = Step(step, 4);
     ASSERT_TRUE(r.status.ok()) << "step " << step << ": " << r.status;
     const tm_stats after = rt_->Stats();
     EXPECT_EQ(after.bytes_moved[TM_TIER_NVME][TM_TIER_DRAM] -
