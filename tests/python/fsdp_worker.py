@@ -429,6 +429,11 @@ class Cases(ShardCases, GuardCases):
                 dcp.load(sd, checkpoint_id=load)
                 set_model_state_dict(model, sd["model"])
                 set_optimizer_state_dict(model, opt, sd["optim"])
+                # Left as a step leaves it: every state tensor on NVMe (a DRAM copy beside it
+                # is clean, evictable), none only in DRAM, where the step would pin it whole.
+                self.loaded_on_nvme = all("nvme" in t.residency()
+                                          for slot in opt._adam._slots.values()
+                                          for t in slot.tensors)
             first = steps if save is None else save[1]
             losses = train(model, opt, first, start=start)
             if save is not None:  # mid-run, and the run goes on
@@ -474,7 +479,8 @@ class Cases(ShardCases, GuardCases):
         path = os.path.join(self.dcp_dir, "tight")
         losses, params, _, _, _ = self._tight_run(self.RESUME_DRAM, 4, start=4, load=path)
         want = torch.load(os.path.join(self.dcp_dir, "went_on.rank%d.pt" % dist.get_rank()))
-        return dict(steps=len(losses), bit_identical=compare(losses, params, *want)["bit_identical"])
+        return dict(steps=len(losses), loaded_on_nvme=self.loaded_on_nvme,
+                    bit_identical=compare(losses, params, *want)["bit_identical"])
 
 
 def layout(osd):

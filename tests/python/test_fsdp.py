@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fsdp_worker.py")
-CASES = ("dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,"
+CASES = ("dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,tight,resume_save,"
          "shards_nvme,shards_llama,shards_dcp,shards_accumulate,shards_prefetch,shards_guard,"
          "shards_hostile,shards_rt_close")
 # The tolerance of test_cpu_adam.py: CPUAdam's kernel and torch's scalar AdamW round differently
@@ -130,6 +130,29 @@ def test_llama_follows_adamw(single_node):
         if "skipped" in r:
             pytest.skip(r["skipped"])
         assert_follows(r, "rank %d" % rank)
+
+
+def test_any_dram_budget_trains_bit_identically(single_node):
+    """State on NVMe, the DRAM budget from above the state down to a DRAM tier smaller than the
+    largest tensor's state: every run has the bits of the state held in DRAM."""
+    for rank, runs in results(single_node, "tight").items():
+        assert runs[0]["tier"] > runs[0]["state"], "the sweep starts above the state"
+        assert runs[-1]["tier"] < runs[-1]["largest"], "and ends below the largest tensor's"
+        for r in runs:
+            assert r["bit_identical"], "rank %d at a DRAM budget of %d bytes" % (
+                rank, r["dram_bytes"])
+
+
+def test_dcp_resume_in_a_new_process_at_the_training_budget(single_node):
+    """Trained below the state's size in DRAM, saved through DCP mid-run; a new torchrun loads
+    it at the same budget and goes on: the bits of the run that went on."""
+    for rank, r in results(single_node, "resume_save").items():
+        assert r["dram_bytes"] < r["state_bytes"], r
+    finish(torchrun(single_node, "resume_load"))
+    for rank, r in results(single_node, "resume_load").items():
+        assert r["steps"] == 4
+        assert r["loaded_on_nvme"], "rank %d: the load left state only in DRAM" % rank
+        assert r["bit_identical"], "rank %d: the resumed run differs" % rank
 
 
 def test_dcp_round_trip(single_node):
