@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 
 #include "lib/plan/plan_ladder.h"
@@ -265,6 +266,20 @@ TEST(Planner, CApi) {
   EXPECT_NEAR(out.recommended_hbm_bytes / kGiB, 38.33, 0.01);
   EXPECT_NEAR(out.recommended_added_seconds, 1.4074, 1e-4);
   EXPECT_DOUBLE_EQ(out.optimizer_step_seconds, 1.96);
+  // The step with its state on NVMe: 12 B/param read and written once at 6 GB/s; a DRAM tier
+  // holding about 1 ms of the disk in reads ahead (8 x 6 MB) runs it at the disk's speed.
+  EXPECT_DOUBLE_EQ(out.optimizer_state_bytes, 12 * 7e9);
+  EXPECT_DOUBLE_EQ(out.optimizer_nvme_seconds, 2 * 12 * 7e9 / m.nvme_bytes_per_s);
+  EXPECT_DOUBLE_EQ(out.optimizer_nvme_least_dram_bytes, 32 << 10);
+  EXPECT_DOUBLE_EQ(out.optimizer_nvme_full_speed_dram_bytes,
+                   std::max(16.0 * (1 << 20), 8e-3 * m.nvme_bytes_per_s));
+  // A caller built before the NVMe fields: served up to backward_seconds.
+  tm_plan_result mid_out = TM_PLAN_RESULT_INIT;
+  mid_out.struct_size = offsetof(tm_plan_result, optimizer_state_bytes);
+  mid_out.optimizer_state_bytes = 7;
+  ASSERT_EQ(tm_plan(&in, &mid_out), TM_OK) << tm_last_error();
+  EXPECT_DOUBLE_EQ(mid_out.optimizer_step_seconds, 1.96);
+  EXPECT_EQ(mid_out.optimizer_state_bytes, 7) << "past its struct: not written";
   // A caller built before these fields: its smaller structs are still served, without them.
   tm_plan_result old_out = TM_PLAN_RESULT_INIT;
   old_out.struct_size = (offsetof(tm_plan_result, recommended_rungs) + 7) / 8 * 8;

@@ -666,12 +666,22 @@ typedef struct tm_plan_result {
   double recommended_added_seconds; /**< what it adds per step, the CPU optimizer step included */
   double optimizer_step_seconds;    /**< the CPU step over DRAM; 0 without dram_bytes_per_s */
   double backward_seconds;          /**< backward alone (2x forward), before recompute */
+  /* Added with the optimizer's state on NVMe; a caller built before passes a smaller
+   * struct_size. The CPU step with its state on NVMe (CPUAdam(state_tier="nvme")) streams the
+   * state through DRAM in slices: any DRAM budget runs it, and a small one runs it at the
+   * disk's speed (docs/planner.md). */
+  double optimizer_state_bytes;    /**< the CPU step's fp32 state per GPU: 12 B/param */
+  double optimizer_nvme_seconds;   /**< that state read and written once at nvme_bytes_per_s;
+                                        0 without it */
+  double optimizer_nvme_least_dram_bytes; /**< the least DRAM tier the NVMe step runs in */
+  double optimizer_nvme_full_speed_dram_bytes; /**< the DRAM tier for the disk's speed; 0
+                                                    without nvme_bytes_per_s */
 } tm_plan_result;
 
 #define TM_PLAN_RUNG_BIT(rung) (1u << (rung))
 
 #define TM_PLAN_RESULT_INIT \
-  { sizeof(tm_plan_result), 0, 0, 0, 0, 0, 0, {{0, 0, 0, 0}}, -1, 0, 0, 0, 0, 0 }
+  { sizeof(tm_plan_result), 0, 0, 0, 0, 0, 0, {{0, 0, 0, 0}}, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /**
  * Prices every combination of rungs for the input (docs/planner.md) and recommends the one that

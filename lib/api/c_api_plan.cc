@@ -12,13 +12,16 @@ extern "C" {
 TM_API tm_status tm_plan(const tm_plan_input* in, tm_plan_result* out) {
   if (in == nullptr) return NullArgument("tm_plan", "input");
   if (out == nullptr) return NullArgument("tm_plan", "out");
-  // Callers built before the optimizer step and the combinations pass the smaller sizes.
+  // Callers built before the optimizer step and the combinations pass the smaller sizes, and
+  // those built before the optimizer's state on NVMe the size up to backward_seconds.
   constexpr size_t kOldInput = offsetof(tm_plan_input, dram_bytes_per_s);
   constexpr size_t kOldResult =
       (offsetof(tm_plan_result, recommended_rungs) + alignof(double) - 1) / alignof(double) *
       alignof(double);  // padded after recommended
+  constexpr size_t kCombinationsResult = offsetof(tm_plan_result, optimizer_state_bytes);
   const bool new_input = in->struct_size == sizeof(tm_plan_input);
-  const bool new_result = out->struct_size == sizeof(tm_plan_result);
+  const bool nvme_result = out->struct_size == sizeof(tm_plan_result);
+  const bool new_result = nvme_result || out->struct_size == kCombinationsResult;
   if ((!new_input && in->struct_size != kOldInput) ||
       (!new_result && out->struct_size != kOldResult)) {
     return Fail(
@@ -64,6 +67,12 @@ TM_API tm_status tm_plan(const tm_plan_input* in, tm_plan_result* out) {
     out->recommended_added_seconds = best >= 0 ? plan->combinations[best].added_seconds : 0;
     out->optimizer_step_seconds = plan->optimizer_step_seconds;
     out->backward_seconds = plan->backward_seconds;
+  }
+  if (nvme_result) {
+    out->optimizer_state_bytes = plan->optimizer_state_bytes;
+    out->optimizer_nvme_seconds = plan->optimizer_nvme_seconds;
+    out->optimizer_nvme_least_dram_bytes = plan->optimizer_nvme_least_dram;
+    out->optimizer_nvme_full_speed_dram_bytes = plan->optimizer_nvme_full_speed_dram;
   }
   return TM_OK;
 }

@@ -78,6 +78,21 @@ absl::Status CheckInput(const PlanInput& in) {
   return absl::OkStatus();
 }
 
+// The CPU step with its state on NVMe. The least DRAM: 16 slices of the smallest (1 KiB, 64
+// parameters with amsgrad), rounded up to what tests/python/test_optimizer_budgets.py trains
+// in (a 32 KiB DRAM tier). The disk's speed: the reads ahead (a quarter of the window, which is
+// half the tier) hold about 1 ms of the disk's bandwidth, so that a slice's read outlasts the
+// per-slice costs; bench/optim_nvme_bound.py measured 1.02x the disk bound with a 12 MiB tier
+// on a 2.3 GB/s disk. Not below 16 MiB.
+void PriceNvmeOptimizer(const PlanInput& in, double params_per_gpu, Plan* p) {
+  p->optimizer_state_bytes = 12 * params_per_gpu;
+  p->optimizer_nvme_least_dram = 32 << 10;
+  if (in.nvme_bytes_per_s > 0) {
+    p->optimizer_nvme_seconds = 2 * p->optimizer_state_bytes / in.nvme_bytes_per_s;
+    p->optimizer_nvme_full_speed_dram = std::max(16.0 * (1 << 20), 8 * in.nvme_bytes_per_s * 1e-3);
+  }
+}
+
 // Finite inputs can still overflow a double (layers=1e308): a plan of infinities would
 // recommend a rung at "0 added seconds".
 absl::Status CheckFinite(const Plan& p) {
@@ -136,6 +151,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   if (in.dram_bytes_per_s > 0) {
     p.optimizer_step_seconds = in.optimizer_bytes_per_param * params_per_gpu / in.dram_bytes_per_s;
   }
+  PriceNvmeOptimizer(in, params_per_gpu, &p);
   PriceLadder(in, &p);
   if (absl::Status st = CheckFinite(p); !st.ok()) return st;
   return p;

@@ -40,12 +40,29 @@ std::string Missing(const PlanPrice& c, const PlanInput& in) {
   return why;
 }
 
+// The CPU step with its state on NVMe: the DRAM it needs, at the least and for the disk's speed.
+void PrintNvmeOptimizerStep(const PlanInput& in, const Plan& p) {
+  if (in.nvme_bytes_per_s <= 0) {
+    std::printf(
+        "  with its state on NVMe (%.2f GiB): not priced (no NVMe bandwidth); any DRAM budget of\n"
+        "  %.0f KiB and up runs it (the DRAM tier, beside tiermem's staging pool)\n",
+        GiB(p.optimizer_state_bytes), p.optimizer_nvme_least_dram / 1024);
+    return;
+  }
+  std::printf(
+      "  with its state on NVMe (%.2f GiB, read and written once a step): %.3f s at %.2f GB/s;\n"
+      "  DRAM tier: %.0f KiB at the least, about %.0f MiB for the disk's speed\n",
+      GiB(p.optimizer_state_bytes), p.optimizer_nvme_seconds, in.nvme_bytes_per_s / 1e9,
+      p.optimizer_nvme_least_dram / 1024, p.optimizer_nvme_full_speed_dram / (1 << 20));
+}
+
 void PrintOptimizerStep(const PlanInput& in, const Plan& p) {
   const double params = in.params / in.tensor_parallel;
   if (in.dram_bytes_per_s <= 0) {
     std::printf(
         "optimizer step on the CPU: not priced (no DRAM bandwidth: give --dram-gbps, or --probe\n"
         "  with a dram triad row); optimizer-state offload is left out\n");
+    PrintNvmeOptimizerStep(in, p);
     return;
   }
   std::printf(
@@ -54,6 +71,7 @@ void PrintOptimizerStep(const PlanInput& in, const Plan& p) {
       "  params up: %.2f GB over the link\n",
       in.optimizer_bytes_per_param, params, in.dram_bytes_per_s / 1e9, p.optimizer_step_seconds,
       p.backward_seconds, p.optimizer_link_bytes / 1e9);
+  PrintNvmeOptimizerStep(in, p);
 }
 
 void PrintWhy(const PlanPrice& c) {
@@ -199,10 +217,13 @@ int PrintPlanJson(const PlanInput& in, const Plan& p, const PlanSources& src) {
       JsonEscape(src.nvme).c_str(), in.dram_bytes_per_s / 1e9, JsonEscape(src.dram).c_str());
   std::printf(
       " \"optimizer_step\":{\"priced\":%s,\"bytes_per_param\":%.6g,\"params_per_gpu\":%.6g,"
-      "\"cpu_seconds\":%.6g,\"link_bytes\":%.0f,\"link_seconds\":%.6g},\n \"rungs\":[",
+      "\"cpu_seconds\":%.6g,\"link_bytes\":%.0f,\"link_seconds\":%.6g,\n"
+      "  \"state_bytes\":%.0f,\"nvme_seconds\":%.6g,\"nvme_least_dram_bytes\":%.0f,"
+      "\"nvme_full_speed_dram_bytes\":%.0f},\n \"rungs\":[",
       Bool(in.dram_bytes_per_s > 0), in.optimizer_bytes_per_param, in.params / in.tensor_parallel,
-      p.optimizer_step_seconds, p.optimizer_link_bytes,
-      p.optimizer_link_bytes / in.link_bytes_per_s);
+      p.optimizer_step_seconds, p.optimizer_link_bytes, p.optimizer_link_bytes / in.link_bytes_per_s,
+      p.optimizer_state_bytes, p.optimizer_nvme_seconds, p.optimizer_nvme_least_dram,
+      p.optimizer_nvme_full_speed_dram);
   for (int i = 0; i < kRungCount; ++i) {
     const RungResult& r = p.rungs[i];
     std::printf(

@@ -173,7 +173,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     def __init__(self, module, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=1e-2, amsgrad=False, *, adamw=True, max_grad_norm=None,
                  runtime=None, state_tier="dram", threads=0, shard_tier=None,
-                 shard_prefetch_depth=1, grad_tier=None):
+                 shard_prefetch_depth=1, grad_tier=None, slice_bytes=None):
         self._closed = False
         self._names = names = _check_module(module)
         self._offload = None
@@ -225,7 +225,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                                 lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                 amsgrad=amsgrad, adamw=adamw, max_grad_norm=max_grad_norm,
                                 runtime=runtime, state_tier=state_tier, threads=threads,
-                                overlap=False)
+                                overlap=False, slice_bytes=slice_bytes)
         if shard_tier is not None:
             if grad_tier is not None and device.type != "cpu":
                 raise ValueError("FSDPCPUAdam: grad_tier is supported on a CPU mesh only, not %s"
