@@ -5,9 +5,10 @@ beside the disk bound measured in the same run.
 The model is transformers' Llama from a config (no download): by default vocabulary 32,000,
 hidden 1,024, 12 layers, 220M parameters, 2.64 GB of fp32 state (master, exp_avg, exp_avg_sq),
 its embedding and head 375 MiB each. The disk bound is the state read once and written once
-over fio's sequential read and write bandwidths (io_uring, O_DIRECT, the same directory, block
-size and queue depth), measured before and after the steps: bound = state / read bandwidth +
-state / write bandwidth. tiermem's counters say what the step moved. Steps are timed at
+at fio's sequential bandwidth with a reader and a writer at once, as the step moves them
+(io_uring, O_DIRECT, the same directory, block size and queue depth each), measured before and
+after the steps: bound = 2 x state / (read + write bandwidth together). Beside it, the serial bound: the state read at
+fio's read speed, then written at its write speed. tiermem's counters say what the step moved. Steps are timed at
 `opt.step()` alone (the forward and backward are the same with any optimizer); the first step,
 which makes the state, is not counted.
 
@@ -34,22 +35,29 @@ from tiermem.torch import CPUAdam  # noqa: E402
 
 
 def fio(directory, rw, size, block, depth):
-    """fio's bandwidth in bytes/s for a sequential `rw` ("write" or "read") of `size` bytes in a
-    fresh file under `directory` (written first for a read)."""
-    path = os.path.join(directory, "fio.%s" % rw)
-    args = ["fio", "--name=seq", "--filename=" + path, "--ioengine=io_uring", "--direct=1",
-            "--bs=%d" % block, "--iodepth=%d" % depth, "--size=%d" % size, "--rw=" + rw,
-            "--registerfiles=1", "--fixedbufs=1", "--output-format=json"]
+    """fio's bandwidth in bytes/s, sequential, `size` bytes each way in fresh files under
+    `directory`: "write", "read" (of a file written first), or "both": a reader and a writer at
+    once, each at the queue depth, as the step keeps reads and writes in flight together (the
+    two bandwidths summed)."""
+    common = ["--ioengine=io_uring", "--direct=1", "--bs=%d" % block, "--iodepth=%d" % depth,
+              "--size=%d" % size, "--registerfiles=1", "--fixedbufs=1",
+              "--output-format=json"]
+    rfile, wfile = os.path.join(directory, "fio.read"), os.path.join(directory, "fio.write")
+    jobs = {"write": ["--name=w", "--filename=" + wfile, "--rw=write"],
+            "read": ["--name=r", "--filename=" + rfile, "--rw=read"]}
+    jobs["both"] = jobs["read"] + jobs["write"]
     try:
-        if rw == "read":  # a file to read: laid out by a write first
-            subprocess.run(args[:-1] + ["--rw=write", "--output-format=json"], check=True,
-                           capture_output=True)
-        out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+        if rw != "write":  # a file to read: laid out by a write first
+            subprocess.run(["fio"] + common + ["--name=lay", "--filename=" + rfile,
+                                               "--rw=write"], check=True, capture_output=True)
+        out = subprocess.run(["fio"] + common + jobs[rw], check=True, capture_output=True,
+                             text=True).stdout
     finally:
-        if os.path.exists(path):
-            os.unlink(path)
-    job = json.loads(out)["jobs"][0]
-    return job["read" if rw == "read" else "write"]["bw_bytes"]
+        for f in (rfile, wfile):
+            if os.path.exists(f):
+                os.unlink(f)
+    return sum(job["read"]["bw_bytes"] + job["write"]["bw_bytes"]
+               for job in json.loads(out)["jobs"])
 
 
 def llama(vocab, hidden, layers, intermediate):
@@ -94,10 +102,10 @@ def run(args, work):
     block, depth = info["io_block_size"], info["io_queue_depth"]
     dram_tier = rt.stats()["tiers"]["dram"]["capacity"]
     fio_size = tiermem.parse_size(args.fio_size, "--fio-size")
-    bw = {"read": [], "write": []}
+    bw = {"read": [], "write": [], "both": []}
 
     def measure():
-        for rw in ("write", "read"):
+        for rw in ("write", "read", "both"):
             bw[rw].append(fio(work, rw, fio_size, block, depth))
 
     opt = CPUAdam(model.parameters(), runtime=rt, state_tier="nvme", lr=1e-4)
@@ -123,18 +131,22 @@ def run(args, work):
         read.append(after["nvme"]["dram"] - before["nvme"]["dram"])
         written.append(after["dram"]["nvme"] - before["dram"]["nvme"])
     measure()
-    rbw, wbw = max(bw["read"]), max(bw["write"])
+    rbw, wbw, mbw = max(bw["read"]), max(bw["write"]), max(bw["both"])
     r, w = statistics.median(read), statistics.median(written)
-    bound = state / rbw + state / wbw  # the state read once and written once
+    serial = state / rbw + state / wbw  # the state read once, then written once
+    bound = 2 * state / mbw  # both at once, as the step moves them
     step = statistics.median(times)
-    print("fio         read %.2f GB/s [%s], write %.2f GB/s [%s] (best of before and after)" %
-          (rbw / 1e9, spread(bw["read"]), wbw / 1e9, spread(bw["write"])))
+    print("fio         read %.2f GB/s [%s], write %.2f GB/s [%s], both at once %.2f GB/s [%s] "
+          "(best of before and after)" % (rbw / 1e9, spread(bw["read"]), wbw / 1e9,
+                                          spread(bw["write"]), mbw / 1e9, spread(bw["both"])))
     print("moved       %s read, %s written a step (%.2fx, %.2fx the state)" %
           (human(r), human(w), r / state, w / state))
     print("step        %.3f s median of %d [%.3f-%.3f]" % (step, len(times), min(times),
                                                             max(times)))
-    print("disk bound  %.3f s (the state / fio read + the state / fio write)" % bound)
-    print("ratio       %.2fx the bound (target <= 1.25)" % (step / bound))
+    print("disk bound  %.3f s (the state read and written once at fio's speed both at once); "
+          "%.3f s read, then written" % (bound, serial))
+    print("ratio       %.2fx the bound (target <= 1.25); %.2fx the serial one" %
+          (step / bound, step / serial))
     opt.close()
     rt.close()
 
