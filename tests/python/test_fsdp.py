@@ -90,11 +90,13 @@ def single_node(tmp_path_factory):
     return out
 
 
-def assert_follows(r, what, steps=20):
+def assert_follows(r, what, steps=20, loss_rtol=LOSS_RTOL, param_atol=None):
+    """param_atol: the parameters within it, instead of float32's tolerance."""
     assert r["steps"] == steps, what
-    assert r["worst_loss"] <= LOSS_RTOL, "%s: losses differ by %.3g relative" % (
+    assert r["worst_loss"] <= loss_rtol, "%s: losses differ by %.3g relative" % (
         what, r["worst_loss"])
-    assert r["params_close"], "%s: parameters differ by up to %.3g" % (what, r["worst_param"])
+    close = r["params_close"] if param_atol is None else r["worst_param"] <= param_atol
+    assert close, "%s: parameters differ by up to %.3g" % (what, r["worst_param"])
     assert r["moved"] > 0.01, "%s: the reference's parameters barely moved" % what
 
 
@@ -121,8 +123,14 @@ def test_clipping_follows_clip_grad_norm(single_node):
 
 
 def test_mixed_precision_policy_follows_adamw(single_node):
+    # bf16 compute: a last-bit difference of an fp32 parameter (the kernel's FMA against torch's
+    # scalar AdamW) flips its bf16 rounding now and then, and the forward and the gradients
+    # carry that on: on a CPU with AMX, 2e-4 relative in the losses and 1.5e-3 in the
+    # parameters over 20 steps (Adam moves an element whose gradient is noise by up to lr a
+    # step either way). So the losses agree to bf16's resolution, 2^-8, and the parameters to
+    # 4 x lr.
     for rank, r in results(single_node, "mixed").items():
-        assert_follows(r, "rank %d" % rank)
+        assert_follows(r, "rank %d" % rank, loss_rtol=2 ** -8, param_atol=4e-3)
 
 
 def test_llama_follows_adamw(single_node):
