@@ -276,9 +276,18 @@ class Cases(ShardCases, GuardCases):
         refused("fsdp1", lambda: FSDPCPUAdam(fsdp1))
         refused("cpu_offload_policy",
                 lambda: FSDPCPUAdam(build(offload_policy=CPUOffloadPolicy(pin_memory=False))))
-        mesh = init_device_mesh("cpu", (1, dist.get_world_size()),
-                                mesh_dim_names=("replicate", "shard"))
-        refused("hsdp", lambda: FSDPCPUAdam(build(mesh=mesh)))
+
+        def tensor_parallel():
+            from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+            mesh = init_device_mesh("cpu", (1, dist.get_world_size()),
+                                    mesh_dim_names=("dp", "tp"))
+            torch.manual_seed(0)
+            model = Net()
+            parallelize_module(model.head, mesh["tp"], ColwiseParallel())
+            fully_shard(model, mesh=mesh["dp"])
+            FSDPCPUAdam(model)
+
+        refused("tensor_parallel", tensor_parallel)
 
         def ignored():
             torch.manual_seed(0)
@@ -416,6 +425,60 @@ class Cases(ShardCases, GuardCases):
                     entries=len(layout_ours), same_layout=layout_ours == layout_theirs,
                     group_keys_ours=groups_ours, group_keys_theirs=groups_theirs)
 
+
+    # ---- HSDP: a 2-D mesh, replicated across its first dimension, sharded within its second --
+
+    def hsdp(self):
+        """4 ranks as 2 replicas of 2 shards (init_device_mesh (2, 2), ("replicate", "shard")):
+        FSDPCPUAdam with clipping against fully_shard + AdamW + clip_grad_norm_ on the same mesh;
+        the state on NVMe below the DRAM budget bit-identical to DRAM; a DCP save mid-run loaded
+        into a fresh model and optimizer going on bit-identically; and the replicas' shards
+        equal, bit for bit."""
+        mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2),
+                                mesh_dim_names=("replicate", "shard"))
+        ref = build(mesh=mesh)
+        ref_losses = train(ref, adamw(ref), STEPS, clip=CLIP)
+        ref_params = full(ref)
+
+        def run(steps=STEPS, start=0, load=None, save=None, **kw):
+            model = build(mesh=mesh)
+            opt = FSDPCPUAdam(model, max_grad_norm=CLIP, threads=1, **HYPER, **kw)
+            if load is not None:
+                sd = {"model": get_model_state_dict(model),
+                      "optim": get_optimizer_state_dict(model, opt)}
+                dcp.load(sd, checkpoint_id=load)
+                set_model_state_dict(model, sd["model"])
+                set_optimizer_state_dict(model, opt, sd["optim"])
+            losses = train(model, opt, steps, start=start)
+            if save is not None:
+                dcp.save({"model": get_model_state_dict(model),
+                          "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=save)
+            shards = {n: p.to_local().detach().clone() for n, p in model.named_parameters()}
+            out = losses, full(model), shards
+            opt.close()
+            return out
+
+        losses, params, shards = run()
+        out = compare(losses, params, ref_losses, ref_params)
+        # The replicas stepped the same shards: gathered over the replicate dimension, equal.
+        replicate = mesh.get_group("replicate")
+        same = True
+        for n, s in shards.items():
+            others = [torch.empty_like(s) for _ in range(dist.get_world_size(replicate))]
+            dist.all_gather(others, s, group=replicate)
+            same = same and all(torch.equal(o, s) for o in others)
+        out["replicas_equal"] = same
+        with self.runtime(dram_bytes=320 << 10, nvme_paths=self.nvme_dir,
+                          nvme_bytes="32MiB") as rt:
+            nvme = run(runtime=rt, state_tier="nvme")
+        out["nvme_vs_dram"] = compare(nvme[0], nvme[1], losses, params)["bit_identical"]
+        path = os.path.join(self.dcp_dir, "hsdp")
+        half = STEPS // 2
+        run(half, save=path)
+        resumed = run(half, start=half, load=path)
+        out["resumed"] = compare(resumed[0], resumed[1], losses[half:], params)["bit_identical"]
+        out["mesh"] = [mesh.get_local_rank("replicate"), mesh.get_local_rank("shard")]
+        return out
 
     # ---- at a DRAM budget below the state: any budget trains, a resume goes on at it ----
 

@@ -140,6 +140,28 @@ def test_llama_follows_adamw(single_node):
         assert_follows(r, "rank %d" % rank)
 
 
+def test_hsdp_follows_adamw(tmp_path_factory):
+    """HSDP, 4 ranks as 2 replicas of 2 shards: FSDPCPUAdam with clipping (the norm summed
+    within a replica only) follows fully_shard + AdamW + clip_grad_norm_ on the same 2-D mesh;
+    the replicas hold the same shards; the state on NVMe below the DRAM budget is bit-identical
+    to DRAM; a DCP checkpoint resumes bit-identically."""
+    out = tmp_path_factory.mktemp("hsdp")
+    finish(torchrun(out, "hsdp", nproc=4))
+    files = sorted(glob.glob(os.path.join(str(out), "hsdp.rank*.json")))
+    assert len(files) == 4, files
+    meshes = set()
+    for f in files:
+        with open(f) as fh:
+            r = json.load(fh)
+        what = os.path.basename(f)
+        assert_follows(r, what)
+        assert r["replicas_equal"], what
+        assert r["nvme_vs_dram"], what
+        assert r["resumed"], what
+        meshes.add(tuple(r["mesh"]))
+    assert meshes == {(0, 0), (0, 1), (1, 0), (1, 1)}
+
+
 def test_any_dram_budget_trains_bit_identically(single_node):
     """State on NVMe, the DRAM budget from above the state down to a DRAM tier smaller than the
     largest tensor's state: every run has the bits of the state held in DRAM."""
@@ -177,7 +199,7 @@ def test_refusals_name_what_is_refused(single_node):
     want = {
         "fsdp1": ["FullyShardedDataParallel (FSDP1)", "module '0'"],
         "cpu_offload_policy": ["CPUOffloadPolicy"],
-        "hsdp": ["2-D mesh", "HSDP", "'tok.weight'"],
+        "tensor_parallel": ["2-D mesh", "tensor parallelism", "'head.weight'", "HSDP"],
         "ignored_params": ["'head.bias'", "ignored_params"],
         "not_sharded": ["not sharded by torch.distributed.fsdp.fully_shard"],
         "shard_tier_without_runtime": ["shard_tier needs a runtime="],

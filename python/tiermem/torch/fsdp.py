@@ -8,12 +8,16 @@ runtime (DRAM, or NVMe with state_tier="nvme") and its step runs on the CPU over
     opt = FSDPCPUAdam(model, lr=1e-3, max_grad_norm=1.0, runtime=rt, state_tier="nvme")
     loss.backward(); opt.step(); opt.zero_grad()
 
-FSDP2 keeps each parameter as a DTensor sharded over a 1-D mesh; after backward it leaves the
-reduce-scattered gradient on it as a DTensor with the same sharding. FSDPCPUAdam steps each
+FSDP2 keeps each parameter as a DTensor sharded over a 1-D mesh, or under HSDP over a 2-D mesh
+(replicated across its first dimension, the nodes; sharded within its second); after backward
+it leaves the reduce-scattered (and across replicas all-reduced) gradient on it as a DTensor
+with the same placement. FSDPCPUAdam steps each
 DTensor's local tensor through a CPUAdam of its own (imported, not copied), whose parameters are
 plain tensors aliasing the local shards: the kernel writes the updated shard in place, where
-FSDP2's next all-gather reads it. Clipping by global norm needs the whole gradient's norm: each
-rank sums its shards' squared norms and one all_reduce adds the ranks' sums.
+FSDP2's next all-gather reads it; HSDP's replicas step the same shard with the same gradient and
+stay equal. Clipping by global norm needs the whole gradient's norm: each rank sums its shards'
+squared norms and one all_reduce over the shard dimension adds the ranks' sums (under HSDP not
+across the replicas, which hold the same gradient).
 
 The optimizer holds the model's own DTensor parameters in its param_groups, and state_dict()
 returns torch.optim.AdamW's layout with each state tensor a DTensor sharded as its parameter, so
@@ -24,8 +28,9 @@ hooks on the model, removed by close(), which brings every shard back; the runti
 brings them back too, with the state, if it comes first).
 
 Refused, by name: FSDP1 (FullyShardedDataParallel), fully_shard's offload_policy=CPUOffloadPolicy
-(the state would be offloaded twice), meshes that are not 1-D shardings (HSDP, FSDP2's
-replicate, FSDP with tensor parallelism) and parameters FSDP2 does not shard (ignored_params).
+(the state would be offloaded twice), placements other than fully_shard's 1-D sharding and
+HSDP's (FSDP2's replicate, FSDP with tensor parallelism) and parameters FSDP2 does not shard
+(ignored_params).
 """
 
 import contextlib
@@ -47,16 +52,16 @@ def _fsdp2():
     try:
         from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule,
                                             FullyShardedDataParallel)
-        from torch.distributed.tensor import DTensor, Shard
+        from torch.distributed.tensor import DTensor, Replicate, Shard
     except ImportError as e:
         raise ImportError("FSDPCPUAdam needs torch 2.6 or later (torch.distributed.fsdp."
                           "fully_shard and DTensor); this is torch %s" % torch.__version__) from e
-    return CPUOffloadPolicy, FSDPModule, FullyShardedDataParallel, DTensor, Shard
+    return CPUOffloadPolicy, FSDPModule, FullyShardedDataParallel, DTensor, Shard, Replicate
 
 
 def _check_module(module):
     """Refuses what FSDPCPUAdam does not step, naming it; returns {parameter: its name}."""
-    CPUOffloadPolicy, FSDPModule, FSDP1, _, _ = _fsdp2()
+    CPUOffloadPolicy, FSDPModule, FSDP1 = _fsdp2()[:3]
     if not isinstance(module, torch.nn.Module):
         raise TypeError("FSDPCPUAdam: module is %s, want the nn.Module fully_shard sharded" %
                         type(module).__name__)
@@ -84,16 +89,31 @@ def _check_module(module):
     return {p: n for n, p in module.named_parameters()}
 
 
+def _shard_dim(p):
+    """The mesh dimension p's shard is split over: 0 on fully_shard's 1-D mesh, 1 under HSDP
+    (a 2-D mesh, (Replicate(), Shard(0)): replicated across its first dimension, sharded within
+    its second). None for any other placement."""
+    _, _, _, _, Shard, Replicate = _fsdp2()
+    pl = tuple(p.placements)
+    if p.device_mesh.ndim == 1 and isinstance(pl[0], Shard):
+        return 0
+    if p.device_mesh.ndim == 2 and isinstance(pl[0], Replicate) and isinstance(pl[1], Shard):
+        return 1
+    return None
+
+
 def _check_param(p, name):
-    _, _, _, DTensor, Shard = _fsdp2()
+    DTensor, Shard = _fsdp2()[3:5]
     what = "parameter %r" % name if name else "a parameter not in the module"
     if not isinstance(p, DTensor):
         raise ValueError("FSDPCPUAdam: %s is not sharded by fully_shard (ignored_params, or a "
                          "module outside the sharded one), which is not supported" % what)
-    if p.device_mesh.ndim != 1 or not isinstance(p.placements[0], Shard):
-        raise ValueError("FSDPCPUAdam: %s is placed %s on a %d-D mesh; only fully_shard's 1-D "
-                         "sharding is supported (not HSDP, replicate, or tensor parallelism)" %
-                         (what, tuple(p.placements), p.device_mesh.ndim))
+    if _shard_dim(p) is None:
+        tp = p.device_mesh.ndim > 1 and any(isinstance(x, Shard) for x in p.placements[1:])
+        raise ValueError("FSDPCPUAdam: %s is placed %s on a %d-D mesh%s; supported: fully_shard's "
+                         "1-D sharding, and HSDP (a 2-D mesh placed (Replicate(), Shard(0)))" %
+                         (what, tuple(p.placements), p.device_mesh.ndim,
+                          " (tensor parallelism, which is not supported)" if tp else ""))
     shard = local(p)
     if shard.device.type != p.device_mesh.device_type:
         raise ValueError("FSDPCPUAdam: %s has its shard on %s, its mesh on %s (CPUOffloadPolicy?),"
@@ -208,11 +228,12 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         meshes = set()
         for p in self._params():
             _check_param(p, names.get(p))
-            meshes.add(tuple(p.device_mesh.mesh.tolist()))
+            meshes.add((tuple(p.device_mesh.shape), tuple(p.device_mesh.mesh.flatten().tolist())))
         if len(meshes) != 1:
             raise ValueError("FSDPCPUAdam: the parameters are sharded over different meshes %s; "
                              "one mesh is supported" % sorted(meshes))
-        mesh = next(iter(self._params())).device_mesh
+        first = next(iter(self._params()))
+        mesh = first.device_mesh
         # Plain tensors aliasing the local shards: CPUAdam's state is keyed by them, and the
         # kernel writes the updated values into the shards' memory through them; their .grad
         # is set for the step only, so that no attribute of FSDP2's own tensors changes.
@@ -221,7 +242,11 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         # FSDP2 sets the sharded gradients itself at the end of backward (no accumulate-grad
         # hook fires), so CPUAdam's overlap with backward does not apply.
         device = next(iter(self._shards.values())).device
-        self._adam = _ShardAdam(self._inner_groups(self.param_groups), mesh.get_group(), device,
+        # The clipping norm is summed over the ranks that hold different shards: under HSDP only
+        # within a replica (the shard dimension); after FSDP2's all-reduce across the replicas
+        # each holds the same gradient, and summing over them too would count it twice.
+        self._adam = _ShardAdam(self._inner_groups(self.param_groups),
+                                mesh.get_group(_shard_dim(first)), device,
                                 lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                 amsgrad=amsgrad, adamw=adamw, max_grad_norm=max_grad_norm,
                                 runtime=runtime, state_tier=state_tier, threads=threads,
