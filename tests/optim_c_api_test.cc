@@ -292,4 +292,103 @@ TEST(OptimCApi, TensorBucketsMatchHostSpans) {
   EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
 }
 
+// The step in two halves (for ranks that agree on its outcome): a prepared step changes nothing
+// until its commit; an abort leaves every state and param_out as before, and a prepare again
+// then a commit give what one tm_adam_step_groups gives. While a step waits, another is refused
+// (BUSY); a commit without a prepare is refused; destroying the optimizer aborts a step left
+// prepared.
+TEST(OptimCApi, PreparedStepCommitsOrAbortsWhole) {
+  TempDir dir;
+  tm_config cfg = SmallConfig(dir.path());
+  tm_runtime rt{0};
+  ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_OK) << LastError();
+  tm_adam two = Adam(rt, 2), one = Adam(rt, 2);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  const size_t sizes[] = {3000, 70001};
+  struct Side {
+    std::vector<tm_tensor> tensors;
+    std::vector<std::vector<uint16_t>> out;
+  } halves, whole;
+  std::vector<std::vector<float>> grads, start;
+  for (size_t b = 0; b < 2; ++b) {
+    const size_t n = sizes[b];
+    std::vector<float> s(3 * n), g(n);
+    for (size_t i = 0; i < n; ++i) {
+      s[i] = normal(rng);
+      s[n + i] = 0.1f * normal(rng);
+      s[2 * n + i] = 0.01f * std::abs(normal(rng));
+      g[i] = normal(rng);
+    }
+    for (Side* side : {&halves, &whole}) {
+      tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+      d.bytes = 12 * n;
+      d.cls = TM_CLASS_OPTIMIZER_STATE;
+      d.home_tier = b == 0 ? TM_TIER_DRAM : TM_TIER_NVME;
+      tm_tensor t{0};
+      ASSERT_EQ(tm_tensor_create(rt, &d, &t), TM_OK) << LastError();
+      ASSERT_EQ(tm_tensor_write(rt, t, 0, s.data(), d.bytes), TM_OK) << LastError();
+      if (b == 1) {
+        ASSERT_EQ(tm_tensor_offload(rt, t, TM_TIER_NVME), TM_OK) << LastError();
+      }
+      ASSERT_EQ(tm_tensor_sync(rt, t), TM_OK) << LastError();
+      side->tensors.push_back(t);
+      side->out.emplace_back(n, 0xabcd);
+    }
+    grads.push_back(std::move(g));
+    start.push_back(std::move(s));
+  }
+  auto groups_of = [&](Side& side, std::vector<tm_adam_bucket>* buckets) {
+    buckets->clear();
+    for (size_t b = 0; b < 2; ++b) {
+      buckets->push_back({side.tensors[b], sizes[b], grads[b].data(), TM_DTYPE_F32,
+                          side.out[b].data(), TM_DTYPE_BF16});
+    }
+    return tm_adam_group{nullptr, 1, buckets->data(), buckets->size()};
+  };
+  auto unchanged = [&](Side& side) {
+    for (size_t b = 0; b < 2; ++b) {
+      std::vector<float> back(3 * sizes[b]);
+      EXPECT_EQ(tm_tensor_read(rt, side.tensors[b], 0, back.data(), back.size() * 4), TM_OK);
+      EXPECT_EQ(std::memcmp(back.data(), start[b].data(), back.size() * 4), 0) << b;
+      EXPECT_EQ(side.out[b], std::vector<uint16_t>(sizes[b], 0xabcd)) << b;
+    }
+  };
+  size_t done = 99;
+  EXPECT_EQ(tm_adam_step_commit(two, &done), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("no step is prepared"), std::string::npos) << LastError();
+  EXPECT_EQ(done, 0u);
+  EXPECT_EQ(tm_adam_step_abort(two), TM_OK) << "nothing prepared: nothing to do";
+  std::vector<tm_adam_bucket> bh, bw;
+  tm_adam_group gh = groups_of(halves, &bh), gw = groups_of(whole, &bw);
+  ASSERT_EQ(tm_adam_step_groups_prepare(two, 1.0f, &gh, 1), TM_OK) << LastError();
+  unchanged(halves);
+  EXPECT_EQ(tm_adam_step_groups_prepare(two, 1.0f, &gh, 1), TM_ERR_BUSY);
+  EXPECT_NE(LastError().find("a prepared step waits"), std::string::npos) << LastError();
+  EXPECT_EQ(tm_adam_step_groups(two, 1.0f, &gh, 1, &done), TM_ERR_BUSY);
+  ASSERT_EQ(tm_adam_step_abort(two), TM_OK);
+  unchanged(halves);
+  EXPECT_EQ(tm_adam_step_commit(two, &done), TM_ERR_INVALID_ARGUMENT) << "aborted: gone";
+  ASSERT_EQ(tm_adam_step_groups_prepare(two, 1.0f, &gh, 1), TM_OK) << LastError();
+  ASSERT_EQ(tm_adam_step_commit(two, &done), TM_OK) << LastError();
+  EXPECT_EQ(done, 2u);
+  ASSERT_EQ(tm_adam_step_groups(one, 1.0f, &gw, 1, &done), TM_OK) << LastError();
+  for (size_t b = 0; b < 2; ++b) {
+    std::vector<float> a(3 * sizes[b]), w(3 * sizes[b]);
+    ASSERT_EQ(tm_tensor_read(rt, halves.tensors[b], 0, a.data(), a.size() * 4), TM_OK);
+    ASSERT_EQ(tm_tensor_read(rt, whole.tensors[b], 0, w.data(), w.size() * 4), TM_OK);
+    EXPECT_EQ(std::memcmp(a.data(), w.data(), a.size() * 4), 0) << b;
+    EXPECT_NE(std::memcmp(a.data(), start[b].data(), a.size() * 4), 0) << b << " stepped";
+    EXPECT_EQ(halves.out[b], whole.out[b]) << b;
+  }
+  // Left prepared: the destroy aborts it, and the state can be written again.
+  gh.step = 2;
+  ASSERT_EQ(tm_adam_step_groups_prepare(two, 1.0f, &gh, 1), TM_OK) << LastError();
+  ASSERT_EQ(tm_adam_destroy(two), TM_OK) << LastError();
+  float x = 1.0f;
+  EXPECT_EQ(tm_tensor_write(rt, halves.tensors[1], 0, &x, 4), TM_OK) << LastError();
+  ASSERT_EQ(tm_adam_destroy(one), TM_OK);
+  ASSERT_EQ(tm_runtime_destroy(rt), TM_OK);
+}
+
 }  // namespace

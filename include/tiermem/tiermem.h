@@ -670,9 +670,9 @@ typedef struct tm_plan_result {
    * struct_size. The CPU step with its state on NVMe (CPUAdam(state_tier="nvme")) streams the
    * state through DRAM in slices: any DRAM budget runs it, and a small one runs it at the
    * disk's speed (docs/planner.md). */
-  double optimizer_state_bytes;    /**< the CPU step's fp32 state per GPU: 12 B/param */
-  double optimizer_nvme_seconds;   /**< that state read and written once at nvme_bytes_per_s;
-                                        0 without it */
+  double optimizer_state_bytes;           /**< the CPU step's fp32 state per GPU: 12 B/param */
+  double optimizer_nvme_seconds;          /**< that state read and written once at nvme_bytes_per_s;
+                                               0 without it */
   double optimizer_nvme_least_dram_bytes; /**< the least DRAM tier the NVMe step runs in */
   double optimizer_nvme_full_speed_dram_bytes; /**< the DRAM tier for the disk's speed; 0
                                                     without nvme_bytes_per_s */
@@ -818,6 +818,24 @@ typedef struct tm_adam_group {
  */
 TM_API tm_status tm_adam_step_groups(tm_adam adam, float grad_scale, const tm_adam_group* groups,
                                      size_t count, size_t* buckets_done);
+
+/**
+ * tm_adam_step_groups in two halves, so that several processes (the ranks of a data-parallel
+ * job) take a step all or none of them: each prepares, they agree on the outcome (one
+ * collective of their own), then each commits, or each aborts. Prepare does everything that can
+ * fail: every NVMe state's new version read, stepped and written beside the old one, the DRAM
+ * state pinned; it returns that failure as tm_adam_step_groups does, nothing changed and nothing
+ * pending. Once it returns TM_OK the step waits: the states are held (other threads' writes
+ * refused with TM_ERR_BUSY, another step of this optimizer refused too), and the gradients and
+ * param_out buffers must stay valid and unchanged. tm_adam_step_commit takes it (*buckets_done
+ * as tm_adam_step_groups'); it fails only when a state was acquired meanwhile against the
+ * hold's rules, and then aborts. tm_adam_step_abort leaves every state and param_out as before
+ * (TM_OK also with nothing prepared). tm_adam_destroy aborts a step left prepared.
+ */
+TM_API tm_status tm_adam_step_groups_prepare(tm_adam adam, float grad_scale,
+                                             const tm_adam_group* groups, size_t count);
+TM_API tm_status tm_adam_step_commit(tm_adam adam, size_t* buckets_done);
+TM_API tm_status tm_adam_step_abort(tm_adam adam);
 
 /** The best instruction set this CPU runs, and the one the kernels use now (either may be NULL). */
 TM_API tm_status tm_optim_isa_get(tm_optim_isa* detected, tm_optim_isa* active);

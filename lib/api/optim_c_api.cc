@@ -30,6 +30,11 @@ struct AdamHandle {
   Mutex mu;  // one step at a time per optimizer
   std::unique_ptr<AdamOptimizer> opt;
   StepVersions versions ABSL_GUARDED_BY(mu);
+  // A step prepared (tm_adam_step_groups_prepare) and not yet committed or aborted, with the
+  // tensor operations it goes through; destroyed (aborting it) before the versions are
+  // forgotten.
+  std::unique_ptr<StateTensors> pending_tensors ABSL_GUARDED_BY(mu);
+  std::unique_ptr<PreparedStep> pending ABSL_GUARDED_BY(mu);
 };
 
 using AdamRegistry = HandleRegistry<AdamHandle, HandleKind::kAdam>;
@@ -189,6 +194,39 @@ class HandleStateTensors : public StateTensors {
   tm_runtime rt_;
 };
 
+// The caller's groups, their configs checked, for a step of `h`: refused while a prepared step
+// waits for its commit or abort (it holds the states), or without a runtime.
+absl::StatusOr<std::vector<BucketGroup>> InnerGroups(AdamHandle& h, const char* function,
+                                                     const tm_adam_group* groups, size_t count)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(h.mu) {
+  if (groups == nullptr && count > 0) {
+    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("%s: groups is NULL", function));
+  }
+  if (h.runtime.bits == 0) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("%s: the optimizer was created without a runtime", function));
+  }
+  if (h.pending != nullptr) {
+    return Error(TM_ERR_BUSY, absl::StrFormat("%s: a prepared step waits for "
+                                              "tm_adam_step_commit or tm_adam_step_abort",
+                                              function));
+  }
+  std::vector<BucketGroup> inner(count);
+  for (size_t g = 0; g < count; ++g) {
+    inner[g].hyper = h.opt->hyper();
+    if (groups[g].config != nullptr) {
+      const std::string where = absl::StrFormat("%s: group %zu", function, g);
+      auto hyper = HyperFrom(where.c_str(), groups[g].config);
+      if (!hyper.ok()) return hyper.status();
+      inner[g].hyper = *hyper;
+    }
+    inner[g].step = groups[g].step;
+    inner[g].buckets = groups[g].buckets;
+    inner[g].count = groups[g].count;
+  }
+  return inner;
+}
+
 bool ValidIsa(tm_optim_isa isa) { return isa >= TM_OPTIM_ISA_BASELINE && isa < TM_OPTIM_ISA_COUNT; }
 
 }  // namespace
@@ -228,6 +266,8 @@ TM_API tm_status tm_adam_destroy(tm_adam adam) {
   }
   return Guarded([&] {
     MutexLock lock(&h->mu);
+    h->pending.reset();  // a prepared step not taken: aborted, nothing changed
+    h->pending_tensors.reset();
     HandleStateTensors tensors(h->runtime);
     h->versions.Forget(tensors);  // the shadow states (gone already with their runtime)
     return TM_OK;
@@ -303,33 +343,59 @@ TM_API tm_status tm_adam_step_buckets(tm_adam adam, uint64_t step, float grad_sc
 TM_API tm_status tm_adam_step_groups(tm_adam adam, float grad_scale, const tm_adam_group* groups,
                                      size_t count, size_t* buckets_done) {
   if (buckets_done != nullptr) *buckets_done = 0;
-  if (groups == nullptr && count > 0) {
-    return Fail(TM_ERR_INVALID_ARGUMENT, "tm_adam_step_groups: groups is NULL");
-  }
+  constexpr const char* kFunction = "tm_adam_step_groups";
   return WithAdam(adam, [&](AdamHandle& h) {
-    if (h.runtime.bits == 0) {
-      return Fail(TM_ERR_INVALID_ARGUMENT,
-                  "tm_adam_step_groups: the optimizer was created without a runtime");
-    }
     MutexLock lock(&h.mu);
-    std::vector<BucketGroup> inner(count);
-    for (size_t g = 0; g < count; ++g) {
-      inner[g].hyper = h.opt->hyper();
-      if (groups[g].config != nullptr) {
-        const std::string function = absl::StrFormat("tm_adam_step_groups: group %zu", g);
-        auto hyper = HyperFrom(function.c_str(), groups[g].config);
-        if (!hyper.ok()) return Report(hyper.status());
-        inner[g].hyper = *hyper;
-      }
-      inner[g].step = groups[g].step;
-      inner[g].buckets = groups[g].buckets;
-      inner[g].count = groups[g].count;
-    }
+    auto inner = InnerGroups(h, kFunction, groups, count);
+    if (!inner.ok()) return Report(inner.status());
     HandleStateTensors tensors(h.runtime);
     BucketStepResult r =
-        StepGroups(*h.opt, tensors, h.versions, h.prefetch_depth, grad_scale, inner);
+        StepGroups(*h.opt, tensors, h.versions, h.prefetch_depth, grad_scale, *inner);
     if (buckets_done != nullptr) *buckets_done = r.buckets_done;
-    return Report(WithContext(r.status, "tm_adam_step_groups"));
+    return Report(WithContext(r.status, kFunction));
+  });
+}
+
+TM_API tm_status tm_adam_step_groups_prepare(tm_adam adam, float grad_scale,
+                                             const tm_adam_group* groups, size_t count) {
+  constexpr const char* kFunction = "tm_adam_step_groups_prepare";
+  return WithAdam(adam, [&](AdamHandle& h) {
+    MutexLock lock(&h.mu);
+    auto inner = InnerGroups(h, kFunction, groups, count);
+    if (!inner.ok()) return Report(inner.status());
+    auto tensors = std::make_unique<HandleStateTensors>(h.runtime);
+    auto prepared = PrepareGroups(*h.opt, *tensors, h.versions, h.prefetch_depth, grad_scale,
+                                  *std::move(inner));
+    if (!prepared.ok()) return Report(WithContext(prepared.status(), kFunction));
+    h.pending_tensors = std::move(tensors);
+    h.pending = *std::move(prepared);
+    return TM_OK;
+  });
+}
+
+TM_API tm_status tm_adam_step_commit(tm_adam adam, size_t* buckets_done) {
+  if (buckets_done != nullptr) *buckets_done = 0;
+  return WithAdam(adam, [&](AdamHandle& h) {
+    MutexLock lock(&h.mu);
+    if (h.pending == nullptr) {
+      return Fail(TM_ERR_INVALID_ARGUMENT,
+                  "tm_adam_step_commit: no step is prepared (tm_adam_step_groups_prepare "
+                  "first; a prepared step is committed or aborted once)");
+    }
+    BucketStepResult r = h.pending->Commit();
+    h.pending.reset();
+    h.pending_tensors.reset();
+    if (buckets_done != nullptr) *buckets_done = r.buckets_done;
+    return Report(WithContext(r.status, "tm_adam_step_commit"));
+  });
+}
+
+TM_API tm_status tm_adam_step_abort(tm_adam adam) {
+  return WithAdam(adam, [&](AdamHandle& h) {
+    MutexLock lock(&h.mu);
+    h.pending.reset();  // aborts it: every state and parameter as before
+    h.pending_tensors.reset();
+    return TM_OK;
   });
 }
 

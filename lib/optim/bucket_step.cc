@@ -454,26 +454,78 @@ BucketStepResult StepBuckets(AdamOptimizer& opt, StateTensors& tensors, StepVers
                     {BucketGroup{opt.hyper(), step, buckets, count}});
 }
 
+namespace {
+
+absl::Status NotTaken(const absl::Status& s) {
+  return Error(ToTmStatus(s), absl::StrCat(s.message(),
+                                           " (the step was not taken: every state and parameter "
+                                           "is as before)"));
+}
+
+// The Step over groups of its own (the caller's vector may go before the commit).
+class Prepared : public PreparedStep {
+ public:
+  Prepared(AdamOptimizer& opt, StateTensors& tensors, StepVersions& versions, float grad_scale,
+           std::vector<BucketGroup> groups)
+      : groups_(std::move(groups)), step_(opt, tensors, versions, grad_scale, groups_) {}
+  ~Prepared() override { Abort(); }
+
+  absl::Status Prepare(int prefetch_depth) {
+    absl::Status s = step_.Check();
+    if (s.ok()) s = step_.PinDramState();
+    if (s.ok()) s = step_.StepNvmeState(prefetch_depth);
+    if (!s.ok()) {
+      Abort();
+      return NotTaken(s);
+    }
+    return absl::OkStatus();
+  }
+  BucketStepResult Commit() override {
+    BucketStepResult r;
+    if (done_) {
+      r.status = Error(TM_ERR_INVALID_ARGUMENT, "the prepared step was taken or aborted already");
+      return r;
+    }
+    r.status = step_.Commit();
+    if (!r.status.ok()) {
+      Abort();
+      r.status = NotTaken(r.status);
+      return r;
+    }
+    done_ = true;
+    r.buckets_done = step_.count();
+    return r;
+  }
+  void Abort() override {
+    if (done_) return;
+    done_ = true;
+    step_.Discard();
+  }
+
+ private:
+  const std::vector<BucketGroup> groups_;  // before step_, which refers to it
+  Step step_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PreparedStep>> PrepareGroups(AdamOptimizer& opt,
+                                                            StateTensors& tensors,
+                                                            StepVersions& versions,
+                                                            int prefetch_depth, float grad_scale,
+                                                            std::vector<BucketGroup> groups) {
+  auto p = std::make_unique<Prepared>(opt, tensors, versions, grad_scale, std::move(groups));
+  if (absl::Status s = p->Prepare(prefetch_depth); !s.ok()) return s;
+  return std::unique_ptr<PreparedStep>(std::move(p));
+}
+
 BucketStepResult StepGroups(AdamOptimizer& opt, StateTensors& tensors, StepVersions& versions,
                             int prefetch_depth, float grad_scale,
                             const std::vector<BucketGroup>& groups) {
-  BucketStepResult r;
-  Step s(opt, tensors, versions, grad_scale, groups);
-  // Everything is checked, and where each state is, before anything moves.
-  if (r.status = s.Check(); !r.status.ok()) return r;
-  r.status = s.PinDramState();
-  if (r.status.ok()) r.status = s.StepNvmeState(prefetch_depth);
-  if (r.status.ok()) r.status = s.Commit();
-  if (!r.status.ok()) {
-    s.Discard();
-    r.status = Error(ToTmStatus(r.status),
-                     absl::StrCat(r.status.message(),
-                                  " (the step was not taken: every state and parameter is as "
-                                  "before)"));
-    return r;
-  }
-  r.buckets_done = s.count();
-  return r;
+  auto prepared = PrepareGroups(opt, tensors, versions, prefetch_depth, grad_scale, groups);
+  if (!prepared.ok()) return BucketStepResult{prepared.status(), 0};
+  return (*prepared)->Commit();
 }
 
 }  // namespace tiermem::optim

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -86,9 +87,30 @@ struct BucketGroup {
 
 // Every group's buckets in one step, all or nothing across the groups: one failure anywhere
 // leaves every group's state and parameters as they were. With more than one group, errors
-// name "group <g>, bucket <index in the group>".
+// name "group <g>, bucket <index in the group>". PrepareGroups, then Commit.
 BucketStepResult StepGroups(AdamOptimizer& opt, StateTensors& tensors, StepVersions& versions,
                             int prefetch_depth, float grad_scale,
                             const std::vector<BucketGroup>& groups);
+
+// A step prepared and not yet taken: every NVMe state's new version read, stepped and written
+// beside the old one, the DRAM state pinned, every state held (Hold) so that nobody writes it.
+// Commit takes it (the versions swapped in, the DRAM state stepped in place, param_out written:
+// a swap refused, only a bug, aborts and fails); Abort, or the destructor, leaves every state
+// and parameter as it was. Between the two, so that ranks can agree on one outcome, the
+// gradients and param_out buffers stay the caller's, unchanged. One call of either, once.
+class PreparedStep {
+ public:
+  virtual ~PreparedStep() = default;
+  virtual BucketStepResult Commit() = 0;
+  virtual void Abort() = 0;
+};
+
+// The first half of StepGroups: a failure (a read, a write, room, a bad bucket) leaves every
+// state and parameter as it was, and says so.
+absl::StatusOr<std::unique_ptr<PreparedStep>> PrepareGroups(AdamOptimizer& opt,
+                                                            StateTensors& tensors,
+                                                            StepVersions& versions,
+                                                            int prefetch_depth, float grad_scale,
+                                                            std::vector<BucketGroup> groups);
 
 }  // namespace tiermem::optim

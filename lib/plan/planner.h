@@ -93,10 +93,10 @@ struct Plan {
   double optimizer_link_bytes = 0;    // ZeRO-Offload's per step: fp16 grads down, fp16 params up
   // The CPU step with its fp32 state (master and moments, 12 B/param) on NVMe, streamed through
   // DRAM in slices of a sixteenth of the DRAM tier (CPUAdam(state_tier="nvme")):
-  double optimizer_state_bytes = 0;          // per GPU
-  double optimizer_nvme_seconds = 0;         // read and written once; 0 without an NVMe bandwidth
-  double optimizer_nvme_least_dram = 0;      // the least DRAM tier it runs in
-  double optimizer_nvme_full_speed_dram = 0; // the DRAM tier for the disk's speed; 0 without NVMe
+  double optimizer_state_bytes = 0;           // per GPU
+  double optimizer_nvme_seconds = 0;          // read and written once; 0 without an NVMe bandwidth
+  double optimizer_nvme_least_dram = 0;       // the least DRAM tier it runs in
+  double optimizer_nvme_full_speed_dram = 0;  // the DRAM tier for the disk's speed; 0 without NVMe
   // The ladder, cumulative: rung i priced on top of the rungs before it (the NVMe rung instead of
   // the DRAM one, parameter offload with activations in DRAM).
   std::array<RungResult, kRungCount> rungs{};

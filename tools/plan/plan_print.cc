@@ -221,9 +221,9 @@ int PrintPlanJson(const PlanInput& in, const Plan& p, const PlanSources& src) {
       "  \"state_bytes\":%.0f,\"nvme_seconds\":%.6g,\"nvme_least_dram_bytes\":%.0f,"
       "\"nvme_full_speed_dram_bytes\":%.0f},\n \"rungs\":[",
       Bool(in.dram_bytes_per_s > 0), in.optimizer_bytes_per_param, in.params / in.tensor_parallel,
-      p.optimizer_step_seconds, p.optimizer_link_bytes, p.optimizer_link_bytes / in.link_bytes_per_s,
-      p.optimizer_state_bytes, p.optimizer_nvme_seconds, p.optimizer_nvme_least_dram,
-      p.optimizer_nvme_full_speed_dram);
+      p.optimizer_step_seconds, p.optimizer_link_bytes,
+      p.optimizer_link_bytes / in.link_bytes_per_s, p.optimizer_state_bytes,
+      p.optimizer_nvme_seconds, p.optimizer_nvme_least_dram, p.optimizer_nvme_full_speed_dram);
   for (int i = 0; i < kRungCount; ++i) {
     const RungResult& r = p.rungs[i];
     std::printf(
