@@ -94,6 +94,10 @@ def bind(lib):
                                       ctypes.c_size_t, p(ctypes.c_size_t)]),
         "tm_adam_step_groups": (st, [Adam, ctypes.c_float, p(AdamGroup), ctypes.c_size_t,
                                      p(ctypes.c_size_t)]),
+        "tm_adam_step_groups_prepare": (st, [Adam, ctypes.c_float, p(AdamGroup),
+                                             ctypes.c_size_t]),
+        "tm_adam_step_commit": (st, [Adam, p(ctypes.c_size_t)]),
+        "tm_adam_step_abort": (st, [Adam]),
         "tm_optim_isa_get": (st, [p(_enum), p(_enum)]),
         "tm_optim_set_isa_limit": (st, [_enum, p(_enum)]),
     }

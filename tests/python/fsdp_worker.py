@@ -426,6 +426,66 @@ class Cases(ShardCases, GuardCases):
                     group_keys_ours=groups_ours, group_keys_theirs=groups_theirs)
 
 
+    # ---- a fault on one rank: the step taken on no rank ----
+
+    def fault(self):
+        """Rank 1's NVMe state made unreadable (every swap-file byte inverted; checksums on,
+        exclusive tiers, so the step reads NVMe): every rank raises the same TiermemError naming
+        rank 1, no rank's parameters change; while the fault stays, every rank raises again;
+        once it is undone, step() takes the step, and the run goes on with the bits of a run
+        that never failed."""
+        saved_env = os.environ.get("TIERMEM_DRAM_INCLUSIVE")
+        os.environ["TIERMEM_DRAM_INCLUSIVE"] = "off"
+        try:
+            return self._fault()
+        finally:
+            if saved_env is None:
+                del os.environ["TIERMEM_DRAM_INCLUSIVE"]
+            else:
+                os.environ["TIERMEM_DRAM_INCLUSIVE"] = saved_env
+
+    def _fault(self):
+        def runtime():
+            return self.runtime(dram_bytes=1 << 20, nvme_paths=self.nvme_dir,
+                                nvme_bytes="32MiB", checksum="xxh3")
+
+        with runtime() as rt:
+            model = build()
+            opt = FSDPCPUAdam(model, runtime=rt, state_tier="nvme", max_grad_norm=CLIP,
+                              threads=1, **HYPER)
+            want = train(model, opt, 3), full(model)
+            opt.close()
+        out = dict(rank=dist.get_rank())
+        with runtime() as rt:
+            model = build()
+            opt = FSDPCPUAdam(model, runtime=rt, state_tier="nvme", max_grad_norm=CLIP,
+                              threads=1, **HYPER)
+            losses = train(model, opt, 2)
+            for slot in opt._adam._slots.values():  # on NVMe only, where the fault strikes
+                for t in slot.tensors:
+                    t.offload("nvme")
+                    t.sync()
+            before = full(model)
+            loss = loss_of(model, *batch(2))
+            loss.backward()
+            saved = _flip_swap_files(self.nvme_dir) if dist.get_rank() == 1 else {}
+            errors = []
+            for _ in range(2):  # the fault stays: every rank raises again
+                try:
+                    opt.step()
+                    errors.append(None)
+                except tiermem.TiermemError as e:
+                    errors.append([e.status_name, str(e)])
+            out["errors"] = errors
+            out["unchanged"] = all(torch.equal(before[n], p) for n, p in full(model).items())
+            _restore(saved)
+            opt.step()  # the same gradients: taken now
+            opt.zero_grad()
+            losses.append(loss.item())
+            out["went_on"] = compare(losses, full(model), *want)["bit_identical"]
+            opt.close()
+        return out
+
     # ---- HSDP: a 2-D mesh, replicated across its first dimension, sharded within its second --
 
     def hsdp(self):
@@ -548,6 +608,38 @@ class Cases(ShardCases, GuardCases):
         want = torch.load(os.path.join(self.dcp_dir, "went_on.rank%d.pt" % dist.get_rank()))
         return dict(steps=len(losses), loaded_on_nvme=self.loaded_on_nvme,
                     bit_identical=compare(losses, params, *want)["bit_identical"])
+
+
+def _flip_swap_files(nvme_dir):
+    """Inverts every byte of this process's swap files under nvme_dir (the checksums then refuse
+    each read); returns what to write back. The files have no name (O_TMPFILE): they are
+    reached through this process's descriptors."""
+    saved = {}
+    fds = "/proc/self/fd"
+    for fd in os.listdir(fds):
+        path = os.path.join(fds, fd)
+        try:
+            if not os.readlink(path).startswith(nvme_dir + "/"):
+                continue
+        except OSError:  # the descriptor listdir itself used
+            continue
+        with open(path, "r+b") as f:
+            data = f.read()
+            saved[path] = data
+            f.seek(0)
+            f.write(bytes(b ^ 0xFF for b in data))
+            f.flush()
+            os.fsync(f.fileno())
+    assert saved, "no swap file reached through /proc/self/fd"
+    return saved
+
+
+def _restore(saved):
+    for path, data in saved.items():
+        with open(path, "r+b") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def layout(osd):

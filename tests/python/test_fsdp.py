@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fsdp_worker.py")
-CASES = ("dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,tight,resume_save,"
+CASES = ("dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,tight,resume_save,fault,"
          "shards_nvme,shards_llama,shards_dcp,shards_accumulate,shards_prefetch,shards_guard,"
          "shards_hostile,shards_rt_close")
 # The tolerance of test_cpu_adam.py: CPUAdam's kernel and torch's scalar AdamW round differently
@@ -138,6 +138,21 @@ def test_llama_follows_adamw(single_node):
         if "skipped" in r:
             pytest.skip(r["skipped"])
         assert_follows(r, "rank %d" % rank)
+
+
+def test_a_fault_on_one_rank_steps_no_rank(single_node):
+    """Rank 1's NVMe state unreadable: every rank raises the same TiermemError naming rank 1 and
+    its cause (TM_ERR_CORRUPT), twice while the fault stays; no rank's parameters changed; once
+    undone, step() goes on with the bits of a run that never failed."""
+    got = results(single_node, "fault")
+    for rank, r in got.items():
+        for e in r["errors"]:
+            assert e is not None, "rank %d stepped while rank 1 failed" % rank
+            assert e[0] == "TM_ERR_CORRUPT", e
+            assert "rank 1 failed its step" in e[1] and "taken on no rank" in e[1], e
+        assert r["unchanged"], "rank %d: a parameter changed" % rank
+        assert r["went_on"], "rank %d: the run after the fault differs" % rank
+    assert got[0]["errors"] == got[1]["errors"], "the ranks raised different errors"
 
 
 def test_hsdp_follows_adamw(tmp_path_factory):

@@ -474,32 +474,43 @@ class CPUAdam(torch.optim.Optimizer):
         run, over the state acquired in DRAM), or over state at home in torch tensors once the
         runtime closed (the same call), and the others (tm_adam_step_groups, one call, all or
         nothing). Everything that can fail is done before anything changes: the state
-        acquired, the hyperparameters checked, the groups' call taken (it changes nothing when
-        it fails); the in-place steps after it cannot fail."""
+        acquired, the hyperparameters checked, the groups' step prepared (it changes nothing
+        when it fails); then _agree decides (across ranks, for FSDPCPUAdam) and the prepared
+        step is committed, or aborted; the in-place steps after it cannot fail."""
         keep = []  # the gradients, arrays and configs the C calls read
         bucket_runs, in_place_runs = [], []
-        for group, step, pairs in runs:
-            here, there = [], []
-            for p, grad, c in pairs:
-                slot = self._slot(p, group)
-                g = self._grad(slot, grad)
-                keep.append(g)
-                (here if slot.in_place or slot.home is not None else there).append(
-                    (p, slot, g, c))
-            if here:
-                in_place_runs.append((group, step, here))
-            if there:
-                bucket_runs.append((group, step, there))
         acquired = []
         rt = None if self._home else self.runtime._handle()
+        prepared = False  # a prepared step not yet committed: aborted on the way out
         try:
-            spans = [self._acquire_spans(rt, here, acquired) for _, _, here in in_place_runs]
-            cfgs = [self._config(group) for group, _, _ in in_place_runs]
-            for cfg in cfgs:  # checked now; set again before each run's step when several
-                _check(_lib.tm_adam_set_hyper(self._adam, ctypes.byref(cfg)),
-                       "tm_adam_set_hyper")
+            failure = None
+            try:
+                for group, step, pairs in runs:
+                    here, there = [], []
+                    for p, grad, c in pairs:
+                        slot = self._slot(p, group)
+                        g = self._grad(slot, grad)
+                        keep.append(g)
+                        (here if slot.in_place or slot.home is not None else there).append(
+                            (p, slot, g, c))
+                    if here:
+                        in_place_runs.append((group, step, here))
+                    if there:
+                        bucket_runs.append((group, step, there))
+                spans = [self._acquire_spans(rt, here, acquired) for _, _, here in in_place_runs]
+                cfgs = [self._config(group) for group, _, _ in in_place_runs]
+                for cfg in cfgs:  # checked now; set again before each run's step when several
+                    _check(_lib.tm_adam_set_hyper(self._adam, ctypes.byref(cfg)),
+                           "tm_adam_set_hyper")
+                if bucket_runs:
+                    self._prepare_buckets(bucket_runs, grad_scale, keep)
+                    prepared = True
+            except Exception as e:  # noqa: BLE001: every failure goes through _agree
+                failure = e
+            self._agree(failure)
             if bucket_runs:
-                self._step_buckets(bucket_runs, grad_scale, keep)
+                prepared = False
+                self._commit_buckets(bucket_runs)
             for (_, step, here), arr, cfg in zip(in_place_runs, spans, cfgs):
                 if len(cfgs) > 1:
                     _check(_lib.tm_adam_set_hyper(self._adam, ctypes.byref(cfg)),
@@ -511,6 +522,8 @@ class CPUAdam(torch.optim.Optimizer):
                     if slot.out_host is not None and slot.home is not None:
                         p.data.copy_(slot.out_host.view(p.shape), non_blocking=True)
         finally:
+            if prepared:  # the ranks did not agree (or an interrupt): every state as before
+                _lib.tm_adam_step_abort(self._adam)
             release = _lib.tm_tensor_release
             for slot in acquired:
                 release(rt, slot.handles[0], _capi.TIER_DRAM)
@@ -564,7 +577,16 @@ class CPUAdam(torch.optim.Optimizer):
             else:
                 self.state[p]["step"] += 1
 
-    def _step_buckets(self, runs, grad_scale, keep):
+    def _agree(self, failure):
+        """The outcome of the step, once everything that can fail has been done (the state
+        acquired, the new state prepared) and nothing has changed: here, this process's own
+        (raises its failure). FSDPCPUAdam's agrees across its ranks."""
+        if failure is not None:
+            raise failure
+
+    def _prepare_buckets(self, runs, grad_scale, keep):
+        """The first half of the step of the buckets (tm_adam_step_groups_prepare): raises,
+        nothing changed, or leaves it prepared for _commit_buckets (or an abort)."""
         groups = (_optim_capi.AdamGroup * len(runs))()
         for i, (group, step, pairs) in enumerate(runs):
             buckets = [b for p, slot, g, _ in pairs for b in self._buckets(p, slot, g)]
@@ -574,9 +596,13 @@ class CPUAdam(torch.optim.Optimizer):
             groups[i].config = ctypes.pointer(cfg)
             groups[i].step, groups[i].count = step, len(buckets)
             groups[i].buckets = ctypes.cast(arr, ctypes.POINTER(_optim_capi.AdamBucket))
+        keep.append(groups)
+        _check(_lib.tm_adam_step_groups_prepare(self._adam, grad_scale, groups, len(runs)),
+               "tm_adam_step_groups")
+
+    def _commit_buckets(self, runs):
         done = ctypes.c_size_t(0)
-        status = _lib.tm_adam_step_groups(self._adam, grad_scale, groups, len(runs),
-                                          ctypes.byref(done))
+        status = _lib.tm_adam_step_commit(self._adam, ctypes.byref(done))
         # All or nothing across every group: done is 0 (nothing changed, not even the CPU
         # parameters that receive the update in place) or every bucket, counted and uploaded.
         if done.value:
@@ -587,7 +613,7 @@ class CPUAdam(torch.optim.Optimizer):
                         # In the parameter's logical order (as its master was written and its
                         # gradient read): any strides, a transposed weight's too.
                         p.data.copy_(slot.out_host.view(p.shape), non_blocking=True)
-        _check(status, "tm_adam_step_groups")
+        _check(status, "tm_adam_step_commit")
 
     @torch.no_grad()
     def step(self, closure=None):

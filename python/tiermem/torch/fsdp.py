@@ -39,6 +39,8 @@ from collections import defaultdict
 
 import torch
 
+import tiermem
+from tiermem import _capi
 from tiermem.torch._fsdp_guard import local
 from tiermem.torch._fsdp_shards import _ShardOffload
 from tiermem.torch.cpu_adam import CPUAdam, _check_hyper, _closed_error
@@ -137,10 +139,35 @@ class _ShardAdam(CPUAdam):
     """The CPUAdam stepping the local shards; only the clipping coefficient differs: the norm is
     the whole gradient's, across the ranks of the mesh."""
 
-    def __init__(self, params, group, device, **kwargs):
-        self._group, self._device = group, device
+    def __init__(self, params, group, every, device, **kwargs):
+        # group: the ranks holding different shards (the norm's); every: all the mesh's ranks,
+        # which agree on each step's outcome (None: the default group).
+        self._group, self._every, self._device = group, every, device
         self._scale = None  # the whole step's, while it is stepped unit by unit
         super().__init__(params, **kwargs)
+
+    def _agree(self, failure):
+        """Every rank has prepared its step (or failed to) and none has changed anything: one
+        all_gather of the outcomes, then every rank commits, or every rank raises the same
+        TiermemError naming the rank that failed and why, its prepared step aborted. So no
+        failure leaves the ranks out of step."""
+        import torch.distributed as dist
+        mine = None
+        if failure is not None:
+            status = getattr(failure, "status", _capi.STATUS_NAMES.index("TM_ERR_INTERNAL"))
+            mine = (dist.get_rank(), int(status), str(failure))
+        outcomes = [None] * dist.get_world_size(self._every)
+        dist.all_gather_object(outcomes, mine, group=self._every)
+        failed = [o for o in outcomes if o is not None]
+        if not failed:
+            return
+        rank, status, why = failed[0]
+        others = "" if len(failed) == 1 else " (and %d more ranks: %s)" % (
+            len(failed) - 1, ", ".join(str(r) for r, _, _ in failed[1:]))
+        raise tiermem.TiermemError(
+            status, "FSDPCPUAdam: rank %d failed its step%s: %s; the step was taken on no rank: "
+            "every rank's shards and state are as before, and step() again, once the cause is "
+            "gone, takes it" % (rank, others, why), "FSDPCPUAdam.step") from failure
 
     def _grad_scale(self, grads):
         if self._scale is not None:
@@ -245,8 +272,16 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         # The clipping norm is summed over the ranks that hold different shards: under HSDP only
         # within a replica (the shard dimension); after FSDP2's all-reduce across the replicas
         # each holds the same gradient, and summing over them too would count it twice.
+        # Every rank of the mesh agrees on each step's outcome (_ShardAdam._agree).
+        ranks = sorted(mesh.mesh.flatten().tolist())
+        if mesh.ndim == 1:
+            every = mesh.get_group()
+        elif len(ranks) == torch.distributed.get_world_size():
+            every = None
+        else:
+            every = torch.distributed.new_group(ranks)
         self._adam = _ShardAdam(self._inner_groups(self.param_groups),
-                                mesh.get_group(_shard_dim(first)), device,
+                                mesh.get_group(_shard_dim(first)), every, device,
                                 lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                 amsgrad=amsgrad, adamw=adamw, max_grad_norm=max_grad_norm,
                                 runtime=runtime, state_tier=state_tier, threads=threads,
