@@ -294,9 +294,10 @@ TEST(OptimCApi, TensorBucketsMatchHostSpans) {
 
 // The step in two halves (for ranks that agree on its outcome): a prepared step changes nothing
 // until its commit; an abort leaves every state and param_out as before, and a prepare again
-// then a commit give what one tm_adam_step_groups gives. While a step waits, another is refused
-// (BUSY); a commit without a prepare is refused; destroying the optimizer aborts a step left
-// prepared.
+// then a commit give what one tm_adam_step_groups gives. While a step waits, another step of it
+// (either call), a write of its state from any thread, another optimizer's step of that state
+// and its destroy are refused (BUSY); a commit without a prepare is refused; destroying the
+// optimizer aborts a step left prepared.
 TEST(OptimCApi, PreparedStepCommitsOrAbortsWhole) {
   TempDir dir;
   tm_config cfg = SmallConfig(dir.path());
@@ -366,6 +367,14 @@ TEST(OptimCApi, PreparedStepCommitsOrAbortsWhole) {
   EXPECT_EQ(tm_adam_step_groups_prepare(two, 1.0f, &gh, 1), TM_ERR_BUSY);
   EXPECT_NE(LastError().find("a prepared step waits"), std::string::npos) << LastError();
   EXPECT_EQ(tm_adam_step_groups(two, 1.0f, &gh, 1, &done), TM_ERR_BUSY);
+  EXPECT_EQ(tm_adam_step_buckets(two, 1, 1.0f, bh.data(), bh.size(), &done), TM_ERR_BUSY);
+  // The prepared step's states refuse this thread's writes, another optimizer's step and a
+  // destroy, as they do another thread's: the commit would lose them.
+  float x = 1.0f;
+  EXPECT_EQ(tm_tensor_write(rt, halves.tensors[1], 0, &x, 4), TM_ERR_BUSY);
+  EXPECT_NE(LastError().find("prepared Adam step"), std::string::npos) << LastError();
+  EXPECT_EQ(tm_adam_step_groups(one, 1.0f, &gh, 1, &done), TM_ERR_BUSY);
+  EXPECT_EQ(tm_tensor_destroy(rt, halves.tensors[0]), TM_ERR_BUSY);
   ASSERT_EQ(tm_adam_step_abort(two), TM_OK);
   unchanged(halves);
   EXPECT_EQ(tm_adam_step_commit(two, &done), TM_ERR_INVALID_ARGUMENT) << "aborted: gone";
@@ -385,7 +394,6 @@ TEST(OptimCApi, PreparedStepCommitsOrAbortsWhole) {
   gh.step = 2;
   ASSERT_EQ(tm_adam_step_groups_prepare(two, 1.0f, &gh, 1), TM_OK) << LastError();
   ASSERT_EQ(tm_adam_destroy(two), TM_OK) << LastError();
-  float x = 1.0f;
   EXPECT_EQ(tm_tensor_write(rt, halves.tensors[1], 0, &x, 4), TM_OK) << LastError();
   ASSERT_EQ(tm_adam_destroy(one), TM_OK);
   ASSERT_EQ(tm_runtime_destroy(rt), TM_OK);

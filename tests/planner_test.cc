@@ -273,6 +273,12 @@ TEST(Planner, CApi) {
   EXPECT_DOUBLE_EQ(out.optimizer_nvme_least_dram_bytes, 32 << 10);
   EXPECT_DOUBLE_EQ(out.optimizer_nvme_full_speed_dram_bytes,
                    std::max(16.0 * (1 << 20), 8e-3 * m.nvme_bytes_per_s));
+  // A disk of 1 PB/s: never more DRAM than the state itself.
+  tm_plan_input fast = in;
+  fast.nvme_bytes_per_s = 1e15;
+  tm_plan_result fast_out = TM_PLAN_RESULT_INIT;
+  ASSERT_EQ(tm_plan(&fast, &fast_out), TM_OK) << tm_last_error();
+  EXPECT_DOUBLE_EQ(fast_out.optimizer_nvme_full_speed_dram_bytes, 12 * 7e9);
   // A caller built before the NVMe fields: served up to backward_seconds.
   tm_plan_result mid_out = TM_PLAN_RESULT_INIT;
   mid_out.struct_size = offsetof(tm_plan_result, optimizer_state_bytes);

@@ -825,9 +825,10 @@ TM_API tm_status tm_adam_step_groups(tm_adam adam, float grad_scale, const tm_ad
  * collective of their own), then each commits, or each aborts. Prepare does everything that can
  * fail: every NVMe state's new version read, stepped and written beside the old one, the DRAM
  * state pinned; it returns that failure as tm_adam_step_groups does, nothing changed and nothing
- * pending. Once it returns TM_OK the step waits: the states are held (other threads' writes
- * refused with TM_ERR_BUSY, another step of this optimizer refused too), and the gradients and
- * param_out buffers must stay valid and unchanged. tm_adam_step_commit takes it (*buckets_done
+ * pending. Once it returns TM_OK the step waits: the states are held (writes by any thread,
+ * another optimizer's step of them and their destroy refused with TM_ERR_BUSY, another step of
+ * this optimizer refused too), and the gradients and param_out buffers must stay valid and
+ * unchanged. tm_adam_step_commit takes it (*buckets_done
  * as tm_adam_step_groups'); it fails only when a state was acquired meanwhile against the
  * hold's rules, and then aborts. tm_adam_step_abort leaves every state and param_out as before
  * (TM_OK also with nothing prepared). tm_adam_destroy aborts a step left prepared.

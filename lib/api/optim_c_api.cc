@@ -163,6 +163,12 @@ class HandleStateTensors : public StateTensors {
       return absl::OkStatus();
     });
   }
+  void Seal(uint64_t t) override {
+    (void)WithRuntime(rt_, [&](Runtime& r) {
+      r.SealForStep(t);
+      return absl::OkStatus();
+    });
+  }
   absl::Status Offload(uint64_t t, tm_tier tier) override {
     return FromC(tm_tensor_offload(rt_, {t}, tier));
   }
@@ -332,6 +338,11 @@ TM_API tm_status tm_adam_step_buckets(tm_adam adam, uint64_t step, float grad_sc
                   "tm_adam_step_buckets: step = 0, want the step number from 1");
     }
     MutexLock lock(&h.mu);
+    if (h.pending != nullptr) {
+      return Fail(TM_ERR_BUSY,
+                  "tm_adam_step_buckets: a prepared step waits for tm_adam_step_commit or "
+                  "tm_adam_step_abort");
+    }
     HandleStateTensors tensors(h.runtime);
     BucketStepResult r = StepBuckets(*h.opt, tensors, h.versions, h.prefetch_depth, step,
                                      grad_scale, buckets, count);

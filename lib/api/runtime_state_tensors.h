@@ -24,6 +24,7 @@ class RuntimeStateTensors : public StateTensors {
   absl::Status Release(uint64_t t, tm_tier tier) override { return rt_.Release(t, tier); }
   absl::Status Hold(uint64_t t) override { return rt_.HoldForStep(t); }
   void Unhold(uint64_t t) override { rt_.UnholdForStep(t); }
+  void Seal(uint64_t t) override { rt_.SealForStep(t); }
   absl::Status Offload(uint64_t t, tm_tier tier) override { return rt_.Offload(t, tier); }
   absl::Status Sync(uint64_t t) override { return rt_.Sync(t); }
   absl::StatusOr<uint64_t> Create(uint64_t bytes, const std::string& name) override {

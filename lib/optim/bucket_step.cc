@@ -97,6 +97,10 @@ class Step {
   absl::Status PinDramState();
   absl::Status StepNvmeState(int prefetch_depth);
   absl::Status Commit();
+  // The step is prepared and waits: every state it holds refuses this thread's writes too.
+  void Seal() {
+    for (uint64_t t : held_) tensors_.Seal(t);
+  }
   // After a failure: waits for the moves still queued, forgets this step's shadows (their new
   // versions are worthless; the old state was never touched).
   void Discard();
@@ -478,6 +482,7 @@ class Prepared : public PreparedStep {
       Abort();
       return NotTaken(s);
     }
+    step_.Seal();
     return absl::OkStatus();
   }
   BucketStepResult Commit() override {

@@ -38,6 +38,9 @@ class StateTensors {
   // writes to it are refused.
   virtual absl::Status Hold(uint64_t tensor) = 0;
   virtual void Unhold(uint64_t tensor) = 0;
+  // The step holding it is prepared and waits (Runtime::SealForStep): from now to Unhold, the
+  // calling thread's writes, holds and destroys are refused too.
+  virtual void Seal(uint64_t tensor) = 0;
   virtual absl::Status Offload(uint64_t tensor, tm_tier tier) = 0;
   virtual absl::Status Sync(uint64_t tensor) = 0;
   // A tensor of `bytes` homed on NVMe, of class optimizer state (a shadow version).

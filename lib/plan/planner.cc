@@ -83,13 +83,15 @@ absl::Status CheckInput(const PlanInput& in) {
 // in (a 32 KiB DRAM tier). The disk's speed: the reads ahead (a quarter of the window, which is
 // half the tier) hold about 1 ms of the disk's bandwidth, so that a slice's read outlasts the
 // per-slice costs; bench/optim_nvme_bound.py measured 1.02x the disk bound with a 12 MiB tier
-// on a 2.3 GB/s disk. Not below 16 MiB.
+// on a 2.3 GB/s disk. Not below 16 MiB, nor above the state.
 void PriceNvmeOptimizer(const PlanInput& in, double params_per_gpu, Plan* p) {
   p->optimizer_state_bytes = 12 * params_per_gpu;
   p->optimizer_nvme_least_dram = 32 << 10;
   if (in.nvme_bytes_per_s > 0) {
     p->optimizer_nvme_seconds = 2 * p->optimizer_state_bytes / in.nvme_bytes_per_s;
-    p->optimizer_nvme_full_speed_dram = std::max(16.0 * (1 << 20), 8 * in.nvme_bytes_per_s * 1e-3);
+    // Never more than the state: a tier that holds it keeps it there between steps.
+    p->optimizer_nvme_full_speed_dram = std::min(
+        p->optimizer_state_bytes, std::max(16.0 * (1 << 20), 8 * in.nvme_bytes_per_s * 1e-3));
   }
 }
 

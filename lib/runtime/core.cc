@@ -165,9 +165,15 @@ void Core::SettleDeferred() {
 }
 
 absl::Status Core::CheckNotHeld(const Tensor& t, absl::string_view what) {
-  if (t.held_by_step == std::thread::id{} || t.held_by_step == std::this_thread::get_id()) {
-    return absl::OkStatus();
+  if (t.held_by_step == std::thread::id{}) return absl::OkStatus();
+  if (t.hold_sealed) {
+    return Error(TM_ERR_BUSY,
+                 absl::StrFormat("tensor \"%s\" is the state of a prepared Adam step "
+                                 "(tm_adam_step_groups_prepare) waiting for its commit or abort: "
+                                 "cannot %s until then",
+                                 t.name, what));
   }
+  if (t.held_by_step == std::this_thread::get_id()) return absl::OkStatus();
   return Error(TM_ERR_BUSY,
                absl::StrFormat("tensor \"%s\" is the state of an Adam step running on another "
                                "thread: cannot %s until the step returns",

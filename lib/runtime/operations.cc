@@ -65,6 +65,7 @@ absl::Status Runtime::DestroyTensor(uint64_t handle) {
   auto t = core_.Claim(handle, /*land=*/false);
   if (!t.ok()) return t.status();
   if (auto s = core_.CheckOthersUnpinned(**t, -1); !s.ok()) return WithContext(s, "cannot destroy");
+  if (auto s = core_.CheckNotHeld(**t, "destroy it"); !s.ok()) return s;
   if ((*t)->landing.has_value()) {
     (*t)->copy((*t)->landing_tier).uses.push_back((*t)->landing->fence);
     (*t)->landing.reset();

@@ -70,6 +70,10 @@ class Runtime {
   // of being lost to the step's commit.
   absl::Status HoldForStep(uint64_t handle);
   void UnholdForStep(uint64_t handle);
+  // The step holding the tensor (from this thread) is prepared and waits for its commit or
+  // abort (tm_adam_step_groups_prepare): from now to UnholdForStep, this thread's writes,
+  // holds and destroys of it are refused too.
+  void SealForStep(uint64_t handle);
   absl::StatusOr<uint32_t> Residency(uint64_t handle);
   // Frees the tensor's copy in `tier` when a lower tier holds the same bytes and nobody holds or
   // moves it (a clean copy inclusive DRAM kept, or one read ahead): a caller streaming through

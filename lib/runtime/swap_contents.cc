@@ -107,7 +107,14 @@ void Runtime::UnholdForStep(uint64_t handle) {
   Tensor* t = core_.tensors.Find(handle);
   if (t != nullptr && t->held_by_step == std::this_thread::get_id()) {
     t->held_by_step = std::thread::id{};
+    t->hold_sealed = false;
   }
+}
+
+void Runtime::SealForStep(uint64_t handle) {
+  MutexLock lock(&core_.mu);
+  Tensor* t = core_.tensors.Find(handle);
+  if (t != nullptr && t->held_by_step == std::this_thread::get_id()) t->hold_sealed = true;
 }
 
 }  // namespace tiermem

@@ -93,8 +93,11 @@ struct Tensor {
   std::thread::id busy_by{};
   bool busy() const { return busy_by != std::thread::id{}; }
   // The thread of an Adam step that holds this tensor as its state (Runtime::HoldForStep);
-  // empty when none. Writes by other threads are refused until the step lets go.
+  // empty when none. Writes by other threads are refused until the step lets go; once the step
+  // is prepared and waits for its commit (sealed, Runtime::SealForStep), writes by any thread,
+  // another hold and a destroy are.
   std::thread::id held_by_step{};
+  bool hold_sealed = false;
   // Asynchronous moves queued and not yet finished.
   uint32_t queued = 0;
   // The ticket of the kLanding copy (in `landing_tier`): a copy ordered on a caller's stream or

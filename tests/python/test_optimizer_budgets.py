@@ -170,3 +170,43 @@ def test_trainer_resume_from_checkpoint_at_the_training_budget(tmp_path, nvme_di
     resumed, got = _worker("trainer", kind, RESUME_DRAM, nvme_dir, cut, 6, ckpt)
     assert resumed["losses"][-3:] == went_on["losses"][-3:]
     assert all(torch.equal(got[n], want[n]) for n in want), "the resumed run differs"
+
+
+@pytest.mark.parametrize("budget", ["1MiB", "160KiB"])
+def test_a_full_nvme_tier_at_the_first_step_changes_nothing(make_runtime, budget):
+    """The NVMe tier full while the first step makes the state: the step raises saying it was
+    not taken, no half-made state is kept (stepped later from zeros, it would leave the
+    parameters at +-lr), and once there is room step() goes on with the bits of a run that
+    never failed (an outside client found both: parameters zeroed, and at the least budget a
+    state left only in DRAM that every later step could not pin)."""
+    def run(fault):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(6)])
+        rt = make_runtime(dram_bytes=budget, nvme_bytes="8MiB")
+        opt = tt.CPUAdam(m.parameters(), runtime=rt, state_tier="nvme", threads=1)
+        filler = None
+        if fault:
+            filler = rt.tensor(7 << 20, cls="other", home="nvme", name="filler")
+            filler.write(bytearray(7 << 20))  # written: a tensor never written takes no room
+            filler.offload("nvme")
+            filler.sync()
+        g = torch.Generator().manual_seed(1)
+        m(torch.randn(4, 128, generator=g)).sum().backward()
+        if fault:
+            before = [p.detach().clone() for p in m.parameters()]
+            with pytest.raises(tiermem.TiermemError, match="the step was not taken") as e:
+                opt.step()
+            assert e.value.status_name == "TM_ERR_NO_SPACE"
+            assert _same(before, [p.detach() for p in m.parameters()])
+            filler.destroy()
+        opt.step()
+        opt.zero_grad()
+        for _ in range(2):
+            m(torch.randn(4, 128, generator=g)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        out = [p.detach().clone() for p in m.parameters()]
+        opt.close()
+        return out
+
+    assert _same(run(True), run(False))

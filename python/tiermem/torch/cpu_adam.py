@@ -189,8 +189,8 @@ class CPUAdam(torch.optim.Optimizer):
         if slice_bytes is not None:
             slice_bytes = _size_arg(slice_bytes, "CPUAdam: slice_bytes")
             if slice_bytes < 16 * _SLICE_ALIGN:
-                raise ValueError("CPUAdam: slice_bytes=%r, want at least %d (a slice of %d "
-                                 "parameters with amsgrad) or None" %
+                raise ValueError("CPUAdam: slice_bytes=%r, want at least %d (the smallest slice: "
+                                 "%d parameters of up to 16 bytes of state) or None" %
                                  (slice_bytes, 16 * _SLICE_ALIGN, _SLICE_ALIGN))
         if runtime is None:
             if state_tier == "nvme":
@@ -276,24 +276,43 @@ class CPUAdam(torch.optim.Optimizer):
             n = p.numel()
             in_place = self._in_place_ok(p)
             slot = self._new_slot(n, amsgrad, in_place)
-            self._slots[p] = slot
             if init:
                 zeros = torch.zeros(n, dtype=torch.float32)
-                self._write(slot, p.detach().reshape(-1), zeros, zeros,
-                            zeros if amsgrad else None, p)
+                self._written(slot, p.detach().reshape(-1), zeros, zeros,
+                              zeros if amsgrad else None, p)
+            self._slots[p] = slot  # only once its state is whole
         elif slot.in_place and not self._in_place_ok(p):
             self._add_master(p, slot)
         return slot
+
+    def _written(self, slot, master, m, v, vmax, p):
+        """_write into a new slot: when it fails (the NVMe tier full, ...) the slot's tensors
+        go, and the error says that nothing changed. A slot kept with half its state written
+        would be stepped from zeros at the next step() (the parameters then +-lr)."""
+        try:
+            self._write(slot, master, m, v, vmax, p)
+        except BaseException as e:
+            for t in slot.tensors:
+                try:
+                    t.destroy()
+                except tiermem.TiermemError:
+                    pass
+            if isinstance(e, tiermem.TiermemError):
+                raise tiermem.TiermemError(
+                    e.status, "CPUAdam: making the state of a parameter of %d elements: %s (the "
+                    "step was not taken: every state and parameter is as before)" % (
+                        slot.count, e.message), e.call) from e
+            raise
 
     def _add_master(self, p, slot):
         """A parameter stepped in place that no longer can be (made bf16, moved, made a strided
         view): its state gets a master again, the parameter's value widened to fp32."""
         _, m, v, *vmax = self._read(slot, p)
         new = self._new_slot(slot.count, slot.amsgrad, False)
+        self._written(new, p.detach().reshape(-1), m, v, vmax[0] if vmax else None, p)
         old = slot.tensors
         slot.tensors, slot.handles, slot.bounds = new.tensors, new.handles, new.bounds
         slot.home, slot.in_place = new.home, False
-        self._write(slot, p.detach().reshape(-1), m, v, vmax[0] if vmax else None, p)
         for t in old:
             t.destroy()
 
@@ -701,10 +720,16 @@ class CPUAdam(torch.optim.Optimizer):
                                                        else step))
             if p.numel() == 0:
                 continue  # no state in tiermem: nothing to hold
+            fresh = p not in self._slots
             slot = self._slot(p, group, init=False)
             master = entry.get("master_param", p.detach())
             vmax = entry.get("max_exp_avg_sq")
-            self._write(slot, master, entry["exp_avg"], entry["exp_avg_sq"], vmax, p)
+            if fresh:  # a failed write takes the new slot away: none left half written
+                del self._slots[p]
+                self._written(slot, master, entry["exp_avg"], entry["exp_avg_sq"], vmax, p)
+                self._slots[p] = slot
+            else:
+                self._write(slot, master, entry["exp_avg"], entry["exp_avg_sq"], vmax, p)
 
     def close(self):
         """Frees the state in tiermem (or brought home by the runtime's close) and the workers
