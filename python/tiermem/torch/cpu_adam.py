@@ -160,7 +160,10 @@ class CPUAdam(torch.optim.Optimizer):
     tier's node). An fp32 CPU parameter with its state in DRAM is its own master, stepped in
     place (docs/pytorch.md). overlap: on a GPU, copy each gradient down on a side stream as
     backward produces it and step each parameter on the CPU while backward goes on (None: when
-    the parameters are on a GPU and torch has register_post_accumulate_grad_hook).
+    the parameters are on a GPU and torch has register_post_accumulate_grad_hook). slice_bytes:
+    the most bytes of state one slice holds (bytes or a size string; None: with state_tier
+    "nvme", a sixteenth of the runtime's DRAM tier, 64 MiB at most): each parameter's state is
+    stepped in slices, bit-identically, so that any DRAM budget steps any model.
 
     The runtime's close() (a `with tiermem.Runtime(...)` block ending before close(), an
     exception in it) brings the state home first, into torch tensors: step(), state_dict() and
