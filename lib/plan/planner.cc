@@ -80,10 +80,11 @@ absl::Status CheckInput(const PlanInput& in) {
 
 // The CPU step with its state on NVMe. The least DRAM: two slices of the smallest tiermem.torch
 // chooses (4 KiB, the NVMe tier's block) in half the tier, a 16 KiB tier, where
-// tests/python/test_optimizer_budgets.py trains reading the state once a step. The disk's speed: the reads ahead (a quarter of the window, which is
-// half the tier) hold about 1 ms of the disk's bandwidth, so that a slice's read outlasts the
-// per-slice costs; bench/optim_nvme_bound.py measured 1.02x the disk bound with a 12 MiB tier
-// on a 2.3 GB/s disk. Not below 16 MiB, nor above the state.
+// tests/python/test_optimizer_budgets.py trains reading the state once a step. The disk's speed:
+// the reads ahead (a quarter of the window, which is half the tier) hold about 1 ms of the disk's
+// bandwidth, so that a slice's read outlasts the per-slice costs; bench/optim_nvme_bound.py
+// measured 1.02x the disk bound with a 12 MiB tier on a 2.3 GB/s disk. Not below 16 MiB, nor above
+// the state.
 void PriceNvmeOptimizer(const PlanInput& in, double params_per_gpu, Plan* p) {
   p->optimizer_state_bytes = 12 * params_per_gpu;
   p->optimizer_nvme_least_dram = 16 << 10;
