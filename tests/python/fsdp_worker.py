@@ -28,6 +28,7 @@ import tiermem  # noqa: E402
 from tiermem.torch import FSDPCPUAdam  # noqa: E402
 from fsdp_guard_cases import GuardCases  # noqa: E402
 from fsdp_shard_cases import ShardCases  # noqa: E402
+from swap_files import flip_swap_files, restore  # noqa: E402
 
 torch.set_num_threads(1)  # two ranks on a shared 2-core machine
 # CPUAdam's test uses these: lr 1e-3 keeps last-bit differences from growing (test_cpu_adam.py).
@@ -108,6 +109,19 @@ def train(model, opt, steps, start=0, clip=None):
         opt.zero_grad()
         losses.append(loss.item())
     return losses
+
+
+def dcp_save(model, opt, path):
+    dcp.save({"model": get_model_state_dict(model),
+              "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=path)
+
+
+def dcp_load(model, opt, path):
+    """As docs/pytorch.md has it: get_state_dict, dcp.load, set_state_dict."""
+    sd = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+    dcp.load(sd, checkpoint_id=path)
+    set_model_state_dict(model, sd["model"])
+    set_optimizer_state_dict(model, opt, sd["optim"])
 
 
 def full(model):
@@ -375,47 +389,36 @@ class Cases(ShardCases, GuardCases):
         FSDPCPUAdam's into AdamW, each going on along the other's curve."""
         half = STEPS // 2
 
-        def save(model, opt, path):
-            dcp.save({"model": get_model_state_dict(model),
-                      "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=path)
-
-        def load(model, opt, path):
-            sd = {"model": get_model_state_dict(model),
-                  "optim": get_optimizer_state_dict(model, opt)}
-            dcp.load(sd, checkpoint_id=path)
-            set_model_state_dict(model, sd["model"])
-            set_optimizer_state_dict(model, opt, sd["optim"])
-
         ours, theirs = os.path.join(self.dcp_dir, "ours"), os.path.join(self.dcp_dir, "theirs")
         a = build()
         opt_a = FSDPCPUAdam(a, max_grad_norm=CLIP, threads=1, **HYPER)
         train(a, opt_a, half)
-        save(a, opt_a, ours)
+        dcp_save(a, opt_a, ours)
         layout_ours = layout(get_optimizer_state_dict(a, opt_a))
         groups_ours = sorted(opt_a.state_dict()["param_groups"][0])
         went_on = train(a, opt_a, half, start=half), full(a)
 
         b = build()
         opt_b = FSDPCPUAdam(b, max_grad_norm=CLIP, threads=1, **HYPER)
-        load(b, opt_b, ours)
+        dcp_load(b, opt_b, ours)
         resumed = train(b, opt_b, half, start=half), full(b)
 
         c = build()
         opt_c = adamw(c)
         train(c, opt_c, half, clip=CLIP)
-        save(c, opt_c, theirs)
+        dcp_save(c, opt_c, theirs)
         layout_theirs = layout(get_optimizer_state_dict(c, opt_c))
         groups_theirs = sorted(opt_c.state_dict()["param_groups"][0])
         adamw_went_on = train(c, opt_c, half, start=half, clip=CLIP), full(c)
 
         d = build()
         opt_d = FSDPCPUAdam(d, max_grad_norm=CLIP, threads=1, **HYPER)
-        load(d, opt_d, theirs)
+        dcp_load(d, opt_d, theirs)
         from_adamw = train(d, opt_d, half, start=half), full(d)
 
         e = build()
         opt_e = adamw(e)
-        load(e, opt_e, ours)
+        dcp_load(e, opt_e, ours)
         into_adamw = train(e, opt_e, half, start=half, clip=CLIP), full(e)
         for o in (opt_a, opt_b, opt_d):
             o.close()
@@ -468,7 +471,8 @@ class Cases(ShardCases, GuardCases):
             before = full(model)
             loss = loss_of(model, *batch(2))
             loss.backward()
-            saved = _flip_swap_files(self.nvme_dir) if dist.get_rank() == 1 else {}
+            saved = flip_swap_files(self.nvme_dir) if dist.get_rank() == 1 else {}
+            assert saved or dist.get_rank() != 1, "no swap file reached through /proc/self/fd"
             errors = []
             for _ in range(2):  # the fault stays: every rank raises again
                 try:
@@ -478,7 +482,7 @@ class Cases(ShardCases, GuardCases):
                     errors.append([e.status_name, str(e)])
             out["errors"] = errors
             out["unchanged"] = all(torch.equal(before[n], p) for n, p in full(model).items())
-            _restore(saved)
+            restore(saved)
             opt.step()  # the same gradients: taken now
             opt.zero_grad()
             losses.append(loss.item())
@@ -504,15 +508,10 @@ class Cases(ShardCases, GuardCases):
             model = build(mesh=mesh)
             opt = FSDPCPUAdam(model, max_grad_norm=CLIP, threads=1, **HYPER, **kw)
             if load is not None:
-                sd = {"model": get_model_state_dict(model),
-                      "optim": get_optimizer_state_dict(model, opt)}
-                dcp.load(sd, checkpoint_id=load)
-                set_model_state_dict(model, sd["model"])
-                set_optimizer_state_dict(model, opt, sd["optim"])
+                dcp_load(model, opt, load)
             losses = train(model, opt, steps, start=start)
             if save is not None:
-                dcp.save({"model": get_model_state_dict(model),
-                          "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=save)
+                dcp_save(model, opt, save)
             shards = {n: p.to_local().detach().clone() for n, p in model.named_parameters()}
             out = losses, full(model), shards
             opt.close()
@@ -551,11 +550,7 @@ class Cases(ShardCases, GuardCases):
             model = build()
             opt = FSDPCPUAdam(model, runtime=rt, state_tier="nvme", threads=1, **HYPER)
             if load is not None:
-                sd = {"model": get_model_state_dict(model),
-                      "optim": get_optimizer_state_dict(model, opt)}
-                dcp.load(sd, checkpoint_id=load)
-                set_model_state_dict(model, sd["model"])
-                set_optimizer_state_dict(model, opt, sd["optim"])
+                dcp_load(model, opt, load)
                 # Left as a step leaves it: every state tensor on NVMe (a DRAM copy beside it
                 # is clean, evictable), none only in DRAM, where the step would pin it whole.
                 self.loaded_on_nvme = all("nvme" in t.residency()
@@ -564,8 +559,7 @@ class Cases(ShardCases, GuardCases):
             first = steps if save is None else save[1]
             losses = train(model, opt, first, start=start)
             if save is not None:  # mid-run, and the run goes on
-                dcp.save({"model": get_model_state_dict(model),
-                          "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=save[0])
+                dcp_save(model, opt, save[0])
                 losses += train(model, opt, steps - first, start=start + first)
             params = full(model)
             largest = max(12 * p.to_local().numel() for p in model.parameters())
@@ -608,38 +602,6 @@ class Cases(ShardCases, GuardCases):
         want = torch.load(os.path.join(self.dcp_dir, "went_on.rank%d.pt" % dist.get_rank()))
         return dict(steps=len(losses), loaded_on_nvme=self.loaded_on_nvme,
                     bit_identical=compare(losses, params, *want)["bit_identical"])
-
-
-def _flip_swap_files(nvme_dir):
-    """Inverts every byte of this process's swap files under nvme_dir (the checksums then refuse
-    each read); returns what to write back. The files have no name (O_TMPFILE): they are
-    reached through this process's descriptors."""
-    saved = {}
-    fds = "/proc/self/fd"
-    for fd in os.listdir(fds):
-        path = os.path.join(fds, fd)
-        try:
-            if not os.readlink(path).startswith(nvme_dir + "/"):
-                continue
-        except OSError:  # the descriptor listdir itself used
-            continue
-        with open(path, "r+b") as f:
-            data = f.read()
-            saved[path] = data
-            f.seek(0)
-            f.write(bytes(b ^ 0xFF for b in data))
-            f.flush()
-            os.fsync(f.fileno())
-    assert saved, "no swap file reached through /proc/self/fd"
-    return saved
-
-
-def _restore(saved):
-    for path, data in saved.items():
-        with open(path, "r+b") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
 
 
 def layout(osd):

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 
-import numpy
 import pytest
 import torch
 
@@ -16,6 +15,7 @@ import tiermem
 from tiermem import _optim_capi
 from tiermem.torch import CPUAdam
 from tiermem.torch.cpu_adam import isa, set_isa_limit
+from swap_files import flip_swap_files, restore
 from tinygpt import TinyGPT, batches
 
 # One intra-op thread: the tiny GPT's ops are far too small to split, and on a shared 2-core
@@ -355,36 +355,10 @@ def test_overlap_on_gpu_follows_adamw(make_runtime):
 
 
 def _flip_swap_files(nvme_dir):
-    """Inverts every byte of the swap files (the NVMe tier's checksums then refuse each read);
-    returns what to write back to undo it. The files have no name (O_TMPFILE): they are reached
-    through this process's descriptors."""
-    saved = {}
-    fds, paths = "/proc/self/fd", []
-    for fd in os.listdir(fds) if os.path.isdir(fds) else []:
-        try:
-            if os.readlink(os.path.join(fds, fd)).startswith(nvme_dir + "/"):
-                paths.append(os.path.join(fds, fd))
-        except OSError:  # the descriptor listdir itself used
-            pass
-    if not paths:
+    saved = flip_swap_files(nvme_dir)
+    if not saved:
         pytest.skip("the swap files cannot be reached through /proc/self/fd")
-    for path in paths:
-        with open(path, "r+b") as f:
-            data = f.read()
-            saved[path] = data
-            f.seek(0)
-            f.write((numpy.frombuffer(data, dtype=numpy.uint8) ^ 0xFF).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
     return saved
-
-
-def _restore(saved):
-    for path, data in saved.items():
-        with open(path, "r+b") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
 
 
 def test_failed_nvme_read_leaves_the_parameters_untouched(make_runtime, nvme_dir):
@@ -423,7 +397,7 @@ def test_failed_nvme_read_leaves_the_parameters_untouched(make_runtime, nvme_dir
         step(opt, ps, grads[1])
     for p, b in zip(ps, before):
         assert torch.equal(p.detach(), b), "a failed step changed a parameter"
-    _restore(saved)
+    restore(saved)
     sd = opt.state_dict()
     assert [int(s["step"]) for s in sd["state"].values()] == [1, 1, 1]
     for a, b in zip(sd["state"].values(), twin.state_dict()["state"].values()):
@@ -478,7 +452,7 @@ def test_failure_in_one_group_leaves_every_group_untouched(make_runtime, nvme_di
     for i, (p, b) in enumerate(zip(ps, before)):
         assert torch.equal(p.detach(), b), "a failed step changed parameter %d" % i
     assert "group 1, bucket 0" in str(failed.value), "the error names the failing bucket"
-    _restore(saved)
+    restore(saved)
     sd = opt.state_dict()
     assert [int(s["step"]) for s in sd["state"].values()] == [1, 1, 1]
     for a, b in zip(sd["state"].values(), twin.state_dict()["state"].values()):
