@@ -399,4 +399,143 @@ TEST(OptimCApi, PreparedStepCommitsOrAbortsWhole) {
   ASSERT_EQ(tm_runtime_destroy(rt), TM_OK);
 }
 
+// A step prepared in parts (tm_adam_step_groups_extend: a sharded model's units, one at a time)
+// is one step: an abort undoes every part, a commit gives what one tm_adam_step_groups over all
+// the buckets gives. A part that fails (a bad bucket, a state already in the step) is undone
+// alone and says so, the parts before it stay prepared; an extend with nothing prepared is
+// refused. An NVMe bucket has read its gradient when its part returns.
+TEST(OptimCApi, StepPreparedInPartsIsOneStep) {
+  TempDir dir;
+  tm_config cfg = SmallConfig(dir.path());
+  tm_runtime rt{0};
+  ASSERT_EQ(tm_runtime_create(&cfg, &rt), TM_OK) << LastError();
+  tm_adam parts = Adam(rt, 2), one = Adam(rt, 2);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  const size_t sizes[] = {2000, 50001, 777};
+  constexpr size_t kBuckets = 3;
+  std::vector<tm_tensor> mine, theirs;
+  std::vector<std::vector<float>> start, grads;
+  std::vector<std::vector<uint16_t>> out_mine, out_theirs;
+  for (size_t b = 0; b < kBuckets; ++b) {
+    const size_t n = sizes[b];
+    std::vector<float> s(3 * n), g(n);
+    for (size_t i = 0; i < n; ++i) {
+      s[i] = normal(rng);
+      s[n + i] = 0.1f * normal(rng);
+      s[2 * n + i] = 0.01f * std::abs(normal(rng));
+      g[i] = normal(rng);
+    }
+    for (auto* side : {&mine, &theirs}) {
+      tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+      d.bytes = 12 * n;
+      d.cls = TM_CLASS_OPTIMIZER_STATE;
+      d.home_tier = b == 0 ? TM_TIER_DRAM : TM_TIER_NVME;
+      tm_tensor t{0};
+      ASSERT_EQ(tm_tensor_create(rt, &d, &t), TM_OK) << LastError();
+      ASSERT_EQ(tm_tensor_write(rt, t, 0, s.data(), d.bytes), TM_OK) << LastError();
+      if (b > 0) {
+        ASSERT_EQ(tm_tensor_offload(rt, t, TM_TIER_NVME), TM_OK) << LastError();
+      }
+      ASSERT_EQ(tm_tensor_sync(rt, t), TM_OK) << LastError();
+      side->push_back(t);
+    }
+    out_mine.emplace_back(n, 0xabcd);
+    out_theirs.emplace_back(n, 0xabcd);
+    start.push_back(std::move(s));
+    grads.push_back(std::move(g));
+  }
+  auto bucket = [&](std::vector<tm_tensor>& t, std::vector<std::vector<uint16_t>>& out,
+                    const float* grad, size_t b) {
+    return tm_adam_bucket{t[b], sizes[b], grad, TM_DTYPE_F32, out[b].data(), TM_DTYPE_BF16};
+  };
+  auto unchanged = [&] {
+    for (size_t b = 0; b < kBuckets; ++b) {
+      std::vector<float> back(3 * sizes[b]);
+      EXPECT_EQ(tm_tensor_read(rt, mine[b], 0, back.data(), back.size() * 4), TM_OK);
+      EXPECT_EQ(std::memcmp(back.data(), start[b].data(), back.size() * 4), 0) << b;
+      EXPECT_EQ(out_mine[b], std::vector<uint16_t>(sizes[b], 0xabcd)) << b;
+    }
+  };
+  // Part 1: the DRAM bucket and the first NVMe one; part 2: the last NVMe bucket, from a copy
+  // of its gradient that is spoiled once the part returns (read by then).
+  std::vector<tm_adam_bucket> first = {bucket(mine, out_mine, grads[0].data(), 0),
+                                       bucket(mine, out_mine, grads[1].data(), 1)};
+  std::vector<float> copy = grads[2];
+  tm_adam_bucket second = bucket(mine, out_mine, copy.data(), 2);
+  tm_adam_group g1{nullptr, 1, first.data(), first.size()}, g2{nullptr, 1, &second, 1};
+  EXPECT_EQ(tm_adam_step_groups_extend(parts, 0.5f, &g2, 1, 0), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("no step is prepared"), std::string::npos) << LastError();
+
+  ASSERT_EQ(tm_adam_step_groups_prepare(parts, 0.5f, &g1, 1), TM_OK) << LastError();
+  tm_adam_bucket again = first[1];
+  tm_adam_group twice{nullptr, 1, &again, 1};
+  EXPECT_EQ(tm_adam_step_groups_extend(parts, 0.5f, &twice, 1, 0), TM_ERR_BUSY)
+      << "a state already in the step";
+  tm_adam_bucket short_state = second;
+  short_state.count = sizes[2] + 1;
+  tm_adam_group bad{nullptr, 1, &short_state, 1};
+  EXPECT_EQ(tm_adam_step_groups_extend(parts, 0.5f, &bad, 1, 0), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("not taken"), std::string::npos) << LastError();
+  ASSERT_EQ(tm_adam_step_groups_extend(parts, 0.5f, &g2, 1, 0), TM_OK) << LastError();
+  unchanged();
+  ASSERT_EQ(tm_adam_step_abort(parts), TM_OK);
+  unchanged();
+
+  ASSERT_EQ(tm_adam_step_groups_prepare(parts, 0.5f, &g1, 1), TM_OK) << LastError();
+  ASSERT_EQ(tm_adam_step_groups_extend(parts, 0.5f, &bad, 1, 0), TM_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(tm_adam_step_groups_extend(parts, 0.5f, &g2, 1, 0), TM_OK) << LastError();
+  std::fill(copy.begin(), copy.end(), 1e30f);  // read already: the commit must not need it
+  size_t done = 0;
+  ASSERT_EQ(tm_adam_step_commit(parts, &done), TM_OK) << LastError();
+  EXPECT_EQ(done, kBuckets);
+  EXPECT_EQ(tm_adam_step_groups_extend(parts, 0.5f, &g2, 1, 0), TM_ERR_INVALID_ARGUMENT)
+      << "committed: nothing prepared";
+
+  std::vector<tm_adam_bucket> all;
+  for (size_t b = 0; b < kBuckets; ++b)
+    all.push_back(bucket(theirs, out_theirs, grads[b].data(), b));
+  tm_adam_group whole{nullptr, 1, all.data(), all.size()};
+  ASSERT_EQ(tm_adam_step_groups(one, 0.5f, &whole, 1, &done), TM_OK) << LastError();
+  for (size_t b = 0; b < kBuckets; ++b) {
+    std::vector<float> a(3 * sizes[b]), w(3 * sizes[b]);
+    ASSERT_EQ(tm_tensor_read(rt, mine[b], 0, a.data(), a.size() * 4), TM_OK);
+    ASSERT_EQ(tm_tensor_read(rt, theirs[b], 0, w.data(), w.size() * 4), TM_OK);
+    EXPECT_EQ(std::memcmp(a.data(), w.data(), a.size() * 4), 0) << b;
+    EXPECT_NE(std::memcmp(a.data(), start[b].data(), a.size() * 4), 0) << b << " stepped";
+    EXPECT_EQ(out_mine[b], out_theirs[b]) << b;
+  }
+
+  // Step 2 from an empty prepare, every part added with TM_ADAM_OUT_SCRATCH: the NVMe buckets'
+  // param_out is written when their part returns, the DRAM bucket's at the commit; the states
+  // as one step of them all gives.
+  EXPECT_EQ(tm_adam_step_groups_extend(parts, 0.5f, &g2, 1, 0x80), TM_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(tm_adam_step_groups_prepare(parts, 0.5f, nullptr, 0), TM_OK) << LastError();
+  std::vector<std::vector<uint16_t>> scratch;
+  for (size_t b = 0; b < kBuckets; ++b) scratch.emplace_back(sizes[b], 0);
+  std::vector<tm_adam_bucket> each;
+  for (size_t b = 0; b < kBuckets; ++b) each.push_back(bucket(mine, scratch, grads[b].data(), b));
+  for (size_t b = 0; b < kBuckets; ++b) {
+    tm_adam_group g{nullptr, 2, &each[b], 1};
+    ASSERT_EQ(tm_adam_step_groups_extend(parts, 0.5f, &g, 1, TM_ADAM_OUT_SCRATCH), TM_OK)
+        << LastError();
+    EXPECT_EQ(scratch[b] != std::vector<uint16_t>(sizes[b], 0), b > 0)
+        << b << ": an NVMe bucket's scratch is written at once, a DRAM one's at the commit";
+  }
+  ASSERT_EQ(tm_adam_step_commit(parts, &done), TM_OK) << LastError();
+  for (size_t b = 0; b < kBuckets; ++b) all[b].param_out = out_theirs[b].data();
+  whole.step = 2;
+  ASSERT_EQ(tm_adam_step_groups(one, 0.5f, &whole, 1, &done), TM_OK) << LastError();
+  for (size_t b = 0; b < kBuckets; ++b) {
+    std::vector<float> a(3 * sizes[b]), w(3 * sizes[b]);
+    ASSERT_EQ(tm_tensor_read(rt, mine[b], 0, a.data(), a.size() * 4), TM_OK);
+    ASSERT_EQ(tm_tensor_read(rt, theirs[b], 0, w.data(), w.size() * 4), TM_OK);
+    EXPECT_EQ(std::memcmp(a.data(), w.data(), a.size() * 4), 0) << "step 2, " << b;
+    EXPECT_EQ(scratch[b], out_theirs[b]) << "step 2, " << b;
+  }
+  ASSERT_EQ(tm_adam_destroy(parts), TM_OK);
+  ASSERT_EQ(tm_adam_destroy(one), TM_OK);
+  ASSERT_EQ(tm_runtime_destroy(rt), TM_OK);
+}
+
 }  // namespace

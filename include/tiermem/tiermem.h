@@ -838,6 +838,34 @@ TM_API tm_status tm_adam_step_groups_prepare(tm_adam adam, float grad_scale,
 TM_API tm_status tm_adam_step_commit(tm_adam adam, size_t* buckets_done);
 TM_API tm_status tm_adam_step_abort(tm_adam adam);
 
+/** tm_adam_step_groups_extend's flags. */
+enum {
+  /**
+   * The part's param_out buffers are the caller's scratch, not the live parameters: a bucket
+   * whose state is on NVMe writes its updated parameter there as it steps, during the call,
+   * instead of at the commit (nothing is staged for it). The caller moves them where they go
+   * and makes them count only if the step is committed.
+   */
+  TM_ADAM_OUT_SCRATCH = 1u << 0
+};
+
+/**
+ * Adds groups to the step prepared by tm_adam_step_groups_prepare, to be committed or aborted
+ * with it as one step: an optimizer stepped piece by piece (the units of a sharded model, one in
+ * memory at a time) stays all or nothing. grad_scale is this part's; flags 0 or
+ * TM_ADAM_OUT_SCRATCH. A failure (with the message tm_adam_step_groups_prepare would give)
+ * undoes this part only: the parts prepared before stay prepared, for the caller to commit or
+ * abort. A bucket whose state is on NVMe has read its gradient when this returns, and writes
+ * its param_out at the commit (with TM_ADAM_OUT_SCRATCH: before this returns); a bucket whose
+ * state is only in DRAM reads its gradient and writes its param_out at the commit, so both must
+ * stay valid until then. TM_ERR_INVALID_ARGUMENT with no step prepared; a state already in the
+ * step is refused with TM_ERR_BUSY. tm_adam_step_groups_prepare with count 0 prepares an empty
+ * step, for every part to be added by this call.
+ */
+TM_API tm_status tm_adam_step_groups_extend(tm_adam adam, float grad_scale,
+                                            const tm_adam_group* groups, size_t count,
+                                            uint32_t flags);
+
 /** The best instruction set this CPU runs, and the one the kernels use now (either may be NULL). */
 TM_API tm_status tm_optim_isa_get(tm_optim_isa* detected, tm_optim_isa* active);
 /** Caps the instruction set the kernels use, process-wide (a cap above the CPU's is lowered to

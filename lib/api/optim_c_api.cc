@@ -202,8 +202,10 @@ class HandleStateTensors : public StateTensors {
 
 // The caller's groups, their configs checked, for a step of `h`: refused while a prepared step
 // waits for its commit or abort (it holds the states), or without a runtime.
+// `extending`: groups for the step prepared (tm_adam_step_groups_extend), not a new one.
 absl::StatusOr<std::vector<BucketGroup>> InnerGroups(AdamHandle& h, const char* function,
-                                                     const tm_adam_group* groups, size_t count)
+                                                     const tm_adam_group* groups, size_t count,
+                                                     bool extending = false)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(h.mu) {
   if (groups == nullptr && count > 0) {
     return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("%s: groups is NULL", function));
@@ -212,7 +214,7 @@ absl::StatusOr<std::vector<BucketGroup>> InnerGroups(AdamHandle& h, const char* 
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("%s: the optimizer was created without a runtime", function));
   }
-  if (h.pending != nullptr) {
+  if (h.pending != nullptr && !extending) {
     return Error(TM_ERR_BUSY, absl::StrFormat("%s: a prepared step waits for "
                                               "tm_adam_step_commit or tm_adam_step_abort",
                                               function));
@@ -381,6 +383,30 @@ TM_API tm_status tm_adam_step_groups_prepare(tm_adam adam, float grad_scale,
     h.pending_tensors = std::move(tensors);
     h.pending = *std::move(prepared);
     return TM_OK;
+  });
+}
+
+TM_API tm_status tm_adam_step_groups_extend(tm_adam adam, float grad_scale,
+                                            const tm_adam_group* groups, size_t count,
+                                            uint32_t flags) {
+  constexpr const char* kFunction = "tm_adam_step_groups_extend";
+  if ((flags & ~static_cast<uint32_t>(TM_ADAM_OUT_SCRATCH)) != 0) {
+    return Fail(
+        TM_ERR_INVALID_ARGUMENT,
+        absl::StrFormat("%s: flags = %#x, want 0 or TM_ADAM_OUT_SCRATCH", kFunction, flags));
+  }
+  return WithAdam(adam, [&](AdamHandle& h) {
+    MutexLock lock(&h.mu);
+    if (h.pending == nullptr) {
+      return Fail(TM_ERR_INVALID_ARGUMENT,
+                  "tm_adam_step_groups_extend: no step is prepared (tm_adam_step_groups_prepare "
+                  "first)");
+    }
+    auto inner = InnerGroups(h, kFunction, groups, count, /*extending=*/true);
+    if (!inner.ok()) return Report(inner.status());
+    const bool out_now = (flags & TM_ADAM_OUT_SCRATCH) != 0;
+    return Report(
+        WithContext(h.pending->Extend(grad_scale, *std::move(inner), out_now), kFunction));
   });
 }
 

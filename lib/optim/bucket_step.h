@@ -106,6 +106,15 @@ class PreparedStep {
   virtual ~PreparedStep() = default;
   virtual BucketStepResult Commit() = 0;
   virtual void Abort() = 0;
+  // Prepares more buckets into this step (a part; each part's grad_scale its own), committed or
+  // aborted with the others: an optimizer stepped piece by piece (a sharded model's units, one
+  // in memory at a time) that stays all or nothing. A failure undoes this part only (the
+  // parts before stay prepared, for the caller to commit or abort) and says that nothing of
+  // it changed. A bucket whose state is on NVMe has read its gradient when this returns; one
+  // whose state is in DRAM reads it at the commit.
+  // out_now: the NVMe buckets' param_out are the caller's scratch buffers, written as the
+  // buckets step (during this call), not at the commit.
+  virtual absl::Status Extend(float grad_scale, std::vector<BucketGroup> groups, bool out_now) = 0;
 };
 
 // The first half of StepGroups: a failure (a read, a write, room, a bad bucket) leaves every

@@ -98,7 +98,7 @@ absl::Status Step::Check() {
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("grad_scale = %g, want a finite value >= 0", grad_scale_));
   }
-  size_t staged = 0;
+  size_t staged = staged_base_;
   absl::flat_hash_map<uint64_t, size_t> seen;  // state tensor -> its bucket
   for (size_t i = 0; i < count_; ++i) {
     auto name = [this, i] { return Name(i); };
@@ -132,10 +132,11 @@ absl::Status Step::Check() {
       state_bytes_.push_back(*bytes);
       nvme_.push_back(i);
       staged_at_.push_back(staged);
-      staged += OutBytes(buckets_[i]);
+      if (!out_now_) staged += OutBytes(buckets_[i]);
     }
   }
   if (versions_.staged_out.size() < staged) versions_.staged_out.resize(staged);
+  staged_end_ = staged;
   return absl::OkStatus();
 }
 
@@ -164,6 +165,10 @@ absl::Status Step::Commit() {
   if (absl::Status s = tensors_.SwapContents(swaps_); !s.ok()) {
     return WithContext(s, "swapping in the new state");
   }
+  return Finish();
+}
+
+absl::Status Step::Finish() {
   // From here nothing can fail: the DRAM spans, hyperparameters and steps were checked and the
   // spans are pinned. One pass per group (its own hyperparameters and step number); the spans
   // of a group are consecutive.
@@ -175,7 +180,7 @@ absl::Status Step::Commit() {
   }
   for (size_t j = 0; j < nvme_.size(); ++j) {
     const tm_adam_bucket& b = buckets_[nvme_[j]];
-    if (b.param_out != nullptr) {
+    if (b.param_out != nullptr && !out_now_) {
       std::memcpy(b.param_out, versions_.staged_out.data() + staged_at_[j], OutBytes(b));
     }
   }

@@ -28,13 +28,20 @@ size_t OutBytes(const tm_adam_bucket& b);
 // queued so far, to be committed or undone.
 class Step {
  public:
+  // `staged_base`: where this step's updated parameters start in versions.staged_out, and
+  // `pinned_before` the DRAM state pinned by the parts of the same step prepared before it (a
+  // step prepared in parts: PreparedStep::Extend).
   Step(AdamOptimizer& opt, StateTensors& tensors, StepVersions& versions, float grad_scale,
-       const std::vector<BucketGroup>& groups)
+       const std::vector<BucketGroup>& groups, size_t staged_base = 0, uint64_t pinned_before = 0,
+       bool out_now = false)
       : opt_(opt),
         tensors_(tensors),
         versions_(versions),
         grad_scale_(grad_scale),
-        groups_(groups) {
+        groups_(groups),
+        staged_base_(staged_base),
+        out_now_(out_now),
+        dram_pinned_bytes_(pinned_before) {
     for (size_t g = 0; g < groups.size(); ++g) {
       if (groups[g].buckets == nullptr) continue;  // with a count: refused by Check
       for (size_t i = 0; i < groups[g].count; ++i) {
@@ -54,6 +61,14 @@ class Step {
   absl::Status PinDramState();
   absl::Status StepNvmeState(int prefetch_depth);
   absl::Status Commit();
+  // Commit in two halves, for a step prepared in parts: every part's swaps exchanged in one
+  // SwapContents (all or none), then each part's Finish, which cannot fail but for a bug.
+  const std::vector<std::pair<uint64_t, uint64_t>>& swaps() const { return swaps_; }
+  absl::Status Finish();
+  // Where the next part's updated parameters start in versions.staged_out, and the DRAM state
+  // pinned so far (this part's and the parts' before it).
+  size_t staged_end() const { return staged_end_; }
+  uint64_t pinned_bytes() const { return dram_pinned_bytes_; }
   // The step is prepared and waits: every state it holds refuses this thread's writes too.
   void Seal() {
     for (uint64_t t : held_) tensors_.Seal(t);
@@ -91,8 +106,13 @@ class Step {
   std::vector<size_t> nvme_;           // buckets stepped into shadows, in order
   std::vector<size_t> staged_at_;      // by position in nvme_: offset in versions_.staged_out
   std::vector<uint64_t> state_bytes_;  // by position in nvme_: its state tensor's size
-  uint64_t dram_pinned_bytes_ = 0;     // DRAM state pinned for the commit
-  bool streaming_ = false;  // the NVMe state is more than the DRAM window: none kept there
+  const size_t staged_base_;
+  // NVMe buckets write param_out as they step, not at the commit (TM_ADAM_OUT_SCRATCH: the
+  // caller's buffers are not the live parameters); nothing of them is staged.
+  const bool out_now_;
+  size_t staged_end_ = 0;
+  uint64_t dram_pinned_bytes_ = 0;  // DRAM state pinned for the commit (and by earlier parts)
+  bool streaming_ = false;          // the NVMe state is more than the DRAM window: none kept there
   std::vector<std::pair<uint64_t, uint64_t>> swaps_;  // (state, shadow) written
   size_t prefetched_ = 0;  // positions of nvme_ whose prefetch was asked for
 };

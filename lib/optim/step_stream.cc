@@ -42,7 +42,7 @@ absl::Status Step::StepIntoShadow(size_t k, char* staged) {
   const BucketGroup& group = GroupOf(k);
   AdamSpan span = SpanOver(buckets_[k], *dst, group.hyper.amsgrad);
   span.src = static_cast<const float*>(*src);
-  if (span.out != nullptr) span.out = staged;
+  if (span.out != nullptr && !out_now_) span.out = staged;
   absl::Status stepped = opt_.StepWith(group.hyper, group.step, grad_scale_, &span, 1);
   absl::Status released = tensors_.Release(*shadow, TM_TIER_DRAM);
   absl::Status released_src = tensors_.Release(t, TM_TIER_DRAM);

@@ -5,6 +5,7 @@ import ctypes
 from . import _capi
 
 DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
+ADAM_OUT_SCRATCH = 1 << 0  # tm_adam_step_groups_extend's flag
 ISAS = {"baseline": 0, "avx2": 1, "avx512": 2}
 ISA_NAMES = {v: k for k, v in ISAS.items()}
 
@@ -96,6 +97,8 @@ def bind(lib):
                                      p(ctypes.c_size_t)]),
         "tm_adam_step_groups_prepare": (st, [Adam, ctypes.c_float, p(AdamGroup),
                                              ctypes.c_size_t]),
+        "tm_adam_step_groups_extend": (st, [Adam, ctypes.c_float, p(AdamGroup),
+                                            ctypes.c_size_t, ctypes.c_uint32]),
         "tm_adam_step_commit": (st, [Adam, p(ctypes.c_size_t)]),
         "tm_adam_step_abort": (st, [Adam]),
         "tm_optim_isa_get": (st, [p(_enum), p(_enum)]),

@@ -431,7 +431,7 @@ class Cases(ShardCases, GuardCases):
 
     # ---- a fault on one rank: the step taken on no rank ----
 
-    def fault(self):
+    def fault(self, **shards):
         """Rank 1's NVMe state made unreadable (every swap-file byte inverted; checksums on,
         exclusive tiers, so the step reads NVMe): every rank raises the same TiermemError naming
         rank 1, no rank's parameters change; while the fault stays, every rank raises again;
@@ -440,17 +440,27 @@ class Cases(ShardCases, GuardCases):
         saved_env = os.environ.get("TIERMEM_DRAM_INCLUSIVE")
         os.environ["TIERMEM_DRAM_INCLUSIVE"] = "off"
         try:
-            return self._fault()
+            return self._fault(**shards)
         finally:
             if saved_env is None:
                 del os.environ["TIERMEM_DRAM_INCLUSIVE"]
             else:
                 os.environ["TIERMEM_DRAM_INCLUSIVE"] = saved_env
 
-    def _fault(self):
+    def fault_shards(self):
+        """fault with the shards and gradients on NVMe too: the step, prepared unit by unit,
+        is still taken on no rank (no unit of any rank), and goes on once the fault is undone.
+        Rank 1 fails reading its first unit's gradients back."""
+        return self.fault(shard_tier="nvme", grad_tier="nvme")
+
+    def _fault(self, **shards):
         def runtime():
             return self.runtime(dram_bytes=1 << 20, nvme_paths=self.nvme_dir,
                                 nvme_bytes="32MiB", checksum="xxh3")
+
+        def whole(opt, model):
+            with opt.shards_in():
+                return full(model)
 
         with runtime() as rt:
             model = build()
@@ -462,13 +472,13 @@ class Cases(ShardCases, GuardCases):
         with runtime() as rt:
             model = build()
             opt = FSDPCPUAdam(model, runtime=rt, state_tier="nvme", max_grad_norm=CLIP,
-                              threads=1, **HYPER)
+                              threads=1, **shards, **HYPER)
             losses = train(model, opt, 2)
             for slot in opt._adam._slots.values():  # on NVMe only, where the fault strikes
                 for t in slot.tensors:
                     t.offload("nvme")
                     t.sync()
-            before = full(model)
+            before = whole(opt, model)
             loss = loss_of(model, *batch(2))
             loss.backward()
             saved = flip_swap_files(self.nvme_dir) if dist.get_rank() == 1 else {}
@@ -481,12 +491,13 @@ class Cases(ShardCases, GuardCases):
                 except tiermem.TiermemError as e:
                     errors.append([e.status_name, str(e)])
             out["errors"] = errors
-            out["unchanged"] = all(torch.equal(before[n], p) for n, p in full(model).items())
-            restore(saved)
+            restore(saved)  # (before the shards are read back: they were corrupted too)
+            out["unchanged"] = all(torch.equal(before[n], p)
+                                   for n, p in whole(opt, model).items())
             opt.step()  # the same gradients: taken now
             opt.zero_grad()
             losses.append(loss.item())
-            out["went_on"] = compare(losses, full(model), *want)["bit_identical"]
+            out["went_on"] = compare(losses, whole(opt, model), *want)["bit_identical"]
             opt.close()
         return out
 

@@ -289,6 +289,58 @@ class _ShardOffload:
         if not dirty:
             self.peak_units = max(self.peak_units, sum(t.resident for t in self.units))
 
+    def room_for(self, u):
+        """u's shard storages made, not read, for a step that writes every shard (its state
+        holds their values: the fp32 masters); release(u, dirty=True) writes them down once it
+        has, release(u) gives the memory back with tiermem's copies as they were. A unit in
+        torch memory already is left as it is."""
+        if u.resident or not self.offloaded:
+            return
+        try:
+            for r in u.records:
+                r.make_room()
+        except BaseException:
+            for r in u.records:
+                r.let_go(dirty=False)
+            raise
+        u.resident = True
+        if u.cover is not None:
+            u.cover.uncover()
+        self.peak_units = max(self.peak_units, sum(t.resident for t in self.units))
+
+    def write_new(self, u):
+        """u's shards, made by room_for and written by the step, written down as new versions
+        beside tiermem's copies (the unit out of torch memory again): adopt_new() once the step
+        is taken, drop_new() if it is not."""
+        if not u.resident:
+            return
+        for r in u.records:
+            r.write_new()
+            self.bytes_out += r.nbytes
+        u.resident, u.dirty = False, False
+        self._cover_shards(u)
+
+    def sync_new(self, units):
+        for u in units:
+            for r in u.records:
+                r.sync_new()
+
+    def adopt_new(self, units):
+        for u in units:
+            for r in u.records:
+                r.adopt_new()
+
+    def drop_new(self, units):
+        for u in units:
+            for r in u.records:
+                r.drop_new()
+
+    def prefetch_grads(self, u):
+        """Starts u's gradient shards up from NVMe (a hint), for its step."""
+        if self.grad_tier == "nvme":
+            for r in u.grads:
+                r.prefetch()
+
     def release(self, u, dirty=False):
         """Frees u's shards; writes them down first when they changed since they came in."""
         if not u.resident or not self.offloaded:

@@ -10,7 +10,7 @@ class _Swapped:
     """One torch tensor whose bytes live in tiermem between uses."""
 
     __slots__ = ("tensor", "tm", "nbytes", "tier", "resident", "version", "refs", "name", "kind",
-                 "home")
+                 "home", "cls", "new", "flip")
 
     def __init__(self, runtime, tensor, cls, name, tier):
         self.tensor = tensor
@@ -18,6 +18,9 @@ class _Swapped:
         self.kind = (tensor.dtype, tensor.device, tensor.shape)
         self.nbytes = tensor.numel() * tensor.element_size()
         self.tier = tier
+        self.cls = cls
+        self.new = None  # the next version (write_new), until adopt_new or drop_new
+        self.flip = False  # the names of the versions alternate: name, then name + "~"
         self.tm = runtime.tensor(self.nbytes, cls, _TIER_HOME[tier], name)
         self.refs = 0
         self.home = False  # restored for good: the tensor is ordinary again, this record inert
@@ -63,6 +66,55 @@ class _Swapped:
             raise
         self.resident = True
         self.version = self.tensor._version
+
+    def make_room(self):
+        """Memory for the tensor, zeroed, its bytes not read: for a writer of them all (the
+        optimizer step's updated shards, whose values its state holds). let_go(dirty=True)
+        then writes them; let_go(dirty=False) gives the memory back, tiermem's copy as it was."""
+        if self.resident or self.home:
+            return
+        mark_in(self.tensor)
+        try:
+            _resize_storage(self.tensor, self.nbytes)
+            self.tensor.zero_()
+        except BaseException:
+            _resize_storage(self.tensor, 0)
+            mark_out(self.tensor)
+            raise
+        self.resident = True
+        self.version = self.tensor._version
+
+    def write_new(self):
+        """The bytes made by make_room (and written since) into a new tiermem tensor beside
+        tiermem's copy, started down to the record's tier, the memory freed: the next version,
+        which adopt_new() makes the record's and drop_new() forgets (tiermem's copy as it was).
+        sync_new() waits for it and raises its failure."""
+        self.flip = not self.flip
+        new = self.tm._rt.tensor(self.nbytes, self.cls, _TIER_HOME[self.tier],
+                                 self.name + ("~" if self.flip else ""))
+        try:
+            _send(new, self.tensor, self.nbytes, self.tier)
+        except BaseException:
+            _destroy_quietly(new)
+            raise
+        self.new = new
+        _resize_storage(self.tensor, 0)
+        self.resident = False
+        mark_out(self.tensor)
+
+    def sync_new(self):
+        if self.new is not None:
+            self.new.sync()
+
+    def adopt_new(self):
+        if self.new is not None:
+            old, self.tm, self.new = self.tm, self.new, None
+            _destroy_quietly(old)
+
+    def drop_new(self):
+        if self.new is not None:
+            new, self.new = self.new, None
+            _destroy_quietly(new)
 
     def converted(self):
         """Whether the tensor was converted (dtype, device or shape) since it was offloaded."""

@@ -84,6 +84,14 @@ def _check_hyper(lr, betas, eps, weight_decay):
         raise ValueError("Invalid weight_decay value: %s" % (weight_decay,))
 
 
+def _on_nvme(rt, handle):
+    """Whether the state tensor has an NVMe copy: the step reads its gradient while it is
+    prepared (else at the commit)."""
+    mask = ctypes.c_uint32(0)
+    _check(_lib.tm_tensor_residency(rt, handle, ctypes.byref(mask)), "tm_tensor_residency")
+    return bool(mask.value & (1 << _capi.TIER_NVME))
+
+
 def _closed_error(what):
     return tiermem.TiermemError(
         _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE"),
@@ -469,12 +477,13 @@ class CPUAdam(torch.optim.Optimizer):
         self._counters[p] = (t, c)  # keeps t alive with its view
         return c
 
-    def _step_params(self, items, grad_scale):
-        """items: (param, group, grad) in order; steps them all in one call through tiermem,
-        all or nothing: one C group per parameter group and step count (a parameter added to
-        a group later has taken fewer steps), each with the group's hyperparameters."""
+    def _runs(self, items):
+        """items: (param, group, grad) in order, as runs, one a C group: (group, step number,
+        [(param, grad, counter)]) per parameter group and step count (a parameter added to a
+        group later has taken fewer steps); and the (param, counter) of the empty parameters
+        (no elements, nothing to update: torch.optim.AdamW counts them too)."""
         runs = {}  # (id(group), step number) -> (group, step, [(param, grad, counter)])
-        empty = []  # no elements, nothing to update (torch.optim.AdamW steps them too): counted
+        empty = []
         state = self.state
         for p, group, grad in items:
             st = state[p]
@@ -490,10 +499,101 @@ class CPUAdam(torch.optim.Optimizer):
             if run is None:
                 run = runs[(id(group), step)] = (group, step, [])
             run[2].append((p, grad, c))
+        return list(runs.values()), empty
+
+    def _step_params(self, items, grad_scale):
+        """items: (param, group, grad) in order; steps them all in one call through tiermem,
+        all or nothing, each C group with its parameter group's hyperparameters."""
+        runs, empty = self._runs(items)
         with self._lock:
             if runs:
-                self._step_groups(list(runs.values()), grad_scale)
+                self._step_groups(runs, grad_scale)
             self._count(empty)  # once the others have stepped: all or nothing
+
+    def _step_in_parts(self, parts, grad_scale, scratch=False, before_agree=None):
+        """One step, all or nothing, of parameters brought into memory part by part (a sharded
+        model's units): parts is [(items, enter, leave)], items as _step_params'. An empty step
+        is prepared, then for each part in turn: enter() (its gradients in, its param_out
+        memory made), its buckets added to the step (tm_adam_step_groups_extend), leave() (its
+        gradients may go: NVMe state has read them by then). A part with state only in DRAM
+        reads its gradients at the commit: its leave() waits for it. Then before_agree() (what
+        else can fail), _agree, and the commit (or the abort).
+
+        scratch: the parameters' memory is not the live copy (the caller keeps that elsewhere
+        and adopts the new values only once the step is taken): each part's updated parameters
+        are written as it is prepared (TM_ADAM_OUT_SCRATCH), for leave() to take away. A state
+        slice only in DRAM is written to NVMe first, so that none waits for the commit. For
+        state not stepped in place."""
+        keep, empties, all_runs, deferred = [], [], [], []
+        rt = self.runtime._handle()
+        prepared = False
+        with self._lock:
+            try:
+                failure = None
+                try:
+                    _check(_lib.tm_adam_step_groups_prepare(self._adam, grad_scale, None, 0),
+                           "tm_adam_step_groups_prepare")
+                    prepared = True
+                    for items, enter, leave in parts:
+                        enter()
+                        late = False  # until prepared: nothing of the part waits
+                        try:
+                            late = self._prepare_part(items, grad_scale, rt, keep, empties,
+                                                      all_runs, scratch)
+                        finally:
+                            if late:
+                                deferred.append(leave)
+                            else:
+                                leave()
+                    if before_agree is not None:
+                        before_agree()
+                except Exception as e:  # noqa: BLE001: every failure goes through _agree
+                    failure = e
+                self._agree(failure)
+                prepared = False
+                self._commit_buckets(all_runs, copy_out=not scratch)
+                self._count(empties)
+            finally:
+                if prepared:  # the ranks did not agree (or an interrupt): every state as before
+                    _lib.tm_adam_step_abort(self._adam)
+                for leave in deferred:
+                    leave()
+
+    def _prepare_part(self, items, grad_scale, rt, keep, empties, all_runs, scratch):
+        """One part of _step_in_parts added to the step prepared; returns whether its
+        gradients are read at the commit (state only in DRAM)."""
+        runs, empty = self._runs(items)
+        empties += empty
+        bucket_runs = []
+        late = False
+        for group, step, pairs in runs:
+            there = []
+            for p, grad, c in pairs:
+                slot = self._slot(p, group)
+                if slot.in_place or slot.home is not None:
+                    raise RuntimeError("CPUAdam: a step in parts is for state stepped through "
+                                       "tiermem, not in place (a %d-element parameter)" %
+                                       p.numel())
+                for t, h, _, _ in slot.slices():
+                    if not _on_nvme(rt, h):
+                        if not scratch:
+                            late = True
+                            break
+                        t.offload("nvme")
+                        t.sync()
+                g = self._grad(slot, grad)
+                keep.append(g)
+                there.append((p, slot, g, c))
+            bucket_runs.append((group, step, there))
+        if bucket_runs:
+            self._prepare_buckets(bucket_runs, grad_scale, keep, extend=True, scratch=scratch)
+            all_runs += bucket_runs
+            if scratch:  # the updated values where the caller's leave() takes them from
+                for _, _, pairs in bucket_runs:
+                    for p, slot, _, _ in pairs:
+                        if slot.out_host is not None:
+                            p.data.copy_(slot.out_host.view(p.shape))
+        return late
 
     def _step_groups(self, runs, grad_scale):
         """Parameters stepped in place (their own master, state in DRAM: one tm_adam_step per
@@ -610,9 +710,10 @@ class CPUAdam(torch.optim.Optimizer):
         if failure is not None:
             raise failure
 
-    def _prepare_buckets(self, runs, grad_scale, keep):
-        """The first half of the step of the buckets (tm_adam_step_groups_prepare): raises,
-        nothing changed, or leaves it prepared for _commit_buckets (or an abort)."""
+    def _prepare_buckets(self, runs, grad_scale, keep, extend=False, scratch=False):
+        """The first half of the step of the buckets (tm_adam_step_groups_prepare, or with
+        extend _extend, adding them to the step prepared): raises, nothing of them changed, or
+        leaves them prepared for _commit_buckets (or an abort)."""
         groups = (_optim_capi.AdamGroup * len(runs))()
         for i, (group, step, pairs) in enumerate(runs):
             buckets = [b for p, slot, g, _ in pairs for b in self._buckets(p, slot, g)]
@@ -623,10 +724,15 @@ class CPUAdam(torch.optim.Optimizer):
             groups[i].step, groups[i].count = step, len(buckets)
             groups[i].buckets = ctypes.cast(arr, ctypes.POINTER(_optim_capi.AdamBucket))
         keep.append(groups)
-        _check(_lib.tm_adam_step_groups_prepare(self._adam, grad_scale, groups, len(runs)),
-               "tm_adam_step_groups")
+        if extend:
+            flags = _optim_capi.ADAM_OUT_SCRATCH if scratch else 0
+            _check(_lib.tm_adam_step_groups_extend(self._adam, grad_scale, groups, len(runs),
+                                                   flags), "tm_adam_step_groups_extend")
+        else:
+            _check(_lib.tm_adam_step_groups_prepare(self._adam, grad_scale, groups, len(runs)),
+                   "tm_adam_step_groups")
 
-    def _commit_buckets(self, runs):
+    def _commit_buckets(self, runs, copy_out=True):
         done = ctypes.c_size_t(0)
         status = _lib.tm_adam_step_commit(self._adam, ctypes.byref(done))
         # All or nothing across every group: done is 0 (nothing changed, not even the CPU
@@ -635,7 +741,7 @@ class CPUAdam(torch.optim.Optimizer):
             for _, _, pairs in runs:
                 self._count([(p, c) for p, _, _, c in pairs])
                 for p, slot, _, _ in pairs:
-                    if slot.out_host is not None:
+                    if slot.out_host is not None and copy_out:
                         # In the parameter's logical order (as its master was written and its
                         # gradient read): any strides, a transposed weight's too.
                         p.data.copy_(slot.out_host.view(p.shape), non_blocking=True)

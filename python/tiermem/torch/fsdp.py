@@ -390,13 +390,20 @@ class FSDPCPUAdam(torch.optim.Optimizer):
 
     def _step_by_unit(self):
         """The step of the shards held in tiermem: the clipping coefficient of all of them, then
-        each unit brought in, stepped and written back in turn, so that one unit's shards are
-        in torch memory at a time. Per element the same arithmetic as one step of all."""
+        the units one at a time, so that one unit's gradients are in torch memory at a time.
+        Per element the same arithmetic as one step of all.
+
+        With the state on NVMe the step is one, all or nothing across the units and the ranks
+        (CPUAdam._step_in_parts): each unit's gradients come in (the next unit's prefetched
+        meanwhile) and its buckets are prepared into the step; its shards are not read (the
+        state's masters hold their values), only made for the commit to write, then written
+        down. Otherwise (state in DRAM, the shards their own masters) each unit is brought in,
+        stepped and written back in turn."""
         grads = {a: a.grad for a in self._shards.values()}
         adam = self._adam
         offload = self._offload
         if adam.max_grad_norm is None:
-            adam._scale = 1.0
+            scale = 1.0
         else:  # a gradient in tiermem gives the squared norm taken before it went down
             squares = []
             for p, a in self._shards.items():
@@ -404,16 +411,19 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                     u = offload.unit_of.get(p)
                     held = u is not None and u.grads and p in u.grad_sq
                     squares.append(u.grad_sq[p] if held else _square_norm(a.grad))
-            adam._scale = adam._coefficient(squares)
+            scale = adam._coefficient(squares)
+        units = [u for u in offload.units
+                 if any(grads.get(self._shards.get(p)) is not None for p in u.params)]
+        if adam.state_tier == "nvme" and not adam._home:
+            self._step_units_in_parts(units, grads, scale)
+            return
         offload.prefetch_all()
+        adam._scale = scale
         try:
-            for u in offload.units:
+            for u in units:
                 mine = {id(self._shards[p]) for p in u.params if p in self._shards}
                 for a, g in grads.items():
                     a.grad = g if id(a) in mine else None
-                if not any(self._shards[p].grad is not None for p in u.params
-                           if p in self._shards):
-                    continue
                 offload.bring_in(u)
                 offload.grads_in(u, keep=True)
                 adam.step()
@@ -421,6 +431,45 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                 offload.grads_out(u)
         finally:
             adam._scale = None
+
+    def _step_units_in_parts(self, units, grads, scale):
+        """The step with the state on NVMe: one step of every unit, all or nothing across the
+        units and the ranks, one unit's gradients and shards in torch memory at a time. Each
+        unit's gradients come in (the next unit's prefetched meanwhile), its shards are made
+        without reading them (the state's masters hold their values), its buckets are added to
+        the step, which writes the updated shards there, and they go down beside the old ones
+        as new versions; once every rank has prepared, the new versions are taken (or
+        dropped, every shard as it was)."""
+        offload = self._offload
+        group_of = {id(a): g for g in self._adam.param_groups for a in g["params"]}
+        for u in units:  # a unit still in torch memory: written down first if it changed
+            offload.release(u)
+        parts = []
+        for i, u in enumerate(units):
+            items = [(a, group_of[id(a)], grads[a]) for a in
+                     (self._shards[p] for p in u.params if p in self._shards)
+                     if grads.get(a) is not None]
+
+            def enter(u=u, after=units[i + 1:i + 2]):
+                offload.grads_in(u, keep=True)
+                for t in after:
+                    offload.prefetch_grads(t)
+                offload.room_for(u)
+
+            def leave(u=u):
+                offload.grads_out(u)
+                offload.write_new(u)
+
+            parts.append((items, enter, leave))
+        try:
+            self._adam._step_in_parts(parts, scale, scratch=True,
+                                      before_agree=lambda: offload.sync_new(units))
+        except BaseException:
+            for u in units:
+                offload.release(u)  # a unit left in by a failure: unread, so not written
+                offload.drop_new([u])
+            raise
+        offload.adopt_new(units)
 
     def zero_grad(self, set_to_none=True):
         if self._offload is not None:
