@@ -703,6 +703,11 @@ class CPUAdam(torch.optim.Optimizer):
             else:
                 self.state[p]["step"] += 1
 
+    def _step_order(self, items):
+        """The order the parameters are stepped in (each one's update is its own: any order
+        gives the same bits); FSDPCPUAdam's follows its reads behind backward."""
+        return items
+
     def _agree(self, failure):
         """The outcome of the step, once everything that can fail has been done (the state
         acquired, the new state prepared) and nothing has changed: here, this process's own
@@ -766,6 +771,7 @@ class CPUAdam(torch.optim.Optimizer):
             items = [it for it in items if it[0] in left]
         else:
             scale = self._grad_scale([grad for _, _, grad in items])
+        items = self._step_order(items)
         self._stepped = set()
         try:
             self._step_params(items, scale)

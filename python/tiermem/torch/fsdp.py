@@ -22,10 +22,12 @@ across the replicas, which hold the same gradient).
 The optimizer holds the model's own DTensor parameters in its param_groups, and state_dict()
 returns torch.optim.AdamW's layout with each state tensor a DTensor sharded as its parameter, so
 torch.distributed.checkpoint's get/set_optimizer_state_dict treat it as they treat AdamW's, and
-checkpoints move between the two. Nothing of the model is changed (no hook, no wrapper), unless
-shard_tier / grad_tier hold the parameter and gradient shards in tiermem too (_fsdp_shards.py:
-hooks on the model, removed by close(), which brings every shard back; the runtime's close()
-brings them back too, with the state, if it comes first).
+checkpoints move between the two. Nothing of the model is changed (no wrapper). With the state
+on NVMe, post-accumulate-grad hooks on the parameters start each one's state up into DRAM as
+backward sets its gradient, and the step takes them in that order (_fsdp_prefetch.py). With
+shard_tier / grad_tier the parameter and gradient shards live in tiermem too (_fsdp_shards.py:
+hooks on the model). close() removes the hooks and brings every shard back; the runtime's
+close() does too, with the state, if it comes first.
 
 Refused, by name: FSDP1 (FullyShardedDataParallel), fully_shard's offload_policy=CPUOffloadPolicy
 (the state would be offloaded twice), placements other than fully_shard's 1-D sharding and
@@ -42,6 +44,7 @@ import torch
 import tiermem
 from tiermem import _capi
 from tiermem.torch._fsdp_guard import local
+from tiermem.torch._fsdp_prefetch import _StatePrefetch
 from tiermem.torch._fsdp_shards import _ShardOffload
 from tiermem.torch.cpu_adam import CPUAdam, _check_hyper, _closed_error
 
@@ -144,6 +147,7 @@ class _ShardAdam(CPUAdam):
         # which agree on each step's outcome (None: the default group).
         self._group, self._every, self._device = group, every, device
         self._scale = None  # the whole step's, while it is stepped unit by unit
+        self._prefetch = None  # _StatePrefetch, with the state on NVMe
         super().__init__(params, **kwargs)
 
     def _agree(self, failure):
@@ -168,6 +172,13 @@ class _ShardAdam(CPUAdam):
             status, "FSDPCPUAdam: rank %d failed its step%s: %s; the step was taken on no rank: "
             "every rank's shards and state are as before, and step() again, once the cause is "
             "gone, takes it" % (rank, others, why), "FSDPCPUAdam.step") from failure
+
+    def _step_order(self, items):
+        """The parameters whose state was started up behind backward first, in that order."""
+        if self._prefetch is None:
+            return items
+        rank = {a: i for i, a in enumerate(self._prefetch.take())}
+        return sorted(items, key=lambda it: rank.get(it[0], len(rank)))
 
     def _grad_scale(self, grads):
         if self._scale is not None:
@@ -288,6 +299,9 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                                 amsgrad=amsgrad, adamw=adamw, max_grad_norm=max_grad_norm,
                                 runtime=runtime, state_tier=state_tier, threads=threads,
                                 overlap=False, slice_bytes=slice_bytes)
+        if state_tier == "nvme":  # read behind backward (hooks on the parameters)
+            self._adam._prefetch = _StatePrefetch(
+                self._adam, self._shards, self.runtime.stats()["tiers"]["dram"]["capacity"])
         if shard_tier is not None:
             if grad_tier is not None and device.type != "cpu":
                 raise ValueError("FSDPCPUAdam: grad_tier is supported on a CPU mesh only, not %s"
@@ -311,7 +325,13 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         if self._offload is not None:
             self._offload.close()
             self._offload = None
+        self._close_prefetch()
         self._adam._runtime_closing()
+
+    def _close_prefetch(self):
+        if self._adam._prefetch is not None:
+            self._adam._prefetch.close()
+            self._adam._prefetch = None
 
     def _params(self):
         return (p for g in self.param_groups for p in g["params"])
@@ -414,6 +434,10 @@ class FSDPCPUAdam(torch.optim.Optimizer):
             scale = adam._coefficient(squares)
         units = [u for u in offload.units
                  if any(grads.get(self._shards.get(p)) is not None for p in u.params)]
+        if adam._prefetch is not None:  # the units whose state was read behind backward first
+            rank = {a: i for i, a in enumerate(adam._prefetch.take())}
+            units.sort(key=lambda u: min((rank.get(self._shards.get(p), len(rank))
+                                          for p in u.params), default=len(rank)))
         if adam.state_tier == "nvme" and not adam._home:
             self._step_units_in_parts(units, grads, scale)
             return
@@ -549,4 +573,5 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         if self._offload is not None:
             self._offload.close()
             self._offload = None
+        self._close_prefetch()
         self._adam.close()
