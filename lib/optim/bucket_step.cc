@@ -74,6 +74,7 @@ class Prepared : public PreparedStep {
     auto part = std::make_unique<Part>(opt_, tensors_, versions_, grad_scale, std::move(groups),
                                        staged, pinned, out_now);
     Step& step = part->step;
+    step.set_state_before(parts_.empty() ? 0 : parts_.back()->step.state_end());
     absl::Status s = step.Check();
     if (s.ok()) s = step.PinDramState();
     if (s.ok()) s = step.StepNvmeState(prefetch_depth_);

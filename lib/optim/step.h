@@ -68,6 +68,10 @@ class Step {
   // Where the next part's updated parameters start in versions.staged_out, and the DRAM state
   // pinned so far (this part's and the parts' before it).
   size_t staged_end() const { return staged_end_; }
+  // The NVMe state of the parts before this one, and with this one's: a step in parts streams
+  // (drops the clean copies its writes leave) once all its parts' state passes the window.
+  void set_state_before(uint64_t bytes) { state_before_ = bytes; }
+  uint64_t state_end() const { return state_end_; }
   uint64_t pinned_bytes() const { return dram_pinned_bytes_; }
   // The step is prepared and waits: every state it holds refuses this thread's writes too.
   void Seal() {
@@ -113,6 +117,8 @@ class Step {
   size_t staged_end_ = 0;
   uint64_t dram_pinned_bytes_ = 0;  // DRAM state pinned for the commit (and by earlier parts)
   bool streaming_ = false;          // the NVMe state is more than the DRAM window: none kept there
+  uint64_t state_before_ = 0;
+  uint64_t state_end_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> swaps_;  // (state, shadow) written
   size_t prefetched_ = 0;  // positions of nvme_ whose prefetch was asked for
 };

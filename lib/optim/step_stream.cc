@@ -133,7 +133,8 @@ absl::Status Step::StepNvmeState(int prefetch_depth) {
   uint64_t ahead = 0;    // bytes of states read ahead
   uint64_t total = 0;
   for (uint64_t b : state_bytes_) total += b;
-  streaming_ = total > limit;
+  state_end_ = state_before_ + total;
+  streaming_ = state_end_ > limit;
   for (size_t j = 0; j < nvme_.size() && status.ok(); ++j) {
     const uint64_t here = 2 * state_bytes_[j];
     if (j < prefetched_ && j > 0) ahead -= std::min(ahead, state_bytes_[j]);

@@ -65,9 +65,9 @@ class Runtime {
   // one is acquired or landing; waits for their queued moves. (swap_contents.cc)
   absl::Status SwapContents(const std::vector<std::pair<uint64_t, uint64_t>>& pairs);
   // An Adam step's hold on its state tensor: TM_ERR_BUSY (nothing held) while a caller holds
-  // it acquired or another step holds it; then, until UnholdForStep from the same thread, writes
-  // by other threads (tm_tensor_write, copy_in, an acquire for writing) get TM_ERR_BUSY instead
-  // of being lost to the step's commit.
+  // it acquired or another step holds it; then, until UnholdForStep (from any thread: the step
+  // unholds what it held, wherever it is committed), writes by other threads (tm_tensor_write,
+  // copy_in, an acquire for writing) get TM_ERR_BUSY instead of being lost to the step's commit.
   absl::Status HoldForStep(uint64_t handle);
   void UnholdForStep(uint64_t handle);
   // The step holding the tensor (from this thread) is prepared and waits for its commit or

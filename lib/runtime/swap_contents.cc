@@ -102,10 +102,12 @@ absl::Status Runtime::HoldForStep(uint64_t handle) {
   return absl::OkStatus();
 }
 
+// From any thread: a step prepared in parts on a worker thread is committed or aborted on
+// another (tm_adam_step_groups_extend), and a step unholds only what it held.
 void Runtime::UnholdForStep(uint64_t handle) {
   MutexLock lock(&core_.mu);
   Tensor* t = core_.tensors.Find(handle);
-  if (t != nullptr && t->held_by_step == std::this_thread::get_id()) {
+  if (t != nullptr) {
     t->held_by_step = std::thread::id{};
     t->hold_sealed = false;
   }

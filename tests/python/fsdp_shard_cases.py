@@ -48,13 +48,12 @@ class ShardCases:
         # From the first step's end on, no shard is in torch memory between steps.
         out["released"] = all(r["torch_bytes"] == 0 for step in between[1:] for r in step)
         # Per unit, the tiers holding tiermem's copy between steps, in every step.
-        out["tiers"] = [sorted(set.intersection(*[set(step[i]["tiers"]) for step in between[1:]]))
+        out["tiers"] = [[sorted(step[i]["tiers"]) for step in between[1:]]
                         for i in range(len(held.units))]
         # With grad_tier: from the second backward on, every gradient shard in tiermem.
         out["grads_released"] = all(r["grad_torch_bytes"] == 0 for step in after_backward[1:]
                                     for r in step)
-        out["grad_tiers"] = [sorted(set.intersection(*[set(step[i]["grad_tiers"])
-                                                       for step in after_backward[1:]]))
+        out["grad_tiers"] = [[sorted(step[i]["grad_tiers"]) for step in after_backward[1:]]
                              for i in range(len(held.units))]
         out.update(grad_bytes_in=held.grad_bytes_in, grad_bytes_out=held.grad_bytes_out)
         opt.close()

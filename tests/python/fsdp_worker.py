@@ -6,6 +6,7 @@ node, shared by its ranks as they share its drives), the checkpoints to $FSDP_OU
 
 import gc
 import json
+import warnings
 import os
 import sys
 
@@ -498,6 +499,82 @@ class Cases(ShardCases, GuardCases):
             opt.zero_grad()
             losses.append(loss.item())
             out["went_on"] = compare(losses, whole(opt, model), *want)["bit_identical"]
+            opt.close()
+        return out
+
+    # ---- the step prepared behind backward (overlap) ----
+
+    def overlap(self):
+        """The state on NVMe without clipping: FSDPCPUAdam prepares the step behind backward
+        (the state read and the new versions written while backward runs; step() agrees and
+        commits). Against overlap=False, bit for bit: plain steps; two micro-batches a step
+        (the second backward makes it step at step(), from then on); the gradients halved in
+        place between backward and step (the parts dropped, the step taken whole). And a fault:
+        rank 1's swap files corrupted before a backward, every rank raises, nothing changes,
+        and the run goes on once undone."""
+        def runtime():
+            return self.runtime(dram_bytes=1 << 20, nvme_paths=self.nvme_dir,
+                                nvme_bytes="32MiB", checksum="xxh3")
+
+        def run(overlap, micro=1, halve=False, lr=False, steps=3):
+            with runtime() as rt, warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                model = build()
+                opt = FSDPCPUAdam(model, runtime=rt, state_tier="nvme", threads=1,
+                                  overlap=overlap, **HYPER)
+                losses, moved = [], []
+                for i in range(steps):
+                    for k in range(micro):
+                        loss = loss_of(model, *batch(micro * i + k))
+                        before = rt.stats()["bytes_moved"]["dram"]["nvme"]
+                        loss.backward()
+                        moved.append(rt.stats()["bytes_moved"]["dram"]["nvme"] - before)
+                    if halve:  # as clip_grad_norm_ would
+                        torch._foreach_mul_([p.grad for p in model.parameters()], 0.5)
+                    opt.step()
+                    opt.zero_grad()
+                    if lr:  # a schedule, between the step and the next backward
+                        for group in opt.param_groups:
+                            group["lr"] *= 0.5
+                    losses.append(loss.item())
+                early = opt._adam._behind.step_early
+                opt.close()
+            return losses, full(model), moved, early, [str(w.message) for w in caught]
+
+        out = dict(rank=dist.get_rank())
+        for name, kw in (("plain", {}), ("micro", dict(micro=2)), ("halve", dict(halve=True)),
+                         ("lr", dict(lr=True))):
+            want = run(False, **kw)
+            got = run(None, **kw)
+            out[name] = dict(same=compare(got[0], got[1], want[0], want[1])["bit_identical"],
+                             written_in_backward=got[2], written_in_backward_off=want[2],
+                             early_after=got[3], warnings=got[4])
+        with runtime() as rt:
+            model = build()
+            opt = FSDPCPUAdam(model, runtime=rt, state_tier="nvme", threads=1, **HYPER)
+            want_losses = train(model, opt, 2)
+            for slot in opt._adam._slots.values():  # on NVMe only, where the fault strikes
+                for t in slot.tensors:
+                    t.offload("nvme")
+                    t.sync()
+            before = full(model)
+            saved = flip_swap_files(self.nvme_dir) if dist.get_rank() == 1 else {}
+            loss = loss_of(model, *batch(2))
+            loss.backward()
+            try:
+                opt.step()
+                out["fault_error"] = None
+            except tiermem.TiermemError as e:
+                out["fault_error"] = [e.status_name, str(e)]
+            out["fault_unchanged"] = all(torch.equal(before[n], p)
+                                         for n, p in full(model).items())
+            restore(saved)
+            opt.step()
+            opt.zero_grad()
+            want_losses.append(loss.item())
+            ref = run(False)
+            out["fault_went_on"] = compare(want_losses, full(model), ref[0],
+                                           ref[1])["bit_identical"]
             opt.close()
         return out
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fsdp_worker.py")
 CASES = ("dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,tight,resume_save,fault,"
-         "fault_shards,"
+         "fault_shards,overlap,"
          "shards_nvme,shards_llama,shards_dcp,shards_accumulate,shards_prefetch,shards_guard,"
          "shards_hostile,shards_rt_close")
 # The tolerance of test_cpu_adam.py: CPUAdam's kernel and torch's scalar AdamW round differently
@@ -160,6 +160,30 @@ def check_fault(got, case):
     assert got[0]["errors"] == got[1]["errors"], "%s: the ranks raised different errors" % case
 
 
+def test_the_step_prepared_behind_backward(single_node):
+    """overlap (auto with the state on NVMe and no clipping): the step prepared while backward
+    runs, bit-identical to overlap=False; a learning rate changed between steps is followed;
+    accumulation and a change of the gradients (a foreach mul, as clip_grad_norm_ makes) fall
+    back to the whole step at step(), with a warning; a fault on one rank's NVMe before
+    backward: every rank raises, nothing changes, the run goes on."""
+    for rank, r in results(single_node, "overlap").items():
+        for name in ("plain", "micro", "halve", "lr"):
+            assert r[name]["same"], "rank %d, %s: differs from overlap=False" % (rank, name)
+        # The new state is written while backward runs (its new versions, beside the old):
+        # from the second step on (the first makes the state), and not with overlap=False.
+        assert all(m > 0 for m in r["plain"]["written_in_backward"][1:]), r["plain"]
+        assert not any(r["plain"]["written_in_backward_off"]), r["plain"]
+        assert r["plain"]["early_after"] and r["lr"]["early_after"], r
+        assert not r["micro"]["early_after"], "accumulation: no longer steps early"
+        assert not r["halve"]["early_after"], "gradients changed: no longer steps early"
+        assert any("gradient changed" in w for w in r["halve"]["warnings"]), r["halve"]
+        e = r["fault_error"]
+        assert e is not None and e[0] == "TM_ERR_CORRUPT", e
+        assert "rank 1 failed its step" in e[1], e
+        assert r["fault_unchanged"], "rank %d: a parameter changed" % rank
+        assert r["fault_went_on"], "rank %d: the run after the fault differs" % rank
+
+
 def test_hsdp_follows_adamw(tmp_path_factory):
     """HSDP, 4 ranks as 2 replicas of 2 shards: FSDPCPUAdam with clipping (the norm summed
     within a replica only) follows fully_shard + AdamW + clip_grad_norm_ on the same 2-D mesh;
@@ -287,9 +311,11 @@ def test_two_nodes_split_their_own_budgets(single_node, tmp_path):
 def assert_shards_held(r, what, tier):
     """The shards' storage empty between steps, tiermem's copy in `tier`, and moved."""
     assert r["released"], "%s: a shard stayed in torch memory between steps" % what
-    # (NVMe shards written last may keep a clean copy in DRAM beside: inclusive DRAM.)
-    assert all(t in ([tier], ["dram", tier]) for t in r["tiers"]) and len(r["tiers"]) == \
-        r["units"], "%s: tiermem holds the units in %s" % (what, r["tiers"])
+    # Per unit, per step: tiermem's copy in `tier` (NVMe shards may keep a clean copy in DRAM
+    # beside: inclusive DRAM).
+    assert len(r["tiers"]) == r["units"] and all(
+        t in ([tier], ["dram", tier]) for unit in r["tiers"] for t in unit), (
+        "%s: tiermem holds the units in %s" % (what, r["tiers"]))
     assert r["units"] == 3  # the root's own parameters and the two blocks
     # Each step brings every unit in for the forward, and writes it down after the step. The
     # step reads the shards too where they are their own masters (state in DRAM, fp32 on the
@@ -304,7 +330,8 @@ def assert_shards_held(r, what, tier):
     # grad_tier: after each backward from the second on, every gradient shard in tiermem (on
     # NVMe, or still on its way there from DRAM), brought in for the step.
     assert r["grads_released"], "%s: a gradient stayed in torch memory after backward" % what
-    assert all(t and set(t) <= {tier, "dram"} for t in r["grad_tiers"]), r["grad_tiers"]
+    assert all(t and set(t) <= {tier, "dram"} for unit in r["grad_tiers"] for t in unit), \
+        r["grad_tiers"]
     assert r["grad_bytes_out"] >= 19 * r["shard_bytes"], r
     assert r["grad_bytes_in"] >= 19 * r["shard_bytes"], r
 

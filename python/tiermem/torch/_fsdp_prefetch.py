@@ -1,32 +1,68 @@
-"""FSDPCPUAdam's NVMe optimizer state read while backward still runs.
+"""FSDPCPUAdam's work on the NVMe optimizer state while backward still runs.
 
 FSDP2 sets each sharded parameter's reduce-scattered gradient at the end of its unit's backward
-and then runs the parameter's post-accumulate-grad hooks. From there, the parameter's optimizer
-state (its CPUAdam slices, on NVMe) is started up into DRAM, in the order the gradients come
-(the last layers first), up to a share of the DRAM tier; the step then takes the parameters in
-that same order, so that what was read behind backward is stepped first and the step's own
-pipeline reads the rest. The share is half the DRAM tier less the largest slice twice: the
-step's pipeline keeps to the other half (lib/optim/step_stream.cc), so neither evicts the
-other's reads. A read the runtime cannot start (no room, the tensor busy) is a hint dropped:
-the step reads it itself."""
+and then runs the parameter's post-accumulate-grad hooks. From there:
+
+- read ahead (when it does not step early): the parameter's optimizer state (its CPUAdam slices, on NVMe) is started up into
+  DRAM, in the order the gradients come (the last layers first), up to a share of the DRAM tier:
+  half of it less the largest slice twice (the step's pipeline keeps to the other half, so
+  neither evicts the other's reads). The step takes the parameters in that same order, so that
+  what was read behind backward is stepped first. A read the runtime cannot start (no room, the
+  tensor busy) is a hint dropped: the step reads it itself.
+- step early (overlap): without clipping, the step itself is prepared part by part behind
+  backward: a worker thread adds the parameters whose gradients came to the optimizer's
+  prepared step (CPUAdam._prepare_part: each one's state read, stepped into its new version and
+  written down, nothing changed yet; the C call releases the GIL), and step() only agrees across
+  the ranks and commits. What the step would see differently falls back to stepping it all at
+  step(), the parts aborted: a gradient set twice (accumulation over micro-batches), a gradient
+  changed since its part was prepared (a clip_grad_norm_: each gradient's float64 sum is taken
+  before its part and again at step()), a hyperparameter changed (a learning rate set before
+  step()), a state_dict() or load_state_dict() or zero_grad() in between. After such a fallback
+  the optimizer steps at step() from then on, and says why once (a warning). A failure in a part
+  is that rank's failure of the step: step() raises it on every rank."""
+
+import threading
+import warnings
+
+import torch
 
 import tiermem
+from tiermem import _lib
+
+from ._fsdp_guard import local
 
 
-class _StatePrefetch:
-    """The hooks on the parameters, and the order their gradients came in since the last
-    step."""
+class _BehindBackward:
+    """The hooks on the parameters, the order their gradients came in since the last step, and
+    with step_early the parts prepared."""
 
-    def __init__(self, adam, shards, capacity):
+    def __init__(self, adam, shards, capacity, step_early, sync_hyper):
         # adam: the CPUAdam stepping the shards; shards: {parameter: its local shard's alias,
         # the CPUAdam's parameter}; capacity: the DRAM tier's bytes.
         self.adam, self.shards = adam, shards
         self.capacity = capacity
+        self.step_early = step_early
+        self.sync_hyper = sync_hyper  # the user's hyperparameters (a scheduler's) into adam's
         self.order = {}  # alias -> None, in the order the gradients were set (a dict: ordered)
         self.started = 0  # state bytes started up this step
         self.full = False
+        self.cv = threading.Condition()
+        self.pending = []  # (alias, local gradient) not yet taken by the worker
+        self.busy = False
+        self.worker = None
+        self.stopping = False
+        self._reset_parts()
         self._handles = [p.register_post_accumulate_grad_hook(self._gradient_set)
                          for p in shards if p.requires_grad]
+
+    def _reset_parts(self):
+        self.prepared = {}  # alias -> (the local gradient, its sum) when prepared
+        self.hyper = {}  # id(param group) -> its hyperparameters when a part used it
+        self.parts = None  # (keep, empties, runs) of the step prepared in the C optimizer
+        self.failure = None
+        self.again = False  # a gradient set twice before the step
+
+    # ---- backward's side ----
 
     def _budget(self):
         largest = max((t.nbytes for slot in self.adam._slots.values()
@@ -35,9 +71,24 @@ class _StatePrefetch:
 
     def _gradient_set(self, p):
         a = self.shards.get(p)
-        if a is None or a in self.order:
+        if a is None:
+            return
+        if a in self.order:
+            self.again = True
             return
         self.order[a] = None
+        if not self.step_early:  # (stepping early reads it right away)
+            self._read_ahead(a)
+        elif p.grad is not None:
+            with self.cv:
+                self.pending.append((a, local(p.grad)))
+                if self.worker is None:
+                    self.worker = threading.Thread(target=self._run, daemon=True,
+                                                   name="tiermem_fsdp_step")
+                    self.worker.start()
+                self.cv.notify_all()
+
+    def _read_ahead(self, a):
         slot = self.adam._slots.get(a)
         if slot is None or self.full or slot.home is not None:
             return
@@ -52,14 +103,145 @@ class _StatePrefetch:
                 continue  # busy, or no room: the step reads it
             self.started += t.nbytes
 
+    # ---- the worker ----
+
+    def _run(self):
+        while True:
+            with self.cv:
+                while not self.pending and not self.stopping:
+                    self.cv.wait()
+                if self.stopping:
+                    return
+                take, self.pending = self.pending, []
+                self.busy = True
+            try:
+                if not self.again and self.failure is None:
+                    self._prepare(take)
+            except Exception as e:  # noqa: BLE001: the step's failure, raised by step()
+                self.failure = e
+            finally:
+                with self.cv:
+                    self.busy = False
+                    self.cv.notify_all()
+
+    def _prepare(self, take):
+        adam = self.adam
+        self.sync_hyper()  # as the user left them after the last step (a scheduler's lr)
+        group_of = {id(a): g for g in adam.param_groups for a in g["params"]}
+        items = [(a, group_of[id(a)], g) for a, g in take if id(a) in group_of]
+        sums = [_sum(g) for _, _, g in items]  # before: a change from here on is seen
+        for _, group, _ in items:
+            self.hyper.setdefault(id(group), _hyper(group))
+        with adam._lock:
+            if self.parts is None:
+                tiermem._check(_lib.tm_adam_step_groups_prepare(adam._adam, 1.0, None, 0),
+                               "tm_adam_step_groups_prepare")
+                self.parts = ([], [], [])
+            keep, empties, runs = self.parts
+            adam._prepare_part(items, 1.0, adam.runtime._handle(), keep, empties, runs, False)
+        for (a, _, g), s in zip(items, sums):
+            self.prepared[a] = (g, s)
+
+    def _idle(self):
+        with self.cv:
+            while self.pending or self.busy:
+                self.cv.wait()
+
+    # ---- the step's side ----
+
     def take(self):
         """The aliases in the order their gradients came, for the step; the next step's
-        prefetch starts afresh."""
+        read-ahead starts afresh."""
         order = list(self.order)
         self.order, self.started, self.full = {}, 0, False
         return order
 
+    def finish(self, grads):
+        """The step prepared behind backward, taken: grads {alias: local gradient} of this
+        step. Returns False where it falls back (the parts aborted: step the usual way), True
+        once taken; raises as CPUAdam's step raises (on every rank)."""
+        self._idle()
+        if self.parts is None and self.failure is None:
+            return False
+        adam = self.adam
+        group_of = {id(a): gr for gr in adam.param_groups for a in gr["params"]}
+        why = self._stale(grads, group_of)
+        if why:
+            self.discard()
+            if self.step_early:
+                self.step_early = False
+                warnings.warn("FSDPCPUAdam: %s between backward and step(), so the step "
+                              "prepared behind backward was dropped and is taken at step(), "
+                              "from now on (overlap=False says so up front)" % why,
+                              stacklevel=4)
+            return False
+        rest = [(a, group_of[id(a)], g) for a, g in grads.items()
+                if a not in self.prepared and id(a) in group_of]
+        self.take()
+        failure, prepared = self.failure, self.parts is not None
+        try:
+            with adam._lock:
+                if failure is None and rest:
+                    try:
+                        if self.parts is None:
+                            tiermem._check(_lib.tm_adam_step_groups_prepare(
+                                adam._adam, 1.0, None, 0), "tm_adam_step_groups_prepare")
+                            self.parts, prepared = ([], [], []), True
+                        keep, empties, runs = self.parts
+                        adam._prepare_part(rest, 1.0, adam.runtime._handle(), keep, empties,
+                                           runs, False)
+                    except Exception as e:  # noqa: BLE001: through _agree
+                        failure = e
+                adam._agree(failure)
+                prepared = False
+                _, empties, runs = self.parts
+                adam._commit_buckets(runs)
+                adam._count(empties)
+        finally:
+            if prepared:
+                _lib.tm_adam_step_abort(adam._adam)
+            self._reset_parts()
+        return True
+
+    def _stale(self, grads, group_of):
+        """Why the parts prepared would not be the step now ("" when they would)."""
+        if self.again:
+            return "a gradient was set twice (accumulation over micro-batches)"
+        for a, (g, s) in self.prepared.items():
+            if a in grads and (grads[a] is not g or _sum(g) != s):
+                return "a gradient changed (clip_grad_norm_? clip with max_grad_norm)"
+        for gid, hyper in self.hyper.items():
+            group = next((gr for gr in self.adam.param_groups if id(gr) == gid), None)
+            if group is None or _hyper(group) != hyper:
+                return "a hyperparameter changed"
+        return ""
+
+    def discard(self):
+        """The parts prepared so far aborted (every state as before): the step comes whole at
+        step()."""
+        self._idle()
+        if self.parts is not None:
+            with self.adam._lock:
+                _lib.tm_adam_step_abort(self.adam._adam)
+        self._reset_parts()
+
     def close(self):
+        self.discard()
+        with self.cv:
+            self.stopping = True
+            self.cv.notify_all()
+        if self.worker is not None:
+            self.worker.join()
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+def _sum(g):
+    """A gradient's fingerprint: its float64 sum (a scaling, a clip, an add changes it)."""
+    return float(torch.sum(g.detach(), dtype=torch.float64))
+
+
+def _hyper(group):
+    return tuple((k, group[k]) for k in ("lr", "betas", "eps", "weight_decay", "amsgrad")
+                 if k in group)

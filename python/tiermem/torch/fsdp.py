@@ -24,7 +24,8 @@ returns torch.optim.AdamW's layout with each state tensor a DTensor sharded as i
 torch.distributed.checkpoint's get/set_optimizer_state_dict treat it as they treat AdamW's, and
 checkpoints move between the two. Nothing of the model is changed (no wrapper). With the state
 on NVMe, post-accumulate-grad hooks on the parameters start each one's state up into DRAM as
-backward sets its gradient, and the step takes them in that order (_fsdp_prefetch.py). With
+backward sets its gradient, and the step takes them in that order; without clipping the step
+itself is prepared there, part by part, and step() commits it (_fsdp_prefetch.py). With
 shard_tier / grad_tier the parameter and gradient shards live in tiermem too (_fsdp_shards.py:
 hooks on the model). close() removes the hooks and brings every shard back; the runtime's
 close() does too, with the state, if it comes first.
@@ -44,7 +45,7 @@ import torch
 import tiermem
 from tiermem import _capi
 from tiermem.torch._fsdp_guard import local
-from tiermem.torch._fsdp_prefetch import _StatePrefetch
+from tiermem.torch._fsdp_prefetch import _BehindBackward
 from tiermem.torch._fsdp_shards import _ShardOffload
 from tiermem.torch.cpu_adam import CPUAdam, _check_hyper, _closed_error
 
@@ -147,7 +148,7 @@ class _ShardAdam(CPUAdam):
         # which agree on each step's outcome (None: the default group).
         self._group, self._every, self._device = group, every, device
         self._scale = None  # the whole step's, while it is stepped unit by unit
-        self._prefetch = None  # _StatePrefetch, with the state on NVMe
+        self._behind = None  # _BehindBackward, with the state on NVMe
         super().__init__(params, **kwargs)
 
     def _agree(self, failure):
@@ -175,9 +176,9 @@ class _ShardAdam(CPUAdam):
 
     def _step_order(self, items):
         """The parameters whose state was started up behind backward first, in that order."""
-        if self._prefetch is None:
+        if self._behind is None:
             return items
-        rank = {a: i for i, a in enumerate(self._prefetch.take())}
+        rank = {a: i for i, a in enumerate(self._behind.take())}
         return sorted(items, key=lambda it: rank.get(it[0], len(rank)))
 
     def _grad_scale(self, grads):
@@ -233,7 +234,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     def __init__(self, module, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=1e-2, amsgrad=False, *, adamw=True, max_grad_norm=None,
                  runtime=None, state_tier="dram", threads=0, shard_tier=None,
-                 shard_prefetch_depth=1, grad_tier=None, slice_bytes=None):
+                 shard_prefetch_depth=1, grad_tier=None, slice_bytes=None, overlap=None):
         self._closed = False
         self._names = names = _check_module(module)
         self._offload = None
@@ -299,9 +300,22 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                                 amsgrad=amsgrad, adamw=adamw, max_grad_norm=max_grad_norm,
                                 runtime=runtime, state_tier=state_tier, threads=threads,
                                 overlap=False, slice_bytes=slice_bytes)
+        if overlap not in (None, True, False):
+            raise TypeError("FSDPCPUAdam: overlap=%r; want None (auto), True or False" %
+                            (overlap,))
+        early = (state_tier == "nvme" and max_grad_norm is None and shard_tier is None and
+                 device.type == "cpu")
+        if overlap and not early:
+            raise ValueError(
+                "FSDPCPUAdam: overlap=True steps behind backward, which needs state_tier="
+                "\"nvme\", no max_grad_norm (the coefficient needs every gradient), no "
+                "shard_tier and a CPU mesh (on CUDA the gradient's copy down is not ordered "
+                "yet); this has state_tier=%r, max_grad_norm=%r, shard_tier=%r, a %s mesh" %
+                (state_tier, max_grad_norm, shard_tier, device.type))
         if state_tier == "nvme":  # read behind backward (hooks on the parameters)
-            self._adam._prefetch = _StatePrefetch(
-                self._adam, self._shards, self.runtime.stats()["tiers"]["dram"]["capacity"])
+            self._adam._behind = _BehindBackward(
+                self._adam, self._shards, self.runtime.stats()["tiers"]["dram"]["capacity"],
+                step_early=early and overlap is not False, sync_hyper=self._sync_hyper)
         if shard_tier is not None:
             if grad_tier is not None and device.type != "cpu":
                 raise ValueError("FSDPCPUAdam: grad_tier is supported on a CPU mesh only, not %s"
@@ -325,13 +339,13 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         if self._offload is not None:
             self._offload.close()
             self._offload = None
-        self._close_prefetch()
+        self._close_behind()
         self._adam._runtime_closing()
 
-    def _close_prefetch(self):
-        if self._adam._prefetch is not None:
-            self._adam._prefetch.close()
-            self._adam._prefetch = None
+    def _close_behind(self):
+        if self._adam._behind is not None:
+            self._adam._behind.close()
+            self._adam._behind = None
 
     def _params(self):
         return (p for g in self.param_groups for p in g["params"])
@@ -358,13 +372,16 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     def _sync(self):
         """The hyperparameters as the user (or a scheduler) left them in param_groups, and the
         aliases on the shards as FSDP2 holds them now (a load_state_dict may re-pad them)."""
+        self._sync_hyper()
+        with torch.no_grad():
+            for p, a in self._shards.items():
+                a.data = local(p)
+
+    def _sync_hyper(self):
         for outer, inner in zip(self.param_groups, self._adam.param_groups):
             for k, v in outer.items():
                 if k != "params":
                     inner[k] = v
-        with torch.no_grad():
-            for p, a in self._shards.items():
-                a.data = local(p)
 
     def _mirror_state(self):
         # The same dicts as CPUAdam's ("step"): DCP's get_optimizer_state_dict looks at
@@ -396,8 +413,11 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         for p, a in self._shards.items():
             a.grad = None if p.grad is None else local(p.grad)
         try:
+            behind = self._adam._behind
             if self._offload is None or not self._offload.offloaded:
-                self._adam.step()
+                if behind is None or not behind.finish(
+                        {a: a.grad for a in self._shards.values() if a.grad is not None}):
+                    self._adam.step()
             else:
                 self._step_by_unit()
         finally:
@@ -434,8 +454,8 @@ class FSDPCPUAdam(torch.optim.Optimizer):
             scale = adam._coefficient(squares)
         units = [u for u in offload.units
                  if any(grads.get(self._shards.get(p)) is not None for p in u.params)]
-        if adam._prefetch is not None:  # the units whose state was read behind backward first
-            rank = {a: i for i, a in enumerate(adam._prefetch.take())}
+        if adam._behind is not None:  # the units whose state was read behind backward first
+            rank = {a: i for i, a in enumerate(adam._behind.take())}
             units.sort(key=lambda u: min((rank.get(self._shards.get(p), len(rank))
                                           for p in u.params), default=len(rank)))
         if adam.state_tier == "nvme" and not adam._home:
@@ -495,7 +515,15 @@ class FSDPCPUAdam(torch.optim.Optimizer):
             raise
         offload.adopt_new(units)
 
+    def _forget_behind(self):
+        """A step prepared behind backward dropped (a zero_grad before step(), a checkpoint
+        read or load in between): step() takes the step whole."""
+        if self._adam._behind is not None:
+            self._adam._behind.discard()
+            self._adam._behind.take()
+
     def zero_grad(self, set_to_none=True):
+        self._forget_behind()
         if self._offload is not None:
             if set_to_none:
                 self._offload.drop_grads()
@@ -522,6 +550,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         """torch.optim.AdamW's layout; each state tensor a DTensor sharded as its parameter."""
         self._check_open("state_dict")
         DTensor = _fsdp2()[3]
+        self._forget_behind()
         self._sync()
         sd = self._adam.state_dict()
         params = list(self._params())
@@ -538,6 +567,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         this rank's local shards)."""
         self._check_open("load_state_dict")
         DTensor = _fsdp2()[3]
+        self._forget_behind()
         self._sync()
         params = list(self._params())
         saved = [i for g in state_dict["param_groups"] for i in g["params"]]
@@ -573,5 +603,5 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         if self._offload is not None:
             self._offload.close()
             self._offload = None
-        self._close_prefetch()
+        self._close_behind()
         self._adam.close()
