@@ -225,6 +225,14 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     them in between only inside shards_in(): elsewhere a read raises a RuntimeError (clip with
     max_grad_norm, not clip_grad_norm_, which raises).
 
+    With state_tier="nvme" the state's I/O runs behind backward (module _fsdp_prefetch):
+    overlap (None: where it can be; True: insist; False: off) prepares the step itself there,
+    part by part as FSDP2 sets the gradients, for step() to agree on and commit; it needs no
+    max_grad_norm, no shard_tier and a CPU mesh. A gradient set twice (accumulation), changed
+    (clip_grad_norm_) or a hyperparameter changed between backward and step() makes step() take
+    the step whole, and turns overlap off with a warning. Without overlap each parameter's state
+    is read ahead into DRAM as its gradient comes, within half the DRAM tier.
+
     The runtime's close() before this optimizer's (a `with tiermem.Runtime(...)` block ending
     first, an exception in it) brings everything home first: the shards and gradient shards
     into their torch storages for good (shard_tier off from then on, the hooks gone), the state
