@@ -6,7 +6,8 @@ and then runs the parameter's post-accumulate-grad hooks. From there:
 - read ahead (when it does not step early): the parameter's optimizer state (its CPUAdam slices, on NVMe) is started up into
   DRAM, in the order the gradients come (the last layers first), up to a share of the DRAM tier:
   half of it less the largest slice twice (the step's pipeline keeps to the other half, so
-  neither evicts the other's reads). The step takes the parameters in that same order, so that
+  neither evicts the other's reads), and with shard_tier less two units' shards and gradients
+  (what backward brings in and sends down meanwhile). The step takes the parameters in that same order, so that
   what was read behind backward is stepped first. A read the runtime cannot start (no room, the
   tensor busy) is a hint dropped: the step reads it itself.
 - step early (overlap): without clipping, the step itself is prepared part by part behind
@@ -41,6 +42,9 @@ class _BehindBackward:
         # the CPUAdam's parameter}; capacity: the DRAM tier's bytes.
         self.adam, self.shards = adam, shards
         self.capacity = capacity
+        # DRAM the rest of backward needs meanwhile (with shard_tier: two units' shards and
+        # gradients coming in and going down), left out of the read-ahead's share.
+        self.reserve = 0
         self.step_early = step_early
         self.sync_hyper = sync_hyper  # the user's hyperparameters (a scheduler's) into adam's
         self.order = {}  # alias -> None, in the order the gradients were set (a dict: ordered)
@@ -67,7 +71,7 @@ class _BehindBackward:
     def _budget(self):
         largest = max((t.nbytes for slot in self.adam._slots.values()
                        for t, _, _, _ in slot.slices()), default=0)
-        return max(0, self.capacity // 2 - 2 * largest)
+        return max(0, self.capacity // 2 - 2 * largest - self.reserve)
 
     def _gradient_set(self, p):
         a = self.shards.get(p)

@@ -331,6 +331,10 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                                  "post-reduce event)" % device.type)
             self._offload = _ShardOffload(module, runtime, shard_tier, shard_prefetch_depth,
                                           grad_tier)
+            if self._adam._behind is not None:  # backward's own traffic in DRAM: two units'
+                largest = max((sum(local(p).untyped_storage().nbytes() for p in u.params)
+                               for u in self._offload.units), default=0)
+                self._adam._behind.reserve = 2 * largest * (2 if grad_tier else 1)
             unowned = [names.get(p) for p in self._params() if p not in self._offload.unit_of]
             if unowned:
                 raise ValueError("FSDPCPUAdam: parameters %s belong to no fully_shard unit of "
