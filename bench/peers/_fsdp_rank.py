@@ -128,7 +128,8 @@ class Rank:
             rt = tiermem.Runtime(**settings)
         opt = FSDPCPUAdam(model, runtime=rt, state_tier=tier, threads=self.spec["threads"],
                           shard_tier="nvme" if mode == "tiermem_shards" else None,
-                          grad_tier="nvme" if mode == "tiermem_shards" else None, **HYPER)
+                          grad_tier="nvme" if mode == "tiermem_shards" else None,
+                          overlap=False if mode == "tiermem_nvme_at_step" else None, **HYPER)
         info = rt.info()
         return opt, rt, dict(
             impl="tiermem FSDPCPUAdam, kernel %s, state %s, %s" % (

@@ -19,7 +19,7 @@ def report(args, modes, timing, memory, wall):
         first["param_bytes"]))
     for mode in modes:
         print("info impl %s: %s" % (mode, t0[mode]["impl"]))
-    for mode in ("tiermem", "tiermem_nvme"):
+    for mode in ("tiermem", "tiermem_nvme", "tiermem_nvme_at_step"):
         if mode not in modes:
             continue
         for rank, t in enumerate(timing):
@@ -79,7 +79,7 @@ def report(args, modes, timing, memory, wall):
             print("check loss_max_diff %s_vs_adamw %.3g (relative %.3g, over %d steps; at most "
                   "%g)" % (mode, diff, rel, steps, args.loss_rtol))
             bad = bad or rel > args.loss_rtol
-    for other in ("tiermem_nvme", "tiermem_shards"):
+    for other in ("tiermem_nvme", "tiermem_nvme_at_step", "tiermem_shards"):
         if "tiermem" not in modes or other not in modes:
             continue
         diff = max(abs(a - b) for a, b in zip(t0[other]["losses"], t0["tiermem"]["losses"]))

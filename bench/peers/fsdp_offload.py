@@ -31,10 +31,17 @@ root), --nproc ranks (default 2 on the CPU with gloo, 1 on CUDA with NCCL, one G
   tiermem_nvme        as tiermem with state_tier="nvme": the runtime's DRAM budget is
                       --nvme-dram-fraction of the rank's state (both printed, `info nvme_state`),
                       so every step streams the state from NVMe (--nvme-dir) and writes it back.
+                      No clipping here, so FSDPCPUAdam's overlap (its default) prepares the step
+                      behind backward: each parameter's state read, stepped into its new version
+                      and written down as FSDP2 sets its gradient; step() agrees and commits.
+  tiermem_nvme_at_step  the same with overlap=False: the state read ahead behind backward (half
+                      the DRAM tier), the step taken at step().
   tiermem_shards      as tiermem_nvme, and FSDPCPUAdam(shard_tier="nvme", grad_tier="nvme"):
                       each rank's parameter shards and reduce-scattered gradient shards too live
                       on NVMe between uses (ZeRO-Infinity), brought in before each unit's
-                      all-gather and for its step, one or two units at a time.
+                      all-gather, one or two units at a time; the step (at step(): shard_tier
+                      does not overlap) reads each unit's gradients back and writes its new
+                      shards, not reading the old ones (the state's masters hold them).
 
 Two phases, each in process groups of its own (fresh processes, torchrun's environment):
 
@@ -109,7 +116,8 @@ from _fsdp_phases import worker  # noqa: E402 - the ranks' side, next to this fi
 from _fsdp_rank import HYPER  # noqa: E402
 from _fsdp_report import report  # noqa: E402
 
-MODES = ["no_offload", "cpu_offload_policy", "tiermem", "tiermem_nvme", "tiermem_shards"]
+MODES = ["no_offload", "cpu_offload_policy", "tiermem", "tiermem_nvme", "tiermem_nvme_at_step",
+         "tiermem_shards"]
 # Defaults by device: on the CPU a step of some 100s of ms on two shared cores (4.2M parameters,
 # 16-24 MiB of AdamW state per rank of 2); on a GPU a model whose CPU step and copies matter
 # (about 0.74B parameters: 8.8 GB of fp32 master + moments, 12 GB under CPUOffloadPolicy).
