@@ -6,6 +6,10 @@
 # tiermem-plan with the README's 7B case (on that probe, and on the README's figures, whose
 # recommendation must be the README's), the README's PyTorch snippet on a small model
 # (tools/wheel/readme_snippet.py) and a training with each offload (tools/wheel/train_check.py).
+# Also: before torch, that the probe says why it has no GPU (no CUDA runtime found), and that
+# pip install . of the committed source fails naming the Debian package (no compiler there);
+# after torch, that the library finds the CUDA runtime of torch's wheels; at the end, that pip
+# uninstall leaves nothing.
 #   sudo tools/fresh_root_wheel.sh [WHEEL]     (default: the one tiermem wheel in dist/;
 #                                               make it with bash tools/build.sh wheel)
 # Environment: MIRROR, FRESH_DIR, KEEP as for tools/fresh_root.sh; TORCH (pip requirement for
@@ -100,6 +104,9 @@ echo "== a user, the wheel ($(basename "$wheel")) and the scripts in their home"
 chroot "$root" useradd --create-home --shell /bin/bash --uid 1500 tiermem
 home=$root/home/tiermem
 cp "$wheel" "$repo/tools/wheel/readme_snippet.py" "$repo/tools/wheel/train_check.py" "$home/"
+# The committed source too, for pip install . where the build dependencies are missing.
+mkdir "$home/tiermem-src"
+git -C "$repo" archive HEAD | tar -x -C "$home/tiermem-src"
 chroot "$root" chown -R tiermem:tiermem /home/tiermem
 
 as_user() {  # script: runs as the user in the root, in their home, with a clean environment
@@ -135,9 +142,20 @@ run "python3 -m venv venv; pip install $(basename "$wheel")" '
   python3 -m venv venv
   pip install -q "$WHEEL"
   pip list 2>/dev/null | grep -i tiermem'
+run "no CUDA libraries yet: the emulated device, saying why" '
+  python -c "import tiermem; print(tiermem.library_path())"
+  tiermem-probe --no-bench --no-sweep --no-demo 2>&1 | tee probe.txt
+  grep -q "^gpu  *none used (no CUDA runtime (libcudart.so.13) found" probe.txt'
+run "pip install . from the source, with no build dependencies: names the Debian package" '
+  out=$(pip install --no-cache-dir ./tiermem-src 2>&1) && { echo "pip install . built with no compiler?"; exit 1; }
+  echo "$out" | grep -E "FATAL_ERROR|CMake Error|apt-get install" | head -5
+  echo "$out" | grep -q "no C++ compiler found: apt-get install g++"'
 run "pip install $torch_req" '
   pip install -q "$TORCH_REQ"
   python -c "import torch; print(\"torch\", torch.__version__)"'
+run "the CUDA runtime of torch's wheels is found, with no torch imported" '
+  TIERMEM_LOG_LEVEL=debug tiermem-probe --no-bench --no-sweep --no-demo 2>&1 | grep -E "^tiermem: debug: CUDA runtime|^gpu" | tee cudart.txt
+  grep -q "CUDA runtime: .*/site-packages/nvidia/cu13/lib/libcudart.so.13" cudart.txt'
 run "python -m tiermem" '
   python -m tiermem'
 run "tiermem-probe --json --no-demo" '
