@@ -99,16 +99,16 @@ absl::StatusOr<CudaRuntime> Load() {
   std::vector<std::string> missing;
   // The function's name as the header spells it after its macros (a _v2 or _ptsz variant).
 #define TM_CUDART_STR(s) #s
-#define TM_CUDART_BIND(fn)                                                           \
-  rt.fn = reinterpret_cast<decltype(rt.fn)>(dlsym(handle, TM_CUDART_STR(fn)));       \
+#define TM_CUDART_BIND(fn)                                                     \
+  rt.fn = reinterpret_cast<decltype(rt.fn)>(dlsym(handle, TM_CUDART_STR(fn))); \
   if (rt.fn == nullptr) missing.push_back(TM_CUDART_STR(fn));
   TM_CUDART_FUNCTIONS(TM_CUDART_BIND)
 #undef TM_CUDART_BIND
 #undef TM_CUDART_STR
   if (!missing.empty()) {
     // Kept loaded: the process may hold other references to it (torch's).
-    return absl::UnavailableError(absl::StrFormat("the CUDA runtime %s lacks %s", where,
-                                                  absl::StrJoin(missing, ", ")));
+    return absl::UnavailableError(
+        absl::StrFormat("the CUDA runtime %s lacks %s", where, absl::StrJoin(missing, ", ")));
   }
   Log(LogSeverity::kDebug, "CUDA runtime: %s", where.c_str());
   return rt;
