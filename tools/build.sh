@@ -128,12 +128,13 @@ pch=(-DTIERMEM_TEST_PCH=ON)
 # own (tools/wheel/requirements.txt, pinned; made again when that file changes), then repaired by
 # auditwheel into a manylinux wheel in dist/: the shared libraries it needs beyond the manylinux
 # policy's (liburing, hwloc, Abseil, xxHash) copied into tiermem.libs/, the platform tag from the
-# newest glibc symbol used. The CUDA backend is required (TIERMEM_WITH_CUDA=ON unless set): one
-# wheel serves machines with and without a GPU.
+# newest glibc symbol used. `build.sh wheel` requires the CUDA backend (TIERMEM_WITH_CUDA=ON
+# unless set): one wheel serves machines with and without a GPU. The test stage builds it as the
+# suite's builds are (AUTO unless set), so that a machine without the toolkit still runs it.
 wheel_dir=${WHEEL_BUILD_DIR:-$root/build-wheel}
 dist=${WHEEL_DIST:-$root/dist}
-build_wheel() {
-  stage "wheel"
+build_wheel() {  # TIERMEM_WITH_CUDA for the wheel
+  stage "wheel (TIERMEM_WITH_CUDA=$1)"
   local env="$wheel_dir/venv" req="$root/tools/wheel/requirements.txt" want
   want=$(sha256sum "$req" | cut -d' ' -f1)
   if ! [ -x "$env/bin/python" ] || [ "$(cat "$env/.tiermem-requirements" 2>/dev/null)" != "$want" ]; then
@@ -144,7 +145,7 @@ build_wheel() {
   rm -rf "$wheel_dir/raw"
   CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$env/bin/python" -m pip wheel -q --disable-pip-version-check \
     --no-deps --no-build-isolation --config-settings=build-dir="$wheel_dir/cmake" \
-    --config-settings=cmake.define.TIERMEM_WITH_CUDA="${TIERMEM_WITH_CUDA:-ON}" -w "$wheel_dir/raw" "$root"
+    --config-settings=cmake.define.TIERMEM_WITH_CUDA="$1" -w "$wheel_dir/raw" "$root"
   mkdir -p "$dist"
   rm -f "$dist"/tiermem-*.whl
   PATH="$env/bin:$PATH" auditwheel repair -w "$dist" "$wheel_dir"/raw/tiermem-*.whl
@@ -187,14 +188,14 @@ case "$mode" in
       bash "$root/tools/scripts/format.sh" --check
     fi
     if [ "${WHEEL_CHECK:-1}" != 0 ]; then
-      build_wheel
+      build_wheel "$cuda"
       stage "wheel check (a clean venv outside the checkout)"
       bash "$root/tools/wheel/check.sh" "$dist"/tiermem-*.whl
     fi
     stage "test: done"
     ;;
   wheel)
-    build_wheel
+    build_wheel "${TIERMEM_WITH_CUDA:-ON}"
     ;;
   *)
     echo "usage: tools/build.sh demo|test|wheel" >&2
