@@ -35,7 +35,8 @@ template <typename F>
 absl::Status Find(const char* symbol, F& f) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+  if (Cudart().cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &q) !=
+          cudaSuccess ||
       q != cudaDriverEntryPointSuccess || p == nullptr) {
     return absl::UnimplementedError(
         absl::StrFormat("the CUDA driver has no %s (virtual memory management)", symbol));
@@ -182,8 +183,8 @@ absl::StatusOr<std::unique_ptr<ChunkMapper>> CreateCudaChunkMapper(int device, u
                                                                    uint64_t range_multiple) {
   DeviceGuard guard(device);
   if (guard.status() != cudaSuccess) {
-    return absl::InternalError(
-        absl::StrFormat("cudaSetDevice(%d): %s", device, cudaGetErrorName(guard.status())));
+    return absl::InternalError(absl::StrFormat("cudaSetDevice(%d): %s", device,
+                                               Cudart().cudaGetErrorName(guard.status())));
   }
   auto d = LoadDriver();
   if (!d.ok()) return d.status();

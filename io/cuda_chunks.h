@@ -5,12 +5,11 @@
 
 #ifdef TIERMEM_HAVE_CUDA
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "io/cudart.h"
 #include "io/device.h"
 
 namespace tiermem::io {
@@ -19,14 +18,14 @@ namespace tiermem::io {
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (Cudart().cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
     if (previous_ != device) {
-      status_ = cudaSetDevice(device);
+      status_ = Cudart().cudaSetDevice(device);
       changed_ = status_ == cudaSuccess && previous_ >= 0;
     }
   }
   ~DeviceGuard() {
-    if (changed_) cudaSetDevice(previous_);
+    if (changed_) Cudart().cudaSetDevice(previous_);
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;

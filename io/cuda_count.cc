@@ -5,18 +5,20 @@
 #include "absl/strings/str_format.h"
 
 #ifdef TIERMEM_HAVE_CUDA
-#include <cuda_runtime_api.h>
+#include "io/cudart.h"
 #endif
 
 namespace tiermem::io {
 
 absl::StatusOr<int> CudaDeviceCount() {
 #ifdef TIERMEM_HAVE_CUDA
+  if (auto rt = LoadCudaRuntime(); !rt.ok()) return rt.status();
   int count = 0;
-  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
-    cudaGetLastError();  // a failed call leaves its error behind for the next one to see
+  if (cudaError_t e = Cudart().cudaGetDeviceCount(&count); e != cudaSuccess) {
+    Cudart().cudaGetLastError();  // a failed call leaves its error behind for the next one to see
     return absl::UnavailableError(absl::StrFormat("no usable CUDA device: %s (%s)",
-                                                  cudaGetErrorString(e), cudaGetErrorName(e)));
+                                                  Cudart().cudaGetErrorString(e),
+                                                  Cudart().cudaGetErrorName(e)));
   }
   if (count <= 0) return absl::UnavailableError("no CUDA device present");
   return count;

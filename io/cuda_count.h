@@ -6,7 +6,7 @@
 namespace tiermem::io {
 
 // cudaGetDeviceCount (which honours CUDA_VISIBLE_DEVICES): Unavailable when the build has no
-// CUDA backend or there is no usable driver or device.
+// CUDA backend, no CUDA runtime loads (io/cudart.h), or there is no usable driver or device.
 absl::StatusOr<int> CudaDeviceCount();
 
 }  // namespace tiermem::io

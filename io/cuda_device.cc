@@ -1,5 +1,6 @@
-// The CUDA backend: a real GPU through the CUDA runtime API. Compiled whenever the toolkit is
-// found; without one, CreateCudaDevice says Unavailable.
+// The CUDA backend: a real GPU through the CUDA runtime API, loaded at run time (io/cudart.h).
+// Compiled whenever the toolkit is found; without one, or without a runtime or a device at run
+// time, CreateCudaDevice says Unavailable and why.
 //
 // Errors: every call's return value is checked. cudaGetLastError is never called: it clears
 // only non-sticky errors, and on a caller's thread it would wipe the caller's own error state.
@@ -13,8 +14,6 @@
 
 #ifdef TIERMEM_HAVE_CUDA
 
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <atomic>
 #include <vector>
@@ -22,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "io/cuda_chunks.h"
+#include "io/cudart.h"
 #include "io/sync.h"
 
 namespace tiermem::io {
@@ -46,8 +46,8 @@ bool IsSticky(cudaError_t err) {
 }
 
 absl::Status CudaError(cudaError_t err, const char* what) {
-  std::string msg =
-      absl::StrFormat("%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
+  std::string msg = absl::StrFormat("%s: %s (%s)", what, Cudart().cudaGetErrorString(err),
+                                    Cudart().cudaGetErrorName(err));
   if (IsSticky(err)) {
     absl::StrAppend(&msg,
                     "; this is a sticky error: the CUDA context is lost and every later CUDA call "
@@ -68,10 +68,11 @@ absl::Status CudaError(cudaError_t err, const char* what) {
   }
 }
 
-#define TM_CUDA_RETURN_IF_ERROR(call)                                       \
-  do {                                                                      \
-    cudaError_t tm_cuda_err_ = (call);                                      \
-    if (tm_cuda_err_ != cudaSuccess) return CudaError(tm_cuda_err_, #call); \
+// Calls the runtime's `fn` with the arguments after it; returns its error, named, if it fails.
+#define TM_CUDA_RETURN_IF_ERROR(fn, ...)                                  \
+  do {                                                                    \
+    cudaError_t tm_cuda_err_ = Cudart().fn(__VA_ARGS__);                  \
+    if (tm_cuda_err_ != cudaSuccess) return CudaError(tm_cuda_err_, #fn); \
   } while (0)
 
 #define TM_CUDA_GUARD(device)    \
@@ -85,10 +86,10 @@ class CudaFence final : public Fence {
   static absl::StatusOr<std::shared_ptr<CudaFence>> Record(int device, cudaStream_t stream) {
     TM_CUDA_GUARD(device);
     cudaEvent_t ev = nullptr;
-    TM_CUDA_RETURN_IF_ERROR(
-        cudaEventCreateWithFlags(&ev, cudaEventBlockingSync | cudaEventDisableTiming));
-    if (cudaError_t e = cudaEventRecord(ev, stream); e != cudaSuccess) {
-      cudaEventDestroy(ev);
+    TM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags, &ev,
+                            cudaEventBlockingSync | cudaEventDisableTiming);
+    if (cudaError_t e = Cudart().cudaEventRecord(ev, stream); e != cudaSuccess) {
+      Cudart().cudaEventDestroy(ev);
       return CudaError(e, "cudaEventRecord");
     }
     return std::make_shared<CudaFence>(device, ev);
@@ -96,16 +97,16 @@ class CudaFence final : public Fence {
   CudaFence(int device, cudaEvent_t ev) : device_(device), event_(ev) {}
   ~CudaFence() override {
     DeviceGuard guard(device_);
-    cudaEventDestroy(event_);
+    Cudart().cudaEventDestroy(event_);
   }
   absl::Status Wait() override {
     TM_CUDA_GUARD(device_);
-    TM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event_));
+    TM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize, event_);
     return absl::OkStatus();
   }
   bool Passed() override {
     DeviceGuard guard(device_);
-    return cudaEventQuery(event_) != cudaErrorNotReady;  // an error has "passed" too
+    return Cudart().cudaEventQuery(event_) != cudaErrorNotReady;  // an error has "passed" too
   }
   cudaEvent_t event() const { return event_; }
 
@@ -117,10 +118,10 @@ class CudaFence final : public Fence {
 // Checks a caller's stream before anything is enqueued behind it.
 absl::Status CheckStream(int device, cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaError_t e = cudaStreamIsCapturing(stream, &capture); e != cudaSuccess) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("stream %p is not a usable CUDA stream: %s (%s)",
-                        static_cast<void*>(stream), cudaGetErrorString(e), cudaGetErrorName(e)));
+  if (cudaError_t e = Cudart().cudaStreamIsCapturing(stream, &capture); e != cudaSuccess) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "stream %p is not a usable CUDA stream: %s (%s)", static_cast<void*>(stream),
+        Cudart().cudaGetErrorString(e), Cudart().cudaGetErrorName(e)));
   }
   if (capture != cudaStreamCaptureStatusNone) {
     return absl::UnimplementedError(absl::StrFormat(
@@ -130,7 +131,8 @@ absl::Status CheckStream(int device, cudaStream_t stream) {
   }
 #if CUDART_VERSION >= 12080
   int stream_device = -1;
-  if (cudaStreamGetDevice(stream, &stream_device) == cudaSuccess && stream_device != device) {
+  if (Cudart().cudaStreamGetDevice(stream, &stream_device) == cudaSuccess &&
+      stream_device != device) {
     return absl::InvalidArgumentError(
         absl::StrFormat("stream %p belongs to CUDA device %d, not to tiermem's device %d",
                         static_cast<void*>(stream), stream_device, device));
@@ -153,7 +155,7 @@ class CudaCopyEngine final : public CopyEngine {
     DeviceGuard guard(device_);
     for (auto& dir : streams_) {
       for (cudaStream_t s : dir) {
-        if (s != nullptr) cudaStreamDestroy(s);
+        if (s != nullptr) Cudart().cudaStreamDestroy(s);
       }
     }
   }
@@ -162,7 +164,7 @@ class CudaCopyEngine final : public CopyEngine {
     TM_CUDA_GUARD(device_);
     for (auto& dir : streams_) {
       for (cudaStream_t& s : dir) {
-        TM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        TM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags, &s, cudaStreamNonBlocking);
       }
     }
     return absl::OkStatus();
@@ -175,7 +177,7 @@ class CudaCopyEngine final : public CopyEngine {
     cudaStream_t s = streams_[d][next_stream_[d]++ % kStreamsPerDirection];
     for (const FencePtr& f : after) {
       if (auto* cf = dynamic_cast<CudaFence*>(f.get()); cf != nullptr) {
-        TM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, cf->event(), 0));
+        TM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent, s, cf->event(), 0);
       } else if (auto st = f->Wait(); !st.ok()) {
         return st;
       }
@@ -183,9 +185,9 @@ class CudaCopyEngine final : public CopyEngine {
     absl::Status status;
     for (uint64_t off = 0; off < bytes && status.ok(); off += kChunk) {
       // cudaMemcpyDefault: with unified addressing the runtime tells host from device memory.
-      if (cudaError_t e =
-              cudaMemcpyAsync(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off,
-                              std::min(kChunk, bytes - off), cudaMemcpyDefault, s);
+      if (cudaError_t e = Cudart().cudaMemcpyAsync(
+              static_cast<char*>(dst) + off, static_cast<const char*>(src) + off,
+              std::min(kChunk, bytes - off), cudaMemcpyDefault, s);
           e != cudaSuccess) {
         status = CudaError(e, "cudaMemcpyAsync");
       }
@@ -196,7 +198,7 @@ class CudaCopyEngine final : public CopyEngine {
     if (!fence.ok()) {
       // Chunks already enqueued keep reading src and writing dst: drain them before the caller
       // frees either.
-      cudaStreamSynchronize(s);
+      Cudart().cudaStreamSynchronize(s);
       return fence.status();
     }
     return CopyTicket{*std::move(fence)};
@@ -217,7 +219,7 @@ class CudaCopyEngine final : public CopyEngine {
     if (auto st = CheckStream(device_, s); !st.ok()) return st;
     auto* cf = dynamic_cast<CudaFence*>(fence.get());
     if (cf == nullptr) return fence->Wait();
-    TM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, cf->event(), 0));
+    TM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent, s, cf->event(), 0);
     return absl::OkStatus();
   }
 
@@ -245,7 +247,8 @@ class CudaDevice final : public Device {
   uint64_t free_bytes() const override {
     DeviceGuard guard(device_);
     size_t free = 0, total = 0;
-    if (guard.status() != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+    if (guard.status() != cudaSuccess || Cudart().cudaMemGetInfo(&free, &total) != cudaSuccess)
+      return 0;
     return free;
   }
   // Half the device, but never more than is free less a headroom for the framework beside
@@ -261,12 +264,12 @@ class CudaDevice final : public Device {
   absl::StatusOr<void*> AllocateSlab(uint64_t bytes) override {
     TM_CUDA_GUARD(device_);
     void* p = nullptr;
-    TM_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+    TM_CUDA_RETURN_IF_ERROR(cudaMalloc, &p, bytes);
     return p;
   }
   void FreeSlab(void* slab, uint64_t) override {
     DeviceGuard guard(device_);
-    cudaFree(slab);
+    Cudart().cudaFree(slab);
   }
   absl::StatusOr<std::unique_ptr<ChunkMapper>> CreateChunkMapper(uint64_t bytes,
                                                                  uint64_t range_multiple) override {
@@ -274,18 +277,18 @@ class CudaDevice final : public Device {
   }
   absl::Status RegisterHost(void* addr, uint64_t bytes) override {
     TM_CUDA_GUARD(device_);
-    TM_CUDA_RETURN_IF_ERROR(cudaHostRegister(addr, bytes, cudaHostRegisterPortable));
+    TM_CUDA_RETURN_IF_ERROR(cudaHostRegister, addr, bytes, cudaHostRegisterPortable);
     return absl::OkStatus();
   }
   void UnregisterHost(void* addr) override {
     DeviceGuard guard(device_);
-    cudaHostUnregister(addr);
+    Cudart().cudaHostUnregister(addr);
   }
   absl::Status Fill(void* addr, int value, uint64_t bytes) override {
     TM_CUDA_GUARD(device_);
     cudaStream_t s = engine_.stream(CopyDirection::kHostToDevice);
-    TM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(addr, value, bytes, s));
-    TM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    TM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync, addr, value, bytes, s);
+    TM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize, s);
     return absl::OkStatus();
   }
   CopyEngine& copy_engine() override { return engine_; }
@@ -293,10 +296,10 @@ class CudaDevice final : public Device {
   bool IsDevicePointer(const void* p) override {
     DeviceGuard guard(device_);
     cudaPointerAttributes attr = {};
-    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) return false;
+    if (Cudart().cudaPointerGetAttributes(&attr, p) != cudaSuccess) return false;
     return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
   }
-  void BindThread() override { cudaSetDevice(device_); }
+  void BindThread() override { Cudart().cudaSetDevice(device_); }
 
   absl::StatusOr<std::vector<double>> TimeCopies(CopyKind kind, void* dst, const void* src,
                                                  uint64_t bytes, int repeats) override {
@@ -309,23 +312,23 @@ class CudaDevice final : public Device {
       cudaStream_t stream = nullptr;
       cudaEvent_t start = nullptr, stop = nullptr;
       ~Resources() {
-        if (start != nullptr) cudaEventDestroy(start);
-        if (stop != nullptr) cudaEventDestroy(stop);
-        if (stream != nullptr) cudaStreamDestroy(stream);
+        if (start != nullptr) Cudart().cudaEventDestroy(start);
+        if (stop != nullptr) Cudart().cudaEventDestroy(stop);
+        if (stream != nullptr) Cudart().cudaStreamDestroy(stream);
       }
     } r;
-    TM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+    TM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags, &r.stream, cudaStreamNonBlocking);
     // Timing events (no cudaEventDisableTiming), but blocking-sync: the host sleeps meanwhile.
-    TM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.start, cudaEventBlockingSync));
-    TM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.stop, cudaEventBlockingSync));
+    TM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags, &r.start, cudaEventBlockingSync);
+    TM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags, &r.stop, cudaEventBlockingSync);
     std::vector<double> seconds;
     for (int i = -1; i < repeats; ++i) {  // i == -1: the warm-up
-      TM_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.start, r.stream));
-      TM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, k, r.stream));
-      TM_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.stop, r.stream));
-      TM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(r.stop));
+      TM_CUDA_RETURN_IF_ERROR(cudaEventRecord, r.start, r.stream);
+      TM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync, dst, src, bytes, k, r.stream);
+      TM_CUDA_RETURN_IF_ERROR(cudaEventRecord, r.stop, r.stream);
+      TM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize, r.stop);
       float ms = 0;
-      TM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, r.start, r.stop));
+      TM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime, &ms, r.start, r.stop);
       if (i >= 0) seconds.push_back(static_cast<double>(ms) / 1e3);
     }
     return seconds;
@@ -343,10 +346,12 @@ class CudaDevice final : public Device {
 bool CudaBackendCompiled() { return true; }
 
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int device_index) {
+  if (auto rt = LoadCudaRuntime(); !rt.ok()) return rt.status();
   int count = 0;
-  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+  if (cudaError_t e = Cudart().cudaGetDeviceCount(&count); e != cudaSuccess) {
     return absl::UnavailableError(absl::StrFormat("no usable CUDA device: %s (%s)",
-                                                  cudaGetErrorString(e), cudaGetErrorName(e)));
+                                                  Cudart().cudaGetErrorString(e),
+                                                  Cudart().cudaGetErrorName(e)));
   }
   if (count == 0) return absl::UnavailableError("no CUDA device present");
   if (device_index < 0 || device_index >= count) {
@@ -354,11 +359,12 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int device_index) {
         "TIERMEM_CUDA_DEVICE=%d: this machine has %d CUDA device(s)", device_index, count));
   }
   cudaDeviceProp props = {};
-  if (cudaError_t e = cudaGetDeviceProperties(&props, device_index); e != cudaSuccess) {
+  if (cudaError_t e = Cudart().cudaGetDeviceProperties(&props, device_index); e != cudaSuccess) {
     return CudaError(e, "cudaGetDeviceProperties");
   }
   char bus[32] = {};
-  if (cudaError_t e = cudaDeviceGetPCIBusId(bus, sizeof bus, device_index); e != cudaSuccess) {
+  if (cudaError_t e = Cudart().cudaDeviceGetPCIBusId(bus, sizeof bus, device_index);
+      e != cudaSuccess) {
     return CudaError(e, "cudaDeviceGetPCIBusId");
   }
   auto dev = std::make_unique<CudaDevice>(device_index, props, std::string(bus));

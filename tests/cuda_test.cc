@@ -12,6 +12,8 @@
 
 #ifdef TIERMEM_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "io/cudart.h"
 #endif
 
 #include "io/device.h"
@@ -69,6 +71,23 @@ class Cuda : public ::testing::Test {
   }
   std::unique_ptr<io::Device> device_;
 };
+
+#ifdef TIERMEM_HAVE_CUDA
+// The backend's runtime is loaded once and, when the process already has libcudart (this test
+// links it; a PyTorch process has torch's), it is that one, not a second copy from elsewhere.
+// Needs no GPU: runs wherever the backend is compiled.
+TEST(CudaRuntimeLoad, BindsTheProcessOwnRuntimeOnce) {
+  auto first = io::LoadCudaRuntime();
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = io::LoadCudaRuntime();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(*first, *second);
+  EXPECT_EQ(&io::Cudart(), *first);
+  EXPECT_NE((*first)->path.find("already loaded"), std::string::npos) << (*first)->path;
+  EXPECT_EQ((*first)->cudaGetDeviceCount, &::cudaGetDeviceCount);
+  EXPECT_EQ((*first)->cudaMemcpyAsync, &::cudaMemcpyAsync);
+}
+#endif
 
 TEST_F(Cuda, DescribesItself) {
   EXPECT_EQ(device_->kind(), "cuda");

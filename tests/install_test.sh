@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the built tree into a temporary prefix, then builds two outside consumers against it:
-# one with find_package(tiermem), one with pkg-config. Both must run.
+# one with find_package(tiermem), one with pkg-config. Both must run. The library must not link
+# the CUDA runtime.
 set -euo pipefail
 build=$1
 src=$(cd "$(dirname "$0")" && pwd)
@@ -11,6 +12,13 @@ test -f "$work/prefix/include/tiermem/tiermem.h"
 libdir=$(ls -d "$work"/prefix/lib*/ | head -n 1)
 test -f "$libdir/cmake/tiermem/tiermemConfig.cmake"
 test -f "$libdir/pkgconfig/tiermem.pc"
+# The CUDA runtime is loaded at run time (io/cudart.h), never linked: the installed library must
+# load where CUDA is absent.
+if readelf -d "$libdir/libtiermem.so" | grep -q 'NEEDED.*libcudart'; then
+  echo "install_test: the installed libtiermem.so links libcudart (NEEDED):" >&2
+  readelf -d "$libdir/libtiermem.so" | grep NEEDED >&2
+  exit 1
+fi
 
 flags=${CONSUMER_FLAGS:-}
 # Ninja, as the main build: a minimal machine has no make.

@@ -3,12 +3,18 @@
 #   tools/build.sh demo   install what is missing, build, run tiermem-probe (probe + offload demo)
 #   tools/build.sh test   install what is missing, build with -Werror, run every test, then again
 #                         under ASan+UBSan, then under TSan; then compile lib/ and io/ with clang's
-#                         -Wthread-safety, fuzz each target for FUZZ_SECONDS, check the format
+#                         -Wthread-safety, fuzz each target for FUZZ_SECONDS, check the format;
+#                         then build the wheel and check it from a clean venv (tools/wheel/check.sh)
+#   tools/build.sh wheel  install what is missing, build the manylinux wheel into dist/
+#                         (pip + scikit-build-core, then auditwheel repair; docs/building.md)
 # Environment: BUILD_DIR (default build), JOBS (default: all cores), TIERMEM_WITH_CUDA (AUTO),
 #   FUZZ_SECONDS (per fuzz target, default 30; 0 skips the fuzz run),
 #   FORMAT_CHECK (1, the default: tools/scripts/format.sh --check is a step of test; 0 skips
 #   it), TIERMEM_VENV (default .venv in the checkout: the Python environment made from
-#   python/requirements.txt, torch 2.x; TIERMEM_VENV=none leaves Python out).
+#   python/requirements.txt, torch 2.x; TIERMEM_VENV=none leaves Python out),
+#   WHEEL_BUILD_DIR (default build-wheel: the wheel's build environment and CMake build),
+#   WHEEL_DIST (default dist: where the wheel goes), WHEEL_CHECK (1, the default: the wheel stage
+#   is a step of test; 0 skips it).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -118,8 +124,37 @@ test_optimize=(-DTIERMEM_TEST_OPTIMIZE=-O1)
 # build's test programs took 168 s of user CPU instead of 236 s.
 pch=(-DTIERMEM_TEST_PCH=ON)
 
+# The wheel: built by pip through scikit-build-core (pyproject.toml) in a build environment of its
+# own (tools/wheel/requirements.txt, pinned; made again when that file changes), then repaired by
+# auditwheel into a manylinux wheel in dist/: the shared libraries it needs beyond the manylinux
+# policy's (liburing, hwloc, Abseil, xxHash) copied into tiermem.libs/, the platform tag from the
+# newest glibc symbol used. `build.sh wheel` requires the CUDA backend (TIERMEM_WITH_CUDA=ON
+# unless set): one wheel serves machines with and without a GPU. The test stage builds it as the
+# suite's builds are (AUTO unless set), so that a machine without the toolkit still runs it.
+wheel_dir=${WHEEL_BUILD_DIR:-$root/build-wheel}
+dist=${WHEEL_DIST:-$root/dist}
+build_wheel() {  # TIERMEM_WITH_CUDA for the wheel
+  stage "wheel (TIERMEM_WITH_CUDA=$1)"
+  local env="$wheel_dir/venv" req="$root/tools/wheel/requirements.txt" want
+  want=$(sha256sum "$req" | cut -d' ' -f1)
+  if ! [ -x "$env/bin/python" ] || [ "$(cat "$env/.tiermem-requirements" 2>/dev/null)" != "$want" ]; then
+    /usr/bin/python3 -m venv --clear "$env"
+    "$env/bin/python" -m pip install -q --disable-pip-version-check -r "$req"
+    echo "$want" >"$env/.tiermem-requirements"
+  fi
+  rm -rf "$wheel_dir/raw"
+  CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$env/bin/python" -m pip wheel -q --disable-pip-version-check \
+    --no-deps --no-build-isolation --config-settings=build-dir="$wheel_dir/cmake" \
+    --config-settings=cmake.define.TIERMEM_WITH_CUDA="$1" -w "$wheel_dir/raw" "$root"
+  mkdir -p "$dist"
+  rm -f "$dist"/tiermem-*.whl
+  PATH="$env/bin:$PATH" auditwheel repair -w "$dist" "$wheel_dir"/raw/tiermem-*.whl
+  PATH="$env/bin:$PATH" auditwheel show "$dist"/tiermem-*.whl
+  ls -l "$dist"/tiermem-*.whl
+}
+
 case "$mode" in
-  demo) install_missing "${packages[@]}" ;;
+  demo | wheel) install_missing "${packages[@]}" ;;
   test) install_missing "${packages[@]}" "${test_packages[@]}" ;;
 esac
 case "$mode" in
@@ -152,10 +187,18 @@ case "$mode" in
       stage "format"
       bash "$root/tools/scripts/format.sh" --check
     fi
+    if [ "${WHEEL_CHECK:-1}" != 0 ]; then
+      build_wheel "$cuda"
+      stage "wheel check (a clean venv outside the checkout)"
+      bash "$root/tools/wheel/check.sh" "$dist"/tiermem-*.whl
+    fi
     stage "test: done"
     ;;
+  wheel)
+    build_wheel "${TIERMEM_WITH_CUDA:-ON}"
+    ;;
   *)
-    echo "usage: tools/build.sh demo|test" >&2
+    echo "usage: tools/build.sh demo|test|wheel" >&2
     exit 2
     ;;
 esac

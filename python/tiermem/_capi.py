@@ -254,6 +254,12 @@ def _prototypes(lib):
         fn.argtypes = argtypes
 
 
+def _bundled_path():
+    """The wheel's own library: tiermem/lib/libtiermem.so.X.Y beside this file (pip install)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", SONAME)
+    return path if os.path.exists(path) else None
+
+
 def _installed_path():
     try:
         from . import _paths  # written by cmake --install; absent in a source tree or wheel
@@ -276,8 +282,9 @@ def _source_tree_path():
 
 
 def load():
-    """The library: $TIERMEM_LIBRARY, else the one cmake --install recorded, else a source
-    checkout's own build tree (build/lib/libtiermem.so), else the soname.
+    """The library: $TIERMEM_LIBRARY, else the wheel's own (tiermem/lib/), else the one cmake
+    --install recorded, else a source checkout's own build tree (build/lib/libtiermem.so), else
+    the soname.
 
     Returns (library, where it came from). Raises OSError naming every place tried.
     """
@@ -286,9 +293,8 @@ def load():
     if env:
         # Named explicitly: a failure here is an error, not a reason to fall back silently.
         return ctypes.CDLL(env), env
-    installed = _installed_path()
-    source = _source_tree_path()
-    candidates = [p for p in (installed, source) if p] + [SONAME]
+    candidates = [p for p in (_bundled_path(), _installed_path(), _source_tree_path()) if p]
+    candidates.append(SONAME)
     for path in candidates:
         try:
             return ctypes.CDLL(path), path
@@ -296,7 +302,7 @@ def load():
             tried.append("%s (%s)" % (path, e))
     raise OSError("tiermem: cannot load the library; tried " + "; ".join(tried) +
                   ". Set TIERMEM_LIBRARY to the path of libtiermem.so, build it in this checkout "
-                  "(bash tools/build.sh demo), or install tiermem with cmake --install")
+                  "(bash tools/build.sh demo), or install tiermem with pip or cmake --install")
 
 
 def check_layout():
