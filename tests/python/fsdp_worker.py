@@ -516,7 +516,7 @@ class Cases(ShardCases, GuardCases):
             return self.runtime(dram_bytes=1 << 20, nvme_paths=self.nvme_dir,
                                 nvme_bytes="32MiB", checksum="xxh3")
 
-        def run(overlap, micro=1, halve=False, lr=False, steps=3):
+        def run(overlap, micro=1, halve=False, lr=False, swap=False, steps=3):
             with runtime() as rt, warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 model = build()
@@ -531,6 +531,12 @@ class Cases(ShardCases, GuardCases):
                         moved.append(rt.stats()["bytes_moved"]["dram"]["nvme"] - before)
                     if halve:  # as clip_grad_norm_ would
                         torch._foreach_mul_([p.grad for p in model.parameters()], 0.5)
+                    if swap and i == 1:  # the same sum, another gradient, the worker done
+                        behind = opt._adam._behind
+                        behind._idle()
+                        g = next(model.parameters()).grad.to_local().view(-1)
+                        first, second = g[0].item(), g[1].item()
+                        g[0], g[1] = second, first
                     opt.step()
                     opt.zero_grad()
                     if lr:  # a schedule, between the step and the next backward
@@ -543,7 +549,7 @@ class Cases(ShardCases, GuardCases):
 
         out = dict(rank=dist.get_rank())
         for name, kw in (("plain", {}), ("micro", dict(micro=2)), ("halve", dict(halve=True)),
-                         ("lr", dict(lr=True))):
+                         ("lr", dict(lr=True)), ("swap", dict(swap=True))):
             want = run(False, **kw)
             got = run(None, **kw)
             out[name] = dict(same=compare(got[0], got[1], want[0], want[1])["bit_identical"],

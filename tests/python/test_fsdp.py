@@ -163,11 +163,12 @@ def check_fault(got, case):
 def test_the_step_prepared_behind_backward(single_node):
     """overlap (auto with the state on NVMe and no clipping): the step prepared while backward
     runs, bit-identical to overlap=False; a learning rate changed between steps is followed;
-    accumulation and a change of the gradients (a foreach mul, as clip_grad_norm_ makes) fall
-    back to the whole step at step(), with a warning; a fault on one rank's NVMe before
+    accumulation and a change of the gradients (a foreach mul, as clip_grad_norm_ makes; two
+    elements swapped through to_local(), which keeps the sum) fall back to the whole step at
+    step(), with a warning; a fault on one rank's NVMe before
     backward: every rank raises, nothing changes, the run goes on."""
     for rank, r in results(single_node, "overlap").items():
-        for name in ("plain", "micro", "halve", "lr"):
+        for name in ("plain", "micro", "halve", "lr", "swap"):
             assert r[name]["same"], "rank %d, %s: differs from overlap=False" % (rank, name)
         # The new state is written while backward runs (its new versions, beside the old):
         # from the second step on (the first makes the state), and not with overlap=False.
@@ -177,6 +178,8 @@ def test_the_step_prepared_behind_backward(single_node):
         assert not r["micro"]["early_after"], "accumulation: no longer steps early"
         assert not r["halve"]["early_after"], "gradients changed: no longer steps early"
         assert any("gradient changed" in w for w in r["halve"]["warnings"]), r["halve"]
+        # Two elements swapped through to_local(): the sum kept, the version counter not.
+        assert any("gradient changed" in w for w in r["swap"]["warnings"]), r["swap"]
         e = r["fault_error"]
         assert e is not None and e[0] == "TM_ERR_CORRUPT", e
         assert "rank 1 failed its step" in e[1], e

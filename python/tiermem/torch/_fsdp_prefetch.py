@@ -16,8 +16,10 @@ and then runs the parameter's post-accumulate-grad hooks. From there:
   written down, nothing changed yet; the C call releases the GIL), and step() only agrees across
   the ranks and commits. What the step would see differently falls back to stepping it all at
   step(), the parts aborted: a gradient set twice (accumulation over micro-batches), a gradient
-  changed since its part was prepared (a clip_grad_norm_: each gradient's sum is taken before
-  its part and again at step()), a hyperparameter changed (a learning rate set before
+  changed since its part was prepared (seen by _mark: the version counters of the DTensor and of
+  its local tensor, which in-place writes bump, and the sum, for the foreach ops over DTensors,
+  which bump neither, as clip_grad_norm_ makes them; a foreach op that keeps every gradient's
+  sum is not seen), a hyperparameter changed (a learning rate set before
   step()), a state_dict() or load_state_dict() or zero_grad() in between. After such a fallback
   the optimizer steps at step() from then on, and says why once (a warning). A failure in a part
   is that rank's failure of the step: step() raises it on every rank."""
@@ -60,7 +62,8 @@ class _BehindBackward:
                          for p in shards if p.requires_grad]
 
     def _reset_parts(self):
-        self.prepared = {}  # alias -> (the local gradient, its sum) when prepared
+        # alias -> (the local gradient, the DTensor gradient, _mark of them) when prepared
+        self.prepared = {}
         self.hyper = {}  # id(param group) -> its hyperparameters when a part used it
         self.parts = None  # (keep, empties, runs) of the step prepared in the C optimizer
         self.failure = None
@@ -88,7 +91,7 @@ class _BehindBackward:
             # zeros stayed in the worker's malloc arena, resident, 12-16 MiB at the bench's
             # sizes; made here they are reused.)
             with self.cv:
-                self.pending.append((a, local(p.grad)))
+                self.pending.append((a, local(p.grad), p.grad))
                 if self.worker is None:
                     self.worker = threading.Thread(target=self._run, daemon=True,
                                                    name="tiermem_fsdp_step")
@@ -135,8 +138,9 @@ class _BehindBackward:
         adam = self.adam
         self.sync_hyper()  # as the user left them after the last step (a scheduler's lr)
         group_of = {id(a): g for g in adam.param_groups for a in g["params"]}
-        items = [(a, group_of[id(a)], g) for a, g in take if id(a) in group_of]
-        sums = [_sum(g) for _, _, g in items]  # before: a change from here on is seen
+        take = [(a, g, dt) for a, g, dt in take if id(a) in group_of]
+        items = [(a, group_of[id(a)], g) for a, g, _ in take]
+        marks = [_mark(g, dt) for _, g, dt in take]  # before: a change from here on is seen
         for _, group, _ in items:
             self.hyper.setdefault(id(group), _hyper(group))
         with adam._lock:
@@ -146,8 +150,8 @@ class _BehindBackward:
                 self.parts = ([], [], [])
             keep, empties, runs = self.parts
             adam._prepare_part(items, 1.0, adam.runtime._handle(), keep, empties, runs, False)
-        for (a, _, g), s in zip(items, sums):
-            self.prepared[a] = (g, s)
+        for (a, g, dt), m in zip(take, marks):
+            self.prepared[a] = (g, dt, m)
 
     def _idle(self):
         with self.cv:
@@ -214,8 +218,8 @@ class _BehindBackward:
         """Why the parts prepared would not be the step now ("" when they would)."""
         if self.again:
             return "a gradient was set twice (accumulation over micro-batches)"
-        for a, (g, s) in self.prepared.items():
-            if a in grads and (grads[a] is not g or _sum(g) != s):
+        for a, (g, dt, m) in self.prepared.items():
+            if a in grads and (grads[a] is not g or _mark(g, dt) != m):
                 return "a gradient changed (clip_grad_norm_? clip with max_grad_norm)"
         for gid, hyper in self.hyper.items():
             group = next((gr for gr in self.adam.param_groups if id(gr) == gid), None)
@@ -242,6 +246,14 @@ class _BehindBackward:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+def _mark(g, dt):
+    """What tells a gradient changed since: the version counters of FSDP2's DTensor gradient and
+    of its local tensor (a write through either: a DTensor op, or an element set through
+    to_local()), and the sum (a torch._foreach_mul_ over the DTensors, as clip_grad_norm_ makes,
+    bumps neither counter)."""
+    return dt._version, g._version, _sum(g)
 
 
 def _sum(g):
