@@ -54,7 +54,11 @@ class Scheduled : public ::testing::Test {
     }
   }
   // One pass over the tensors in order: acquire in HBM for reading, release.
-  void Pass(tm_runtime rt, bool step, int compute_us = 0) {
+  // compute_us: a training step's compute between uses, the time prefetches can hide. With
+  // `landed`, the compute lasts until the moves queued so far have landed (tm_runtime_sync), as
+  // long compute would: a sleep alone was not long enough under TSan, whose instrumented copies
+  // of 8 MiB outlast 20 ms on two loaded cores (Scheduled.PrefetchHidesTransfers failed there).
+  void Pass(tm_runtime rt, bool step, int compute_us = 0, bool landed = false) {
     if (step) {
       ASSERT_EQ(tm_step_begin(rt), TM_OK);
     }
@@ -62,9 +66,11 @@ class Scheduled : public ::testing::Test {
       void* p = nullptr;
       ASSERT_EQ(tm_tensor_acquire(rt, t, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p), TM_OK)
           << tm_last_error();
-      if (compute_us > 0) {
-        // not ordering: a training step's compute between uses, the time prefetches can hide
+      if (compute_us > 0) {  // not ordering
         std::this_thread::sleep_for(std::chrono::microseconds(compute_us));
+      }
+      if (landed) {
+        ASSERT_EQ(tm_runtime_sync(rt), TM_OK) << tm_last_error();
       }
       ASSERT_EQ(tm_tensor_release(rt, t, TM_TIER_HBM), TM_OK);
     }
@@ -264,8 +270,9 @@ TEST_F(Scheduled, APrefetchIssuedDuringADemandWaitsForIt) {
   EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
 }
 
-// With compute between acquires and a capped link, prefetching turns misses into hits. (How
-// much, and at what step time, is bench/step_bench's business: this checks the direction.)
+// With compute between acquires long enough for the moves it hides to land, and a capped link,
+// prefetching turns misses into hits. (How much, and at what step time, is bench/step_bench's
+// business: this checks the direction.)
 TEST_F(Scheduled, PrefetchHidesTransfers) {
   auto hits = [&](int32_t depth) {
     tm_config c = Config();
@@ -276,7 +283,7 @@ TEST_F(Scheduled, PrefetchHidesTransfers) {
     Create(rt, 12, 8 * kMiB, TM_TIER_DRAM);
     Pass(rt, true);
     const tm_stats before = Stats(rt);
-    for (int i = 0; i < 3; ++i) Pass(rt, true, 20000);  // 10x the transfer: robust to slow runs
+    for (int i = 0; i < 3; ++i) Pass(rt, true, 2000, /*landed=*/true);
     const tm_stats after = Stats(rt);
     EXPECT_EQ(tm_runtime_destroy(rt), TM_OK);
     return after.acquire_hits - before.acquire_hits;
