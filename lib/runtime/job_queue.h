@@ -39,24 +39,15 @@ class JobQueue {
   // backward's prefetches neither wait behind the forward's write-downs to NVMe in the queue,
   // nor for a mover thread that slow writes all hold. One tensor's jobs keep their order.
   std::optional<Job> Pop(uint32_t max_offloads) {
-    auto pick = jobs_.end();
-    offloads_passed_.clear();
-    for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
-      if (it->kind == JobKind::kOffload) {
-        if (pick == jobs_.end() && running_offloads_ < max_offloads) pick = it;
-        offloads_passed_.push_back(it->handle);
-      } else if (std::find(offloads_passed_.begin(), offloads_passed_.end(), it->handle) ==
-                 offloads_passed_.end()) {
-        pick = it;
-        break;
-      }
-    }
+    auto pick = Next(max_offloads);
     if (pick == jobs_.end()) return std::nullopt;
     Job job = *pick;
     jobs_.erase(pick);
     if (job.kind == JobKind::kOffload) ++running_offloads_;
     return job;
   }
+  // Whether Pop would return a job now.
+  bool HasRunnable(uint32_t max_offloads) { return Next(max_offloads) != jobs_.end(); }
   // A popped job is done.
   void Done(const Job& job) {
     if (job.kind == JobKind::kOffload) --running_offloads_;
@@ -85,6 +76,20 @@ class JobQueue {
   uint64_t prefetch_in_flight() const { return prefetch_in_flight_; }
 
  private:
+  std::deque<Job>::iterator Next(uint32_t max_offloads) {
+    auto pick = jobs_.end();
+    offloads_passed_.clear();
+    for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+      if (it->kind == JobKind::kOffload) {
+        if (pick == jobs_.end() && running_offloads_ < max_offloads) pick = it;
+        offloads_passed_.push_back(it->handle);
+      } else if (std::find(offloads_passed_.begin(), offloads_passed_.end(), it->handle) ==
+                 offloads_passed_.end()) {
+        return it;
+      }
+    }
+    return pick;
+  }
   // A job leaves the counts: done, or cancelled while queued.
   void Forget(const Job& job) {
     prefetch_in_flight_ -= job.prefetch_bytes;

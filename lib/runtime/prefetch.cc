@@ -1,5 +1,6 @@
 // Prefetching along the schedule: uses noted, prefetches issued ahead within the depth and
 // byte limits, steps, explicit schedules, schedule keys and the home tier of each class.
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -16,21 +17,35 @@ namespace tiermem {
 void Prefetcher::NoteUse(Tensor& t, tm_tier tier, bool fill) {
   t.last_use = ++tick_;
   schedule_.OnUse(t.key, tier, fill, t.bytes);
-  IssuePrefetches();
+  // The window ahead is refilled every depth / 2 uses, not at each: a refill that queues work
+  // wakes a mover, and on the caller's thread (this is its acquire) that wake-up costs several
+  // times the rest of the call. A use's prefetch is then queued depth / 2 + 1 to depth uses ahead.
+  // Where the last refill left something for later (a tensor not made yet, still landing, or held
+  // back by the bytes in flight, as at the turn from forward to backward), each use looks again.
+  if (uses_to_refill_ > 0) {
+    --uses_to_refill_;
+    return;
+  }
+  const bool whole = IssuePrefetches();
+  uses_to_refill_ = whole ? std::max<uint32_t>(1, core_.config.prefetch_depth / 2) - 1 : 0;
 }
 
-void Prefetcher::IssuePrefetches() {
+bool Prefetcher::IssuePrefetches() {
   const uint32_t depth = core_.config.prefetch_depth;
-  if (depth == 0 || !schedule_.replaying()) return;
+  if (depth == 0 || !schedule_.replaying()) return true;
   // Stage 1: the next `depth` uses, up to the tier they are used in. Stage 2: the `depth` after
   // those, from NVMe to DRAM, so that stage 1 then only crosses the PCIe link. Room is checked
   // when a prefetch runs (do no harm), not here: by then the picture has changed.
   const auto upcoming = schedule_.Upcoming(2 * static_cast<size_t>(depth));
+  bool queued = false, whole = true;
   for (size_t i = 0; i < upcoming.size(); ++i) {
     const auto& [position, use] = upcoming[i];
     if (!use.fill || use.tier == TM_TIER_NVME) continue;  // overwritten, or nothing to bring
     Tensor* v = FindKey(use.key);
-    if (v == nullptr || v->busy()) continue;
+    if (v == nullptr || v->busy()) {
+      whole = false;
+      continue;
+    }
     if (v->queued > 0 && UsedSoon(*v)) CancelQueuedOffloads(*v);
     if (v->queued > 0) continue;  // a move of it runs, or a job waits: its order is kept
     tm_tier target = use.tier;
@@ -41,14 +56,26 @@ void Prefetcher::IssuePrefetches() {
       }
       target = TM_TIER_DRAM;
     }
-    if (v->copy(target).valid() || !v->materialized()) continue;
+    if (v->copy(target).valid()) continue;
+    if (!v->materialized()) {
+      whole = false;
+      continue;
+    }
     const uint64_t in_flight = movers_.jobs_.prefetch_in_flight();
-    if (in_flight > 0 && in_flight + v->bytes > prefetch_limit_) break;
+    if (in_flight > 0 && in_flight + v->bytes > prefetch_limit_) {
+      whole = false;
+      break;
+    }
     ++v->queued;
     ++core_.counters.prefetches;
     movers_.jobs_.Push(Job{v->handle, target, JobKind::kPrefetch, position, v->bytes});
-    movers_.work_.Signal();
+    queued = true;
   }
+  // One mover is woken, whatever the number queued: it wakes another when it finds more work
+  // than its own (MoverLoop), so that the caller's thread, which issues these in its acquire,
+  // pays for one wake-up at most.
+  if (queued) movers_.work_.Ring();
+  return whole;
 }
 
 bool Prefetcher::UsedSoon(const Tensor& t) {
@@ -113,7 +140,8 @@ absl::Status Runtime::StepBegin() {
   MutexLock lock(&core_.mu);
   prefetcher_.schedule_.BeginStep();
   prefetcher_.created_in_step_ = 0;
-  prefetcher_.IssuePrefetches();  // the step's first tensors, before its first acquire
+  prefetcher_.uses_to_refill_ = 0;  // the step's first use looks ahead
+  prefetcher_.IssuePrefetches();    // the step's first tensors, before its first acquire
   return absl::OkStatus();
 }
 

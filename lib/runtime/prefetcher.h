@@ -17,8 +17,10 @@ class Prefetcher {
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
 
-  // Queues prefetches for the scheduled uses ahead of the current position.
-  void IssuePrefetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Queues prefetches for the scheduled uses ahead of the current position. False when one of
+  // them had to be left for a later look (its tensor not made yet, busy, or over the bytes in
+  // flight).
+  bool IssuePrefetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
   // Whether the schedule reads t within 2 x the prefetch depth (the uses IssuePrefetches sees)
   // and the tier of that read holds it until then beside everything used before it: then its
   // offload is superseded (dropped or skipped); otherwise the offload runs.
@@ -47,6 +49,7 @@ class Prefetcher {
   uint64_t tick_ ABSL_GUARDED_BY(core_.mu) = 0;
   absl::flat_hash_map<uint64_t, uint64_t> keyed_ ABSL_GUARDED_BY(core_.mu);  // key -> newest handle
   uint64_t created_in_step_ ABSL_GUARDED_BY(core_.mu) = 0;  // tensors created in this step
+  uint32_t uses_to_refill_ ABSL_GUARDED_BY(core_.mu) = 0;   // uses left before NoteUse refills
   uint64_t prefetch_limit_ = 0;                             // bytes; set up once
 };
 
