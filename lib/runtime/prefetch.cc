@@ -17,33 +17,37 @@ namespace tiermem {
 void Prefetcher::NoteUse(Tensor& t, tm_tier tier, bool fill) {
   t.last_use = ++tick_;
   schedule_.OnUse(t.key, tier, fill, t.bytes);
-  // The window ahead is refilled every depth / 2 uses, not at each: a refill that queues work
-  // wakes a mover, and on the caller's thread (this is its acquire) that wake-up costs several
-  // times the rest of the call. A use's prefetch is then queued depth / 2 + 1 to depth uses ahead.
-  // Where the last refill left something for later (a tensor not made yet, still landing, or held
-  // back by the bytes in flight, as at the turn from forward to backward), each use looks again.
+  // Small tensors' window ahead is refilled every depth / 2 uses, not at each: a refill that
+  // queues work wakes a mover, and on the caller's thread (this is its acquire) that wake-up
+  // costs more than the copy of a small tensor. A use's prefetch is then queued depth / 2 + 1 to
+  // depth uses ahead. Where the last refill queued nothing, or a large tensor (its copy, not the
+  // wake-up, is what the lead must hide), or left something for later (a tensor not made yet, still
+  // landing, or held back by the bytes in flight, as at the turn from forward to backward), each
+  // use looks again.
   if (uses_to_refill_ > 0) {
     --uses_to_refill_;
     return;
   }
-  const bool whole = IssuePrefetches();
-  uses_to_refill_ = whole ? std::max<uint32_t>(1, core_.config.prefetch_depth / 2) - 1 : 0;
+  const Refill r = IssuePrefetches();
+  uses_to_refill_ = r.whole && r.largest > 0 && r.largest <= kBatchedRefillBytes
+                        ? std::max<uint32_t>(1, core_.config.prefetch_depth / 2) - 1
+                        : 0;
 }
 
-bool Prefetcher::IssuePrefetches() {
+Prefetcher::Refill Prefetcher::IssuePrefetches() {
   const uint32_t depth = core_.config.prefetch_depth;
-  if (depth == 0 || !schedule_.replaying()) return true;
+  if (depth == 0 || !schedule_.replaying()) return {};
   // Stage 1: the next `depth` uses, up to the tier they are used in. Stage 2: the `depth` after
   // those, from NVMe to DRAM, so that stage 1 then only crosses the PCIe link. Room is checked
   // when a prefetch runs (do no harm), not here: by then the picture has changed.
   const auto upcoming = schedule_.Upcoming(2 * static_cast<size_t>(depth));
-  bool queued = false, whole = true;
+  Refill r;
   for (size_t i = 0; i < upcoming.size(); ++i) {
     const auto& [position, use] = upcoming[i];
     if (!use.fill || use.tier == TM_TIER_NVME) continue;  // overwritten, or nothing to bring
     Tensor* v = FindKey(use.key);
     if (v == nullptr || v->busy()) {
-      whole = false;
+      r.whole = false;
       continue;
     }
     if (v->queued > 0 && UsedSoon(*v)) CancelQueuedOffloads(*v);
@@ -58,24 +62,24 @@ bool Prefetcher::IssuePrefetches() {
     }
     if (v->copy(target).valid()) continue;
     if (!v->materialized()) {
-      whole = false;
+      r.whole = false;
       continue;
     }
     const uint64_t in_flight = movers_.jobs_.prefetch_in_flight();
     if (in_flight > 0 && in_flight + v->bytes > prefetch_limit_) {
-      whole = false;
+      r.whole = false;
       break;
     }
     ++v->queued;
     ++core_.counters.prefetches;
     movers_.jobs_.Push(Job{v->handle, target, JobKind::kPrefetch, position, v->bytes});
-    queued = true;
+    r.largest = std::max(r.largest, v->bytes);
   }
   // One mover is woken, whatever the number queued: it wakes another when it finds more work
   // than its own (MoverLoop), so that the caller's thread, which issues these in its acquire,
   // pays for one wake-up at most.
-  if (queued) movers_.work_.Ring();
-  return whole;
+  if (r.largest > 0) movers_.work_.Ring();
+  return r;
 }
 
 bool Prefetcher::UsedSoon(const Tensor& t) {

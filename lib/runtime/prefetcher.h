@@ -17,10 +17,16 @@ class Prefetcher {
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
 
-  // Queues prefetches for the scheduled uses ahead of the current position. False when one of
-  // them had to be left for a later look (its tensor not made yet, busy, or over the bytes in
-  // flight).
-  bool IssuePrefetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // What a refill of the window queued.
+  struct Refill {
+    bool whole = true;     // false: a use had to be left for a later look (its tensor not made
+                           // yet, busy, or over the bytes in flight)
+    uint64_t largest = 0;  // the largest tensor queued, bytes (0: none)
+  };
+  // Tensors up to this size have their window refilled every depth / 2 uses (NoteUse).
+  static constexpr uint64_t kBatchedRefillBytes = 1ull << 20;
+  // Queues prefetches for the scheduled uses ahead of the current position.
+  Refill IssuePrefetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
   // Whether the schedule reads t within 2 x the prefetch depth (the uses IssuePrefetches sees)
   // and the tier of that read holds it until then beside everything used before it: then its
   // offload is superseded (dropped or skipped); otherwise the offload runs.

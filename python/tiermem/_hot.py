@@ -1,6 +1,6 @@
 """The per-tensor entry points of tiermem.torch's saved-tensor offload, as lean ctypes calls: a
 layer saves 10 to 20 tensors and each pack and unpack crosses the C boundary, so what Python does
-around each call counts (docs/benchmarks.md, pack_overhead).
+around each call counts (docs/benchmarks.md, bench/saved_tensors.py).
 
 Each function here is its own ctypes object (the bindings' own, in _capi, keep their
 prototypes), declared with handles as plain uint64: a struct of one uint64_t passed by value

@@ -67,7 +67,7 @@ def test_backward_unpacks_hit_prefetched_hbm_views(make_runtime, tier):
     # (71%) once with a build running beside the suite. So 60% is asserted here: clearly above
     # what step one hits without prefetches to NVMe (14-16 of 39, 36-41%: the packs not yet
     # written down), which is what tells prefetching from none; the hit rate itself is a
-    # benchmark's (python/examples/pack_overhead.py).
+    # benchmark's (bench/saved_tensors.py).
     later = [d for _, d, _ in steps[1:]]
     for d in later:
         assert d["prefetches"] == d["acquires"], d
