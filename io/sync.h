@@ -10,7 +10,6 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <cstdint>
 #include <mutex>
 
 #include "absl/base/thread_annotations.h"
@@ -79,45 +78,6 @@ class CondVar {
 
  private:
   std::condition_variable cv_;
-};
-
-// A condition for threads that wait while holding another lock (`held`), rung by threads that
-// hold it too: a waiter sleeps on the bell's own lock, so that a ring wakes it with `held` still
-// free to take once its ringer lets go, rather than into a wait for `held` that the ringer's
-// unlock must end with a second wake-up. A ring is never lost: it counts, and a waiter sleeps
-// only until the count moves past what it saw before letting go of `held`.
-class Doorbell {
- public:
-  // With `held` locked, after the waiter's condition was found false: lets go of `held`, sleeps
-  // until a ring after this call (or a spurious wake-up), then locks `held` again.
-  void Wait(Mutex* held) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    std::unique_lock<std::mutex> lock(m_);
-    const uint64_t seen = rings_;
-    held->Unlock();
-    cv_.wait(lock, [&] { return rings_ != seen; });
-    lock.unlock();
-    held->Lock();
-  }
-  // Wakes one waiter / all of them.
-  void Ring() {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      ++rings_;
-    }
-    cv_.notify_one();
-  }
-  void RingAll() {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      ++rings_;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  uint64_t rings_ = 0;
 };
 
 }  // namespace tiermem

@@ -38,7 +38,7 @@ absl::Status Movers::Enqueue(uint64_t handle, tm_tier tier, JobKind kind) {
   if (kind == JobKind::kOffload) parked_offloads_.erase(handle);  // this one replaces it
   ++t.queued;
   jobs_.Push(Job{handle, tier, kind});
-  work_.Ring();
+  work_.Signal();
   return absl::OkStatus();
 }
 
@@ -74,7 +74,7 @@ void Movers::MoverLoop() {
     if (stopping_) return;
     const Job job = *next;
     // More work ready than this job: another mover takes it (the queuer woke only this one).
-    if (jobs_.HasRunnable(kMaxRunningOffloads)) work_.Ring();
+    if (jobs_.HasRunnable(kMaxRunningOffloads)) work_.Signal();
     // An offload is a request: it may need room below, so it takes the room token before
     // claiming its tensor, as a demand does. Prefetches never wait for room.
     std::optional<RoomScope> room;
@@ -105,7 +105,7 @@ void Movers::MoverLoop() {
     room.reset();
     jobs_.Done(job);
     if (job.kind == JobKind::kOffload && jobs_.HasRunnable(kMaxRunningOffloads))
-      work_.Ring();  // one waited for this offload's slot
+      work_.Signal();  // one waited for this offload's slot
     // Look ahead again now, without waiting for the next use: after an offload, a scheduled use
     // skipped while an offload of its tensor was queued can be prefetched; after a prefetch that
     // landed, one held back by the bytes in flight (TIERMEM_PREFETCH_BYTES) can go, so that the
@@ -135,7 +135,7 @@ void Movers::RequeueParkedOffloads(std::optional<tm_tier> freed) {
       jobs_.Push(Job{handle, tier, JobKind::kOffload});
     }
   }
-  work_.RingAll();
+  work_.SignalAll();
 }
 
 void Movers::RunParkedOffload(uint64_t handle) {

@@ -42,7 +42,7 @@ class Movers {
   Core& core_;
   Moves& moves_;
   Prefetcher& prefetcher_;
-  Doorbell work_;  // a job was queued, or the runtime stops (waited on holding core_.mu)
+  CondVar work_;  // a job was queued, or the runtime stops
   JobQueue jobs_ ABSL_GUARDED_BY(core_.mu);
   // Offloads parked until a release, by handle, with their target tier (job_queue.cc).
   absl::flat_hash_map<uint64_t, tm_tier> parked_offloads_ ABSL_GUARDED_BY(core_.mu);

@@ -78,7 +78,7 @@ Prefetcher::Refill Prefetcher::IssuePrefetches() {
   // One mover is woken, whatever the number queued: it wakes another when it finds more work
   // than its own (MoverLoop), so that the caller's thread, which issues these in its acquire,
   // pays for one wake-up at most.
-  if (r.largest > 0) movers_.work_.Ring();
+  if (r.largest > 0) movers_.work_.Signal();
   return r;
 }
 

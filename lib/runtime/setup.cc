@@ -69,7 +69,7 @@ Runtime::~Runtime() {
     movers_.stopping_ = true;
     movers_.jobs_.RemoveIf([](const Job&) { return true; });  // queued moves are abandoned; running
                                                               // ones finish
-    movers_.work_.RingAll();
+    movers_.work_.SignalAll();
   }
   for (auto& t : movers_.threads_) t.join();
   if (core_.trace != nullptr) {
