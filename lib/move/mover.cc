@@ -165,10 +165,13 @@ absl::Status Mover::ExecuteUncounted(const MovePlan& plan, std::optional<CopyTic
   auto ticket = copy.Enqueue(dir, p.dst_addr, p.src_addr, p.bytes, p.after);
   if (!ticket.ok()) return Retag(ticket.status(), TM_ERR_DEVICE);
   if (p.on_enqueued) p.on_enqueued(ticket->fence);
-  if (p.stream != nullptr && dir == CopyDirection::kHostToDevice && pending != nullptr) {
+  if ((p.stream != nullptr || p.enqueue_only) && dir == CopyDirection::kHostToDevice &&
+      pending != nullptr) {
     // The caller's stream waits; the host does not. A stream that cannot wait (the runtime
     // checked it before, so only a device failure) is reported, after the copy has drained.
-    if (absl::Status s = copy.StreamWait(p.stream, ticket->fence); !s.ok()) {
+    if (absl::Status s =
+            p.stream != nullptr ? copy.StreamWait(p.stream, ticket->fence) : absl::OkStatus();
+        !s.ok()) {
       (void)copy.Wait(*ticket);
       return Retag(s, TM_ERR_DEVICE);
     }

@@ -38,6 +38,9 @@ struct MovePlan {
   char* src_addr = nullptr;  // HBM or DRAM source
   char* dst_addr = nullptr;  // HBM or DRAM destination
   void* stream = nullptr;    // a caller's CUDA stream for a stream-ordered copy into HBM
+  // Into HBM from DRAM without a stream: only enqueued, its ticket in *pending for the runtime
+  // to land (a scheduled prefetch started on the caller's thread: Moves::StartPrefetch).
+  bool enqueue_only = false;
   // Must pass before the source is read: its copy's uses, the caller's stream. A copy engine
   // waits for them on the device; other paths wait on the host first.
   std::vector<io::FencePtr> after;
@@ -83,7 +86,8 @@ class Mover {
       : tiers_(tiers), device_(device), io_(io), staging_(staging) {}
 
   // With a plan's stream and a device that has streams, a copy into HBM from DRAM is only
-  // enqueued: *pending receives its ticket, and the stream waits for it. Counts the bytes moved
+  // enqueued: *pending receives its ticket, and the stream waits for it (with enqueue_only,
+  // nothing waits: the runtime lands the ticket). Counts the bytes moved
   // when it succeeds.
   absl::Status Execute(const MovePlan& p, std::optional<io::CopyTicket>* pending);
 

@@ -25,8 +25,11 @@ void Core::WaitLanded(Tensor& t) {
   if (!t.landing.has_value()) return;
   const io::CopyTicket ticket = *t.landing;
   const tm_tier tier = t.landing_tier;
+  // A copy that has passed is only asked its outcome: no need to let the lock go.
   absl::Status s =
-      Unlocked(t, [&] { return Retag(mover->copy_engine().Wait(ticket), TM_ERR_DEVICE); });
+      ticket.fence->Passed()
+          ? Retag(mover->copy_engine().Wait(ticket), TM_ERR_DEVICE)
+          : Unlocked(t, [&] { return Retag(mover->copy_engine().Wait(ticket), TM_ERR_DEVICE); });
   const bool replaces = t.landing_replaces;
   if (s.ok()) {
     t.Landed(tier);

@@ -86,11 +86,56 @@ absl::Status Moves::MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller
     ++core_.counters.moves_behind;
     core_.counters.moves_behind_bytes += t.bytes;
   }
-  if (pending.has_value()) t.Land(dst, *pending, /*replaces=*/false, /*own=*/vacated);
+  if (pending.has_value()) Land(t, plan, *pending, vacated);
   if (dst == TM_TIER_HBM) write_through_.NoteCleanRead(t, plan.src, t.bytes, start);
   // Kept: its next read saves one of NVMe (this one did not; it read NVMe to make the copy).
   if (read_through && t.copy(TM_TIER_DRAM).valid()) t.copy(TM_TIER_DRAM).kept_clean = true;
   return absl::OkStatus();
+}
+
+bool Moves::StartPrefetch(Tensor& t, uint64_t horizon) {
+  constexpr tm_tier kDst = TM_TIER_HBM;
+  if (t.busy() || t.queued > 0 || t.dropped || t.writing_tier() >= 0 || t.landing.has_value() ||
+      t.copy(kDst).state != CopyState::kAbsent || t.copy(TM_TIER_DRAM).state != CopyState::kValid) {
+    return false;
+  }
+  Want want{Want::kPrefetch, horizon};
+  want.evicts = false;  // evicting writes down and waits: a mover's work
+  DropReason why = DropReason::kNone;
+  std::vector<RangeFence> behind;
+  auto extent = room_.Allocate(t, kDst, want, &why, nullptr, &behind);
+  if (!extent.ok()) return false;  // the mover may evict for it, or drops it (counted)
+  if (!behind.empty()) {
+    core_.tiers->space(kDst).Free(*extent);
+    return false;
+  }
+  MovePlan plan = PrepareMove(t, kDst, *extent, CallerStream{});
+  plan.enqueue_only = true;
+  const Trace::Clock::time_point start = Trace::Clock::now();
+  std::optional<io::CopyTicket> pending;
+  // Under the lock: the engine only enqueues (the emulated device may copy a small one at once).
+  absl::Status s = core_.mover->Execute(plan, &pending);
+  if (core_.trace->enabled()) TraceMove(t, plan, start, false);
+  if (!s.ok() || !pending.has_value()) {
+    core_.FreeCopy(t, kDst);
+    if (s.ok()) s = Error(TM_ERR_DEVICE, "the copy engine returned no ticket");
+    core_.RecordFailure(
+        t, WithContext(s, absl::StrFormat("prefetching tensor \"%s\" (%s) to %s", t.name,
+                                          HumanBytes(t.bytes), tm_tier_name(kDst))));
+    return true;
+  }
+  t.EndFill(kDst);
+  Land(t, plan, *pending, /*vacated=*/false);
+  write_through_.NoteCleanRead(t, TM_TIER_DRAM, t.bytes, start);
+  return true;
+}
+
+void Moves::Land(Tensor& t, const MovePlan& plan, const io::CopyTicket& ticket, bool vacated) {
+  t.Land(plan.dst, ticket, /*replaces=*/false, /*own=*/vacated);
+  // The copy still reads its source: that copy is freed or written only once it has passed. (A
+  // vacated source is HBM memory handed on, fenced piece by piece.)
+  if (!vacated && plan.src >= 0)
+    t.copy(static_cast<tm_tier>(plan.src)).uses.push_back(ticket.fence);
 }
 
 void Moves::TraceMove(const Tensor& t, const MovePlan& plan, Trace::Clock::time_point start,

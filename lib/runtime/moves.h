@@ -29,6 +29,13 @@ class Moves {
   // while evicting to make room.
   absl::Status MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
                          DropReason* why = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Starts a scheduled prefetch of t into HBM from its DRAM copy on the calling thread (see
+  // Prefetcher::Start): room from free space only (do no harm still applies), the copy only
+  // enqueued, t's HBM copy landing (the acquire that uses it waits for its ticket) and the DRAM
+  // copy in use until it has passed. False when it cannot start so (t busy or changed, room
+  // that needs eviction, memory a copy down still reads): a mover runs it then. A copy the
+  // engine refuses is recorded as the prefetch's failure (true).
+  bool StartPrefetch(Tensor& t, uint64_t horizon) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
   // Reserves t's copy in `tier` to be filled whole by the caller (kFilling). *made_room (when
   // given) says whether the tier had no free hole for it: room was made (see Allocate).
   absl::Status Reserve(Tensor& t, tm_tier tier, bool* made_room = nullptr)
@@ -40,6 +47,10 @@ class Moves {
  private:
   // The plan of MakeValid's move, its destination reserved; its trace event (t busy, unlocked).
   MovePlan PrepareMove(Tensor& t, tm_tier dst, const Extent& extent, const CallerStream& caller)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // A copy that MakeValid or StartPrefetch left in flight: t's destination copy lands, and its
+  // source stays in use until the copy has passed.
+  void Land(Tensor& t, const MovePlan& plan, const io::CopyTicket& ticket, bool vacated)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
   void TraceMove(const Tensor& t, const MovePlan& plan, Trace::Clock::time_point start,
                  bool vacated) ABSL_NO_THREAD_SAFETY_ANALYSIS;

@@ -94,9 +94,13 @@ absl::StatusOr<uint64_t> Runtime::TensorBytes(uint64_t handle) {
 namespace {
 // An acquire finds the copy in `tier` in place: valid, or held for writing there (a nested
 // acquire), with nothing of the tensor moving.
+// In place: valid, or landing (a prefetch started on a caller's thread, a stream-ordered copy:
+// the claim waits for its ticket), and nothing of the tensor moving.
 bool InPlace(const Tensor& t, tm_tier tier) {
   const CopyState state = t.copy(tier).state;
-  return (state == CopyState::kValid || state == CopyState::kWriting) && !t.busy();
+  return (state == CopyState::kValid || state == CopyState::kWriting ||
+          state == CopyState::kLanding) &&
+         !t.busy();
 }
 // An acquire's tier and access mode: only HBM and DRAM copies have an address.
 absl::Status CheckAcquireArguments(tm_tier tier, tm_access access) {
@@ -140,6 +144,11 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   std::optional<RoomScope> room;
   if (!hit) room.emplace(core_, handle);
   auto claimed = core_.Claim(handle);
+  if (hit && claimed.ok() && !InPlace(**claimed, tier)) {
+    // Its landing copy failed (recorded): a miss after all, which takes the room token first.
+    room.emplace(core_, handle);
+    claimed = core_.Claim(handle);
+  }
   if (waits && --core_.wanted_in_hbm[handle] == 0) core_.wanted_in_hbm.erase(handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
@@ -188,8 +197,20 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
     core_.trace->Add(Trace::kAcquire, t.name, start, end, t.bytes);
   }
   room.reset();
-  prefetcher_.NoteUse(t, tier, access != TM_ACCESS_WRITE);
-  return static_cast<void*>(core_.tiers->Address(tier, t.copy(tier).extent));
+  void* address = core_.tiers->Address(tier, t.copy(tier).extent);
+  NoteUseAndStart(t, tier, access != TM_ACCESS_WRITE);
+  return address;
+}
+
+void Runtime::NoteUseAndStart(Tensor& t, tm_tier tier, bool fill) {
+  // Small prefetches up from DRAM start here, their copies only enqueued, rather than by a
+  // mover: waking one would cost this thread more than the copy (Prefetcher::Start).
+  std::vector<Prefetcher::Start> starts;
+  prefetcher_.NoteUse(t, tier, fill, &starts);
+  for (const Prefetcher::Start& st : starts) {
+    Tensor* v = core_.tensors.Find(st.handle);
+    if (v != nullptr && !moves_.StartPrefetch(*v, st.horizon)) prefetcher_.Queue(st);
+  }
 }
 
 absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {

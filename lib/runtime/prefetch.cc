@@ -14,7 +14,7 @@
 
 namespace tiermem {
 
-void Prefetcher::NoteUse(Tensor& t, tm_tier tier, bool fill) {
+void Prefetcher::NoteUse(Tensor& t, tm_tier tier, bool fill, std::vector<Start>* starts) {
   t.last_use = ++tick_;
   schedule_.OnUse(t.key, tier, fill, t.bytes);
   // Small tensors' window ahead is refilled every depth / 2 uses, not at each: a refill that
@@ -28,13 +28,13 @@ void Prefetcher::NoteUse(Tensor& t, tm_tier tier, bool fill) {
     --uses_to_refill_;
     return;
   }
-  const Refill r = IssuePrefetches();
+  const Refill r = IssuePrefetches(starts);
   uses_to_refill_ = r.whole && r.largest > 0 && r.largest <= kBatchedRefillBytes
                         ? std::max<uint32_t>(1, core_.config.prefetch_depth / 2) - 1
                         : 0;
 }
 
-Prefetcher::Refill Prefetcher::IssuePrefetches() {
+Prefetcher::Refill Prefetcher::IssuePrefetches(std::vector<Start>* starts) {
   const uint32_t depth = core_.config.prefetch_depth;
   if (depth == 0 || !schedule_.replaying()) return {};
   // Stage 1: the next `depth` uses, up to the tier they are used in. Stage 2: the `depth` after
@@ -42,6 +42,7 @@ Prefetcher::Refill Prefetcher::IssuePrefetches() {
   // when a prefetch runs (do no harm), not here: by then the picture has changed.
   const auto upcoming = schedule_.Upcoming(2 * static_cast<size_t>(depth));
   Refill r;
+  bool queued = false;  // a job pushed for the movers
   for (size_t i = 0; i < upcoming.size(); ++i) {
     const auto& [position, use] = upcoming[i];
     if (!use.fill || use.tier == TM_TIER_NVME) continue;  // overwritten, or nothing to bring
@@ -70,16 +71,30 @@ Prefetcher::Refill Prefetcher::IssuePrefetches() {
       r.whole = false;
       break;
     }
-    ++v->queued;
     ++core_.counters.prefetches;
-    movers_.jobs_.Push(Job{v->handle, target, JobKind::kPrefetch, position, v->bytes});
     r.largest = std::max(r.largest, v->bytes);
+    if (starts != nullptr && target == TM_TIER_HBM && v->bytes <= kBatchedRefillBytes &&
+        v->copy(TM_TIER_DRAM).valid() && !v->landing.has_value()) {
+      starts->push_back(Start{v->handle, position});
+      continue;
+    }
+    ++v->queued;
+    movers_.jobs_.Push(Job{v->handle, target, JobKind::kPrefetch, position, v->bytes});
+    queued = true;
   }
   // One mover is woken, whatever the number queued: it wakes another when it finds more work
   // than its own (MoverLoop), so that the caller's thread, which issues these in its acquire,
   // pays for one wake-up at most.
-  if (r.largest > 0) movers_.work_.Signal();
+  if (queued) movers_.work_.Signal();
   return r;
+}
+
+void Prefetcher::Queue(const Start& s) {
+  Tensor* v = core_.tensors.Find(s.handle);
+  if (v == nullptr) return;
+  ++v->queued;
+  movers_.jobs_.Push(Job{v->handle, TM_TIER_HBM, JobKind::kPrefetch, s.horizon, v->bytes});
+  movers_.work_.Signal();
 }
 
 bool Prefetcher::UsedSoon(const Tensor& t) {

@@ -25,14 +25,28 @@ class Prefetcher {
   };
   // Tensors up to this size have their window refilled every depth / 2 uses (NoteUse).
   static constexpr uint64_t kBatchedRefillBytes = 1ull << 20;
-  // Queues prefetches for the scheduled uses ahead of the current position.
-  Refill IssuePrefetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // A prefetch into HBM of a tensor DRAM holds, of kBatchedRefillBytes or less: its copy is
+  // only enqueued on the copy engine, so the caller's thread may start it itself
+  // (Moves::StartPrefetch) rather than wake a mover for it.
+  struct Start {
+    uint64_t handle;
+    uint64_t horizon;  // the position of the use it serves
+  };
+  // Queues prefetches for the scheduled uses ahead of the current position. With `starts`,
+  // those that qualify (see Start) are appended there, counted but not queued: the caller
+  // starts each, or queues it with Queue.
+  Refill IssuePrefetches(std::vector<Start>* starts = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Queues a Start for a mover after all (the caller could not start it), and wakes one.
+  void Queue(const Start& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
   // Whether the schedule reads t within 2 x the prefetch depth (the uses IssuePrefetches sees)
   // and the tier of that read holds it until then beside everything used before it: then its
   // offload is superseded (dropped or skipped); otherwise the offload runs.
   bool UsedSoon(const Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
-  // Notes a use of t for the schedule and the LRU order, then prefetches ahead.
-  void NoteUse(Tensor& t, tm_tier tier, bool fill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Notes a use of t for the schedule and the LRU order, then prefetches ahead (the prefetches
+  // the caller may start go to `starts`, when given: see IssuePrefetches).
+  void NoteUse(Tensor& t, tm_tier tier, bool fill, std::vector<Start>* starts = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
   tm_tier HomeOf(tm_tensor_class cls) const;
   // The schedule key of a new tensor (see Schedule).
   uint64_t KeyFor(const TensorDesc& desc, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);

@@ -125,6 +125,9 @@ class Runtime {
   // The I/O engine, the staging ring, checksums, the mover, the trace, the prefetch limit.
   absl::Status InitEngines(Setup& st);
   void StartMovers(const Setup& st);
+  // An acquire's use noted; the small prefetches up from DRAM its refill asks for started on
+  // this thread (Moves::StartPrefetch), the rest queued for the movers.
+  void NoteUseAndStart(Tensor& t, tm_tier tier, bool fill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
 
   // The core first: the parts refer to it, and are destroyed before it.
   Core core_;
