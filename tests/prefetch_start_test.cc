@@ -91,9 +91,9 @@ TEST_F(PrefetchStart, TheAcquireEnqueuesTheNextCopyAndItsUseWaitsForIt) {
   const tm_stats after = rt_->Stats();
   EXPECT_EQ(after.acquire_hits - before.acquire_hits, 2u);
   EXPECT_EQ(after.acquire_misses, before.acquire_misses);
-  EXPECT_EQ(after.bytes_moved[TM_TIER_DRAM][TM_TIER_HBM] -
-                before.bytes_moved[TM_TIER_DRAM][TM_TIER_HBM],
-            2 * kBytes)
+  EXPECT_EQ(
+      after.bytes_moved[TM_TIER_DRAM][TM_TIER_HBM] - before.bytes_moved[TM_TIER_DRAM][TM_TIER_HBM],
+      2 * kBytes)
       << "w1 and w2 (started by w1's acquire) once each";
   Use(2);
   Use(3);
