@@ -1,8 +1,8 @@
 // Small scheduled prefetches up from DRAM, started on the acquiring thread (Moves::StartPrefetch)
 // rather than by a mover: the acquire whose refill asks for one enqueues its copy before it
-// returns, the copy lands for the acquire that uses it (which waits for it when it has not), and
-// the DRAM copy it reads stays in use until it has passed. A copy gate (io/copy_gate.h) holds the
-// copy so that it is seen in flight.
+// returns, the copy lands for the acquire that uses it (which waits for it when it has not, or
+// orders its stream after it), and the DRAM copy it reads stays in use until it has passed. A
+// copy gate (io/copy_gate.h) holds the copy so that it is seen in flight.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -12,7 +12,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "io/copy_gate.h"
+#include "io/device.h"
 #include "lib/runtime/runtime.h"
 #include "test_runtime.h"
 #include "test_util.h"
@@ -97,6 +99,35 @@ TEST_F(PrefetchStart, TheAcquireEnqueuesTheNextCopyAndItsUseWaitsForIt) {
       << "w1 and w2 (started by w1's acquire) once each";
   Use(2);
   Use(3);
+  EXPECT_TRUE(rt_->StepEnd().ok());
+}
+
+// A read on a caller's stream of a copy still landing: the stream waits for the copy, the host
+// does not (the acquire returns while the gate holds the copy; one that waited on the host would
+// return only once the gate gave up).
+TEST_F(PrefetchStart, AReadOnAStreamWaitsOnTheStreamNotTheHost) {
+  CopyGate gate(CopyGate::Match()
+                    .Of(io::CopyDirection::kHostToDevice)
+                    .AtLeast(kBytes)
+                    .Patience(absl::Seconds(5)));
+  Use(0);
+  ASSERT_TRUE(gate.WaitHeld()) << "w1's prefetch was never enqueued";
+  io::EmulatedStream stream;
+  const tm_stats before = rt_->Stats();
+  auto p = rt_->Acquire(w_[1], TM_TIER_HBM, TM_ACCESS_READ, &stream);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(gate.expired()) << "the acquire waited for the copy on the host";
+  EXPECT_TRUE(gate.completed().empty()) << "the copy landed before the acquire returned";
+  std::vector<uint8_t> seen(kBytes);
+  const char* at = static_cast<const char*>(*p);
+  stream.Launch([&seen, at] { std::memcpy(seen.data(), at, kBytes); });
+  gate.Open();
+  stream.Synchronize();
+  EXPECT_EQ(seen, testing::RandomBytes(kBytes, 1)) << "the stream read before the copy landed";
+  ASSERT_TRUE(rt_->ReleaseOnStream(w_[1], TM_TIER_HBM, &stream).ok());
+  stream.Synchronize();
+  EXPECT_EQ(rt_->Stats().acquire_hits, before.acquire_hits + 1);
+  Use(1);  // on the host now: the copy is there
   EXPECT_TRUE(rt_->StepEnd().ok());
 }
 

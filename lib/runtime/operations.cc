@@ -120,6 +120,36 @@ absl::Status CheckAcquireArguments(tm_tier tier, tm_access access) {
   return absl::OkStatus();
 }
 
+// Acquire's claim. A hit (the copy in place, landing included, and nothing of the tensor moving)
+// claims the tensor at once; a miss may need room and takes the room token first. A read on a
+// caller's stream of a copy landing in HBM (a prefetch started on a caller's thread) is claimed
+// without landing it: *on_stream says that the caller's stream must wait for it instead of the
+// host. Any other landing copy is waited for.
+absl::StatusOr<Tensor*> ClaimForAcquire(Core& core, uint64_t handle, tm_tier tier, bool stream_read,
+                                        std::optional<RoomScope>& room, bool* hit, bool* on_stream)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(core.mu) {
+  Tensor* first = core.tensors.Find(handle);
+  *hit = first != nullptr && InPlace(*first, tier);
+  // Busy (an offload writing it down, say): said, so that the offload leaves its HBM copy.
+  const bool waits = tier == TM_TIER_HBM && first != nullptr && first->busy();
+  if (waits) ++core.wanted_in_hbm[handle];
+  if (!*hit) room.emplace(core, handle);
+  const bool ordered = *hit && stream_read && tier == TM_TIER_HBM;
+  auto claimed = core.Claim(handle, /*land=*/!ordered);
+  if (ordered && claimed.ok() && (*claimed)->landing.has_value() &&
+      ((*claimed)->landing_tier != tier || (*claimed)->landing_own)) {
+    claimed = core.Claim(handle);  // landing elsewhere: the host waits for it
+  }
+  if (*hit && claimed.ok() && !InPlace(**claimed, tier)) {
+    // Its landing copy failed (recorded): a miss after all, which takes the room token first.
+    room.emplace(core, handle);
+    claimed = core.Claim(handle);
+  }
+  if (waits && --core.wanted_in_hbm[handle] == 0) core.wanted_in_hbm.erase(handle);
+  *on_stream = ordered && claimed.ok() && (*claimed)->landing.has_value();
+  return claimed;
+}
+
 }  // namespace
 
 absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access access,
@@ -134,24 +164,16 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   }
   const Trace::Clock::time_point start = Trace::Clock::now();
   MutexLock lock(&core_.mu);
-  // A hit: the copy is in place and nothing of the tensor is moving. Only a miss may need room,
-  // and takes the room token before claiming the tensor.
-  Tensor* first = core_.tensors.Find(handle);
-  const bool hit = first != nullptr && InPlace(*first, tier);
-  // Busy (an offload writing it down, say): said, so that the offload leaves its HBM copy.
-  const bool waits = tier == TM_TIER_HBM && first != nullptr && first->busy();
-  if (waits) ++core_.wanted_in_hbm[handle];
   std::optional<RoomScope> room;
-  if (!hit) room.emplace(core_, handle);
-  auto claimed = core_.Claim(handle);
-  if (hit && claimed.ok() && !InPlace(**claimed, tier)) {
-    // Its landing copy failed (recorded): a miss after all, which takes the room token first.
-    room.emplace(core_, handle);
-    claimed = core_.Claim(handle);
-  }
-  if (waits && --core_.wanted_in_hbm[handle] == 0) core_.wanted_in_hbm.erase(handle);
+  bool hit = false, on_stream = false;
+  auto claimed = ClaimForAcquire(core_, handle, tier, stream != nullptr && access == TM_ACCESS_READ,
+                                 room, &hit, &on_stream);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
+  if (on_stream) {  // the caller's stream waits for the landing copy; the host does not
+    if (absl::Status w = core_.mover->copy_engine().StreamWait(stream, t.landing->fence); !w.ok())
+      return Retag(w, TM_ERR_DEVICE);
+  }
   const bool writes = access != TM_ACCESS_READ;
   if (writes) {
     if (auto s = core_.CheckNotHeld(t, "acquire it for writing"); !s.ok()) return s;
