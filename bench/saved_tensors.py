@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The host cost of offload_saved_tensors per saved tensor, pack plus unpack: a stack of stock
 nn.Linear + nn.ReLU layers whose activations are small (so that bytes cost little and what the
-hooks do per tensor shows), its step timed with and without the hooks, rotated round by round
-in one process. Per saved tensor: (offload step - plain step) / tensors offloaded.
+hooks do per tensor shows), its step timed with and without the hooks, the two alternating step
+by step in one process. Per saved tensor: (offload step - plain step) / tensors offloaded, the
+median of a round's step pairs.
 
     .venv/bin/python bench/saved_tensors.py [--layers 200] [--width 128] [--batch 64]
         [--steps 10] [--rounds 7] [--tier dram] [--profile FILE]
@@ -51,11 +52,10 @@ def step(rt, net, x, hooks):
     return loss
 
 
-def timed(rt, net, x, hooks, steps):
+def timed(rt, net, x, hooks):
     w0, c0 = time.perf_counter(), time.thread_time()
-    for _ in range(steps):
-        step(rt, net, x, hooks)
-    return (time.perf_counter() - w0) / steps, (time.thread_time() - c0) / steps
+    step(rt, net, x, hooks)
+    return time.perf_counter() - w0, time.thread_time() - c0
 
 
 def spread(values, scale=1e6):
@@ -68,7 +68,7 @@ def main():
     ap.add_argument("--layers", type=int, default=200)
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=10, help="steps per round and variant")
+    ap.add_argument("--steps", type=int, default=10, help="step pairs (one plain, one offloaded) a round")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--tier", default="dram", choices=("dram", "nvme"))
     ap.add_argument("--profile", default=None, help="write a profile of 5 offloaded steps here")
@@ -95,15 +95,24 @@ def main():
             for _, hooks in variants:
                 step(rt, net, x, hooks)
         packed = counts["hooks"].packed
+        # Steps alternate one by one (the order of each pair rotated), so that a drift of the
+        # machine's speed, which on a VM moves step times by more than the hooks cost, falls on
+        # both alike: a round's figure is the median of its pairs' differences.
         wall = {name: [] for name, _ in variants}
-        cpu = {name: [] for name, _ in variants}
+        per_wall, per_cpu = [], []
         before = rt.stats()
         for r in range(args.rounds):
-            order = variants if r % 2 == 0 else variants[::-1]
-            for name, hooks in order:
-                w, c = timed(rt, net, x, hooks, args.steps)
-                wall[name].append(w)
-                cpu[name].append(c)
+            dw, dc = [], []
+            for s in range(args.steps):
+                order = variants if (r + s) % 2 == 0 else variants[::-1]
+                got = {}
+                for name, hooks in order:
+                    got[name] = timed(rt, net, x, hooks)
+                    wall[name].append(got[name][0])
+                dw.append(got["tiermem"][0] - got["plain"][0])
+                dc.append(got["tiermem"][1] - got["plain"][1])
+            per_wall.append(statistics.median(dw) / packed)
+            per_cpu.append(statistics.median(dc) / packed)
         after = rt.stats()
         if args.profile:
             prof = cProfile.Profile()
@@ -112,11 +121,9 @@ def main():
                 step(rt, net, x, offload)
             prof.disable()
         rt.close()
-    per_wall = [(o - p) / packed for o, p in zip(wall["tiermem"], wall["plain"])]
-    per_cpu = [(o - p) / packed for o, p in zip(cpu["tiermem"], cpu["plain"])]
     print("torch %s, %d x (Linear(%d, %d) + ReLU), activations %d KiB, tier %s" % (
         torch.__version__, args.layers, args.width, args.width, act >> 10, args.tier))
-    print("saved tensors offloaded a step: %d; %d rounds of %d steps, order rotated" % (
+    print("saved tensors offloaded a step: %d; %d rounds of %d step pairs, order rotated" % (
         packed, args.rounds, args.steps))
     print("step ms, plain hooks: %s" % spread(wall["plain"], 1e3))
     print("step ms, offload:     %s" % spread(wall["tiermem"], 1e3))
