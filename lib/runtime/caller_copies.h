@@ -34,6 +34,10 @@ class CallerCopies {
   void ReapCallerCopies(uint64_t handle, bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
   // A fence on the caller's stream, or none without a stream.
   absl::StatusOr<io::FencePtr> StreamFence(void* stream, const char* function);
+  // Whether every copy_out of the tensor listed in flight has passed.
+  bool Passed(uint64_t handle) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Waits on the host for every copy in flight (the runtime goes: their memory with it).
+  void WaitAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
 
  private:
   struct CallerCopyRequest;
@@ -52,8 +56,6 @@ class CallerCopies {
   absl::StatusOr<std::optional<io::CopyTicket>> CopyTierAndCaller(
       Tensor& t, tm_tier tier, char* addr, const CallerCopyRequest& r, CallerBuffer& buffer,
       bool into_tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
-
-  friend class Runtime;  // the façade wires the parts and runs the public operations on their state
 
   Core& core_;
   Moves& moves_;

@@ -244,10 +244,17 @@ absl::StatusOr<bool> Runtime::CopyDone(uint64_t handle) {
   // A copy_in (or a stream-ordered acquire) lands as the tensor's landing copy; copy_outs are
   // listed until reaped.
   if (t.landing.has_value() && !t.landing_own && !t.landing->fence->Passed()) return false;
-  return std::none_of(copies_.in_flight_.begin(), copies_.in_flight_.end(),
-                      [&](const CallerCopies::CopyInFlight& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                        return c.handle == handle && !c.ticket.fence->Passed();
-                      });
+  return copies_.Passed(handle);
+}
+
+bool CallerCopies::Passed(uint64_t handle) const {
+  return std::none_of(in_flight_.begin(), in_flight_.end(), [&](const CopyInFlight& c) {
+    return c.handle == handle && !c.ticket.fence->Passed();
+  });
+}
+
+void CallerCopies::WaitAll() {
+  for (const CopyInFlight& c : in_flight_) (void)c.ticket.fence->Wait();
 }
 
 absl::Status CallerCopies::CopyFrom(const CallerCopyRequest& r) {

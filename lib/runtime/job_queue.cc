@@ -122,7 +122,46 @@ bool Movers::AnyPinned(tm_tier tier) {
   return pinned;
 }
 
+void Movers::Start(int threads) {
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { MoverLoop(); });
+}
+
+void Movers::Stop() {
+  {
+    MutexLock lock(&core_.mu);
+    stopping_ = true;
+    jobs_.RemoveIf([](const Job&) { return true; });  // queued moves are abandoned; running
+                                                      // ones finish
+    work_.SignalAll();
+  }
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+void Movers::PushPrefetch(const Job& job) { jobs_.Push(job); }
+
+uint64_t Movers::CancelQueuedOffloads(uint64_t handle) {
+  return jobs_.RemoveIf(
+      [handle](const Job& job) { return job.handle == handle && job.kind == JobKind::kOffload; });
+}
+
+void Movers::Forget(uint64_t handle) {
+  parked_offloads_.erase(handle);
+  RequeueParkedOffloads(std::nullopt);  // its room is free now
+}
+
+void Movers::Drain() {
+  // Parked offloads run here, one at a time; a release meanwhile may queue the others again,
+  // so the queue is waited for again after each (a parked one run here never parks again).
+  for (;;) {
+    while (jobs_.outstanding() > 0) core_.changed.Wait(&core_.mu);
+    if (parked_offloads_.empty()) return;
+    RunParkedOffload(parked_offloads_.begin()->first);
+  }
+}
+
 void Movers::RequeueParkedOffloads(std::optional<tm_tier> freed) {
+  if (parked_offloads_.empty()) return;
   for (auto it = parked_offloads_.begin(); it != parked_offloads_.end();) {
     const auto [handle, tier] = *it;
     if (freed.has_value() && *freed != tier) {

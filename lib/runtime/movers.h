@@ -17,14 +17,32 @@ class Movers {
   Movers(const Movers&) = delete;
   Movers& operator=(const Movers&) = delete;
 
+  // Starts the mover threads (set-up).
+  void Start(int threads);
+  // Abandons the queued moves, lets the running ones finish and joins the threads.
+  void Stop() ABSL_LOCKS_EXCLUDED(core_.mu);
   // Queues an asynchronous move.
   absl::Status Enqueue(uint64_t handle, tm_tier tier, JobKind kind);
-  // A mover thread: runs queued moves until the runtime stops.
-  void MoverLoop();
+  // Queues a Prefetcher's prefetch; Wake wakes one mover for what was queued (a mover that
+  // finds more work than its own wakes another).
+  void PushPrefetch(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void Wake() { work_.Signal(); }
+  // Bytes of prefetches queued or running.
+  uint64_t PrefetchBytesInFlight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu) {
+    return jobs_.prefetch_in_flight();
+  }
+  // Removes the tensor's queued (not running) offloads; how many.
+  uint64_t CancelQueuedOffloads(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // The tensor was destroyed: its parked offload goes, and the others may find its room.
+  void Forget(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Waits until no move is queued or running, running the parked offloads on this thread
+  // (SyncAll).
+  void Drain() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
   // Parked offloads: an asynchronous offload that found no room while callers held copies
   // waits for a release (or a destroy) to be queued again, rather than fail at once; a sync
   // runs it on the caller's thread, where no room is an error.
-  // Queues again those parked for `freed` (all of them when nullopt: a destroy frees every tier).
+  // Queues again those parked for `freed` (all of them when nullopt: a destroy frees every tier);
+  // nothing when none is parked.
   void RequeueParkedOffloads(std::optional<tm_tier> freed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
   // Removes the queued (not yet started) prefetches into `tier`: a demand needs the room.
   void CancelPrefetches(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
@@ -35,9 +53,8 @@ class Movers {
   // Runs one job on its claimed tensor; the failure to keep, if any.
   absl::Status RunJob(Tensor& t, const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
   bool AnyPinned(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);  // a caller holds a copy
-
-  friend class Runtime;  // the façade wires the parts and runs the public operations on their state
-  friend class Prefetcher;  // queues its prefetches on jobs_ and wakes work_
+  // A mover thread: runs queued moves until the runtime stops.
+  void MoverLoop();
 
   Core& core_;
   Moves& moves_;

@@ -53,8 +53,7 @@ absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
   raw->name = desc.name.empty()
                   ? absl::StrFormat("tensor-%08x", static_cast<uint32_t>(handle >> 32))
                   : desc.name;
-  raw->key = prefetcher_.KeyFor(desc, handle);
-  prefetcher_.keyed_[raw->key] = handle;  // the newest tensor of a key is the one its uses name
+  raw->key = prefetcher_.Register(desc, handle);
   return handle;
 }
 
@@ -71,15 +70,10 @@ absl::Status Runtime::DestroyTensor(uint64_t handle) {
     (*t)->landing.reset();
   }
   for (int i = 0; i < TM_TIER_COUNT; ++i) core_.FreeCopy(**t, static_cast<tm_tier>(i));
-  if (auto it = prefetcher_.keyed_.find((*t)->key);
-      it != prefetcher_.keyed_.end() && it->second == handle) {
-    prefetcher_.keyed_.erase(it);
-  }
+  prefetcher_.Forget((*t)->key, handle);
   // Its queued moves find no tensor and are dropped; its kept failures stay until reported.
   core_.tensors.Remove(handle);
-  movers_.parked_offloads_.erase(handle);
-  if (!movers_.parked_offloads_.empty())
-    movers_.RequeueParkedOffloads(std::nullopt);  // its room is free now
+  movers_.Forget(handle);
   core_.changed.SignalAll();
   return absl::OkStatus();
 }
@@ -259,11 +253,10 @@ absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* strea
   }
   if (*fence != nullptr) c.uses.push_back(*std::move(fence));
   if (--c.pins == 0) {
-    if (prefetcher_.FindKey(t.key) == &t) prefetcher_.schedule_.OnRelease(t.key);
+    prefetcher_.NoteRelease(t);
     if (c.state == CopyState::kWriting) t.UnpinWrite(tier);
-    if (!movers_.parked_offloads_.empty())
-      movers_.RequeueParkedOffloads(tier);  // room there may help them
-    core_.changed.SignalAll();              // a demand waiting for room may now evict it
+    movers_.RequeueParkedOffloads(tier);  // room there may help them
+    core_.changed.SignalAll();            // a demand waiting for room may now evict it
   }
   return absl::OkStatus();
 }
@@ -287,13 +280,7 @@ absl::Status Runtime::Sync(uint64_t handle) {
 
 absl::Status Runtime::SyncAll() {
   MutexLock lock(&core_.mu);
-  // Parked offloads run here, one at a time; a release meanwhile may queue the others again,
-  // so the queue is waited for again after each (a parked one run here never parks again).
-  for (;;) {
-    while (movers_.jobs_.outstanding() > 0) core_.changed.Wait(&core_.mu);
-    if (movers_.parked_offloads_.empty()) break;
-    movers_.RunParkedOffload(movers_.parked_offloads_.begin()->first);
-  }
+  movers_.Drain();
   copies_.ReapCallerCopies(0, true);
   core_.SettleDeferred();
   return core_.failures.Take(0);
@@ -338,8 +325,7 @@ tm_stats Runtime::Stats() {
   MutexLock lock(&core_.mu);
   core_.counters.Fill(s);
   s.tensors = core_.tensors.size();
-  s.schedule_length = prefetcher_.schedule_.size();
-  s.schedule_relearned = prefetcher_.schedule_.relearned();
+  prefetcher_.FillStats(s);
   return s;
 }
 

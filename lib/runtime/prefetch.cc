@@ -66,7 +66,7 @@ Prefetcher::Refill Prefetcher::IssuePrefetches(std::vector<Start>* starts) {
       r.whole = false;
       continue;
     }
-    const uint64_t in_flight = movers_.jobs_.prefetch_in_flight();
+    const uint64_t in_flight = movers_.PrefetchBytesInFlight();
     if (in_flight > 0 && in_flight + v->bytes > prefetch_limit_) {
       r.whole = false;
       break;
@@ -79,13 +79,13 @@ Prefetcher::Refill Prefetcher::IssuePrefetches(std::vector<Start>* starts) {
       continue;
     }
     ++v->queued;
-    movers_.jobs_.Push(Job{v->handle, target, JobKind::kPrefetch, position, v->bytes});
+    movers_.PushPrefetch(Job{v->handle, target, JobKind::kPrefetch, position, v->bytes});
     queued = true;
   }
   // One mover is woken, whatever the number queued: it wakes another when it finds more work
   // than its own (MoverLoop), so that the caller's thread, which issues these in its acquire,
   // pays for one wake-up at most.
-  if (queued) movers_.work_.Signal();
+  if (queued) movers_.Wake();
   return r;
 }
 
@@ -93,8 +93,8 @@ void Prefetcher::Queue(const Start& s) {
   Tensor* v = core_.tensors.Find(s.handle);
   if (v == nullptr) return;
   ++v->queued;
-  movers_.jobs_.Push(Job{v->handle, TM_TIER_HBM, JobKind::kPrefetch, s.horizon, v->bytes});
-  movers_.work_.Signal();
+  movers_.PushPrefetch(Job{v->handle, TM_TIER_HBM, JobKind::kPrefetch, s.horizon, v->bytes});
+  movers_.Wake();
 }
 
 bool Prefetcher::UsedSoon(const Tensor& t) {
@@ -126,9 +126,7 @@ void Prefetcher::CancelQueuedOffloads(Tensor& t) {
   // by now would be read back at once, crossing both links, and its prefetch would wait
   // behind the write. The coming use supersedes the
   // offload, as an acquire does one that has not run yet (RunJob). Running ones finish.
-  const uint64_t handle = t.handle;
-  const uint64_t cancelled = movers_.jobs_.RemoveIf(
-      [handle](const Job& job) { return job.handle == handle && job.kind == JobKind::kOffload; });
+  const uint64_t cancelled = movers_.CancelQueuedOffloads(t.handle);
   if (cancelled == 0) return;
   t.queued -= static_cast<uint32_t>(cancelled);
   core_.changed.SignalAll();  // Sync may be waiting for these
@@ -147,29 +145,58 @@ tm_tier Prefetcher::HomeOf(tm_tensor_class cls) const {
   }
 }
 
-uint64_t Prefetcher::KeyFor(const TensorDesc& desc, uint64_t handle) {
-  if (!desc.name.empty()) return absl::Hash<std::pair<int, std::string>>{}({1, desc.name});
-  if (schedule_.in_step()) {
-    return absl::Hash<std::tuple<int, uint64_t, uint64_t>>{}({2, created_in_step_++, desc.bytes});
+uint64_t Prefetcher::Register(const TensorDesc& desc, uint64_t handle) {
+  uint64_t key;
+  if (!desc.name.empty()) {
+    key = absl::Hash<std::pair<int, std::string>>{}({1, desc.name});
+  } else if (schedule_.in_step()) {
+    key = absl::Hash<std::tuple<int, uint64_t, uint64_t>>{}({2, created_in_step_++, desc.bytes});
+  } else {
+    key = absl::Hash<std::pair<int, uint64_t>>{}({3, handle});
   }
-  return absl::Hash<std::pair<int, uint64_t>>{}({3, handle});
+  keyed_[key] = handle;
+  return key;
+}
+
+void Prefetcher::Forget(uint64_t key, uint64_t handle) {
+  if (auto it = keyed_.find(key); it != keyed_.end() && it->second == handle) keyed_.erase(it);
+}
+
+void Prefetcher::NoteRelease(const Tensor& t) {
+  if (FindKey(t.key) == &t) schedule_.OnRelease(t.key);
+}
+
+void Prefetcher::BeginStep() {
+  schedule_.BeginStep();
+  created_in_step_ = 0;
+  uses_to_refill_ = 0;  // the step's first use looks ahead
+  IssuePrefetches();    // the step's first tensors, before its first acquire
+}
+
+bool Prefetcher::EndStep() {
+  if (!schedule_.in_step()) return false;
+  schedule_.EndStep();
+  return true;
+}
+
+void Prefetcher::SetSchedule(std::vector<Schedule::Use> uses) { schedule_.Set(std::move(uses)); }
+
+void Prefetcher::FillStats(tm_stats& s) const {
+  s.schedule_length = schedule_.size();
+  s.schedule_relearned = schedule_.relearned();
 }
 
 absl::Status Runtime::StepBegin() {
   MutexLock lock(&core_.mu);
-  prefetcher_.schedule_.BeginStep();
-  prefetcher_.created_in_step_ = 0;
-  prefetcher_.uses_to_refill_ = 0;  // the step's first use looks ahead
-  prefetcher_.IssuePrefetches();    // the step's first tensors, before its first acquire
+  prefetcher_.BeginStep();
   return absl::OkStatus();
 }
 
 absl::Status Runtime::StepEnd() {
   MutexLock lock(&core_.mu);
-  if (!prefetcher_.schedule_.in_step()) {
+  if (!prefetcher_.EndStep()) {
     return Error(TM_ERR_INVALID_ARGUMENT, "tm_step_end without tm_step_begin");
   }
-  prefetcher_.schedule_.EndStep();
   // The failures kept so far, without waiting for moves in flight: a framework calls this
   // anyway, so a failed offload does not wait for a sync nobody calls. Callers' copies that are
   // done are reaped too, and deferred frees whose streams have passed.
@@ -194,7 +221,7 @@ absl::Status Runtime::SetSchedule(const std::vector<ScheduledUse>& uses) {
     }
     keyed.push_back(Schedule::Use{t->key, u.tier, true, t->bytes});
   }
-  prefetcher_.schedule_.Set(std::move(keyed));
+  prefetcher_.SetSchedule(std::move(keyed));
   return absl::OkStatus();
 }
 

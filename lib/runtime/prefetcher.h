@@ -48,8 +48,23 @@ class Prefetcher {
   void NoteUse(Tensor& t, tm_tier tier, bool fill, std::vector<Start>* starts = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
   tm_tier HomeOf(tm_tensor_class cls) const;
-  // The schedule key of a new tensor (see Schedule).
-  uint64_t KeyFor(const TensorDesc& desc, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // The schedule key of a new tensor (see Schedule), which names it from now on (the newest
+  // tensor of a key is the one the schedule's uses of that key name).
+  uint64_t Register(const TensorDesc& desc, uint64_t handle)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // A destroyed tensor: its key no longer names it.
+  void Forget(uint64_t key, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // The last pin of t's copy went: the schedule notes the release when t is its key's tensor.
+  void NoteRelease(const Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // A step begins (and its first tensors are prefetched), or ends; false: none had begun.
+  void BeginStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  bool EndStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Replaces the learned schedule with a given one.
+  void SetSchedule(std::vector<Schedule::Use> uses) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // The schedule's length and relearn count.
+  void FillStats(tm_stats& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Bytes of prefetches queued or running at most (set-up, once).
+  void set_prefetch_limit(uint64_t bytes) { prefetch_limit_ = bytes; }
   // The live tensor that the schedule's `key` names now (the newest created), or nullptr.
   Tensor* FindKey(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
   // The recorded step and the position in it, for Room's and WriteThrough's do-no-harm (which
@@ -60,8 +75,6 @@ class Prefetcher {
  private:
   // Drops t's offloads still queued (not a running one): t is used within 2 x the depth.
   void CancelQueuedOffloads(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
-
-  friend class Runtime;  // the façade wires the parts and runs the public operations on their state
 
   Core& core_;
   Movers& movers_;

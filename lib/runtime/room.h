@@ -39,6 +39,8 @@ class Room {
   // sets plan.on_vacate, which sets *vacated when it does.
   void OfferVacate(Tensor& t, MovePlan& plan, Want want, bool* vacated)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  // Waits on the host for the moves down still reading HBM handed on (the runtime goes).
+  void WaitVacating() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
 
  private:
   struct AllocateState;
@@ -128,8 +130,6 @@ class Room {
   // `for_whom` is the tensor the room is for (the trace says whose room and why).
   absl::Status Evict(Tensor& v, tm_tier tier, Want want, const std::string& for_whom)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
-
-  friend class Runtime;  // the façade wires the parts and runs the public operations on their state
 
   Core& core_;
   Moves& moves_;

@@ -64,14 +64,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Config& config) {
 }
 
 Runtime::~Runtime() {
-  {
-    MutexLock lock(&core_.mu);
-    movers_.stopping_ = true;
-    movers_.jobs_.RemoveIf([](const Job&) { return true; });  // queued moves are abandoned; running
-                                                              // ones finish
-    movers_.work_.SignalAll();
-  }
-  for (auto& t : movers_.threads_) t.join();
+  movers_.Stop();
   if (core_.trace != nullptr) {
     if (auto s = core_.trace->Write(); !s.ok()) {
       Log(LogSeverity::kError, "%s", std::string(s.message()).c_str());
@@ -85,9 +78,9 @@ Runtime::~Runtime() {
       if (t.landing.has_value()) (void)core_.mover->copy_engine().Wait(*t.landing);
       for (const TensorCopy& c : t.copies) (void)io::WaitAll(c.uses);
     });
-    for (const CallerCopies::CopyInFlight& c : copies_.in_flight_) (void)c.ticket.fence->Wait();
+    copies_.WaitAll();
     (void)io::WaitAll(core_.deferred.Fences());
-    for (const RangeFence& r : room_.vacating_) (void)r.fence->Wait();
+    room_.WaitVacating();
   }
 }
 
@@ -366,19 +359,18 @@ absl::Status Runtime::InitEngines(Setup& st) {
                            core_.config.SettingName("TIERMEM_TRACE"));
   if (!trace.ok()) return trace.status();
   core_.trace = std::move(*trace);
-  prefetcher_.prefetch_limit_ =
+  core_.info.prefetch_bytes =
       core_.config.prefetch_bytes.bytes == 0 && core_.config.prefetch_bytes.percent == 0
           ? st.hbm_bytes / 2
           : core_.config.prefetch_bytes.Resolve(st.hbm_bytes);
-  core_.info.prefetch_bytes = prefetcher_.prefetch_limit_;
+  prefetcher_.set_prefetch_limit(core_.info.prefetch_bytes);
   return absl::OkStatus();
 }
 
 void Runtime::StartMovers(const Setup& st) {
   // Asynchronous moves run on a few threads of their own; the engines below them keep the
   // links busy (each mover keeps the I/O queue depth in flight).
-  for (int i = 0; i < kMoverThreads; ++i)
-    movers_.threads_.emplace_back([this] { movers_.MoverLoop(); });
+  movers_.Start(kMoverThreads);
   Log(LogSeverity::kInfo,
       "runtime ready: %s, HBM %s, DRAM %s (NUMA node %d), NVMe %s on %zu path(s), %s I/O",
       core_.info.device.c_str(), HumanBytes(st.hbm_bytes).c_str(),

@@ -76,4 +76,8 @@ std::vector<RangeFence> Room::BehindFences(tm_tier tier, uint64_t offset, uint64
   return behind;
 }
 
+void Room::WaitVacating() {
+  for (const RangeFence& r : vacating_) (void)r.fence->Wait();
+}
+
 }  // namespace tiermem
