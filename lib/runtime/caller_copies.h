@@ -31,31 +31,31 @@ class CallerCopies {
                           bool stream_waits = true);
   // Records the failures of the callers' copies that are done (all of them when `wait`, only
   // those of `handle` unless it is 0). May release the lock to wait.
-  void ReapCallerCopies(uint64_t handle, bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void ReapCallerCopies(uint64_t handle, bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // A fence on the caller's stream, or none without a stream.
   absl::StatusOr<io::FencePtr> StreamFence(void* stream, const char* function);
   // Whether every copy_out of the tensor listed in flight has passed.
-  bool Passed(uint64_t handle) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  bool Passed(uint64_t handle) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Waits on the host for every copy in flight (the runtime goes: their memory with it).
-  void WaitAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void WaitAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
  private:
   struct CallerCopyRequest;
   // Zeros into the caller's buffer: the tensor was never written.
   absl::Status ReadZeros(Tensor& t, const CallerCopyRequest& r, CallerBuffer& buffer)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
-  absl::Status CopyInto(const CallerCopyRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
-  absl::Status CopyFrom(const CallerCopyRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  absl::Status CopyInto(const CallerCopyRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  absl::Status CopyFrom(const CallerCopyRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Rewrites a claimed tensor on NVMe with [offset, +bytes) from the caller's buffer, through
   // staging into a fresh extent that replaces the old one only once complete.
   absl::Status RewriteOnNvme(Tensor& t, const CallerCopyRequest& r, CallerBuffer& buffer)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Enqueues (or, host to host with nothing to wait for, does) the copy between `addr` in
   // `tier` and the caller's buffer; with r.wait, returns once it is done.
   // With neither, a ticket of the copy in flight; refuses a buffer overlapping the copy.
   absl::StatusOr<std::optional<io::CopyTicket>> CopyTierAndCaller(
       Tensor& t, tm_tier tier, char* addr, const CallerCopyRequest& r, CallerBuffer& buffer,
-      bool into_tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      bool into_tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
   Core& core_;
   Moves& moves_;
@@ -70,7 +70,7 @@ class CallerCopies {
     const char* what;  // "copy_in" | "copy_out"
     io::CopyTicket ticket;
   };
-  std::vector<CopyInFlight> in_flight_ ABSL_GUARDED_BY(core_.mu);
+  std::vector<CopyInFlight> in_flight_ ABSL_GUARDED_BY(runtime_lock);
 };
 
 }  // namespace tiermem

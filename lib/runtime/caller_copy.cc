@@ -135,7 +135,7 @@ absl::Status CallerCopies::CallerCopy(const char* fn, uint64_t handle, uint64_t 
   if (!fence.ok()) return fence.status();
   r.fence = *std::move(fence);
   r.device = bytes > 0 && core_.device->IsDevicePointer(buffer);
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   ReapCallerCopies(0, false);
   absl::Status s = into ? CopyInto(r) : CopyFrom(r);
   if (s.ok()) (into ? core_.counters.copied_in_bytes : core_.counters.copied_out_bytes) += bytes;
@@ -236,7 +236,7 @@ absl::Status CallerCopies::RewriteOnNvme(Tensor& t, const CallerCopyRequest& r,
 // without blocking, so that a caller whose stream does not wait for a copy
 // (tm_tensor_copy_in_async) learns when its source may be reused.
 absl::StatusOr<bool> Runtime::CopyDone(uint64_t handle) {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   // Find, not Claim: another thread's operation on the tensor is not waited for.
   auto found = core_.Find(handle);
   if (!found.ok()) return found.status();
@@ -388,9 +388,9 @@ void CallerCopies::ReapCallerCopies(uint64_t handle, bool wait) {
       if (handle == 0 || c.handle == handle) fences.push_back(c.ticket.fence);
     }
     if (!fences.empty()) {
-      core_.mu.Unlock();
+      core_.Unlock();
       for (const io::FencePtr& f : fences) (void)f->Wait();
-      core_.mu.Lock();
+      core_.Lock();
     }
   }
   // Every copy that is done now leaves the list, its failure recorded once.

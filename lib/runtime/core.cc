@@ -69,7 +69,7 @@ absl::StatusOr<Tensor*> Core::Claim(uint64_t handle, bool land) {
     if (tensor.busy()) {
       if (!waited) ++counters.move_waits;
       waited = true;
-      changed.Wait(&mu);
+      Wait(changed);
       continue;
     }
     if (land && tensor.landing.has_value()) {
@@ -87,7 +87,7 @@ void Core::WaitWhileMoving(uint64_t handle) {
     if (t == nullptr || !t->busy() || t->busy_by == std::this_thread::get_id()) return;
     if (!waited) ++counters.move_waits;
     waited = true;
-    changed.Wait(&mu);
+    Wait(changed);
   }
 }
 
@@ -160,9 +160,9 @@ void Core::SettleDeferred() {
   // The memory of dropped copies goes back once what used it has passed: waited for here, so
   // that after a sync the tiers' usage (and the framework's allocator) see it free.
   if (std::vector<io::FencePtr> fences = deferred.Fences(); !fences.empty()) {
-    mu.Unlock();
+    Unlock();
     for (const io::FencePtr& f : fences) (void)f->Wait();
-    mu.Lock();
+    Lock();
   }
   deferred.ReapAll(*tiers);
 }

@@ -31,6 +31,7 @@
 #include "lib/runtime/job_queue.h"
 #include "lib/runtime/link_order.h"
 #include "lib/runtime/room_token.h"
+#include "lib/runtime/runtime_lock.h"
 #include "lib/runtime/tensor.h"
 #include "lib/tiers/tiers.h"
 #include "lib/trace/trace.h"
@@ -105,21 +106,40 @@ class Core {
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
 
+  // ---- the lock (runtime_lock.h: the analysis names mu runtime_lock) ----
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION(runtime_lock) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    mu.Lock();
+  }
+  void Unlock() ABSL_UNLOCK_FUNCTION(runtime_lock) ABSL_NO_THREAD_SAFETY_ANALYSIS { mu.Unlock(); }
+  // Waits on `cv`, giving mu back meanwhile.
+  void Wait(CondVar& cv)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    cv.Wait(&mu);
+  }
+  void WaitWithTimeout(CondVar& cv, absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    cv.WaitWithTimeout(&mu, timeout);
+  }
+  // The room token (RoomToken::Enter), waited for on `changed`.
+  void EnterRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    room.Enter(mu, changed);
+  }
+
   // ---- the claim protocol (core.cc) ----
   // The tensor of `handle`, or TM_ERR_INVALID_HANDLE.
-  absl::StatusOr<Tensor*> Find(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  absl::StatusOr<Tensor*> Find(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The tensor of `handle` once no operation of another thread runs on it and its landing copy
   // (if any) has landed: the caller may then change it. May release and retake the lock.
   // With land == false the landing copy may still be in flight (a reader orders itself after
   // its ticket instead).
   // TM_ERR_BUSY when the tensor is busy by this very thread (see NotBusyByThisThread).
   absl::StatusOr<Tensor*> Claim(uint64_t handle, bool land = true)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Waits while another thread moves the tensor; returns at once when it is gone or busy by this
   // thread (Claim says so). A request for room (RoomScope) waits so before it takes the room
   // token: holding the token through another thread's move of its tensor (a prefetch landing,
   // an eviction writing it down) would hold every other request for room with it.
-  void WaitWhileMoving(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void WaitWhileMoving(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // TM_ERR_BUSY, naming the tensor, when it is busy by the calling thread: a callback of this
   // thread (a recompute rebuilding it) called back in with it, and waiting would never end.
   static absl::Status NotBusyByThisThread(const Tensor& t);
@@ -128,28 +148,29 @@ class Core {
   static absl::Status CheckNotHeld(const Tensor& t, absl::string_view what);
   // Runs `f` without the lock while the tensor is busy (by this thread).
   template <typename F>
-  absl::Status Unlocked(Tensor& t, F&& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  absl::Status Unlocked(Tensor& t, F&& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Waits for the ticket of t's landing copy (the host waits); a failed copy is dropped and
   // recorded.
-  void WaitLanded(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void WaitLanded(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
   // The fences of t's copy in `tier` that have not passed yet (the passed ones are forgotten).
-  std::vector<io::FencePtr> PendingUses(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  std::vector<io::FencePtr> PendingUses(Tensor& t, tm_tier tier)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Frees the deferred extents whose uses have passed; true when any of `tier` remain.
-  bool ReapDeferred(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  bool ReapDeferred(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Waits for the uses of every deferred free, then frees them (tm_runtime_sync). May release
   // the lock.
-  void SettleDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void SettleDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Frees t's copy in `tier` and its space (deferred while callers' work may use it).
-  void FreeCopy(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void FreeCopy(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // TM_ERR_BUSY when a copy other than `keep` is pinned (it would have to be freed).
   absl::Status CheckOthersUnpinned(const Tensor& t, int keep) const;
   // TM_ERR_BUSY when a copy above `tier` is pinned.
   absl::Status CheckAboveUnpinned(const Tensor& t, tm_tier tier) const;
   // Frees every copy except the one in `keep`: they became stale.
-  void DropOthers(Tensor& t, tm_tier keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void DropOthers(Tensor& t, tm_tier keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Keeps an asynchronous failure until a sync or step end reports it.
-  void RecordFailure(const Tensor& t, absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void RecordFailure(const Tensor& t, absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
   // Set up by Runtime::Init, then fixed.
   Config config;
@@ -167,15 +188,29 @@ class Core {
   // leaves. Nothing takes mu while holding one of those.
   Mutex mu;
   CondVar changed;  // a tensor stopped being busy, a job finished, the room token was freed
-  TensorTable tensors ABSL_GUARDED_BY(mu);
-  RoomToken room ABSL_GUARDED_BY(mu);
-  FailureLog failures ABSL_GUARDED_BY(mu);
-  DeferredFrees deferred ABSL_GUARDED_BY(mu);
+  TensorTable tensors ABSL_GUARDED_BY(runtime_lock);
+  RoomToken room ABSL_GUARDED_BY(runtime_lock);
+  FailureLog failures ABSL_GUARDED_BY(runtime_lock);
+  DeferredFrees deferred ABSL_GUARDED_BY(runtime_lock);
   // Handles that an acquire in HBM is waiting to claim, with the number of such acquires: an
   // offload that finishes meanwhile keeps their HBM copy (see Moves::OffloadClaimed).
-  absl::flat_hash_map<uint64_t, uint32_t> wanted_in_hbm ABSL_GUARDED_BY(mu);
-  Counters counters ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<uint64_t, uint32_t> wanted_in_hbm ABSL_GUARDED_BY(runtime_lock);
+  Counters counters ABSL_GUARDED_BY(runtime_lock);
   std::unique_ptr<Trace> trace;
+};
+
+// Holds a core's lock for a scope, as MutexLock does a Mutex (the analysis: runtime_lock).
+class ABSL_SCOPED_LOCKABLE CoreLock {
+ public:
+  explicit CoreLock(Core& core) ABSL_EXCLUSIVE_LOCK_FUNCTION(runtime_lock) : core_(core) {
+    core_.Lock();
+  }
+  ~CoreLock() ABSL_UNLOCK_FUNCTION() { core_.Unlock(); }
+  CoreLock(const CoreLock&) = delete;
+  CoreLock& operator=(const CoreLock&) = delete;
+
+ private:
+  Core& core_;
 };
 
 }  // namespace tiermem

@@ -21,7 +21,7 @@ constexpr uint32_t kMaxRunningOffloads = static_cast<uint32_t>(kMoverThreads - 1
 }  // namespace
 
 absl::Status Movers::Enqueue(uint64_t handle, tm_tier tier, JobKind kind) {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   auto found = core_.Find(handle);
   if (!found.ok()) return found.status();
   Tensor& t = **found;
@@ -66,11 +66,10 @@ void Movers::MoverLoop() {
   // would end the process instead of failing a move.
   void* volatile arena_probe = std::malloc(1);
   std::free(arena_probe);
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   for (;;) {
     std::optional<Job> next;
-    while (!stopping_ && !(next = jobs_.Pop(kMaxRunningOffloads)).has_value())
-      work_.Wait(&core_.mu);
+    while (!stopping_ && !(next = jobs_.Pop(kMaxRunningOffloads)).has_value()) core_.Wait(work_);
     if (stopping_) return;
     const Job job = *next;
     // More work ready than this job: another mover takes it (the queuer woke only this one).
@@ -128,7 +127,7 @@ void Movers::Start(int threads) {
 
 void Movers::Stop() {
   {
-    MutexLock lock(&core_.mu);
+    CoreLock lock(core_);
     stopping_ = true;
     jobs_.RemoveIf([](const Job&) { return true; });  // queued moves are abandoned; running
                                                       // ones finish
@@ -154,7 +153,7 @@ void Movers::Drain() {
   // Parked offloads run here, one at a time; a release meanwhile may queue the others again,
   // so the queue is waited for again after each (a parked one run here never parks again).
   for (;;) {
-    while (jobs_.outstanding() > 0) core_.changed.Wait(&core_.mu);
+    while (jobs_.outstanding() > 0) core_.Wait(core_.changed);
     if (parked_offloads_.empty()) return;
     RunParkedOffload(parked_offloads_.begin()->first);
   }

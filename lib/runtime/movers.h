@@ -20,39 +20,41 @@ class Movers {
   // Starts the mover threads (set-up).
   void Start(int threads);
   // Abandons the queued moves, lets the running ones finish and joins the threads.
-  void Stop() ABSL_LOCKS_EXCLUDED(core_.mu);
+  void Stop() ABSL_LOCKS_EXCLUDED(runtime_lock);
   // Queues an asynchronous move.
   absl::Status Enqueue(uint64_t handle, tm_tier tier, JobKind kind);
   // Queues a Prefetcher's prefetch; Wake wakes one mover for what was queued (a mover that
   // finds more work than its own wakes another).
-  void PushPrefetch(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void PushPrefetch(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   void Wake() { work_.Signal(); }
   // Bytes of prefetches queued or running.
-  uint64_t PrefetchBytesInFlight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu) {
+  uint64_t PrefetchBytesInFlight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
     return jobs_.prefetch_in_flight();
   }
   // Removes the tensor's queued (not running) offloads; how many.
-  uint64_t CancelQueuedOffloads(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  uint64_t CancelQueuedOffloads(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The tensor was destroyed: its parked offload goes, and the others may find its room.
-  void Forget(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void Forget(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Waits until no move is queued or running, running the parked offloads on this thread
   // (SyncAll).
-  void Drain() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void Drain() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Parked offloads: an asynchronous offload that found no room while callers held copies
   // waits for a release (or a destroy) to be queued again, rather than fail at once; a sync
   // runs it on the caller's thread, where no room is an error.
   // Queues again those parked for `freed` (all of them when nullopt: a destroy frees every tier);
   // nothing when none is parked.
-  void RequeueParkedOffloads(std::optional<tm_tier> freed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void RequeueParkedOffloads(std::optional<tm_tier> freed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Removes the queued (not yet started) prefetches into `tier`: a demand needs the room.
-  void CancelPrefetches(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void CancelPrefetches(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Runs t's parked offload, if any, on the caller's thread (a sync).
-  void RunParkedOffload(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void RunParkedOffload(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
  private:
   // Runs one job on its claimed tensor; the failure to keep, if any.
-  absl::Status RunJob(Tensor& t, const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
-  bool AnyPinned(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);  // a caller holds a copy
+  absl::Status RunJob(Tensor& t, const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  bool AnyPinned(tm_tier tier)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);  // a caller holds a copy
   // A mover thread: runs queued moves until the runtime stops.
   void MoverLoop();
 
@@ -60,10 +62,10 @@ class Movers {
   Moves& moves_;
   Prefetcher& prefetcher_;
   CondVar work_;  // a job was queued, or the runtime stops
-  JobQueue jobs_ ABSL_GUARDED_BY(core_.mu);
+  JobQueue jobs_ ABSL_GUARDED_BY(runtime_lock);
   // Offloads parked until a release, by handle, with their target tier (job_queue.cc).
-  absl::flat_hash_map<uint64_t, tm_tier> parked_offloads_ ABSL_GUARDED_BY(core_.mu);
-  bool stopping_ ABSL_GUARDED_BY(core_.mu) = false;
+  absl::flat_hash_map<uint64_t, tm_tier> parked_offloads_ ABSL_GUARDED_BY(runtime_lock);
+  bool stopping_ ABSL_GUARDED_BY(runtime_lock) = false;
   std::vector<std::thread> threads_;
 };
 

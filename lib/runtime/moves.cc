@@ -45,7 +45,7 @@ absl::Status Moves::MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller
 
   // Execute without the lock.
   std::optional<io::CopyTicket> pending;
-  core_.mu.Unlock();
+  core_.Unlock();
   bool left = false, registered = false;
   if (ordered) {
     for (io::FencePtr& f : link_order_.Enter(want.horizon)) plan.after.push_back(std::move(f));
@@ -65,7 +65,7 @@ absl::Status Moves::MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller
   if (ordered && !left) link_order_.Leave(nullptr);
   if (urgent && !registered) link_order_.Urgent(nullptr);
   if (core_.trace->enabled() && plan.src >= 0) TraceMove(t, plan, start, vacated);
-  core_.mu.Lock();
+  core_.Lock();
 
   // Commit: the destination becomes valid only now; a failure frees it and leaves the rest.
   if (!s.ok()) {

@@ -28,30 +28,30 @@ class Moves {
   // Makes t's copy in `dst` valid (a claimed tensor). Releases the lock during the move, and
   // while evicting to make room.
   absl::Status MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
-                         DropReason* why = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+                         DropReason* why = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Starts a scheduled prefetch of t into HBM from its DRAM copy on the calling thread (see
   // Prefetcher::Start): room from free space only (do no harm still applies), the copy only
   // enqueued, t's HBM copy landing (the acquire that uses it waits for its ticket) and the DRAM
   // copy in use until it has passed. False when it cannot start so (t busy or changed, room
   // that needs eviction, memory a copy down still reads): a mover runs it then. A copy the
   // engine refuses is recorded as the prefetch's failure (true).
-  bool StartPrefetch(Tensor& t, uint64_t horizon) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  bool StartPrefetch(Tensor& t, uint64_t horizon) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Reserves t's copy in `tier` to be filled whole by the caller (kFilling). *made_room (when
   // given) says whether the tier had no free hole for it: room was made (see Allocate).
   absl::Status Reserve(Tensor& t, tm_tier tier, bool* made_room = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Moves a claimed tensor down to `tier` and frees the copies above (but a clean DRAM copy, see
   // KeepCleanDramCopy).
-  absl::Status OffloadClaimed(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  absl::Status OffloadClaimed(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
  private:
   // The plan of MakeValid's move, its destination reserved; its trace event (t busy, unlocked).
   MovePlan PrepareMove(Tensor& t, tm_tier dst, const Extent& extent, const CallerStream& caller)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // A copy that MakeValid or StartPrefetch left in flight: t's destination copy lands, and its
   // source stays in use until the copy has passed.
   void Land(Tensor& t, const MovePlan& plan, const io::CopyTicket& ticket, bool vacated)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   void TraceMove(const Tensor& t, const MovePlan& plan, Trace::Clock::time_point start,
                  bool vacated) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
@@ -60,7 +60,7 @@ class Moves {
   Prefetcher& prefetcher_;
   WriteThrough& write_through_;
   RecomputeCallbacks& recompute_;
-  LinkOrder link_order_;  // its own lock: taken without core_.mu
+  LinkOrder link_order_;  // its own lock: taken without the runtime's
 };
 
 }  // namespace tiermem

@@ -46,7 +46,7 @@ absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
   t->cls = desc.cls;
   t->home = desc.home_tier == TM_TIER_BY_PLACEMENT ? prefetcher_.HomeOf(desc.cls)
                                                    : static_cast<tm_tier>(desc.home_tier);
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   Tensor* raw = t.get();
   uint64_t handle = core_.tensors.Insert(std::move(t));
   raw->handle = handle;
@@ -58,7 +58,7 @@ absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
 }
 
 absl::Status Runtime::DestroyTensor(uint64_t handle) {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   // A copy still landing is not waited for on the host: its memory is freed once it has landed
   // (a deferred free, as for callers' streams), and its outcome no longer matters.
   auto t = core_.Claim(handle, /*land=*/false);
@@ -79,7 +79,7 @@ absl::Status Runtime::DestroyTensor(uint64_t handle) {
 }
 
 absl::StatusOr<uint64_t> Runtime::TensorBytes(uint64_t handle) {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   auto t = core_.Find(handle);
   if (!t.ok()) return t.status();
   return (*t)->bytes;
@@ -121,7 +121,7 @@ absl::Status CheckAcquireArguments(tm_tier tier, tm_access access) {
 // host. Any other landing copy is waited for.
 absl::StatusOr<Tensor*> ClaimForAcquire(Core& core, uint64_t handle, tm_tier tier, bool stream_read,
                                         std::optional<RoomScope>& room, bool* hit, bool* on_stream)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(core.mu) {
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
   Tensor* first = core.tensors.Find(handle);
   *hit = first != nullptr && InPlace(*first, tier);
   // Busy (an offload writing it down, say): said, so that the offload leaves its HBM copy.
@@ -157,7 +157,7 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
     caller.fence = *std::move(fence);
   }
   const Trace::Clock::time_point start = Trace::Clock::now();
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   std::optional<RoomScope> room;
   bool hit = false, on_stream = false;
   auto claimed = ClaimForAcquire(core_, handle, tier, stream != nullptr && access == TM_ACCESS_READ,
@@ -242,7 +242,7 @@ absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* strea
   // it (a fence recorded now, before the lock; the host does not wait).
   auto fence = copies_.StreamFence(stream, "tm_tensor_release_on_stream");
   if (!fence.ok()) return fence.status();
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   auto found = core_.Find(handle);
   if (!found.ok()) return found.status();
   Tensor& t = **found;
@@ -262,13 +262,13 @@ absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* strea
 }
 
 absl::Status Runtime::Sync(uint64_t handle) {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   for (;;) {
     auto found = core_.Find(handle);
     if (!found.ok()) return found.status();
     if (auto s = core_.NotBusyByThisThread(**found); !s.ok()) return s;
     if ((*found)->queued == 0 && !(*found)->busy()) break;
-    core_.changed.Wait(&core_.mu);
+    core_.Wait(core_.changed);
   }
   movers_.RunParkedOffload(handle);    // its failure, if any, is kept below
   auto claimed = core_.Claim(handle);  // also lands a stream-ordered copy
@@ -279,7 +279,7 @@ absl::Status Runtime::Sync(uint64_t handle) {
 }
 
 absl::Status Runtime::SyncAll() {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   movers_.Drain();
   copies_.ReapCallerCopies(0, true);
   core_.SettleDeferred();
@@ -287,7 +287,7 @@ absl::Status Runtime::SyncAll() {
 }
 
 absl::StatusOr<uint32_t> Runtime::Residency(uint64_t handle) {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   auto found = core_.Find(handle);
   if (!found.ok()) return found.status();
   return (*found)->ResidencyMask();
@@ -299,7 +299,7 @@ absl::Status Runtime::DropCleanCopy(uint64_t handle, tm_tier tier) {
                  absl::StrFormat("a clean copy is dropped from hbm or dram, not tier %d",
                                  static_cast<int>(tier)));
   }
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   auto claimed = core_.Claim(handle);
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
@@ -322,7 +322,7 @@ tm_stats Runtime::Stats() {
   for (int f = 0; f < TM_TIER_COUNT; ++f) {
     for (int t = 0; t < TM_TIER_COUNT; ++t) s.bytes_moved[f][t] = core_.mover->moved(f, t);
   }
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   core_.counters.Fill(s);
   s.tensors = core_.tensors.size();
   prefetcher_.FillStats(s);
@@ -330,7 +330,7 @@ tm_stats Runtime::Stats() {
 }
 
 uint64_t Runtime::MoveWaits() {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   return core_.counters.move_waits;
 }
 

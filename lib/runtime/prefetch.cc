@@ -187,13 +187,13 @@ void Prefetcher::FillStats(tm_stats& s) const {
 }
 
 absl::Status Runtime::StepBegin() {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   prefetcher_.BeginStep();
   return absl::OkStatus();
 }
 
 absl::Status Runtime::StepEnd() {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   if (!prefetcher_.EndStep()) {
     return Error(TM_ERR_INVALID_ARGUMENT, "tm_step_end without tm_step_begin");
   }
@@ -206,7 +206,7 @@ absl::Status Runtime::StepEnd() {
 }
 
 absl::Status Runtime::SetSchedule(const std::vector<ScheduledUse>& uses) {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   std::vector<Schedule::Use> keyed;
   keyed.reserve(uses.size());
   for (const auto& u : uses) {

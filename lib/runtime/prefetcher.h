@@ -36,54 +36,55 @@ class Prefetcher {
   // those that qualify (see Start) are appended there, counted but not queued: the caller
   // starts each, or queues it with Queue.
   Refill IssuePrefetches(std::vector<Start>* starts = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Queues a Start for a mover after all (the caller could not start it), and wakes one.
-  void Queue(const Start& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void Queue(const Start& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Whether the schedule reads t within 2 x the prefetch depth (the uses IssuePrefetches sees)
   // and the tier of that read holds it until then beside everything used before it: then its
   // offload is superseded (dropped or skipped); otherwise the offload runs.
-  bool UsedSoon(const Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  bool UsedSoon(const Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Notes a use of t for the schedule and the LRU order, then prefetches ahead (the prefetches
   // the caller may start go to `starts`, when given: see IssuePrefetches).
   void NoteUse(Tensor& t, tm_tier tier, bool fill, std::vector<Start>* starts = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   tm_tier HomeOf(tm_tensor_class cls) const;
   // The schedule key of a new tensor (see Schedule), which names it from now on (the newest
   // tensor of a key is the one the schedule's uses of that key name).
   uint64_t Register(const TensorDesc& desc, uint64_t handle)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // A destroyed tensor: its key no longer names it.
-  void Forget(uint64_t key, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void Forget(uint64_t key, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The last pin of t's copy went: the schedule notes the release when t is its key's tensor.
-  void NoteRelease(const Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void NoteRelease(const Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // A step begins (and its first tensors are prefetched), or ends; false: none had begun.
-  void BeginStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
-  bool EndStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void BeginStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  bool EndStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Replaces the learned schedule with a given one.
-  void SetSchedule(std::vector<Schedule::Use> uses) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void SetSchedule(std::vector<Schedule::Use> uses) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The schedule's length and relearn count.
-  void FillStats(tm_stats& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void FillStats(tm_stats& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Bytes of prefetches queued or running at most (set-up, once).
   void set_prefetch_limit(uint64_t bytes) { prefetch_limit_ = bytes; }
   // The live tensor that the schedule's `key` names now (the newest created), or nullptr.
-  Tensor* FindKey(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  Tensor* FindKey(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The recorded step and the position in it, for Room's and WriteThrough's do-no-harm (which
   // copy is used again, and when); only the Prefetcher changes them.
-  const Schedule& schedule() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu) { return schedule_; }
-  uint64_t tick() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu) { return tick_; }
+  const Schedule& schedule() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return schedule_; }
+  uint64_t tick() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return tick_; }
 
  private:
   // Drops t's offloads still queued (not a running one): t is used within 2 x the depth.
-  void CancelQueuedOffloads(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void CancelQueuedOffloads(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
   Core& core_;
   Movers& movers_;
-  Schedule schedule_ ABSL_GUARDED_BY(core_.mu);
-  uint64_t tick_ ABSL_GUARDED_BY(core_.mu) = 0;
-  absl::flat_hash_map<uint64_t, uint64_t> keyed_ ABSL_GUARDED_BY(core_.mu);  // key -> newest handle
-  uint64_t created_in_step_ ABSL_GUARDED_BY(core_.mu) = 0;  // tensors created in this step
-  uint32_t uses_to_refill_ ABSL_GUARDED_BY(core_.mu) = 0;   // uses left before NoteUse refills
-  uint64_t prefetch_limit_ = 0;                             // bytes; set up once
+  Schedule schedule_ ABSL_GUARDED_BY(runtime_lock);
+  uint64_t tick_ ABSL_GUARDED_BY(runtime_lock) = 0;
+  absl::flat_hash_map<uint64_t, uint64_t> keyed_
+      ABSL_GUARDED_BY(runtime_lock);                            // key -> newest handle
+  uint64_t created_in_step_ ABSL_GUARDED_BY(runtime_lock) = 0;  // tensors created in this step
+  uint32_t uses_to_refill_ ABSL_GUARDED_BY(runtime_lock) = 0;   // uses left before NoteUse refills
+  uint64_t prefetch_limit_ = 0;                                 // bytes; set up once
 };
 
 }  // namespace tiermem

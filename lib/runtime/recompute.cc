@@ -107,11 +107,11 @@ absl::Status RecomputeCallbacks::Recompute(Tensor& t, tm_tier dst, const CallerS
   const uint64_t handle = t.handle, bytes = t.bytes;
   void* addr = core_.tiers->Address(dst, *extent);
   int returned = 0;
-  core_.mu.Unlock();
+  core_.Unlock();
   const Trace::Clock::time_point start = Trace::Clock::now();
   const tm_status code = CallRecompute(hook, handle, dst, addr, bytes, caller.stream, &returned);
   const Trace::Clock::time_point end = Trace::Clock::now();
-  core_.mu.Lock();
+  core_.Lock();
   core_.counters.recompute_ns += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
   core_.trace->Add(Trace::kRecompute, t.name, start, end, bytes);
@@ -156,7 +156,7 @@ absl::Status Runtime::SetRecompute(uint64_t handle, tm_recompute_fn fn, void* us
                                  "cost_seconds is %g: a cost needs a callback; clear with 0",
                                  cost_seconds));
   }
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   // Clearing rebuilds a dropped tensor first, which takes room: the token comes before the claim.
   std::optional<RoomScope> room;
   if (fn == nullptr) room.emplace(core_, handle);

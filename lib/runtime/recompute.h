@@ -22,14 +22,14 @@ class RecomputeCallbacks {
   bool DropsForRecompute(const Tensor& t, tm_tier tier) const;
   // Frees v's only copy in `tier`: the tensor is dropped. Counted as an eviction.
   void DropForRecompute(Tensor& v, tm_tier tier, Trace::Clock::time_point start)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // MakeValid of a dropped tensor: calls its callback, without the lock, to fill `dst`. Only a
   // demand rebuilds; a prefetch is dropped.
   absl::Status Recompute(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
-                         DropReason* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+                         DropReason* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Rebuilds a dropped, claimed tensor for a caller's copy: in DRAM (HBM when it exceeds the DRAM
   // tier). The caller holds the room token.
-  absl::Status RebuildForCaller(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  absl::Status RebuildForCaller(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
  private:
   // The bandwidth per direction, GB/s, of the link from `tier` to the tier below.

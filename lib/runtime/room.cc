@@ -246,9 +246,9 @@ absl::StatusOr<Extent> Room::Allocate(Tensor& t, tm_tier tier, Want want, DropRe
       *behind = std::move(fences);
     } else if (!fences.empty()) {
       st.waited = true;
-      core_.mu.Unlock();
+      core_.Unlock();
       for (const RangeFence& r : fences) (void)r.fence->Wait();  // a failure is the copy's
-      core_.mu.Lock();
+      core_.Lock();
     }
   }
   if (st.waited) {
@@ -335,7 +335,7 @@ absl::StatusOr<Extent> Room::MakeRoom(Tensor& t, tm_tier tier, Want want, uint64
     movers_.CancelPrefetches(tier);
     if (plan.in_flight || plan.window.has_value()) {
       st.waited = true;
-      core_.changed.WaitWithTimeout(&core_.mu, absl::Milliseconds(20));
+      core_.WaitWithTimeout(core_.changed, absl::Milliseconds(20));
       continue;
     }
     return OutOfRoom(e.status(), plan, t, tier);

@@ -34,31 +34,31 @@ class Room {
   absl::StatusOr<Extent> Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why,
                                   bool* made_room = nullptr,
                                   std::vector<RangeFence>* behind = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Lets t's move down hand its HBM memory on as it runs, when it may (see MayVacate below):
   // sets plan.on_vacate, which sets *vacated when it does.
   void OfferVacate(Tensor& t, MovePlan& plan, Want want, bool* vacated)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Waits on the host for the moves down still reading HBM handed on (the runtime goes).
-  void WaitVacating() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void WaitVacating() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
  private:
   struct AllocateState;
   // Allocate's loop: allocates, else evicts a window, waits (a demand) or gives up.
   absl::StatusOr<Extent> MakeRoom(Tensor& t, tm_tier tier, Want want, uint64_t need,
                                   DropReason* why, AllocateState& st)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Do no harm: whether a scheduled prefetch may take `need` bytes in `tier` at all.
   absl::Status AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t need, DropReason* why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Evicts the victims of a window to make room for `t`; an error ends the allocation.
   struct EvictionPlan;
   absl::Status EvictWindow(const Tensor& t, const EvictionPlan& plan, tm_tier tier, Want want,
                            bool fragmented, DropReason* why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The error of a demand for `t` that cannot fit even with every unpinned copy evicted.
   absl::Status OutOfRoom(const absl::Status& failed, EvictionPlan& plan, const Tensor& t,
-                         tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+                         tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The error of a request for `t` larger than the whole of `tier`.
   absl::Status NeverFits(const absl::Status& failed, const Tensor& t, tm_tier tier);
   // For an out-of-memory message in `tier`: that the mapped HBM layout gives copies whole chunks,
@@ -66,51 +66,54 @@ class Room {
   std::string ChunkRounding(tm_tier tier, uint64_t bytes);
   // What eviction could do for a request of `need` bytes in `tier` (see Allocate).
   EvictionPlan PlanEviction(const Tensor& t, tm_tier tier, Want want, uint64_t need)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Compaction (compaction.cc): slides copies nobody holds down into the holes before them
   // until a hole of `need` bytes forms; true when any copy moved.
-  bool Compact(tm_tier tier, uint64_t need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  bool Compact(tm_tier tier, uint64_t need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Whether t's move down to `dst` may hand its HBM memory on (want.vacates, the slab layout);
   // OfferVacate sets plan.on_vacate then, which sets *vacated when it does (Vacate: frees t's
   // HBM copy at `extent`, its parts fenced by the pieces; false when the copy changed, or an
   // acquire waits for it in HBM). BehindFences: the fences over [offset, offset + size).
-  bool MayVacate(const Tensor& t, tm_tier dst, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  bool MayVacate(const Tensor& t, tm_tier dst, Want want)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   bool Vacate(Tensor& t, const Extent& extent, std::vector<RangeFence> pieces)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   std::vector<RangeFence> BehindFences(tm_tier tier, uint64_t offset, uint64_t size)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // With free bytes enough but split: compacts instead of evicting plan's window when that
   // window takes copies used again and the slide moves no more bytes; true when it did.
   bool SlidRatherThanEvict(const EvictionPlan& plan, tm_tier tier, uint64_t need, AllocateState& st)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The bytes Compact would slide to form that hole, moving nothing; nullopt when it would not
   // form one.
   std::optional<uint64_t> CompactionBytes(tm_tier tier, uint64_t need)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
-  bool Slidable(Tensor& v, tm_tier tier, uint64_t shift) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
-  bool SlideDown(Tensor& v, tm_tier tier, uint64_t shift) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  bool Slidable(Tensor& v, tm_tier tier, uint64_t shift)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  bool SlideDown(Tensor& v, tm_tier tier, uint64_t shift)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Compact's pass over the layout; slide(v, shift) moves one copy (false: it stays, a wall).
   // True when a hole of `need` bytes forms.
   template <typename Slide>
   bool CompactionPass(tm_tier tier, uint64_t need, Slide&& slide)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // How soon the memory of `owner`'s copy in `tier` is free again (lower: sooner), for placing
   // a new extent beside it (TierSpace::Allocate).
-  uint64_t FreesAfter(uint64_t owner, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  uint64_t FreesAfter(uint64_t owner, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The room that scheduled uses before `horizon` still need in `tier` (do-no-harm): each
   // use's position and bytes, in order.
   std::vector<std::pair<uint64_t, uint64_t>> NeededBefore(const Tensor& t, tm_tier tier,
                                                           uint64_t horizon)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The copies in `tier` acquired now that the recorded step lets go before `horizon` and that
   // then cost nothing to drop (clean, not used again before `horizon`): the position of the use
   // each is released before, and its bytes.
   std::vector<std::pair<uint64_t, uint64_t>> ReleasedBefore(const Tensor& t, tm_tier tier,
                                                             uint64_t horizon)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // One copy of ReleasedBefore: the position of the use it is let go before (when < horizon).
   std::optional<uint64_t> LetGoBefore(const Tensor& v, const Tensor& t, tm_tier tier,
-                                      uint64_t horizon) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+                                      uint64_t horizon) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Do no harm in a slab, after a prefetch of t took its extent: whether each earlier use that
   // still needs room there can find a hole of its bytes without evicting anything used before
   // t's use (copies let go before that use count as free).
@@ -122,14 +125,14 @@ class Room {
   };
   bool LeavesHoles(const Tensor& t, tm_tier tier, Want want,
                    std::optional<Placed> placed = std::nullopt)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The hole plan's window leaves (with the free blocks beside it), and the `need` bytes a
   // request would take there.
   static Placed WindowPlaced(const EvictionPlan& plan, uint64_t need);
   // Frees v's copy in `tier`: dropped when another copy is valid, written down first if not.
   // `for_whom` is the tensor the room is for (the trace says whose room and why).
   absl::Status Evict(Tensor& v, tm_tier tier, Want want, const std::string& for_whom)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
   Core& core_;
   Moves& moves_;
@@ -137,7 +140,7 @@ class Room {
   Movers& movers_;
   RecomputeCallbacks& recompute_;
   // Parts of HBM handed on while copies down read them (Vacate): written after their fences.
-  std::vector<RangeFence> vacating_ ABSL_GUARDED_BY(core_.mu);
+  std::vector<RangeFence> vacating_ ABSL_GUARDED_BY(runtime_lock);
 };
 
 }  // namespace tiermem

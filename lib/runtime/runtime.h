@@ -127,7 +127,8 @@ class Runtime {
   void StartMovers(const Setup& st);
   // An acquire's use noted; the small prefetches up from DRAM its refill asks for started on
   // this thread (Moves::StartPrefetch), the rest queued for the movers.
-  void NoteUseAndStart(Tensor& t, tm_tier tier, bool fill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
+  void NoteUseAndStart(Tensor& t, tm_tier tier, bool fill)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
   // The core first: the parts refer to it, and are destroyed before it.
   Core core_;

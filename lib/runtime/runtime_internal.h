@@ -37,9 +37,9 @@ class BusyScope {
 template <typename F>
 absl::Status Core::Unlocked(Tensor& t, F&& f) {
   BusyScope busy(t, changed);
-  mu.Unlock();
+  Unlock();
   absl::Status s = f();
-  mu.Lock();
+  Lock();
   return s;
 }
 
@@ -47,9 +47,9 @@ absl::Status Core::Unlocked(Tensor& t, F&& f) {
 // it waits while another thread moves that tensor (WaitWhileMoving), without the token.
 class RoomScope {
  public:
-  RoomScope(Core& core, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core.mu) : core_(core) {
+  RoomScope(Core& core, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) : core_(core) {
     core_.WaitWhileMoving(handle);
-    core_.room.Enter(core_.mu, core_.changed);
+    core_.EnterRoom();
     generation_ = core_.room.generation();
   }
   ~RoomScope() ABSL_NO_THREAD_SAFETY_ANALYSIS { Leave(); }

@@ -73,7 +73,7 @@ Runtime::~Runtime() {
   // Copies still in flight and callers' work released on stream must pass before the memory
   // they use goes away.
   if (core_.mover != nullptr) {
-    MutexLock lock(&core_.mu);
+    CoreLock lock(core_);
     core_.tensors.ForEach([&](Tensor& t) {
       if (t.landing.has_value()) (void)core_.mover->copy_engine().Wait(*t.landing);
       for (const TensorCopy& c : t.copies) (void)io::WaitAll(c.uses);

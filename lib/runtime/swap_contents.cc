@@ -46,7 +46,7 @@ absl::Status CheckPair(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 absl::Status Runtime::SwapContents(const std::vector<std::pair<uint64_t, uint64_t>>& pairs) {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   std::vector<std::pair<Tensor*, Tensor*>> found;
   for (;;) {
     found.clear();
@@ -75,8 +75,7 @@ absl::Status Runtime::SwapContents(const std::vector<std::pair<uint64_t, uint64_
     }
     if (landed) continue;
     if (!moving) break;
-    core_.changed.Wait(
-        &core_.mu);  // a move finishing signals; then look again (a tensor may be gone)
+    core_.Wait(core_.changed);  // a move finishing signals; then look again (a tensor may be gone)
   }
   for (auto [a, b] : found) {
     std::swap(a->copies, b->copies);
@@ -93,7 +92,7 @@ absl::Status Runtime::SwapContents(const std::vector<std::pair<uint64_t, uint64_
 }
 
 absl::Status Runtime::HoldForStep(uint64_t handle) {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   auto t = core_.Find(handle);
   if (!t.ok()) return t.status();
   if (auto s = core_.CheckNotHeld(**t, "hold it for another step"); !s.ok()) return s;
@@ -105,7 +104,7 @@ absl::Status Runtime::HoldForStep(uint64_t handle) {
 // From any thread: a step prepared in parts on a worker thread is committed or aborted on
 // another (tm_adam_step_groups_extend), and a step unholds only what it held.
 void Runtime::UnholdForStep(uint64_t handle) {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   Tensor* t = core_.tensors.Find(handle);
   if (t != nullptr) {
     t->held_by_step = std::thread::id{};
@@ -114,7 +113,7 @@ void Runtime::UnholdForStep(uint64_t handle) {
 }
 
 void Runtime::SealForStep(uint64_t handle) {
-  MutexLock lock(&core_.mu);
+  CoreLock lock(core_);
   Tensor* t = core_.tensors.Find(handle);
   if (t != nullptr && t->held_by_step == std::this_thread::get_id()) t->hold_sealed = true;
 }

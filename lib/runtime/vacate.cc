@@ -32,7 +32,7 @@ void Room::OfferVacate(Tensor& t, MovePlan& plan, Want want, bool* vacated) {
   // Runs on this thread, inside the mover, without the runtime's lock (t is busy meanwhile).
   plan.on_vacate = [this, &t, vacated, src = plan.src_extent](std::vector<RangeFence> pieces)
                        ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                         MutexLock lock(&core_.mu);
+                         CoreLock lock(core_);
                          *vacated = Vacate(t, src, std::move(pieces));
                          return *vacated;
                        };
