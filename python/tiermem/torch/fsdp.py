@@ -153,10 +153,15 @@ class _ShardAdam(CPUAdam):
 
     def _agree(self, failure):
         """Every rank has prepared its step (or failed to) and none has changed anything: one
-        all_gather of the outcomes, then every rank commits, or every rank raises the same
+        all_reduce of a flag (a step that went well costs no more), then every rank commits, or,
+        when any rank failed, an all_gather of the outcomes and every rank raises the same
         TiermemError naming the rank that failed and why, its prepared step aborted. So no
         failure leaves the ranks out of step."""
         import torch.distributed as dist
+        flag = torch.tensor([0 if failure is None else 1], dtype=torch.int32, device=self._device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._every)
+        if not flag.item():
+            return
         mine = None
         if failure is not None:
             status = getattr(failure, "status", _capi.STATUS_NAMES.index("TM_ERR_INTERNAL"))
