@@ -43,8 +43,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ._fsdp_guard import _Cover, local
-from ._swapped import _Swapped
-from ._transfers import _destroy_quietly
+from ._shared.swapped import _Swapped
+from ._shared.transfers import _destroy_quietly
 
 
 def _fsdp_state(module):

@@ -20,7 +20,8 @@ import torch
 
 import tiermem
 from tiermem import _capi, _optim_capi
-from tiermem.torch._transfers import _size_arg
+from tiermem.torch._shared.adam import _check_hyper, _closed_error
+from tiermem.torch._shared.transfers import _size_arg
 
 __all__ = ["CPUAdam", "isa", "set_isa_limit"]
 
@@ -60,43 +61,12 @@ def set_isa_limit(name):
     return _optim_capi.ISA_NAMES[active.value]
 
 
-def _check_hyper(lr, betas, eps, weight_decay):
-    """torch.optim.AdamW's checks of the hyperparameters, made when the optimizer is (the C step
-    checks them again each step, as a scheduler or the user may change param_groups)."""
-    def number(name, v):
-        try:
-            return float(v)
-        except (TypeError, ValueError):
-            raise TypeError("%s=%r: want a number" % (name, v)) from None
-
-    if not 0.0 <= number("lr", lr):
-        raise ValueError("Invalid learning rate: %s" % (lr,))
-    if not 0.0 <= number("eps", eps):
-        raise ValueError("Invalid epsilon value: %s" % (eps,))
-    try:
-        beta1, beta2 = betas
-    except (TypeError, ValueError):
-        raise ValueError("Invalid betas: %r, want a pair (beta1, beta2)" % (betas,)) from None
-    for i, beta in enumerate((beta1, beta2)):
-        if not 0.0 <= number("betas[%d]" % i, beta) < 1.0:
-            raise ValueError("Invalid beta parameter at index %d: %s" % (i, beta))
-    if not 0.0 <= number("weight_decay", weight_decay):
-        raise ValueError("Invalid weight_decay value: %s" % (weight_decay,))
-
-
 def _on_nvme(rt, handle):
     """Whether the state tensor has an NVMe copy: the step reads its gradient while it is
     prepared (else at the commit)."""
     mask = ctypes.c_uint32(0)
     _check(_lib.tm_tensor_residency(rt, handle, ctypes.byref(mask)), "tm_tensor_residency")
     return bool(mask.value & (1 << _capi.TIER_NVME))
-
-
-def _closed_error(what):
-    return tiermem.TiermemError(
-        _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE"),
-        "%s: the optimizer was closed (close() freed its state): make a new one, and load a "
-        "state_dict() taken before close() into it" % what)
 
 
 class _Slot:

@@ -12,7 +12,7 @@ from ._fit_cost import CHOICES, DRAM, KEEP, NVME, RECOMPUTE, BlockCost, Machine,
 from ._fit_hooks import (FitError, _State, Router, SavedBytesMeter, SavedCounter, track_blocks,
                          wrap_recompute)
 from ._fit_profile import BlockTimer, Clock, bandwidths
-from .parameters import _unit_modules
+from ._shared.units import _unit_modules
 
 _MIB = 1 << 20
 _DRIFT = 0.15  # a measured step this far from the prediction re-plans

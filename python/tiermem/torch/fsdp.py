@@ -47,7 +47,8 @@ from tiermem import _capi
 from tiermem.torch._fsdp_guard import local
 from tiermem.torch._fsdp_prefetch import _BehindBackward
 from tiermem.torch._fsdp_shards import _ShardOffload
-from tiermem.torch.cpu_adam import CPUAdam, _check_hyper, _closed_error
+from tiermem.torch._shared.adam import _check_hyper, _closed_error
+from tiermem.torch.cpu_adam import CPUAdam
 
 __all__ = ["FSDPCPUAdam"]
 

@@ -13,10 +13,11 @@ import weakref
 import torch
 
 from .. import TM_ERR_OUT_OF_MEMORY, Runtime, Tensor, TiermemError, _capi, _hot
-from . import _views
+from ._shared import views as _views
+from ._shared.tensors import _is_parameter
+from ._shared.transfers import (_CUDA_STREAM_LEGACY, _check_tier, _fetch, _is_cuda_runtime,
+                                _size_arg, _stream)
 from ._stash import CopyStash
-from ._transfers import (_CUDA_STREAM_LEGACY, _check_tier, _fetch, _is_cuda_runtime, _size_arg,
-                         _stream)
 
 _HBM, _DRAM = _capi.TIER_HBM, _capi.TIER_DRAM
 _ACTIVATION, _READ = _capi.CLASS_ACTIVATION, _capi.ACCESS_READ
@@ -62,15 +63,6 @@ class _Packed:
         rt = self.rt._rt
         if self.h is not None and rt is not None:
             _hot.release_on_stream(rt.bits, self.h, _HBM, None)
-
-
-def _is_parameter(t):
-    # Parameter's isinstance runs Python code (its metaclass): asked only of leaves and of
-    # views' bases, since activations are mostly neither.
-    if t.is_leaf:
-        return isinstance(t, torch.nn.Parameter)
-    base = t._base
-    return base is not None and isinstance(base, torch.nn.Parameter)
 
 
 def _stash_of(runtime, max_bytes):
