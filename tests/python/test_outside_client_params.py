@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import tiermem
 import tiermem.torch as tt
-from tiermem.torch import parameters
+from tiermem.torch.params import parameters
 from tiermem.torch._shared.offloaded import _Offloaded
 from tiermem.torch._shared.step_driver import _StepDriver
 

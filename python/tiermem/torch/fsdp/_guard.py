@@ -10,7 +10,7 @@ shape, dtype, device, grad, hooks, no-op conversions pass) whose __torch_functio
 anything else. The DTensor itself must be covered: DTensor runs ops on its local tensor from
 __torch_dispatch__, where no __torch_function__ of the local tensor is called. FSDP2's own
 all-gather input (_sharded_param_data) is not covered: FSDP2 reads it only after the hooks of
-_fsdp_shards brought it in, and its reset_sharded_param checks its exact type."""
+_shards brought it in, and its reset_sharded_param checks its exact type."""
 
 import weakref
 
@@ -18,7 +18,7 @@ import torch
 from torch._C import DisableTorchFunction
 from torch.utils._pytree import tree_flatten
 
-from ._shared.offloaded import _ALLOWED, _SHELL, _TYPE, _call, _functions, _is_no_op, _name
+from .._shared.offloaded import _ALLOWED, _SHELL, _TYPE, _call, _functions, _is_no_op, _name
 
 # Views read nothing and give tensors on the same empty storage, covered alike: p.to_local() (a
 # view_as of the local tensor) still answers numel(), shape, and raises on a read.

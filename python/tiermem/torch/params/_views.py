@@ -15,12 +15,12 @@ import weakref
 import torch
 from torch._C import DisableTorchFunction
 
-from .. import TM_ERR_BUSY, TM_ERR_OUT_OF_MEMORY, TiermemError
-from ._shared import views as _views
-from ._shared.offloaded import mark_in, mark_out
-from ._shared.swapped import _Swapped
-from ._shared.transfers import (_CUDA_STREAM_LEGACY, _destroy_quietly, _is_cuda_runtime,
-                                _resize_storage)
+from ... import TM_ERR_BUSY, TM_ERR_OUT_OF_MEMORY, TiermemError
+from .._shared import views as _views
+from .._shared.offloaded import mark_in, mark_out
+from .._shared.swapped import _Swapped
+from .._shared.transfers import (_CUDA_STREAM_LEGACY, _destroy_quietly, _is_cuda_runtime,
+                                 _resize_storage)
 
 
 # The hooks run eagerly under torch.compile: they move parameters' data in and out, which dynamo
