@@ -17,7 +17,8 @@ PyTorch's caching allocator. A subpackage per feature: activations (saved tensor
 (optimizer-state offload, CPUAdam), params (ZeRO-Infinity), fsdp (FSDPCPUAdam over FSDP2's
 shards), fit (the per-block plan); allocator is a module. _shared holds what several features use
 (transfers between torch and tiermem tensors, the tensor freed between uses, the bucketed step
-driver...): a feature imports another's public names only, and any of _shared's. The modules saved_tensors, optimizer_state,
+driver...): a feature imports another's public names only, and any of _shared's
+(tools/scripts/check_imports.py checks it). The modules saved_tensors, optimizer_state,
 parameters, cpu_adam and cpu_adam_overlap are the old import paths, kept. docs/pytorch.md says
 which optimizer offload to choose.
 """
