@@ -46,7 +46,7 @@ except ImportError:
 import torch  # noqa: E402
 
 import tiermem.torch as tt  # noqa: E402
-from tiermem.torch import _fit_cost as fit_cost  # noqa: E402
+from tiermem.torch.fit import _cost as fit_cost  # noqa: E402
 from tinygpt import TinyGPT, batches  # noqa: E402
 
 MIB = 1 << 20

@@ -45,7 +45,7 @@ import torch  # noqa: E402
 
 import tiermem  # noqa: E402
 import tiermem.torch as tt  # noqa: E402
-from tiermem.torch._fit_profile import nvme_round_trips  # noqa: E402
+from tiermem.torch.fit._profile import nvme_round_trips  # noqa: E402
 from offload_hooks import (CountingSaveOnCpu, SaveOnCpuLikeForLike,  # noqa: E402
                            SideStreamReference)
 from tinygpt import TinyGPT, batches  # noqa: E402

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import tiermem.torch as tt
-from tiermem.torch import _fit_cost as fit_cost
-from tiermem.torch._fit_cost import DRAM, KEEP, NVME, RECOMPUTE, BlockCost, Machine, RestCost
+from tiermem.torch.fit import _cost as fit_cost
+from tiermem.torch.fit._cost import DRAM, KEEP, NVME, RECOMPUTE, BlockCost, Machine, RestCost
 from tinygpt import TinyGPT, batches
 
 MIB = 1 << 20

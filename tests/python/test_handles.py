@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tiermem.torch as tt
-from tiermem.torch._transfers import _storage_nbytes
+from tiermem.torch._shared.transfers import _storage_nbytes
 
 
 class Tied(torch.nn.Module):

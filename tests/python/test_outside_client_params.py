@@ -14,8 +14,9 @@ import torch.nn.functional as F
 
 import tiermem
 import tiermem.torch as tt
-from tiermem.torch import optimizer_state, parameters
-from tiermem.torch._offloaded import _Offloaded
+from tiermem.torch.params import parameters
+from tiermem.torch._shared.offloaded import _Offloaded
+from tiermem.torch._shared.step_driver import _StepDriver
 
 VOCAB, HIDDEN, SEQ = 64, 16, 8
 
@@ -312,7 +313,7 @@ def test_optstate_closed_runtime_refused():
     rt.close()
     with pytest.raises(tiermem.TiermemError, match="closed"):
         tt.offload_optimizer_state(opt, rt)
-    assert optimizer_state._StepDriver._existing(opt) is None  # no hooks left on it
+    assert _StepDriver._existing(opt) is None  # no hooks left on it
     model(torch.randn(2, 64)).sum().backward()
     opt.step()  # the optimizer's own, untouched
 

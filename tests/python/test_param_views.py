@@ -250,7 +250,7 @@ def test_saved_tensor_offload_around_viewed_parameters(make_runtime, monkeypatch
     """offload_saved_tensors around the forward: the activations go to its hooks, the parameters'
     saved views stay with offload_parameters. torch 2.8+ reads the hooks on top of the stack;
     here a reader standing in for it gives them, so that torch 1.13 runs the same path."""
-    from tiermem.torch import _param_views as param_views
+    from tiermem.torch.params import _views as param_views
     ref, ref_opt = make_model()
     ref_losses = run(ref, ref_opt)
     rt = make_runtime(hbm_bytes="8MiB", dram_bytes="1MiB")

@@ -164,6 +164,15 @@ def test_exit_with_a_step_open_is_quiet(tmp_path):
     assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+def _configured_source(build):
+    """The source tree the CMake build folder was configured from."""
+    with open(os.path.join(build, "CMakeCache.txt")) as f:
+        for line in f:
+            if line.startswith("CMAKE_HOME_DIRECTORY:"):
+                return line.split("=", 1)[1].strip()
+    raise AssertionError("no CMAKE_HOME_DIRECTORY in %s/CMakeCache.txt" % build)
+
+
 def test_installed_package_finds_its_library(tmp_path):
     """cmake --install puts the package into the site directory with the library's path."""
     build = os.environ.get("TIERMEM_BUILD_DIR")
@@ -181,11 +190,14 @@ def test_installed_package_finds_its_library(tmp_path):
                          env=env, check=True, capture_output=True, text=True,
                          cwd=str(tmp_path)).stdout.strip()
     assert out.startswith(str(prefix)) and os.path.exists(out), out
-    # tiermem.torch is a package: its modules are installed with it.
-    for module in ("__init__", "_transfers", "saved_tensors", "_stash", "_views", "_swapped",
-                   "optimizer_state", "parameters", "_param_views", "_param_state_dict",
-                   "allocator", "cpu_adam", "fsdp", "fit"):
-        assert os.path.exists(os.path.join(sites[0], "tiermem", "torch", module + ".py")), module
+    # tiermem.torch is a package of subpackages: every module of the build's source is installed.
+    source = _configured_source(build)
+    torch_dir = os.path.join(source, "python", "tiermem", "torch")
+    modules = [os.path.relpath(p, torch_dir)
+               for p in glob.glob(os.path.join(torch_dir, "**", "*.py"), recursive=True)]
+    assert "__init__.py" in modules, modules
+    for module in modules:
+        assert os.path.exists(os.path.join(sites[0], "tiermem", "torch", module)), module
     out = subprocess.run([sys.executable, "-c", "import tiermem.torch as tt; print(tt.__file__)"],
                          env=env, check=True, capture_output=True, text=True,
                          cwd=str(tmp_path)).stdout.strip()

@@ -13,23 +13,23 @@
             opt.zero_grad()
 
 On CUDA, tiermem.torch.runtime(...) creates the runtime with its HBM tier drawing from
-PyTorch's caching allocator. The public modules, one feature each: allocator, saved_tensors
-(activations), optimizer_state (ZeRO-Offload and the bucketed step driver), parameters
-(ZeRO-Infinity), cpu_adam (with cpu_adam_overlap), fsdp, fit. What serves them is
-underscored: _transfers (bytes between torch tensors and tiermem tensors), _stash and _views (for
-saved_tensors), _swapped (a tensor freed between uses), _offloaded (what touching one does),
-_param_views and _param_state_dict (for parameters), _fsdp_shards, _fsdp_prefetch and _fsdp_guard
-(for fsdp), _fit_cost, _fit_hooks and _fit_profile (for fit). docs/pytorch.md says which optimizer
-offload to choose.
+PyTorch's caching allocator. A subpackage per feature: activations (saved tensors), optim
+(optimizer-state offload, CPUAdam), params (ZeRO-Infinity), fsdp (FSDPCPUAdam over FSDP2's
+shards), fit (the per-block plan); allocator is a module. _shared holds what several features use
+(transfers between torch and tiermem tensors, the tensor freed between uses, the bucketed step
+driver...): a feature imports another's public names only, and any of _shared's
+(tools/scripts/check_imports.py checks it). The modules saved_tensors, optimizer_state,
+parameters, cpu_adam and cpu_adam_overlap are the old import paths, kept. docs/pytorch.md says
+which optimizer offload to choose.
 """
 
+from .activations import SavedTensorOffload, offload_saved_tensors
 from .allocator import caching_allocator, runtime
-from .cpu_adam import CPUAdam
 from .fit import FitError, FittedPlan, fit
 from .fsdp import FSDPCPUAdam
-from .optimizer_state import OptimizerStateOffload, offload_optimizer_state
-from .parameters import ParameterOffload, offload_parameters
-from .saved_tensors import SavedTensorOffload, offload_saved_tensors
+from .optim import CPUAdam, OptimizerStateOffload, offload_optimizer_state
+from .params import ParameterOffload, offload_parameters
+from . import cpu_adam, optimizer_state, parameters, saved_tensors  # noqa: F401  the old paths
 
 FitError.__module__ = __name__  # tiermem.torch.FitError, where users catch it
 

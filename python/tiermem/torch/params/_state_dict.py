@@ -5,7 +5,7 @@ load and lets each go after, written back when the load changed it."""
 
 import torch
 
-from ._transfers import _fetch
+from .._shared.transfers import _fetch
 
 
 def _keys(offload, prefix):

@@ -32,7 +32,7 @@ import torch
 import tiermem
 from tiermem import _lib
 
-from ._fsdp_guard import local
+from ._guard import local
 
 
 class _BehindBackward:

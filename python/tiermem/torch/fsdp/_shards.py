@@ -21,7 +21,7 @@ unsharded parameters). A shard is brought in only where something reads it:
   tensors it was given); they go back at their next release. shards_in() does the same for a
   user's own reads (full_tensor()).
 - while a unit's shards (or gradients) are out, the parameter DTensors and gradient DTensors a
-  user reaches, and their local tensors, are covered by _fsdp_guard: a read raises a
+  user reaches, and their local tensors, are covered by _guard: a read raises a
   RuntimeError naming the parameter and what to do instead (not a SIGSEGV on the empty storage).
 
 The learned schedule is the order of the units' forwards (and of their post-forwards, for
@@ -42,9 +42,9 @@ import contextlib
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ._fsdp_guard import _Cover, local
-from ._swapped import _Swapped
-from ._transfers import _destroy_quietly
+from .._shared.swapped import _Swapped
+from .._shared.transfers import _destroy_quietly
+from ._guard import _Cover, local
 
 
 def _fsdp_state(module):
@@ -66,7 +66,7 @@ class _Unit:
         self.grads = []  # the gradient storages' records while tiermem holds them
         self.grad_sq = {}  # parameter -> its gradient's squared 2-norm, taken before it went
         self.grads_set = set()  # the parameters FSDP2 has set a gradient on this backward
-        self.cover = None  # _fsdp_guard's cover of the shards' user-visible tensors
+        self.cover = None  # _guard's cover of the shards' user-visible tensors
         self.grad_cover = None  # and of the gradients' while tiermem holds them
 
     def unsharded(self):

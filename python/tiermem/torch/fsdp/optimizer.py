@@ -25,8 +25,8 @@ torch.distributed.checkpoint's get/set_optimizer_state_dict treat it as they tre
 checkpoints move between the two. Nothing of the model is changed (no wrapper). With the state
 on NVMe, post-accumulate-grad hooks on the parameters start each one's state up into DRAM as
 backward sets its gradient, and the step takes them in that order; without clipping the step
-itself is prepared there, part by part, and step() commits it (_fsdp_prefetch.py). With
-shard_tier / grad_tier the parameter and gradient shards live in tiermem too (_fsdp_shards.py:
+itself is prepared there, part by part, and step() commits it (_prefetch.py). With
+shard_tier / grad_tier the parameter and gradient shards live in tiermem too (_shards.py:
 hooks on the model). close() removes the hooks and brings every shard back; the runtime's
 close() does too, with the state, if it comes first.
 
@@ -44,10 +44,11 @@ import torch
 
 import tiermem
 from tiermem import _capi
-from tiermem.torch._fsdp_guard import local
-from tiermem.torch._fsdp_prefetch import _BehindBackward
-from tiermem.torch._fsdp_shards import _ShardOffload
-from tiermem.torch.cpu_adam import CPUAdam, _check_hyper, _closed_error
+from tiermem.torch._shared.adam import _check_hyper, _closed_error
+from tiermem.torch.fsdp._guard import local
+from tiermem.torch.fsdp._prefetch import _BehindBackward
+from tiermem.torch.fsdp._shards import _ShardOffload
+from tiermem.torch.optim import CPUAdam
 
 __all__ = ["FSDPCPUAdam"]
 
@@ -219,18 +220,18 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     all_gather of the outcomes, then all commit or all raise the same TiermemError.
 
     shard_tier ("dram" or "nvme"; None: off) holds the parameter shards themselves in runtime's
-    tier between uses (module _fsdp_shards): from the end of the first step() after a forward,
+    tier between uses (module _shards): from the end of the first step() after a forward,
     each fully_shard unit's shards come in just before FSDP2 all-gathers them and for the
     step, and their torch storage is empty otherwise. Read them between steps inside
     shards_in(); elsewhere a read (p.full_tensor(), p.to_local().sum(), p + 1) raises a
-    RuntimeError naming the parameter (module _fsdp_guard), instead of reading the empty
+    RuntimeError naming the parameter (module _guard), instead of reading the empty
     storage. shard_prefetch_depth: how many units ahead an NVMe shard is prefetched.
     grad_tier ("dram" or "nvme"; CPU meshes only) holds each unit's reduce-scattered gradient
     shards there too, from FSDP2's post-backward to the unit's step and until zero_grad(); read
     them in between only inside shards_in(): elsewhere a read raises a RuntimeError (clip with
     max_grad_norm, not clip_grad_norm_, which raises).
 
-    With state_tier="nvme" the state's I/O runs behind backward (module _fsdp_prefetch):
+    With state_tier="nvme" the state's I/O runs behind backward (module _prefetch):
     overlap (None: where it can be; True: insist; False: off) prepares the step itself there,
     part by part as FSDP2 sets the gradients, for step() to agree on and commit; it needs no
     max_grad_norm, no shard_tier and a CPU mesh. A gradient set twice (accumulation), changed

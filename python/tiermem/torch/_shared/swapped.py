@@ -1,9 +1,9 @@
 """One torch tensor whose memory is freed between uses while tiermem holds its bytes (optimizer
 state, parameters)."""
 
-from .. import TiermemError
-from ._offloaded import mark_in, mark_out
-from ._transfers import _TIER_HOME, _destroy_quietly, _fetch, _resize_storage, _send
+from ... import TiermemError
+from .offloaded import mark_in, mark_out
+from .transfers import _TIER_HOME, _destroy_quietly, _fetch, _resize_storage, _send
 
 
 class _Swapped:

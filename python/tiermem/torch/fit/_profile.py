@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from .. import TiermemError
+from ... import TiermemError
 
 _GB = 1e9
 

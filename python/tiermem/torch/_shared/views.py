@@ -8,7 +8,7 @@ import weakref
 
 import torch
 
-from .. import TiermemError, _capi, _hot
+from ... import TiermemError, _capi, _hot
 
 class _DeviceBytes:
     """nbytes of device memory at ptr, as __cuda_array_interface__ describes it (uint8, 1-D; no

@@ -9,9 +9,10 @@ import torch
 from torch.utils import _pytree
 from torch.utils import checkpoint as _checkpoint
 
-from ._fit_cost import DRAM, NVME
-from ._transfers import _storage_nbytes
-from .saved_tensors import SavedTensorOffload, _is_parameter
+from .._shared.tensors import _is_parameter
+from .._shared.transfers import _storage_nbytes
+from ..activations import SavedTensorOffload
+from ._cost import DRAM, NVME
 
 
 class _State:

@@ -6,13 +6,13 @@ import statistics
 
 import torch
 
-from .. import Runtime, parse_size
-from . import _fit_cost
-from ._fit_cost import CHOICES, DRAM, KEEP, NVME, RECOMPUTE, BlockCost, Machine, RestCost
-from ._fit_hooks import (FitError, _State, Router, SavedBytesMeter, SavedCounter, track_blocks,
-                         wrap_recompute)
-from ._fit_profile import BlockTimer, Clock, bandwidths
-from .parameters import _unit_modules
+from ... import Runtime, parse_size
+from .._shared.units import _unit_modules
+from . import _cost as _fit_cost
+from ._cost import CHOICES, DRAM, KEEP, NVME, RECOMPUTE, BlockCost, Machine, RestCost
+from ._hooks import (FitError, _State, Router, SavedBytesMeter, SavedCounter, track_blocks,
+                     wrap_recompute)
+from ._profile import BlockTimer, Clock, bandwidths
 
 _MIB = 1 << 20
 _DRIFT = 0.15  # a measured step this far from the prediction re-plans

@@ -3,7 +3,7 @@ tensor's storage freed and refilled in place."""
 
 import torch
 
-from .. import TiermemError, _capi, _tier, parse_size
+from ... import TiermemError, _capi, _tier, parse_size
 
 _TIER_HOME = {"dram": "dram", "nvme": "dram"}  # NVMe tensors are written to DRAM, then offloaded
 

@@ -5,12 +5,12 @@ it, not the empty storage (in torch 2.11 a view of a storage resized to 0 is a S
 The objects a user reaches are covered: the registered parameter DTensor (what
 model.parameters() and the optimizer's param_groups hold) and its _local_tensor, and the
 gradient DTensor p.grad and its _local_tensor. Covering swaps the object's class for a subclass
-of its own class (a DTensor stays a DTensor; tiermem.torch._offloaded's scheme and allow-list:
+of its own class (a DTensor stays a DTensor; _shared.offloaded's scheme and allow-list:
 shape, dtype, device, grad, hooks, no-op conversions pass) whose __torch_function__ raises for
 anything else. The DTensor itself must be covered: DTensor runs ops on its local tensor from
 __torch_dispatch__, where no __torch_function__ of the local tensor is called. FSDP2's own
 all-gather input (_sharded_param_data) is not covered: FSDP2 reads it only after the hooks of
-_fsdp_shards brought it in, and its reset_sharded_param checks its exact type."""
+_shards brought it in, and its reset_sharded_param checks its exact type."""
 
 import weakref
 
@@ -18,7 +18,7 @@ import torch
 from torch._C import DisableTorchFunction
 from torch.utils._pytree import tree_flatten
 
-from ._offloaded import _ALLOWED, _SHELL, _TYPE, _call, _functions, _is_no_op, _name
+from .._shared.offloaded import _ALLOWED, _SHELL, _TYPE, _call, _functions, _is_no_op, _name
 
 # Views read nothing and give tensors on the same empty storage, covered alike: p.to_local() (a
 # view_as of the local tensor) still answers numel(), shape, and raises on a read.

@@ -15,11 +15,12 @@ import weakref
 import torch
 from torch._C import DisableTorchFunction
 
-from .. import TM_ERR_BUSY, TM_ERR_OUT_OF_MEMORY, TiermemError
-from . import _views
-from ._offloaded import mark_in, mark_out
-from ._swapped import _Swapped
-from ._transfers import _CUDA_STREAM_LEGACY, _destroy_quietly, _is_cuda_runtime, _resize_storage
+from ... import TM_ERR_BUSY, TM_ERR_OUT_OF_MEMORY, TiermemError
+from .._shared import views as _views
+from .._shared.offloaded import mark_in, mark_out
+from .._shared.swapped import _Swapped
+from .._shared.transfers import (_CUDA_STREAM_LEGACY, _destroy_quietly, _is_cuda_runtime,
+                                 _resize_storage)
 
 
 # The hooks run eagerly under torch.compile: they move parameters' data in and out, which dynamo
@@ -113,7 +114,7 @@ class _ViewedParam(_Swapped):
 
     def __init__(self, runtime, tensor, cls, name, tier):
         super().__init__(runtime, tensor, cls, name, tier)
-        with DisableTorchFunction():  # out already (tiermem.torch._offloaded)
+        with DisableTorchFunction():  # out already (tiermem.torch._shared.offloaded)
             self.placeholder = tensor.data  # shares the (now freed) storage; refilled by copies
         self.view_ptr = None  # the HBM copy's address while p.data views it
         self.address = None  # where p.data's bytes are while in (a view's or its own)

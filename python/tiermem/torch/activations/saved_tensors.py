@@ -1,0 +1,308 @@
+"""Saved-tensor (activation) offload: autograd's saved_tensors_hooks into tiermem.
+
+Pack copies a saved tensor into tiermem with tm_tensor_copy_in_async: the copy runs on tiermem's
+copy stream after an event on the compute stream, which does not wait for it; the source stays
+alive in the runtime's stash until the copy has passed. Unpack acquires the tensor's HBM copy
+(prefetched ahead by the schedule, which learns the backward's order of unpacks in the first
+step) and returns a tensor viewing it, released when PyTorch frees it; when the HBM tier cannot
+hold it (or the layout is not dense) it is copied out instead."""
+
+import collections
+import weakref
+
+import torch
+
+from ... import TM_ERR_OUT_OF_MEMORY, Runtime, Tensor, TiermemError, _capi, _hot
+from .._shared import views as _views
+from .._shared.tensors import _is_parameter
+from .._shared.transfers import (_CUDA_STREAM_LEGACY, _check_tier, _fetch, _is_cuda_runtime,
+                                 _size_arg, _stream)
+from ._stash import CopyStash
+
+_HBM, _DRAM = _capi.TIER_HBM, _capi.TIER_DRAM
+_ACTIVATION, _READ = _capi.CLASS_ACTIVATION, _capi.ACCESS_READ
+_INVALID_HANDLE = _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE")
+_STRIDED = torch.strided
+
+
+class _Packed:
+    """A saved tensor held by tiermem: the handle of its tiermem tensor (h, made and filled by
+    one tm_tensor_create_copy_in_async) and how to rebuild its layout. The tiermem tensor lives
+    as long as autograd keeps this object (until the backward that used it, or until the graph
+    is freed without one) and every view of its HBM copy (each view's release keeps it)."""
+
+    __slots__ = ("rt", "h", "nbytes", "name", "dtype", "device", "size", "stride", "span",
+                 "dense", "flat", "compact_size", "viewable", "__weakref__")
+
+    def __del__(self):
+        h = getattr(self, "h", None)  # None: never filled, or destroyed
+        if h is not None and self.rt._rt is not None:  # a closed runtime took its tensors
+            self.h = None
+            _hot.destroy(self.rt._rt.bits, h)  # its status: nothing to tell anyone this late
+
+    @property
+    def tm(self):
+        """A tiermem.Tensor over the same handle, for the calls off the hot path (prefetch,
+        offload, copy_done); destroyed only through this object."""
+        if self.h is None:
+            raise TiermemError(_INVALID_HANDLE, "saved tensor %r was already released" %
+                               self.name)
+        return Tensor(self.rt, _capi.Tensor(self.h), self.nbytes, self.name)
+
+    def copy_done(self):
+        """True when the pack's copy has landed (or the runtime, which waited for it, is gone)."""
+        rt = self.rt._rt
+        if self.h is None or rt is None:
+            return True
+        s = _hot.scratch()
+        _hot.check(_hot.copy_done(rt.bits, self.h, s.flag_addr), "tm_tensor_copy_done")
+        return s.flag.value != 0
+
+    def _view_freed(self, _ref):
+        """A view of the HBM copy (emulated device: no stream) was freed by PyTorch."""
+        rt = self.rt._rt
+        if self.h is not None and rt is not None:
+            _hot.release_on_stream(rt.bits, self.h, _HBM, None)
+
+
+def _stash_of(runtime, max_bytes):
+    """The runtime's stash of sources in flight: one per runtime, so that it outlives every
+    context whose packs it holds."""
+    stash = getattr(runtime, "_tiermem_stash", None)
+    if stash is None:
+        stash = CopyStash(max_bytes)
+        runtime._tiermem_stash = stash
+    stash.max_bytes = int(max_bytes)
+    return stash
+
+
+class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
+    """Context manager (see offload_saved_tensors). Counters: .packed, .packed_bytes, .skipped,
+    .unpacked_views (served by a view of the HBM copy), .unpacked_copies (copied out); .error:
+    the TiermemError that stopped offloading, if any.
+
+    PyTorch turns an exception raised inside a hook into a plain RuntimeError. So a failed pack
+    keeps that tensor (and the rest of the context's) in memory, the forward runs on, and the
+    TiermemError is raised when the context exits. A failed unpack (in backward) raises at once:
+    a RuntimeError naming the TiermemError, turned back into the TiermemError itself when the
+    backward ran inside the context."""
+
+    def __init__(self, runtime, tier="dram", min_bytes=16384, views=True,
+                 stash_bytes=256 << 20):
+        if not isinstance(runtime, Runtime):
+            raise TypeError("runtime: expected a tiermem.Runtime, got %s" %
+                            type(runtime).__name__)
+        self.runtime = runtime
+        self.tier = _check_tier(tier)
+        self.min_bytes = _size_arg(min_bytes, "min_bytes")
+        self.views = bool(views)
+        self.stash = _stash_of(runtime, _size_arg(stash_bytes, "stash_bytes"))
+        self._cuda_runtime = _is_cuda_runtime(runtime)
+        self._rt_bits = runtime._handle().bits  # packs made after close fail as a bad handle
+        self.packed = 0
+        self.packed_bytes = 0
+        self.skipped = 0
+        self.unpacked_views = 0
+        self.unpacked_copies = 0
+        self.error = None
+        # The last packs (weak references), which the backward unpacks first. Tier "nvme": they
+        # stay in DRAM (their write to NVMe and the read back could not be done before they are
+        # needed); each older one is written down.
+        self._recent = collections.deque()
+        depth = getattr(runtime, "_tiermem_prefetch_depth", None)
+        if depth is None:
+            depth = runtime._tiermem_prefetch_depth = int(runtime.info()["prefetch_depth"])
+        self._depth = depth
+        self._recent_limit = 2 * max(1, depth)
+        super().__init__(self._pack, self._unpack)
+
+    def __enter__(self):
+        self.error = None
+        super().__enter__()
+        return self  # `with offload_saved_tensors(...) as hooks:` reads .packed, .skipped
+
+    def __exit__(self, exc_type, exc, tb):
+        super().__exit__(exc_type, exc, tb)
+        if exc is None:
+            self._prefetch_last()
+        if self.error is not None and not isinstance(exc, TiermemError) and (
+                exc is None or isinstance(exc, RuntimeError)):
+            raise self.error from exc
+        return False
+
+    def _keep(self, t, device_type, numel):
+        """True when t stays with autograd as it is."""
+        if (t.layout != _STRIDED or t.is_quantized or device_type not in ("cpu", "cuda")
+                or numel == 0):
+            return True
+        if _is_parameter(t):
+            return True  # parameters (and views of them) are the model's, not activations
+        return numel * t.element_size() < self.min_bytes
+
+    def _pack(self, t):
+        device = t.device
+        device_type, numel = device.type, t.numel()
+        if self.error is not None or self._keep(t, device_type, numel):
+            self.skipped += 1
+            return t
+        p = _Packed()
+        p.rt, p.h, p.dtype, p.device = self.runtime, None, t.dtype, device
+        size = p.size = t.size()
+        p.stride = t.stride()
+        if t.is_contiguous():
+            p.dense, src, p.span = True, t, numel
+            p.flat = len(size) == 1
+        else:
+            p.flat = False
+            self._layout(p, t, numel)
+            src = t if p.dense else self._compact(p, t)
+        nbytes = p.nbytes = p.span * t.element_size()
+        # A dense CPU tensor views HBM on the emulated device (host memory), a dense CUDA tensor
+        # on the CUDA device; anything else is copied out.
+        cuda = device_type == "cuda"
+        p.viewable = self.views and p.dense and cuda == self._cuda_runtime
+        if cuda:
+            if not self._cuda_runtime:
+                _stream(src, self.runtime)  # raises: the emulated device cannot read it
+            stream = torch.cuda.current_stream(device).cuda_stream or _CUDA_STREAM_LEGACY
+        else:
+            stream = None
+        # Made, filled (the copy starts after the stream's work so far; the stream does not
+        # wait for it) and asked whether the copy has landed, in one call.
+        name = p.name = self.runtime.next_name("saved")
+        sc = _hot.scratch()
+        desc = sc.desc
+        desc.bytes, desc.cls, desc.home_tier, desc.name = nbytes, _ACTIVATION, _DRAM, \
+            name.encode()
+        status = _hot.create_copy_in_async(self._rt_bits, sc.desc_addr, src.data_ptr(), stream,
+                                           sc.out_addr, sc.flag_addr)
+        if status != _hot.OK:
+            try:
+                _hot.check(status, "tm_tensor_create_copy_in_async")
+            except TiermemError as e:
+                self.error = e  # no tensor was left; this one stays with autograd
+            return t
+        p.h = sc.words[0]
+        self._note_recent(p)
+        if not sc.flag.value:
+            # The source stays alive until the copy has read it (the compute stream goes on).
+            try:
+                self.stash.add(p, src, nbytes)
+            except TiermemError as e:
+                self.error = e
+                return t
+        self.packed += 1
+        self.packed_bytes += nbytes
+        return p
+
+    @staticmethod
+    def _layout(p, t, numel):
+        """Elements from the first to the last one the view reaches (strides are never
+        negative). Copy the span as it lies (dense, overlapping or expanded, or with small gaps)
+        and rebuild the same strides over it; a view with large gaps is copied compactly."""
+        span = 1 + sum((n - 1) * s for n, s in zip(p.size, p.stride))
+        p.dense = span <= 2 * numel
+        p.span = span
+
+    @staticmethod
+    def _compact(p, t):
+        """The source of a view with large gaps: expanded dimensions (stride 0) kept once (and
+        expanded again in unpack), the rest made contiguous."""
+        src = t
+        for dim, (n, s) in enumerate(zip(p.size, p.stride)):
+            if s == 0 and n > 1:
+                src = src.narrow(dim, 0, 1)
+        p.compact_size = tuple(src.size())
+        src = src.contiguous()
+        p.span = src.numel()
+        return src
+
+    def _prefetch_last(self):
+        """The forward is over: its last packs are the backward's first unpacks (often the
+        largest, the logits). The schedule cannot prefetch them (a tensor is busy during its
+        own pack, and no other use comes before the backward), so they start into HBM now, as
+        many as the prefetch depth."""
+        if not self.views or self._depth <= 0:
+            return
+        for ref in list(self._recent)[:-self._depth - 1:-1]:  # the last ones, newest first
+            p = ref()
+            if p is not None and p.viewable and p.h is not None:
+                try:
+                    p.tm.prefetch("hbm")  # a hint: dropped when there is no room
+                except TiermemError:
+                    pass  # acquired already (unpacked): nothing to prefetch
+
+    def _note_recent(self, p):
+        recent = self._recent
+        recent.append(weakref.ref(p))
+        if len(recent) > self._recent_limit:
+            older = recent.popleft()()
+            if self.tier == "nvme" and older is not None and older.h is not None:
+                try:
+                    older.tm.offload("nvme")  # queued: written once its copy has landed
+                except TiermemError:
+                    pass  # busy: already unpacked (acquired), so it is needed in DRAM anyway
+
+    def _unpack(self, p):
+        if isinstance(p, torch.Tensor):
+            return p
+        if p.h is None:
+            raise TiermemError(_INVALID_HANDLE, "saved tensor %r was already released" % p.name)
+        if self.stash._entries:
+            self.stash.drain()
+        try:
+            if p.viewable:
+                out = self._view(p)
+                if out is not None:
+                    self.unpacked_views += 1
+                    return out
+            self.unpacked_copies += 1
+            tm = p.tm
+            if p.dense:
+                buf = torch.empty(p.span, dtype=p.dtype, device=p.device)
+                _fetch(tm, buf, p.nbytes)
+                return buf.as_strided(p.size, p.stride)
+            compact = torch.empty(p.compact_size, dtype=p.dtype, device=p.device)
+            _fetch(tm, compact, p.nbytes)
+        except TiermemError as e:
+            self.error = e
+            raise
+        out = torch.empty_strided(p.compact_size, p.stride, dtype=p.dtype, device=p.device)
+        return out.copy_(compact).expand(p.size)
+
+    def _view(self, p):
+        """A tensor viewing p's HBM copy (a hit when the schedule prefetched it), or None when
+        the HBM tier has no room for it."""
+        device = p.device  # viewable: on the runtime's device (CUDA, or the emulated host)
+        stream = (torch.cuda.current_stream(device).cuda_stream or _CUDA_STREAM_LEGACY
+                  if self._cuda_runtime else None)
+        sc = _hot.scratch()
+        status = _hot.acquire(self._rt_bits, p.h, _HBM, _READ, stream, sc.ptr_addr)
+        if status != _hot.OK:
+            if status == TM_ERR_OUT_OF_MEMORY:
+                return None
+            _hot.check(status, "tm_tensor_acquire")
+        ptr = sc.words[1]
+        try:
+            flat = _views.view_acquired(p, ptr, p.nbytes, p.dtype, device, stream)
+        except BaseException:
+            _hot.release_on_stream(self._rt_bits, p.h, _HBM, stream)
+            raise
+        if p.flat:
+            return flat  # 1-D and contiguous: the view is already the tensor
+        return flat.as_strided(p.size, p.stride)
+
+
+def offload_saved_tensors(runtime, tier="dram", min_bytes=16384, views=True,
+                          stash_bytes=256 << 20):
+    """Like torch.autograd.graph.save_on_cpu: inside the context, every tensor autograd saves
+    for backward (min_bytes and larger; parameters excepted) is copied into tiermem and read
+    back when the backward needs it. tier "dram" keeps it in pinned DRAM (spilling to NVMe when
+    the DRAM budget is full); "nvme" writes it on to NVMe, all but the last few packs (twice
+    the prefetch depth), which the backward needs first. The compute stream never
+    waits for a pack's copy; its source is kept (at most stash_bytes of them, beyond which the
+    host waits for the oldest) until the copy has passed. Names ("saved.N", counted from each
+    rt.step()) repeat step after step, so the schedule prefetches the backward's tensors into
+    HBM ahead of their unpacks; with views (the default) unpack returns a tensor viewing that
+    HBM copy, released when PyTorch frees it, and views=False copies out instead."""
+    return SavedTensorOffload(runtime, tier, min_bytes, views, stash_bytes)

@@ -1,0 +1,846 @@
+"""CPUAdam: ZeRO-Offload's optimizer. The fp32 master weights and the Adam moments live in tiermem
+(pinned DRAM, or NVMe with state_tier="nvme", swapped through DRAM bucket by bucket), and the
+step runs on the CPU in tiermem's vectorized kernel (lib/optim). Only the gradients go down and
+the updated parameters come up.
+
+    opt = CPUAdam(model.parameters(), lr=1e-3, weight_decay=0.01, max_grad_norm=1.0)
+    loss.backward(); opt.step(); opt.zero_grad()
+
+state_dict() / load_state_dict() have torch.optim.AdamW's layout: checkpoints move between the
+two. See docs/pytorch.md ("CPUAdam") for clipping, mixed precision and the overlap with backward.
+"""
+
+import array
+import ctypes
+import threading
+from collections import defaultdict
+from itertools import chain
+
+import torch
+
+import tiermem
+from tiermem import _capi, _optim_capi
+from tiermem.torch._shared.adam import _check_hyper, _closed_error
+from tiermem.torch._shared.transfers import _size_arg
+
+__all__ = ["CPUAdam", "isa", "set_isa_limit"]
+
+_lib = tiermem._lib
+_optim_capi.bind(_lib)
+_check = tiermem._check
+
+_DTYPES = {torch.float32: _optim_capi.DTYPE_F32, torch.bfloat16: _optim_capi.DTYPE_BF16,
+           torch.float16: _optim_capi.DTYPE_F16}
+
+# tm_adam_span as 8-byte words (LP64; the enums are the low half of theirs, zero above), filled
+# without a ctypes attribute per field: the word of each field.
+_SPAN_WORDS = ctypes.sizeof(_optim_capi.AdamSpan) // 8
+(_SPAN_PARAM, _SPAN_M, _SPAN_V, _SPAN_VMAX, _SPAN_GRAD, _SPAN_GRAD_DTYPE, _SPAN_OUT,
+ _SPAN_OUT_DTYPE, _SPAN_COUNT) = (getattr(_optim_capi.AdamSpan, name).offset // 8
+                                  for name, _ in _optim_capi.AdamSpan._fields_)
+assert ctypes.sizeof(_optim_capi.AdamSpan) == 8 * _SPAN_WORDS == 72, "tm_adam_span is LP64's"
+
+
+def isa():
+    """(best instruction set this CPU runs, the one the kernel uses now): "avx512", "avx2" or
+    "baseline"."""
+    detected, active = ctypes.c_int32(), ctypes.c_int32()
+    _check(_lib.tm_optim_isa_get(ctypes.byref(detected), ctypes.byref(active)),
+           "tm_optim_isa_get")
+    return _optim_capi.ISA_NAMES[detected.value], _optim_capi.ISA_NAMES[active.value]
+
+
+def set_isa_limit(name):
+    """Caps the kernel's instruction set process-wide ("baseline", "avx2", "avx512"); returns
+    the one now in use (a cap above the CPU's is lowered to it)."""
+    if name not in _optim_capi.ISAS:
+        raise ValueError("set_isa_limit: %r is not one of %s" % (name, sorted(_optim_capi.ISAS)))
+    active = ctypes.c_int32()
+    _check(_lib.tm_optim_set_isa_limit(_optim_capi.ISAS[name], ctypes.byref(active)),
+           "tm_optim_set_isa_limit")
+    return _optim_capi.ISA_NAMES[active.value]
+
+
+def _on_nvme(rt, handle):
+    """Whether the state tensor has an NVMe copy: the step reads its gradient while it is
+    prepared (else at the commit)."""
+    mask = ctypes.c_uint32(0)
+    _check(_lib.tm_tensor_residency(rt, handle, ctypes.byref(mask)), "tm_tensor_residency")
+    return bool(mask.value & (1 << _capi.TIER_NVME))
+
+
+class _Slot:
+    """One parameter's state in tiermem and, for a parameter on a GPU, pinned buffers for its
+    gradient and its updated value. The state is [master | exp_avg | exp_avg_sq |
+    max_exp_avg_sq] in fp32, or without the master (`in_place`) for an fp32 CPU parameter with
+    its state in DRAM: that parameter is its own master, stepped in place as AdamW and DeepSpeed
+    step it (28 bytes a parameter moved instead of 36 with a master beside it).
+
+    The state is cut into slices of the parameter's elements, one tiermem tensor each in that
+    layout: elements [bounds[i], bounds[i + 1]) in tensors[i], each slice a bucket of the step.
+    The step reads, steps and writes a slice at a time, so a tensor bigger than the DRAM tier
+    steps through it; Adam is elementwise and the bounds are multiples of the kernel's vector
+    width, so the result is bit for bit that of the whole tensor. Once the runtime closed
+    (CPUAdam._runtime_closing), the whole layout in `home`, one flat fp32 torch tensor, and no
+    tiermem tensor."""
+
+    __slots__ = ("tensors", "handles", "bounds", "count", "amsgrad", "in_place", "grad_host",
+                 "out_host", "ready", "home")
+
+    def __init__(self, tensors, bounds, count, amsgrad, in_place, home=None):
+        self.count, self.amsgrad, self.in_place = count, amsgrad, in_place
+        self.tensors, self.bounds = tensors, bounds
+        # The C handles (the tensors are destroyed only by close(), or by the runtime's).
+        self.handles = [t._handle() for t in tensors]
+        self.home = home
+        self.grad_host = self.out_host = self.ready = None
+
+    @property
+    def parts(self):
+        """fp32 words a parameter: the moments, the master but for a parameter stepped in
+        place, the maximum with amsgrad."""
+        return (3 if self.amsgrad else 2) + (not self.in_place)
+
+    def slices(self):
+        """(tiermem tensor, its handle, first element, elements) of each slice."""
+        b = self.bounds
+        return [(t, h, b[i], b[i + 1] - b[i])
+                for i, (t, h) in enumerate(zip(self.tensors, self.handles))]
+
+
+# A slice's elements are a multiple of this: 64 floats, four AVX-512 vectors (the kernel's
+# vector loop and its tiles start at a slice's first element, and end at the tensor's last
+# only where a slice ends it, so every element takes the same path as in the whole tensor).
+_SLICE_ALIGN = 64
+# The largest slice of state, in bytes: beyond it a bigger slice saves no time (the disk runs at
+# its speed from a few MiB a request) and costs DRAM the pipeline could read ahead with.
+_SLICE_MAX = 64 << 20
+# The least slice chosen for the caller: the NVMe tier's allocation block (4 KiB). A smaller one
+# wastes the rest of its block on NVMe (a 1.4 MB state took 6.5 MiB in 2 KiB slices) and, in a
+# DRAM tier of a few dozen KiB, was read twice a step; 4 KiB slices read it once, in 2.7 MiB.
+_SLICE_MIN = 4 << 10
+# The DRAM tier holds this many slices: the one stepping and its new version, the slices read
+# ahead and the new versions written behind, with room to spare for other tensors and for the
+# holes between pinned copies (every copy needs one hole of its size).
+_SLICES_IN_DRAM = 16
+
+
+def _slice_bounds(count, per):
+    """Element bounds [0, ..., count] of slices of at most `per` elements."""
+    return list(range(0, count, per)) + [count] if count > 0 else [0, 0]
+
+
+class CPUAdam(torch.optim.Optimizer):
+    """Adam / AdamW stepped on the CPU over state held in tiermem.
+
+    params, lr, betas, eps, weight_decay, amsgrad: as torch.optim.AdamW (adamw=False: Adam, the
+    decay added to the gradient). max_grad_norm: clip the gradients by their global L2 norm,
+    exactly as torch.nn.utils.clip_grad_norm_ (the coefficient is folded into the step's read of
+    the gradient, no extra pass). runtime: a tiermem.Runtime for the state (None: a private one
+    sized for it, DRAM only). state_tier: "dram" or "nvme". threads: CPU threads stepping, the
+    caller of step() counted where it shares the workers' NUMA node (0: the cores of the DRAM
+    tier's node). An fp32 CPU parameter with its state in DRAM is its own master, stepped in
+    place (docs/pytorch.md). overlap: on a GPU, copy each gradient down on a side stream as
+    backward produces it and step each parameter on the CPU while backward goes on (None: when
+    the parameters are on a GPU and torch has register_post_accumulate_grad_hook). slice_bytes:
+    the most bytes of state one slice holds (bytes or a size string; None: with state_tier
+    "nvme", a sixteenth of the runtime's DRAM tier, 4 KiB to 64 MiB): each parameter's state is
+    stepped in slices, bit-identically, so that any DRAM budget steps any model.
+
+    The runtime's close() (a `with tiermem.Runtime(...)` block ending before close(), an
+    exception in it) brings the state home first, into torch tensors: step(), state_dict() and
+    load_state_dict() go on over them, stepped by the same kernel. After close(), step(),
+    state_dict() and load_state_dict() raise.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, *, adamw=True, max_grad_norm=None, runtime=None,
+                 state_tier="dram", threads=0, overlap=None, slice_bytes=None):
+        self._closed, self._home = False, False  # close() called; the runtime's close() was
+        _check_hyper(lr, betas, eps, weight_decay)
+        if state_tier not in ("dram", "nvme"):
+            raise ValueError("CPUAdam: state_tier=%r, want 'dram' or 'nvme'" % (state_tier,))
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError("CPUAdam: max_grad_norm=%r, want a positive number or None" %
+                             (max_grad_norm,))
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        foreach=None, maximize=False, capturable=False)
+        super().__init__(params, defaults)
+        for p in self._params():
+            if p.dtype not in _DTYPES:
+                raise TypeError("CPUAdam: a parameter is %s; fp32, bf16 and fp16 are supported" %
+                                p.dtype)
+        self.adamw, self.max_grad_norm, self.state_tier = bool(adamw), max_grad_norm, state_tier
+        if slice_bytes is not None:
+            slice_bytes = _size_arg(slice_bytes, "CPUAdam: slice_bytes")
+            if slice_bytes < 16 * _SLICE_ALIGN:
+                raise ValueError("CPUAdam: slice_bytes=%r, want at least %d (the smallest slice: "
+                                 "%d parameters of up to 16 bytes of state) or None" %
+                                 (slice_bytes, 16 * _SLICE_ALIGN, _SLICE_ALIGN))
+        if runtime is None:
+            if state_tier == "nvme":
+                raise ValueError("CPUAdam: state_tier='nvme' needs a runtime with nvme_paths")
+            # The state as _slot lays it out (8 bytes a parameter stepped in place, 12 with a
+            # master, 4 more with amsgrad), and room for the largest to get a master later.
+            need = sum(((3 if g["amsgrad"] else 2) + (not self._in_place_ok(p))) * 4 * p.numel()
+                       for g in self.param_groups for p in g["params"])
+            need += max((16 * p.numel() for p in self._params()), default=0)
+            runtime = tiermem.Runtime(device="emulated", hbm_bytes="16MiB",
+                                      dram_bytes=need + (64 << 20), log_level="error")
+            self._own_runtime = runtime
+        else:
+            self._own_runtime = None
+        self.runtime = runtime
+        self.slice_bytes = self._slice_bytes(slice_bytes)
+        cfg = _optim_capi.AdamConfig()
+        cfg.threads = int(threads)
+        self._adam = _optim_capi.Adam()
+        _check(_lib.tm_adam_create(runtime._handle(), ctypes.byref(cfg), ctypes.byref(self._adam)),
+               "tm_adam_create")
+        self._slots = {}
+        self._counters = {}  # param -> (its step tensor, a ctypes view of its float)
+        self._stepped, self._unfinished = set(), None
+        self._lock = threading.Lock()  # one C step at a time (the worker and step())
+        self._overlap = None
+        cuda = any(p.is_cuda for p in self._params())
+        if overlap is None:
+            overlap = cuda and hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+        if overlap:
+            from tiermem.torch.optim.cpu_adam_overlap import Overlap  # CUDA only
+            self._overlap = Overlap(self)
+        # Its close() brings the state home first (even a private runtime's, reachable as
+        # .runtime), as it brings offload_optimizer_state's.
+        runtime._bring_home_at_close(self)
+
+    def _runtime_closing(self):
+        """The runtime is closing (Runtime.close, before it destroys its tensors): every slot's
+        state comes home into a torch tensor of the same layout, all read before any tiermem
+        tensor goes (a failed read refuses the close, nothing changed), and from then on the
+        optimizer steps them with the same kernel (tm_adam_step over host memory needs no
+        runtime). Without this the close destroyed the moments and the masters, silently."""
+        if self._closed or self._home:
+            return
+        if self._overlap is not None:
+            self._overlap.drain()  # the steps backward queued, over the state still in tiermem
+        with self._lock:
+            rt = self.runtime._handle()
+            homes = {}
+            for p, slot in self._slots.items():
+                homes[p] = torch.cat(self._read(slot, p, rt)[slot.in_place:])
+            for p, slot in self._slots.items():
+                old = slot.tensors
+                slot.tensors, slot.handles, slot.home = [], [], homes[p]
+                slot.bounds = [0, slot.count]
+                for t in old:
+                    try:
+                        t.destroy()
+                    except tiermem.TiermemError:
+                        pass  # the runtime destroys it next anyway
+            self._home = True
+
+    def _check_open(self, what):
+        if self._closed:
+            raise _closed_error("%s.%s" % (type(self).__name__, what))
+
+    # ---- state in tiermem ----
+
+    def _params(self):
+        return chain.from_iterable(g["params"] for g in self.param_groups)
+
+    def _in_place_ok(self, p):
+        """The parameter can be its own master: fp32, contiguous, in host memory, state in DRAM."""
+        return (self.state_tier == "dram" and p.dtype == torch.float32 and p.is_cpu and
+                p.is_contiguous())
+
+    def _slot(self, p, group, init=True):
+        slot = self._slots.get(p)
+        amsgrad = bool(group["amsgrad"])
+        if slot is not None and slot.amsgrad != amsgrad and amsgrad:
+            raise ValueError("CPUAdam: amsgrad was turned on after the state was made")
+        if slot is None:
+            n = p.numel()
+            in_place = self._in_place_ok(p)
+            slot = self._new_slot(n, amsgrad, in_place)
+            if init:
+                zeros = torch.zeros(n, dtype=torch.float32)
+                self._written(slot, p.detach().reshape(-1), zeros, zeros,
+                              zeros if amsgrad else None, p)
+            self._slots[p] = slot  # only once its state is whole
+        elif slot.in_place and not self._in_place_ok(p):
+            self._add_master(p, slot)
+        return slot
+
+    def _written(self, slot, master, m, v, vmax, p):
+        """_write into a new slot: when it fails (the NVMe tier full, ...) the slot's tensors
+        go, and the error says that nothing changed. A slot kept with half its state written
+        would be stepped from zeros at the next step() (the parameters then +-lr)."""
+        try:
+            self._write(slot, master, m, v, vmax, p)
+        except BaseException as e:
+            for t in slot.tensors:
+                try:
+                    t.destroy()
+                except tiermem.TiermemError:
+                    pass
+            if isinstance(e, tiermem.TiermemError):
+                raise tiermem.TiermemError(
+                    e.status, "CPUAdam: making the state of a parameter of %d elements: %s (the "
+                    "step was not taken: every state and parameter is as before)" % (
+                        slot.count, e.message), e.call) from e
+            raise
+
+    def _add_master(self, p, slot):
+        """A parameter stepped in place that no longer can be (made bf16, moved, made a strided
+        view): its state gets a master again, the parameter's value widened to fp32."""
+        _, m, v, *vmax = self._read(slot, p)
+        new = self._new_slot(slot.count, slot.amsgrad, False)
+        self._written(new, p.detach().reshape(-1), m, v, vmax[0] if vmax else None, p)
+        old = slot.tensors
+        slot.tensors, slot.handles, slot.bounds = new.tensors, new.handles, new.bounds
+        slot.home, slot.in_place = new.home, False
+        for t in old:
+            t.destroy()
+
+    def _slice_bytes(self, asked):
+        """The bytes of state a slice holds at most: `asked`, or with state on NVMe a sixteenth
+        of the DRAM tier (4 KiB to 64 MiB); with state in DRAM, none (one slice a parameter: it is
+        all in DRAM anyway, and stepped in place there)."""
+        if asked is not None:
+            return asked
+        if self.state_tier != "nvme":
+            return None
+        dram = self.runtime.stats()["tiers"]["dram"]["capacity"]
+        return max(_SLICE_MIN, min(_SLICE_MAX, dram // _SLICES_IN_DRAM))
+
+    def _new_slot(self, n, amsgrad, in_place):
+        """A slot of n elements: its slices' tiermem tensors, or once the runtime closed its
+        state at home (zeros, one slice)."""
+        words = ((3 if amsgrad else 2) + (not in_place))
+        if self._home:
+            return _Slot([], [0, n], n, amsgrad, in_place,
+                         torch.zeros(words * n, dtype=torch.float32))
+        per = n
+        if self.slice_bytes is not None and not in_place:  # in place: in DRAM, pinned whole
+            per = max(_SLICE_ALIGN, self.slice_bytes // (4 * words) // _SLICE_ALIGN * _SLICE_ALIGN)
+        bounds = _slice_bounds(n, per)
+        tensors = []
+        try:
+            for i in range(len(bounds) - 1):
+                tensors.append(self.runtime.tensor(
+                    4 * words * (bounds[i + 1] - bounds[i]), cls="optimizer_state",
+                    home=self.state_tier, name=self.runtime.next_name("cpu_adam")))
+        except BaseException:
+            for t in tensors:
+                t.destroy()
+            raise
+        return _Slot(tensors, bounds, n, amsgrad, in_place)
+
+    def _write(self, slot, master, m, v, vmax, p):
+        parts = [m, v] + ([vmax if vmax is not None else torch.zeros_like(v)]
+                          if slot.amsgrad else [])
+        if slot.in_place:  # the parameter is the master
+            if master.data_ptr() != p.data_ptr():
+                p.detach().view(-1).copy_(master.to(torch.float32).reshape(-1))
+        else:
+            parts.insert(0, master)
+        parts = [t.detach().to("cpu", torch.float32).reshape(-1) for t in parts]
+        if slot.home is not None:
+            # A new tensor (cat): the old one may still be read by the caller.
+            slot.home = torch.cat(parts)
+            return
+        rt = self.runtime._handle()
+        for _, h, first, n in slot.slices():
+            flat = torch.cat([t[first:first + n] for t in parts])
+            _check(_lib.tm_tensor_write(rt, h, 0, flat.data_ptr(), flat.numel() * 4),
+                   "tm_tensor_write")
+            if self.state_tier == "nvme":
+                # Written down, as a step leaves it: a write lands in a DRAM copy when there is
+                # one, and state found only in DRAM is pinned whole through the next step (the
+                # step of state in DRAM), which a budget below the state cannot hold.
+                _check(_lib.tm_tensor_offload(rt, h, _capi.TIER_NVME), "tm_tensor_offload")
+        if self.state_tier == "nvme":
+            for _, h, _, _ in slot.slices():
+                _check(_lib.tm_tensor_sync(rt, h), "tm_tensor_sync")
+
+    def _read(self, slot, p, rt=None):
+        """[master, exp_avg, exp_avg_sq(, max_exp_avg_sq)] as flat fp32 tensors (the master of a
+        parameter stepped in place is the parameter itself)."""
+        parts = slot.parts
+        if slot.home is not None:
+            out = list(slot.home.split(slot.count))  # views: callers that keep them clone them
+        else:
+            rt = self.runtime._handle() if rt is None else rt
+            out = [torch.empty(slot.count, dtype=torch.float32) for _ in range(parts)]
+            for _, h, first, n in slot.slices():
+                flat = torch.empty(parts * n, dtype=torch.float32)
+                _check(_lib.tm_tensor_read(rt, h, 0, flat.data_ptr(), flat.numel() * 4),
+                       "tm_tensor_read")
+                for whole, piece in zip(out, flat.split(n)):
+                    whole[first:first + n] = piece
+        if slot.in_place:
+            out.insert(0, p.detach().reshape(-1))
+        return out
+
+    # ---- the step ----
+
+    def _config(self, group):
+        cfg = _optim_capi.AdamConfig()
+        cfg.lr, (cfg.beta1, cfg.beta2) = float(group["lr"]), group["betas"]
+        cfg.eps, cfg.weight_decay = float(group["eps"]), float(group["weight_decay"])
+        cfg.adamw, cfg.amsgrad = int(self.adamw), int(bool(group["amsgrad"]))
+        return cfg
+
+    def _grad_scale(self, grads):
+        """The clipping coefficient, computed as torch.nn.utils.clip_grad_norm_ computes it."""
+        if self.max_grad_norm is None or not grads:
+            return 1.0
+        norms = [torch.norm(g.detach(), 2.0) for g in grads]
+        total = torch.norm(torch.stack([n.to(norms[0].device) for n in norms]), 2.0)
+        coef = torch.clamp(self.max_grad_norm / (total + 1e-6), max=1.0)
+        return float(coef.to(torch.float32).item())
+
+    def _grad(self, slot, grad):
+        if grad.is_sparse:
+            raise RuntimeError("CPUAdam does not support sparse gradients")
+        if grad.is_cuda:
+            grad = self._download(slot, grad.detach())
+        if grad.dtype not in _DTYPES:
+            grad = grad.float()
+        return grad.contiguous()
+
+    def _buckets(self, p, slot, g):
+        """One bucket a slice: its elements of the gradient and of the updated parameter."""
+        if p.is_cuda or not p.is_contiguous():
+            if slot.out_host is None:
+                slot.out_host = torch.empty(slot.count, dtype=p.dtype,
+                                            pin_memory=p.is_cuda)
+            out = slot.out_host
+        else:  # the parameter itself receives the updated value in the same pass
+            out = p
+        grad, grad_size, grad_dtype = g.data_ptr(), g.element_size(), _DTYPES[g.dtype]
+        out_ptr, out_size, out_dtype = out.data_ptr(), out.element_size(), _DTYPES[p.dtype]
+        buckets = []
+        for _, h, first, n in slot.slices():
+            b = _optim_capi.AdamBucket()
+            b.state, b.count = h, n
+            b.grad, b.grad_dtype = grad + first * grad_size, grad_dtype
+            b.param_out, b.param_out_dtype = out_ptr + first * out_size, out_dtype
+            buckets.append(b)
+        return buckets
+
+    def _download(self, slot, g):
+        if slot.grad_host is None or slot.grad_host.dtype != g.dtype:
+            slot.grad_host = torch.empty(slot.count, dtype=g.dtype, pin_memory=True)
+        slot.grad_host.copy_(g.reshape(-1))
+        return slot.grad_host
+
+    def _counter(self, p, t):
+        """The float of p's step tensor `t` (0-dim fp32 on the CPU, as AdamW keeps it) as a
+        ctypes view, read and counted without a torch op each (~2 us a tensor otherwise); None
+        for a step tensor of another kind, counted by torch."""
+        cached = self._counters.get(p)
+        if cached is not None and cached[0] is t:
+            return cached[1]
+        c = None
+        if t.dtype == torch.float32 and t.is_cpu and t.numel() == 1 and t.is_contiguous():
+            c = ctypes.c_float.from_address(t.data_ptr())
+        self._counters[p] = (t, c)  # keeps t alive with its view
+        return c
+
+    def _runs(self, items):
+        """items: (param, group, grad) in order, as runs, one a C group: (group, step number,
+        [(param, grad, counter)]) per parameter group and step count (a parameter added to a
+        group later has taken fewer steps); and the (param, counter) of the empty parameters
+        (no elements, nothing to update: torch.optim.AdamW counts them too)."""
+        runs = {}  # (id(group), step number) -> (group, step, [(param, grad, counter)])
+        empty = []
+        state = self.state
+        for p, group, grad in items:
+            st = state[p]
+            t = st.get("step")
+            if t is None:
+                t = st["step"] = torch.tensor(0.0)
+            c = self._counter(p, t)
+            if p.numel() == 0:
+                empty.append((p, c))
+                continue
+            step = int(c.value if c is not None else t.item()) + 1
+            run = runs.get((id(group), step))
+            if run is None:
+                run = runs[(id(group), step)] = (group, step, [])
+            run[2].append((p, grad, c))
+        return list(runs.values()), empty
+
+    def _step_params(self, items, grad_scale):
+        """items: (param, group, grad) in order; steps them all in one call through tiermem,
+        all or nothing, each C group with its parameter group's hyperparameters."""
+        runs, empty = self._runs(items)
+        with self._lock:
+            if runs:
+                self._step_groups(runs, grad_scale)
+            self._count(empty)  # once the others have stepped: all or nothing
+
+    def _step_in_parts(self, parts, grad_scale, scratch=False, before_agree=None):
+        """One step, all or nothing, of parameters brought into memory part by part (a sharded
+        model's units): parts is [(items, enter, leave)], items as _step_params'. An empty step
+        is prepared, then for each part in turn: enter() (its gradients in, its param_out
+        memory made), its buckets added to the step (tm_adam_step_groups_extend), leave() (its
+        gradients may go: NVMe state has read them by then). A part with state only in DRAM
+        reads its gradients at the commit: its leave() waits for it. Then before_agree() (what
+        else can fail), _agree, and the commit (or the abort).
+
+        scratch: the parameters' memory is not the live copy (the caller keeps that elsewhere
+        and adopts the new values only once the step is taken): each part's updated parameters
+        are written as it is prepared (TM_ADAM_OUT_SCRATCH), for leave() to take away. A state
+        slice only in DRAM is written to NVMe first, so that none waits for the commit. For
+        state not stepped in place."""
+        keep, empties, all_runs, deferred = [], [], [], []
+        rt = self.runtime._handle()
+        prepared = False
+        with self._lock:
+            try:
+                failure = None
+                try:
+                    _check(_lib.tm_adam_step_groups_prepare(self._adam, grad_scale, None, 0),
+                           "tm_adam_step_groups_prepare")
+                    prepared = True
+                    for items, enter, leave in parts:
+                        enter()
+                        late = False  # until prepared: nothing of the part waits
+                        try:
+                            late = self._prepare_part(items, grad_scale, rt, keep, empties,
+                                                      all_runs, scratch)
+                        finally:
+                            if late:
+                                deferred.append(leave)
+                            else:
+                                leave()
+                    if before_agree is not None:
+                        before_agree()
+                except Exception as e:  # noqa: BLE001: every failure goes through _agree
+                    failure = e
+                self._agree(failure)
+                prepared = False
+                self._commit_buckets(all_runs, copy_out=not scratch)
+                self._count(empties)
+            finally:
+                if prepared:  # the ranks did not agree (or an interrupt): every state as before
+                    _lib.tm_adam_step_abort(self._adam)
+                for leave in deferred:
+                    leave()
+
+    def _prepare_part(self, items, grad_scale, rt, keep, empties, all_runs, scratch):
+        """One part of _step_in_parts added to the step prepared; returns whether its
+        gradients are read at the commit (state only in DRAM)."""
+        runs, empty = self._runs(items)
+        empties += empty
+        bucket_runs = []
+        late = False
+        for group, step, pairs in runs:
+            there = []
+            for p, grad, c in pairs:
+                slot = self._slot(p, group)
+                if slot.in_place or slot.home is not None:
+                    raise RuntimeError("CPUAdam: a step in parts is for state stepped through "
+                                       "tiermem, not in place (a %d-element parameter)" %
+                                       p.numel())
+                for t, h, _, _ in slot.slices():
+                    if not _on_nvme(rt, h):
+                        if not scratch:
+                            late = True
+                            break
+                        t.offload("nvme")
+                        t.sync()
+                g = self._grad(slot, grad)
+                keep.append(g)
+                there.append((p, slot, g, c))
+            bucket_runs.append((group, step, there))
+        if bucket_runs:
+            self._prepare_buckets(bucket_runs, grad_scale, keep, extend=True, scratch=scratch)
+            all_runs += bucket_runs
+            if scratch:  # the updated values where the caller's leave() takes them from
+                for _, _, pairs in bucket_runs:
+                    for p, slot, _, _ in pairs:
+                        if slot.out_host is not None:
+                            p.data.copy_(slot.out_host.view(p.shape))
+        return late
+
+    def _step_groups(self, runs, grad_scale):
+        """Parameters stepped in place (their own master, state in DRAM: one tm_adam_step per
+        run, over the state acquired in DRAM), or over state at home in torch tensors once the
+        runtime closed (the same call), and the others (tm_adam_step_groups, one call, all or
+        nothing). Everything that can fail is done before anything changes: the state
+        acquired, the hyperparameters checked, the groups' step prepared (it changes nothing
+        when it fails); then _agree decides (across ranks, for FSDPCPUAdam) and the prepared
+        step is committed, or aborted; the in-place steps after it cannot fail."""
+        keep = []  # the gradients, arrays and configs the C calls read
+        bucket_runs, in_place_runs = [], []
+        acquired = []
+        rt = None if self._home else self.runtime._handle()
+        prepared = False  # a prepared step not yet committed: aborted on the way out
+        try:
+            failure = None
+            try:
+                for group, step, pairs in runs:
+                    here, there = [], []
+                    for p, grad, c in pairs:
+                        slot = self._slot(p, group)
+                        g = self._grad(slot, grad)
+                        keep.append(g)
+                        (here if slot.in_place or slot.home is not None else there).append(
+                            (p, slot, g, c))
+                    if here:
+                        in_place_runs.append((group, step, here))
+                    if there:
+                        bucket_runs.append((group, step, there))
+                spans = [self._acquire_spans(rt, here, acquired) for _, _, here in in_place_runs]
+                cfgs = [self._config(group) for group, _, _ in in_place_runs]
+                for cfg in cfgs:  # checked now; set again before each run's step when several
+                    _check(_lib.tm_adam_set_hyper(self._adam, ctypes.byref(cfg)),
+                           "tm_adam_set_hyper")
+                if bucket_runs:
+                    self._prepare_buckets(bucket_runs, grad_scale, keep)
+                    prepared = True
+            except Exception as e:  # noqa: BLE001: every failure goes through _agree
+                failure = e
+            self._agree(failure)
+            if bucket_runs:
+                prepared = False
+                self._commit_buckets(bucket_runs)
+            for (_, step, here), arr, cfg in zip(in_place_runs, spans, cfgs):
+                if len(cfgs) > 1:
+                    _check(_lib.tm_adam_set_hyper(self._adam, ctypes.byref(cfg)),
+                           "tm_adam_set_hyper")
+                _check(_lib.tm_adam_step(self._adam, step, grad_scale, arr, len(here)),
+                       "tm_adam_step")
+                self._count([(p, c) for p, _, _, c in here])
+                for p, slot, _, _ in here:
+                    if slot.out_host is not None and slot.home is not None:
+                        p.data.copy_(slot.out_host.view(p.shape), non_blocking=True)
+        finally:
+            if prepared:  # the ranks did not agree (or an interrupt): every state as before
+                _lib.tm_adam_step_abort(self._adam)
+            release = _lib.tm_tensor_release
+            for slot in acquired:
+                release(rt, slot.handles[0], _capi.TIER_DRAM)
+
+    def _acquire_spans(self, rt, here, acquired):
+        """The tm_adam_span array of parameters stepped in place, their state acquired in DRAM
+        for writing (appended to `acquired` as it goes, for the caller to release), or at home
+        in torch memory (a master there too, but for a parameter that is its own)."""
+        words = array.array("Q", bytes(8 * _SPAN_WORDS * len(here)))
+        ptr = ctypes.c_void_p()
+        out = ctypes.byref(ptr)
+        acquire = _lib.tm_tensor_acquire
+        for i, (p, slot, g, _) in enumerate(here):
+            if slot.home is not None:
+                base = slot.home.data_ptr()
+            else:  # state in DRAM: one slice
+                status = acquire(rt, slot.handles[0], _capi.TIER_DRAM, _capi.ACCESS_READ_WRITE,
+                                 None, out)
+                if status != _capi.OK:
+                    _check(status, "tm_tensor_acquire")
+                acquired.append(slot)
+                base = ptr.value
+            n, w = slot.count, i * _SPAN_WORDS
+            if slot.in_place:
+                words[w + _SPAN_PARAM] = p.data_ptr()
+            else:  # the master first; the updated parameter written as its dtype
+                words[w + _SPAN_PARAM] = base
+                base += 4 * n
+                if p.is_cuda or not p.is_contiguous():
+                    if slot.out_host is None:
+                        slot.out_host = torch.empty(n, dtype=p.dtype, pin_memory=p.is_cuda)
+                    words[w + _SPAN_OUT] = slot.out_host.data_ptr()
+                else:
+                    words[w + _SPAN_OUT] = p.data_ptr()
+                words[w + _SPAN_OUT_DTYPE] = _DTYPES[p.dtype]
+            words[w + _SPAN_M] = base
+            words[w + _SPAN_V] = base + 4 * n
+            if slot.amsgrad:
+                words[w + _SPAN_VMAX] = base + 8 * n
+            words[w + _SPAN_GRAD] = g.data_ptr()
+            words[w + _SPAN_GRAD_DTYPE] = _DTYPES[g.dtype]
+            words[w + _SPAN_COUNT] = n
+        return (_optim_capi.AdamSpan * len(here)).from_buffer(words)
+
+    def _count(self, counted):
+        """(param, counter) pairs: each parameter's step counted (see _counter)."""
+        for p, c in counted:
+            self._stepped.add(p)
+            if c is not None:
+                c.value += 1.0  # as AdamW's step += 1 in fp32
+            else:
+                self.state[p]["step"] += 1
+
+    def _step_order(self, items):
+        """The order the parameters are stepped in (each one's update is its own: any order
+        gives the same bits); FSDPCPUAdam's follows its reads behind backward."""
+        return items
+
+    def _agree(self, failure):
+        """The outcome of the step, once everything that can fail has been done (the state
+        acquired, the new state prepared) and nothing has changed: here, this process's own
+        (raises its failure). FSDPCPUAdam's agrees across its ranks."""
+        if failure is not None:
+            raise failure
+
+    def _prepare_buckets(self, runs, grad_scale, keep, extend=False, scratch=False):
+        """The first half of the step of the buckets (tm_adam_step_groups_prepare, or with
+        extend _extend, adding them to the step prepared): raises, nothing of them changed, or
+        leaves them prepared for _commit_buckets (or an abort)."""
+        groups = (_optim_capi.AdamGroup * len(runs))()
+        for i, (group, step, pairs) in enumerate(runs):
+            buckets = [b for p, slot, g, _ in pairs for b in self._buckets(p, slot, g)]
+            arr = (_optim_capi.AdamBucket * len(buckets))(*buckets)
+            cfg = self._config(group)
+            keep += [arr, cfg]
+            groups[i].config = ctypes.pointer(cfg)
+            groups[i].step, groups[i].count = step, len(buckets)
+            groups[i].buckets = ctypes.cast(arr, ctypes.POINTER(_optim_capi.AdamBucket))
+        keep.append(groups)
+        if extend:
+            flags = _optim_capi.ADAM_OUT_SCRATCH if scratch else 0
+            _check(_lib.tm_adam_step_groups_extend(self._adam, grad_scale, groups, len(runs),
+                                                   flags), "tm_adam_step_groups_extend")
+        else:
+            _check(_lib.tm_adam_step_groups_prepare(self._adam, grad_scale, groups, len(runs)),
+                   "tm_adam_step_groups")
+
+    def _commit_buckets(self, runs, copy_out=True):
+        done = ctypes.c_size_t(0)
+        status = _lib.tm_adam_step_commit(self._adam, ctypes.byref(done))
+        # All or nothing across every group: done is 0 (nothing changed, not even the CPU
+        # parameters that receive the update in place) or every bucket, counted and uploaded.
+        if done.value:
+            for _, _, pairs in runs:
+                self._count([(p, c) for p, _, _, c in pairs])
+                for p, slot, _, _ in pairs:
+                    if slot.out_host is not None and copy_out:
+                        # In the parameter's logical order (as its master was written and its
+                        # gradient read): any strides, a transposed weight's too.
+                        p.data.copy_(slot.out_host.view(p.shape), non_blocking=True)
+        _check(status, "tm_adam_step_commit")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self._check_open("step")
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._overlap is not None:
+            self._overlap.finish()
+            return loss
+        items = [(p, g, p.grad) for g in self.param_groups for p in g["params"]
+                 if p.grad is not None]
+        if self._unfinished is not None:
+            # The step a failure interrupted: only its parameters left untouched, with the
+            # clipping coefficient of the whole step.
+            left, scale = self._unfinished
+            items = [it for it in items if it[0] in left]
+        else:
+            scale = self._grad_scale([grad for _, _, grad in items])
+        items = self._step_order(items)
+        self._stepped = set()
+        try:
+            self._step_params(items, scale)
+        except tiermem.TiermemError:
+            self._unfinished = ({p for p, _, _ in items if p not in self._stepped}, scale)
+            raise
+        self._unfinished = None
+        return loss
+
+    # ---- checkpoints, in torch.optim.AdamW's layout ----
+
+    def state_dict(self):
+        self._check_open("state_dict")
+        if self._overlap is not None:
+            self._overlap.drain()
+        sd = super().state_dict()
+        index = {id(p): i for i, p in enumerate(self._params())}
+        state = {}
+        for p, st in self.state.items():
+            i = index[id(p)]
+            # A snapshot, as the moments read from tiermem below are: the step counters are
+            # copied too. torch >= 2.x's load_state_dict keeps a CPU `step` tensor as it is
+            # given (no deep copy), so an AdamW loading a live counter would share it with this
+            # optimizer, and each would advance the other's step (its bias correction).
+            entry = {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
+            slot = self._slots.get(p)
+            if slot is None and p.numel() == 0 and "step" in st:
+                # As torch.optim.AdamW keeps it, so that the checkpoint loads there too.
+                entry["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32)
+                entry["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
+                if any(p is q and g["amsgrad"] for g in self.param_groups for q in g["params"]):
+                    entry["max_exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
+            if slot is not None:
+                parts = self._read(slot, p)
+                entry["exp_avg"] = parts[1].clone().view_as(p)
+                entry["exp_avg_sq"] = parts[2].clone().view_as(p)
+                if slot.amsgrad:
+                    entry["max_exp_avg_sq"] = parts[3].clone().view_as(p)
+                if p.dtype != torch.float32:  # the master weights are more than the parameter
+                    entry["master_param"] = parts[0].clone().view_as(p)
+            state[i] = entry
+        sd["state"] = state
+        return sd
+
+    def load_state_dict(self, state_dict):
+        self._check_open("load_state_dict")
+        groups, saved = self.param_groups, state_dict["param_groups"]
+        if len(groups) != len(saved) or any(len(a["params"]) != len(b["params"])
+                                            for a, b in zip(groups, saved)):
+            raise ValueError("CPUAdam.load_state_dict: the checkpoint's parameter groups do not "
+                             "match this optimizer's")
+        ids = {old: p for old, p in zip(chain.from_iterable(g["params"] for g in saved),
+                                        self._params())}
+        for group, s in zip(groups, saved):
+            for k, v in s.items():
+                if k != "params":
+                    group[k] = v
+            group.setdefault("amsgrad", False)
+        self.state = defaultdict(dict)
+        for old, entry in state_dict["state"].items():
+            p = ids[old]
+            group = next(g for g in groups if any(q is p for q in g["params"]))
+            step = entry.get("step", 0)
+            self.state[p]["step"] = torch.tensor(float(step.item() if torch.is_tensor(step)
+                                                       else step))
+            if p.numel() == 0:
+                continue  # no state in tiermem: nothing to hold
+            fresh = p not in self._slots
+            slot = self._slot(p, group, init=False)
+            master = entry.get("master_param", p.detach())
+            vmax = entry.get("max_exp_avg_sq")
+            if fresh:  # a failed write takes the new slot away: none left half written
+                del self._slots[p]
+                self._written(slot, master, entry["exp_avg"], entry["exp_avg_sq"], vmax, p)
+                self._slots[p] = slot
+            else:
+                self._write(slot, master, entry["exp_avg"], entry["exp_avg_sq"], vmax, p)
+
+    def close(self):
+        """Frees the state in tiermem (or brought home by the runtime's close) and the workers
+        (also done when collected). Once: a second call does nothing."""
+        self._closed = True
+        if self._overlap is not None:
+            self._overlap.close()
+            self._overlap = None
+        if getattr(self, "_adam", None) is not None and self._adam.bits:
+            _lib.tm_adam_destroy(self._adam)
+            self._adam = _optim_capi.Adam()
+        for slot in self._slots.values():
+            if not self.runtime.closed:
+                for t in slot.tensors:
+                    t.destroy()
+        self._slots, self._counters = {}, {}
+        if self._own_runtime is not None:
+            self._own_runtime.close()
+            self._own_runtime = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001: interpreter shutdown
+            pass
