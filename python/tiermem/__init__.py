@@ -262,7 +262,11 @@ class Runtime:
                 if isinstance(value, (str, bytes, os.PathLike)):
                     value = os.fsencode(value)
                 else:
-                    value = b":".join(os.fsencode(p) for p in value)
+                    try:
+                        value = b":".join(os.fsencode(p) for p in value)
+                    except TypeError:
+                        raise TypeError("nvme_paths=%r: want a path or a list of paths" %
+                                        (value,)) from None
                 self._keep.append(value)
             elif key == "trace":
                 value = os.fsencode(value)

@@ -128,6 +128,13 @@ def test_checkpoints_move_between_the_two(make_runtime):
         for name, t in sd_a["state"][k].items():
             assert sd_c["state"][k][name].shape == t.shape, name
     assert sd_c["param_groups"][0]["params"] == sd_a["param_groups"][0]["params"]
+    # Every group key of AdamW's (differentiable, fused, ...), also in a CPUAdam that loaded
+    # nothing: DCP loads a checkpoint into an optimizer only when it holds every key of that
+    # optimizer's state_dict.
+    fresh = CPUAdam(model().parameters(), runtime=make_runtime(dram_bytes="4MiB"), **HYPER)
+    for sd in (sd_c, fresh.state_dict()):
+        assert sd["param_groups"][0].keys() == sd_a["param_groups"][0].keys()
+    fresh.close()
     m3 = model()
     m3.load_state_dict(m2.state_dict())
     a2 = torch.optim.AdamW(m3.parameters(), foreach=False, **HYPER)

@@ -1,8 +1,21 @@
-"""AdamW's hyperparameter checks and the error of a closed optimizer, shared by CPUAdam (optim)
-and FSDPCPUAdam (fsdp)."""
+"""AdamW's hyperparameter checks, its parameter-group keys and the error of a closed optimizer,
+shared by CPUAdam (optim) and FSDPCPUAdam (fsdp)."""
+
+import torch
 
 import tiermem
 from tiermem import _capi
+
+
+def _adamw_defaults(adamw=True):
+    """torch.optim.AdamW's parameter-group keys in this torch, with its defaults: DCP loads a
+    checkpoint only when it holds every key of the loading optimizer's state_dict, so our groups
+    carry all of AdamW's (differentiable, fused, ...) for its checkpoints and ours to load into
+    each other. adamw=False: Adam's decoupled_weight_decay (torch 2.6+), off."""
+    defaults = dict(torch.optim.AdamW([torch.zeros(0, requires_grad=True)]).defaults)
+    if "decoupled_weight_decay" in defaults:  # AdamW is Adam with it on (torch 2.6+)
+        defaults["decoupled_weight_decay"] = bool(adamw)
+    return defaults
 
 
 def _check_hyper(lr, betas, eps, weight_decay):

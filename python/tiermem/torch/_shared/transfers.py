@@ -3,9 +3,16 @@ tensor's storage freed and refilled in place."""
 
 import torch
 
-from ... import TiermemError, _capi, _tier, parse_size
+from ... import Runtime, TiermemError, _capi, _tier, parse_size
 
 _TIER_HOME = {"dram": "dram", "nvme": "dram"}  # NVMe tensors are written to DRAM, then offloaded
+
+
+def _check_runtime(runtime):
+    """The one check of a runtime= argument, for every feature's entry point."""
+    if not isinstance(runtime, Runtime):
+        raise TypeError("runtime: expected a tiermem.Runtime, got %s" % type(runtime).__name__)
+    return runtime
 
 
 def _check_tier(tier):

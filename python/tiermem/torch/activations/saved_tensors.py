@@ -12,11 +12,11 @@ import weakref
 
 import torch
 
-from ... import TM_ERR_OUT_OF_MEMORY, Runtime, Tensor, TiermemError, _capi, _hot
+from ... import TM_ERR_OUT_OF_MEMORY, Tensor, TiermemError, _capi, _hot
 from .._shared import views as _views
 from .._shared.tensors import _is_parameter
-from .._shared.transfers import (_CUDA_STREAM_LEGACY, _check_tier, _fetch, _is_cuda_runtime,
-                                 _size_arg, _stream)
+from .._shared.transfers import (_CUDA_STREAM_LEGACY, _check_runtime, _check_tier, _fetch,
+                                 _is_cuda_runtime, _size_arg, _stream)
 from ._stash import CopyStash
 
 _HBM, _DRAM = _capi.TIER_HBM, _capi.TIER_DRAM
@@ -89,9 +89,7 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
 
     def __init__(self, runtime, tier="dram", min_bytes=16384, views=True,
                  stash_bytes=256 << 20):
-        if not isinstance(runtime, Runtime):
-            raise TypeError("runtime: expected a tiermem.Runtime, got %s" %
-                            type(runtime).__name__)
+        _check_runtime(runtime)
         self.runtime = runtime
         self.tier = _check_tier(tier)
         self.min_bytes = _size_arg(min_bytes, "min_bytes")

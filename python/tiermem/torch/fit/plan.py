@@ -6,7 +6,8 @@ import statistics
 
 import torch
 
-from ... import Runtime, parse_size
+from ... import parse_size
+from .._shared.transfers import _check_runtime
 from .._shared.units import _unit_modules
 from . import _cost as _fit_cost
 from ._cost import CHOICES, DRAM, KEEP, NVME, RECOMPUTE, BlockCost, Machine, RestCost
@@ -337,8 +338,7 @@ def fit(model, runtime, hbm_budget, inputs, loss_fn=None, min_bytes=16384, link_
     FittedPlan (use it around each step; .remove() undoes it)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError("model: expected a torch.nn.Module, got %s" % type(model).__name__)
-    if not isinstance(runtime, Runtime):
-        raise TypeError("runtime: expected a tiermem.Runtime, got %s" % type(runtime).__name__)
+    _check_runtime(runtime)
     budget = parse_size(hbm_budget, "hbm_budget")
     if budget <= 0:
         raise FitError("hbm_budget=%r: must be positive" % (hbm_budget,))

@@ -44,7 +44,8 @@ import torch
 
 import tiermem
 from tiermem import _capi
-from tiermem.torch._shared.adam import _check_hyper, _closed_error
+from tiermem.torch._shared.adam import _adamw_defaults, _check_hyper, _closed_error
+from tiermem.torch._shared.transfers import _check_runtime
 from tiermem.torch.fsdp._guard import local
 from tiermem.torch.fsdp._prefetch import _BehindBackward
 from tiermem.torch.fsdp._shards import _ShardOffload
@@ -126,14 +127,6 @@ def _check_param(p, name):
         raise ValueError("FSDPCPUAdam: %s has its shard on %s, its mesh on %s (CPUOffloadPolicy?),"
                          " which is not supported" % (what, shard.device,
                                                       p.device_mesh.device_type))
-
-
-def _adamw_defaults():
-    """torch.optim.AdamW's parameter-group keys in this torch, with its defaults: DCP loads a
-    checkpoint only when it holds every key of the loading optimizer's state_dict, so our groups
-    carry all of AdamW's (differentiable, fused, ...) for its checkpoints and ours to load into
-    each other."""
-    return dict(torch.optim.AdamW([torch.zeros(0, requires_grad=True)]).defaults)
 
 
 def _square_norm(g):
@@ -273,12 +266,12 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         if grad_tier is not None and (shard_tier is None or grad_tier not in ("dram", "nvme")):
             raise ValueError("FSDPCPUAdam: grad_tier=%r; want \"dram\" or \"nvme\", with a "
                              "shard_tier" % (grad_tier,))
+        if runtime is not None:
+            _check_runtime(runtime)
         if params is None:
             params = [p for p in module.parameters() if p.requires_grad]
-        defaults = _adamw_defaults()
+        defaults = _adamw_defaults(adamw)
         defaults.update(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
-        if "decoupled_weight_decay" in defaults:  # AdamW is Adam with it on (torch 2.6+)
-            defaults["decoupled_weight_decay"] = bool(adamw)
         super().__init__(params, defaults)  # refuses an empty list
         meshes = set()
         for p in self._params():

@@ -20,8 +20,8 @@ import torch
 
 import tiermem
 from tiermem import _capi, _optim_capi
-from tiermem.torch._shared.adam import _check_hyper, _closed_error
-from tiermem.torch._shared.transfers import _size_arg
+from tiermem.torch._shared.adam import _adamw_defaults, _check_hyper, _closed_error
+from tiermem.torch._shared.transfers import _check_runtime, _size_arg
 
 __all__ = ["CPUAdam", "isa", "set_isa_limit"]
 
@@ -163,8 +163,12 @@ class CPUAdam(torch.optim.Optimizer):
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError("CPUAdam: max_grad_norm=%r, want a positive number or None" %
                              (max_grad_norm,))
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                        foreach=None, maximize=False, capturable=False)
+        if runtime is not None:
+            _check_runtime(runtime)
+        # AdamW's keys (foreach, maximize, capturable, differentiable, fused, ...), so that a
+        # checkpoint of either loads into the other through DCP, which wants every key.
+        defaults = _adamw_defaults(adamw)
+        defaults.update(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
         super().__init__(params, defaults)
         for p in self._params():
             if p.dtype not in _DTYPES:

@@ -11,11 +11,10 @@ the next bucket's are prefetched, is the step of the handle offload_optimizer_st
 
 import torch
 
-from ... import Runtime
 from .._shared.step_driver import _all_params, _StepDriver
 from .._shared.swapped import _Swapped
-from .._shared.transfers import (_check_tier, _destroy_quietly, _owns_storage, _resizable,
-                                 _size_arg)
+from .._shared.transfers import (_check_runtime, _check_tier, _destroy_quietly, _owns_storage,
+                                 _resizable, _size_arg)
 
 
 class OptimizerStateOffload(torch.optim.Optimizer):
@@ -32,9 +31,7 @@ class OptimizerStateOffload(torch.optim.Optimizer):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("optimizer: expected a torch.optim.Optimizer, got %s" %
                             type(optimizer).__name__)
-        if not isinstance(runtime, Runtime):
-            raise TypeError("runtime: expected a tiermem.Runtime, got %s" %
-                            type(runtime).__name__)
+        _check_runtime(runtime)
         # A closed runtime raises here: accepted, the first step would update the parameters
         # and then fail to offload the state it made.
         runtime._handle()

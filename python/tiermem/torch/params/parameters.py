@@ -7,10 +7,9 @@ units' parameters are prefetched into HBM while a unit runs, in forward and in b
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ... import Runtime
 from .._shared.step_driver import _StepDriver
-from .._shared.transfers import (_check_tier, _owns_storage, _rehome, _resizable, _size_arg,
-                                 _storage_key)
+from .._shared.transfers import (_check_runtime, _check_tier, _owns_storage, _rehome, _resizable,
+                                 _size_arg, _storage_key)
 from .._shared.units import _unit_modules
 from . import _state_dict as _param_state_dict
 from ._views import SavedAliases, _eager, _outer_hooks, _ViewedParam
@@ -106,9 +105,7 @@ class ParameterOffload:
     def __init__(self, module, runtime, tier, optimizer, bucket_bytes, units=None, views=True):
         if not isinstance(module, torch.nn.Module):
             raise TypeError("module: expected a torch.nn.Module, got %s" % type(module).__name__)
-        if not isinstance(runtime, Runtime):
-            raise TypeError("runtime: expected a tiermem.Runtime, got %s" %
-                            type(runtime).__name__)
+        _check_runtime(runtime)
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("optimizer: expected a torch.optim.Optimizer or None, got %s" %
                             type(optimizer).__name__)
