@@ -43,7 +43,7 @@ def time_worker(r, spec):
         model = r.model(mode)
         opt, rt, figures = r.optimizer(mode, model)
         runs[mode] = dict(model=model, opt=opt, rt=rt, figures=figures, losses=[], opt_times=[],
-                          times=[[] for _ in range(spec["rounds"])])
+                          cpu_times=[], times=[[] for _ in range(spec["rounds"])])
     for i in range(spec["warmup"]):
         for mode in modes:
             runs[mode]["losses"].append(r.step(runs[mode]["model"], runs[mode]["opt"], i)[2])
@@ -54,9 +54,10 @@ def time_worker(r, spec):
             run = runs[mode]
             for k in range(spec["steps"]):
                 i = spec["warmup"] + rnd * spec["steps"] + k
-                dt, dt_opt, loss = r.step(run["model"], run["opt"], i)
+                dt, dt_opt, loss, cpu = r.step(run["model"], run["opt"], i)
                 run["times"][rnd].append(dt)
                 run["opt_times"].append(dt_opt)
+                run["cpu_times"].append(cpu)
                 run["losses"].append(loss)
         if r.rank == 0:
             print("round %d: %s" % (rnd, "  ".join(
@@ -66,6 +67,7 @@ def time_worker(r, spec):
     for mode, run in runs.items():
         model = run["model"]
         res = dict(run["figures"], times=run["times"], opt_times=run["opt_times"],
+                   cpu_times=run["cpu_times"],
                    losses=run["losses"],
                    link=r.link_bytes(mode, model),
                    params_total=sum(p.numel() for p in model.parameters()),

@@ -172,10 +172,12 @@ class Rank:
 
     def step(self, model, opt, i):
         """One training step on batch i: (the slowest rank's seconds for the step, the slowest
-        rank's for its optimizer part (step and zero_grad), the ranks' mean loss)."""
+        rank's for its optimizer part (step and zero_grad), the ranks' mean loss, the CPU
+        seconds of every rank's process, all its threads, summed)."""
         torch, dist = self.torch, self.dist
         x, y = self.batch(i)
         self.sync()
+        c0 = time.process_time()
         t0 = time.perf_counter()
         loss = model(x, y, self.mask)
         loss.backward()
@@ -185,12 +187,13 @@ class Rank:
         opt.zero_grad(set_to_none=True)
         self.sync()
         t2 = time.perf_counter()
+        c2 = time.process_time()
         slow = torch.tensor([t2 - t0, t2 - t1], dtype=torch.float64, device=self.device)
-        mean = torch.tensor([loss.detach().float().item()], dtype=torch.float64,
+        mean = torch.tensor([loss.detach().float().item(), c2 - c0], dtype=torch.float64,
                             device=self.device)
         dist.all_reduce(slow, op=dist.ReduceOp.MAX)
         dist.all_reduce(mean, op=dist.ReduceOp.SUM)
-        return slow[0].item(), slow[1].item(), mean.item() / self.world
+        return slow[0].item(), slow[1].item(), mean[0].item() / self.world, mean[1].item()
 
     def close(self):
         self.dist.destroy_process_group()

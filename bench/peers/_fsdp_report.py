@@ -1,6 +1,7 @@
 """What bench/peers/fsdp_offload.py prints from its ranks' figures: per mode the step times and
 host peaks, the bytes moved, the loss checks against AdamW, and the paired per-round ratios."""
 
+import os
 import statistics
 import sys
 
@@ -101,6 +102,13 @@ def report(args, modes, timing, memory, wall):
         name = "fsdp_step_%s_over_%s" % (mode, ref)
         print("ratio %s %.2f" % (name, statistics.median(per)))
         print("info %s_per_round %s" % (name, " ".join("%.2f" % x for x in per)))
+    cores = os.cpu_count() or 1
+    for mode in modes:
+        cpu = statistics.median(t0[mode]["cpu_times"])
+        print("info cpu %s %.1f ms a step, every rank's threads (%.2f of %d cores busy over the "
+              "step)%s" % (mode, ms(cpu), cpu / med[mode], cores, "" if mode == ref else
+                           "; %.2fx %s's" % (cpu / statistics.median(t0[ref]["cpu_times"]),
+                                              ref)))
     for mode in modes:
         if mode != ref:
             print("info fsdp_optimizer_%s_over_%s %.2f (medians of the optimizer part)" % (

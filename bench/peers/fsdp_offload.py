@@ -39,9 +39,10 @@ root), --nproc ranks (default 2 on the CPU with gloo, 1 on CUDA with NCCL, one G
   tiermem_shards      as tiermem_nvme, and FSDPCPUAdam(shard_tier="nvme", grad_tier="nvme"):
                       each rank's parameter shards and reduce-scattered gradient shards too live
                       on NVMe between uses (ZeRO-Infinity), brought in before each unit's
-                      all-gather, one or two units at a time; the step (at step(): shard_tier
-                      does not overlap) reads each unit's gradients back and writes its new
-                      shards, not reading the old ones (the state's masters hold them).
+                      all-gather, one or two units at a time; the step is prepared behind
+                      backward unit by unit (overlap), each unit's new shards written down
+                      beside the old ones before its gradients go down, not reading the old
+                      shards (the state's masters hold them) nor the gradients back.
 
 Two phases, each in process groups of its own (fresh processes, torchrun's environment):
 
@@ -64,6 +65,11 @@ Two phases, each in process groups of its own (fresh processes, torchrun's envir
           Pinned and tiermem DRAM pages are resident and counted; NVMe and the page cache not.
           `steady` is the high-water mark over the --mem-steps steps alone (reset again after
           the warm-up): the first step of tiermem_shards holds its shards, the later ones not.
+
+`info cpu` lines: the median over the timed steps of the CPU time of every rank's process (all
+its threads, user and system, summed over the ranks) for a step, and how many of the machine's
+cores that keeps busy over the step: where it nears the core count, the step is bound by CPU
+work, not by waiting (on this VM, 2 ranks on 2 cores).
 
 Per mode: the median step and [min-max] over all timed steps; `ratio` lines are paired: the
 median over rounds of that round's median against the reference's median in the same round (the

@@ -5,14 +5,18 @@ tiermem's copy on NVMe between steps, at most the schedule's units in torch memo
 the model's forward pre-hooks, and the bytes moved."""
 
 import os
+import warnings
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
                                                      get_optimizer_state_dict,
                                                      set_model_state_dict,
                                                      set_optimizer_state_dict)
 
+import tiermem
+from tiermem import _capi
 from tiermem.torch import FSDPCPUAdam
 
 
@@ -56,6 +60,8 @@ class ShardCases:
         out["grad_tiers"] = [[sorted(step[i]["grad_tiers"]) for step in after_backward[1:]]
                              for i in range(len(held.units))]
         out.update(grad_bytes_in=held.grad_bytes_in, grad_bytes_out=held.grad_bytes_out)
+        behind = opt._adam._behind  # the step prepared behind backward, unit by unit
+        out["early"] = behind is not None and behind.step_early
         opt.close()
         return losses, params, out
 
@@ -232,3 +238,82 @@ class ShardCases:
             out["step_after_close"] = "%s: %s" % (type(e).__name__, e)
         out["vs_plain"] = w.compare(losses, params, *self._plain("nn", lambda: self._run_plain(w)))
         return out
+
+    def shards_overlap(self, w):
+        """Shards, gradients and state on NVMe, no clipping: the step prepared behind backward
+        unit by unit (each unit's part once FSDP2 has set its gradients: its state read, its new
+        state and new shards written down beside the old), step() agreeing and committing.
+        Against overlap=False, bit for bit: plain steps; two micro-batches a step (falls back
+        to the step at step(), with a warning); a learning rate changed between steps; without
+        grad_tier, the gradients halved in place before step() (falls back). And a failure of
+        rank 1's part behind backward (injected once): every rank raises the same
+        TiermemError, no rank's shards change, and step() again takes the step, the run going
+        on with the bits of one that never failed."""
+        def fail_once(adam):
+            real = adam._prepare_part
+
+            def failing(*args, **kwargs):
+                adam._prepare_part = real
+                raise tiermem.TiermemError(_capi.STATUS_NAMES.index("TM_ERR_IO"),
+                                           "injected: a unit's state unreadable",
+                                           "tm_adam_step_groups_extend")
+            adam._prepare_part = failing
+
+        def run(overlap, grad_tier="nvme", micro=1, halve=False, lr=False, fail=False, steps=4):
+            out = {}
+            with self.runtime(dram_bytes=1 << 20, nvme_paths=self.nvme_dir,
+                              nvme_bytes="32MiB") as rt, \
+                    warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                model = w.build()
+                opt = FSDPCPUAdam(model, runtime=rt, threads=1, state_tier="nvme",
+                                  shard_tier="nvme", grad_tier=grad_tier, overlap=overlap,
+                                  **w.HYPER)
+                behind = opt._adam._behind
+                losses, early = [], []
+                for i in range(steps):
+                    if fail and i == 2 and dist.get_rank() == 1:
+                        fail_once(opt._adam)
+                    for k in range(micro):
+                        loss = w.loss_of(model, *w.batch(micro * i + k))
+                        loss.backward()
+                    behind._idle()
+                    early.append(len(behind.units))  # the units prepared behind backward
+                    if halve:  # as clip_grad_norm_ would
+                        torch._foreach_mul_([p.grad for p in model.parameters()], 0.5)
+                    if fail and i == 2:
+                        try:
+                            opt.step()
+                            out["error"] = None
+                        except tiermem.TiermemError as e:
+                            out["error"] = [e.status_name, str(e)]
+                        with opt.shards_in():
+                            now = w.full(model)
+                        out["unchanged"] = all(torch.equal(before[n], p) for n, p in now.items())
+                    opt.step()
+                    opt.zero_grad()
+                    if lr:  # a schedule, between the step and the next backward
+                        for group in opt.param_groups:
+                            group["lr"] *= 0.5
+                    losses.append(loss.item())
+                    if fail and i == 1:
+                        with opt.shards_in():
+                            before = w.full(model)
+                out.update(early=early, early_after=behind.step_early,
+                           grad_bytes_in=opt.shard_offload.grad_bytes_in,
+                           warnings=[str(m.message) for m in caught])
+                with opt.shards_in():
+                    params = w.full(model)
+                opt.close()
+            return losses, params, out
+
+        result = {}
+        for name, kw in (("plain", {}), ("micro", dict(micro=2)), ("lr", dict(lr=True)),
+                         ("halve", dict(halve=True, grad_tier=None)),
+                         ("no_grad_tier", dict(grad_tier=None)), ("fault", dict(fail=True))):
+            want = run(False, **{k: v for k, v in kw.items() if k != "fail"})
+            got = run(None, **kw)
+            result[name] = dict(got[2], same=w.compare(got[0], got[1], want[0],
+                                                       want[1])["bit_identical"],
+                                early_off=want[2]["early"])
+        return result

@@ -29,7 +29,7 @@ WORKER = os.path.join(HERE, "fsdp_worker.py")
 CASES = ("dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,tight,resume_save,fault,"
          "fault_shards,overlap,"
          "shards_nvme,shards_llama,shards_dcp,shards_accumulate,shards_prefetch,shards_guard,"
-         "shards_hostile,shards_rt_close")
+         "shards_hostile,shards_rt_close,shards_overlap")
 # The tolerance of test_cpu_adam.py: CPUAdam's kernel and torch's scalar AdamW round differently
 # in the last bit (FMA or not), so the curves agree to 1e-5 relative, not bit for bit, at lr 1e-3.
 LOSS_RTOL = 1e-5
@@ -187,6 +187,37 @@ def test_the_step_prepared_behind_backward(single_node):
         assert r["fault_went_on"], "rank %d: the run after the fault differs" % rank
 
 
+def test_the_step_prepared_behind_backward_with_shards_on_nvme(single_node):
+    """shard_tier and grad_tier with the state on NVMe, no clipping: each unit's part of the
+    step prepared as FSDP2 sets its gradients (none read back from NVMe), bit-identical to
+    overlap=False; accumulation, and gradients changed in place, fall back with a warning; a
+    failure of one rank's part behind backward: every rank raises it, no shard changes, and
+    step() again goes on bit-identically."""
+    for rank, r in results(single_node, "shards_overlap").items():
+        for name, case in r.items():
+            assert case["same"], "rank %d, %s: differs from overlap=False" % (rank, name)
+            assert not any(case["early_off"]), "rank %d, %s: overlap=False stepped early" % (
+                rank, name)
+        for name in ("plain", "lr", "no_grad_tier"):
+            # From the second step on (the first sends the shards down at its end): every
+            # unit's part prepared behind backward.
+            assert r[name]["early"][1:] == [3] * 3, (rank, name, r[name]["early"])
+            assert r[name]["early_after"], (rank, name)
+        # And again after the failed step (rank 1's worker stopped at its failure).
+        assert r["fault"]["early"][3] == 3 and r["fault"]["early_after"], r["fault"]
+        assert r["plain"]["grad_bytes_in"] == 0, r["plain"]  # read by the step in backward
+        assert not r["micro"]["early_after"], "accumulation: no longer steps early"
+        assert any("set twice" in m for m in r["micro"]["warnings"]), r["micro"]
+        assert not r["halve"]["early_after"], "gradients changed: no longer steps early"
+        assert any("gradient changed" in m for m in r["halve"]["warnings"]), r["halve"]
+        e = r["fault"]["error"]
+        assert e is not None and e[0] == "TM_ERR_IO", e
+        assert "rank 1 failed its step" in e[1] and "injected" in e[1], e
+        assert r["fault"]["unchanged"], "rank %d: a shard changed in the failed step" % rank
+    errors = [r["fault"]["error"] for r in results(single_node, "shards_overlap").values()]
+    assert errors[0] == errors[1], errors
+
+
 def test_hsdp_follows_adamw(tmp_path_factory):
     """HSDP, 4 ranks as 2 replicas of 2 shards: FSDPCPUAdam with clipping (the norm summed
     within a replica only) follows fully_shard + AdamW + clip_grad_norm_ on the same 2-D mesh;
@@ -336,7 +367,10 @@ def assert_shards_held(r, what, tier):
     assert all(t and set(t) <= {tier, "dram"} for unit in r["grad_tiers"] for t in unit), \
         r["grad_tiers"]
     assert r["grad_bytes_out"] >= 19 * r["shard_bytes"], r
-    assert r["grad_bytes_in"] >= 19 * r["shard_bytes"], r
+    if r["early"]:  # the step prepared behind backward read them before they went down
+        assert r["grad_bytes_in"] == 0, r
+    else:
+        assert r["grad_bytes_in"] >= 19 * r["shard_bytes"], r
 
 
 def test_shards_and_grads_on_nvme_give_the_bits_of_the_plain_run(single_node):
@@ -344,6 +378,7 @@ def test_shards_and_grads_on_nvme_give_the_bits_of_the_plain_run(single_node):
         what = "rank %d" % rank
         assert r["vs_plain"]["bit_identical"], "%s: shards held in tiermem differ" % what
         assert_follows(r, what)
+        assert r["early"], "%s: the step was not prepared behind backward" % what
         assert_shards_held(r, what, "nvme")
         assert r["dram_bytes"] < r["state_bytes"]
         assert r["stats"]["nvme"]["dram"] > 19 * r["shard_bytes"], r["stats"]

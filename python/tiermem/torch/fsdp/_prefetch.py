@@ -14,7 +14,11 @@ and then runs the parameter's post-accumulate-grad hooks. From there:
   backward: a worker thread adds the parameters whose gradients came to the optimizer's
   prepared step (CPUAdam._prepare_part: each one's state read, stepped into its new version and
   written down, nothing changed yet; the C call releases the GIL), and step() only agrees across
-  the ranks and commits. What the step would see differently falls back to stepping it all at
+  the ranks and commits. With shard_tier (by_unit) the worker takes a unit at a time, once
+  FSDP2 has set all its gradients (_shards' hook hands it over): its shard storages made, not
+  read, its part prepared into them, the new shards sent down beside the old, then its
+  gradients sent down (grad_tier); step() adopts the new shards once committed. The training
+  thread waits for a unit the worker holds before it touches it (_shards.wait_unit). What the step would see differently falls back to stepping it all at
   step(), the parts aborted: a gradient set twice (accumulation over micro-batches), a gradient
   changed since its part was prepared (seen by _mark: the version counters of the DTensor and of
   its local tensor, which in-place writes bump, and the sum, for the foreach ops over DTensors,
@@ -54,6 +58,13 @@ class _BehindBackward:
         self.full = False
         self.cv = threading.Condition()
         self.pending = []  # (alias, local gradient) not yet taken by the worker
+        # With shard_tier (by_unit): the units whose gradients FSDP2 has set, each with its
+        # [(alias, local gradient, DTensor gradient)], not yet taken by the worker; and the
+        # units the worker has been given and not finished (the training thread waits on them
+        # before it touches one).
+        self.offload = None
+        self.pending_units = []
+        self.inflight = set()
         self.busy = False
         self.worker = None
         self.stopping = False
@@ -66,8 +77,24 @@ class _BehindBackward:
         self.prepared = {}
         self.hyper = {}  # id(param group) -> its hyperparameters when a part used it
         self.parts = None  # (keep, empties, runs) of the step prepared in the C optimizer
+        self.units = []  # by_unit: the units prepared, their new shard versions written
         self.failure = None
         self.again = False  # a gradient set twice before the step
+
+    def by_unit(self, offload):
+        """With shard_tier (offload: the _ShardOffload): the step is prepared unit by unit,
+        each once FSDP2 has set all its gradients: its shards made (not read: the state's masters
+        hold their values), its part of the step prepared into them, and written down as new
+        versions beside the old, then its gradients sent down (grad_tier); step() agrees,
+        commits and adopts the new versions (or drops them)."""
+        self.offload = offload
+        offload.grads_ready = self._unit_ready
+        offload.wait_unit = self._wait_unit
+
+    def _stop_early(self):
+        self.step_early = False
+        if self.offload is not None:
+            self.offload.grads_ready = self.offload.send_grads
 
     # ---- backward's side ----
 
@@ -86,17 +113,40 @@ class _BehindBackward:
         self.order[a] = None
         if not self.step_early:  # (stepping early reads it right away)
             self._read_ahead(a)
-        elif p.grad is not None and self.adam._slots.get(a) is not None:
+        elif self.offload is None and p.grad is not None and self.adam._slots.get(a) is not None:
             # (A state is made at step(), on this thread: made on the worker, its transient
             # zeros stayed in the worker's malloc arena, resident, 12-16 MiB at the bench's
             # sizes; made here they are reused.)
             with self.cv:
                 self.pending.append((a, local(p.grad), p.grad))
-                if self.worker is None:
-                    self.worker = threading.Thread(target=self._run, daemon=True,
-                                                   name="tiermem_fsdp_step")
-                    self.worker.start()
+                self._start_worker()
                 self.cv.notify_all()
+
+    def _unit_ready(self, u):
+        """FSDP2 has set every gradient of unit u (the offload's hook, after its own): u goes
+        to the worker, which prepares its part of the step, then sends its gradients down."""
+        take = []
+        for p in u.params:
+            a = self.shards.get(p)
+            if a is not None and p.grad is not None:
+                take.append((a, local(p.grad), p.grad))
+        with self.cv:
+            self.pending_units.append((u, take))
+            self.inflight.add(u)
+            self._start_worker()
+            self.cv.notify_all()
+
+    def _wait_unit(self, u):
+        if u in self.inflight:
+            with self.cv:
+                while u in self.inflight:
+                    self.cv.wait()
+
+    def _start_worker(self):
+        if self.worker is None:
+            self.worker = threading.Thread(target=self._run, daemon=True,
+                                           name="tiermem_fsdp_step")
+            self.worker.start()
 
     def _read_ahead(self, a):
         slot = self.adam._slots.get(a)
@@ -118,23 +168,46 @@ class _BehindBackward:
     def _run(self):
         while True:
             with self.cv:
-                while not self.pending and not self.stopping:
+                while not self.pending and not self.pending_units and not self.stopping:
                     self.cv.wait()
                 if self.stopping:
                     return
                 take, self.pending = self.pending, []
+                units, self.pending_units = self.pending_units, []
                 self.busy = True
             try:
-                if not self.again and self.failure is None:
+                if take and not self.again and self.failure is None:
                     self._prepare(take)
             except Exception as e:  # noqa: BLE001: the step's failure, raised by step()
                 self.failure = e
             finally:
+                for u, items in units:
+                    self._run_unit(u, items)
                 with self.cv:
                     self.busy = False
                     self.cv.notify_all()
 
-    def _prepare(self, take):
+    def _run_unit(self, u, take):
+        """On the worker: u's part of the step, then its gradients down (also when the part
+        is not prepared here: step() prepares it, or falls back to the whole step)."""
+        try:
+            if (not self.again and self.failure is None and not u.resident and take and
+                    all(self.adam._slots.get(a) is not None for a, _, _ in take)):
+                self._prepare(take, u)
+        except Exception as e:  # noqa: BLE001: the step's failure, raised by step()
+            self.failure = self.failure or e
+        try:
+            self.offload.send_grads(u)
+        except Exception as e:  # noqa: BLE001: likewise (the gradients stay in torch memory)
+            self.failure = self.failure or e
+        finally:
+            with self.cv:
+                self.inflight.discard(u)
+                self.cv.notify_all()
+
+    def _prepare(self, take, unit=None):
+        """take [(alias, local gradient, DTensor gradient)] added to the step prepared; with a
+        unit (by_unit), made into its shards' memory and written down as their new versions."""
         adam = self.adam
         self.sync_hyper()  # as the user left them after the last step (a scheduler's lr)
         group_of = {id(a): g for g in adam.param_groups for a in g["params"]}
@@ -149,13 +222,25 @@ class _BehindBackward:
                                "tm_adam_step_groups_prepare")
                 self.parts = ([], [], [])
             keep, empties, runs = self.parts
-            adam._prepare_part(items, 1.0, adam.runtime._handle(), keep, empties, runs, False)
+            if unit is None:
+                adam._prepare_part(items, 1.0, adam.runtime._handle(), keep, empties, runs,
+                                   False)
+            else:
+                self.offload.make_new(unit)
+                try:
+                    adam._prepare_part(items, 1.0, adam.runtime._handle(), keep, empties, runs,
+                                       True)
+                except BaseException:
+                    self.offload.unmake(unit)
+                    raise
+                self.units.append(unit)  # (its new versions dropped if sending them fails)
+                self.offload.send_new(unit)
         for (a, g, dt), m in zip(take, marks):
             self.prepared[a] = (g, dt, m)
 
     def _idle(self):
         with self.cv:
-            while self.pending or self.busy:
+            while self.pending or self.pending_units or self.busy:
                 self.cv.wait()
 
     # ---- the step's side ----
@@ -180,60 +265,109 @@ class _BehindBackward:
         if why:
             self.discard()
             if self.step_early:
-                self.step_early = False
+                self._stop_early()
                 warnings.warn("FSDPCPUAdam: %s between backward and step(), so the step "
                               "prepared behind backward was dropped and is taken at step(), "
                               "from now on (overlap=False says so up front)" % why,
                               stacklevel=4)
             return False
-        rest = [(a, group_of[id(a)], g) for a, g in grads.items()
-                if a not in self.prepared and id(a) in group_of]
         self.take()
         failure, prepared = self.failure, self.parts is not None
+        units = self.units
         try:
-            with adam._lock:
-                if failure is None and rest:
-                    try:
-                        if self.parts is None:
+            if failure is None:
+                try:
+                    if self.parts is None:
+                        with adam._lock:
                             tiermem._check(_lib.tm_adam_step_groups_prepare(
                                 adam._adam, 1.0, None, 0), "tm_adam_step_groups_prepare")
                             self.parts, prepared = ([], [], []), True
-                        keep, empties, runs = self.parts
-                        adam._prepare_part(rest, 1.0, adam.runtime._handle(), keep, empties,
-                                           runs, False)
-                    except Exception as e:  # noqa: BLE001: through _agree
-                        failure = e
+                    self._prepare_rest(grads, group_of)
+                    if self.offload is not None:
+                        self.offload.sync_new(units)
+                except Exception as e:  # noqa: BLE001: through _agree
+                    failure = e
+            with adam._lock:
                 adam._agree(failure)
                 prepared = False
                 _, empties, runs = self.parts
-                adam._commit_buckets(runs)
+                adam._commit_buckets(runs, copy_out=self.offload is None)
                 adam._count(empties)
+        except BaseException:
+            if self.offload is not None:
+                self.offload.drop_new(units)
+            raise
         finally:
             if prepared:
                 _lib.tm_adam_step_abort(adam._adam)
             self._reset_parts()
+        if self.offload is not None:
+            self.offload.adopt_new(units)
         return True
+
+    def _prepare_rest(self, grads, group_of):
+        """What the worker did not prepare, prepared now (on the training thread): the
+        gradients set after their part was taken, or by_unit the units whose gradients were
+        not all set (or that were in torch memory)."""
+        adam = self.adam
+        if self.offload is None:
+            rest = [(a, group_of[id(a)], g) for a, g in grads.items()
+                    if a not in self.prepared and id(a) in group_of]
+            if rest:
+                with adam._lock:
+                    keep, empties, runs = self.parts
+                    adam._prepare_part(rest, 1.0, adam.runtime._handle(), keep, empties,
+                                       runs, False)
+            return
+        off = self.offload
+        for u in off.units:
+            take = [(a, grads[a], p.grad) for p in u.params
+                    for a in (self.shards.get(p),) if a in grads and a not in self.prepared]
+            if not take:
+                continue
+            off.release(u)  # in torch memory (shards_in()): written down first if changed
+            off.grads_in(u, keep=True)
+            try:
+                self._prepare(take, u)
+            finally:
+                off.grads_out(u)
 
     def _stale(self, grads, group_of):
         """Why the parts prepared would not be the step now ("" when they would)."""
         if self.again:
             return "a gradient was set twice (accumulation over micro-batches)"
+        held = self._held()
         for a, (g, dt, m) in self.prepared.items():
-            if a in grads and (grads[a] is not g or _mark(g, dt) != m):
+            if a in grads and (grads[a] is not g or (a not in held and _mark(g, dt) != m)):
                 return "a gradient changed (clip_grad_norm_? clip with max_grad_norm)"
+        if self.offload is not None:
+            for u in self.offload.units:  # a unit is prepared whole, or not at all
+                mine = [self.shards.get(p) for p in u.params]
+                if len({a in self.prepared for a in mine if a in grads}) > 1:
+                    return "a gradient was set after its unit's part was prepared"
         for gid, hyper in self.hyper.items():
             group = next((gr for gr in self.adam.param_groups if id(gr) == gid), None)
             if group is None or _hyper(group) != hyper:
                 return "a hyperparameter changed"
         return ""
 
+    def _held(self):
+        """The aliases whose gradients tiermem holds now, as the worker sent them after their
+        part read them (grad_tier): unchanged since, as nothing but tiermem can write them."""
+        if self.offload is None:
+            return set()
+        return {self.shards.get(p) for u in self.offload.units
+                if u.grads and not any(r.resident for r in u.grads) for p in u.params}
+
     def discard(self):
-        """The parts prepared so far aborted (every state as before): the step comes whole at
-        step()."""
+        """The parts prepared so far aborted (every state as before, the new shard versions
+        dropped): the step comes whole at step()."""
         self._idle()
         if self.parts is not None:
             with self.adam._lock:
                 _lib.tm_adam_step_abort(self.adam._adam)
+        if self.offload is not None:
+            self.offload.drop_new(self.units)
         self._reset_parts()
 
     def close(self):

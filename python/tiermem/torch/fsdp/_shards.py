@@ -15,7 +15,11 @@ unsharded parameters). A shard is brought in only where something reads it:
   not reshard it after forward), with the unit FSDP2 prefetches from there (the one before it
   in the post-forward order, or set_modules_to_backward_prefetch's); a gradient hook added after
   FSDP2's lets the unit go once its all-gather is done.
-- the optimizer step brings the units in one at a time, steps them, and writes them back.
+- the optimizer step brings the units in one at a time, steps them, and writes them back;
+  with the state on NVMe it makes them without reading them (the state's masters hold their
+  values) and writes the new shards beside the old, behind backward where the step is
+  prepared there (_prefetch: the unit handed over by grads_ready once all its gradients are
+  set, the training thread waiting for it in wait_unit before it touches the unit).
 - state_dict() / load_state_dict() bring each unit they reach in (the root's, as DCP's
   get/set_model_state_dict call them: every unit), counted as changed (DCP loads into the
   tensors it was given); they go back at their next release. shards_in() does the same for a
@@ -104,6 +108,13 @@ class _ShardOffload:
         self.grad_bytes_in = self.grad_bytes_out = 0
         # The most units in torch memory at once by the schedule (not counting all_in()).
         self.peak_units = 0
+        # What a unit's gradients do once FSDP2 has set them all (send_grads: to tiermem, with
+        # grad_tier); with the step prepared behind backward, _prefetch's worker takes them
+        # first (and sends them once its kernel has read them).
+        self.grads_ready = self.send_grads
+        # Waits until no other thread works on a unit (that worker): called by everything here
+        # that changes a unit's shards or gradients on the training thread.
+        self.wait_unit = lambda u: None
         self._handles = []
         for u in self.units:
             m = u.module
@@ -115,12 +126,10 @@ class _ShardOffload:
                                         prepend=True),
                 m.register_forward_hook(lambda mod, a, out, u=u: self._on_output(u, out, False)),
             ]
-            if grad_tier is not None:
-                # FSDP2 runs a sharded parameter's post-accumulate-grad hooks once its
-                # post-backward has set the reduce-scattered gradient (on CUDA, on the stream
-                # that made it).
-                self._handles += [p.register_post_accumulate_grad_hook(
-                    lambda p, u=u: self._grad_set(u, p)) for p in u.params if p.requires_grad]
+            # FSDP2 runs a sharded parameter's post-accumulate-grad hooks once its post-backward
+            # has set the reduce-scattered gradient (on CUDA, on the stream that made it).
+            self._handles += [p.register_post_accumulate_grad_hook(
+                lambda p, u=u: self._grad_set(u, p)) for p in u.params if p.requires_grad]
             # A unit's own state_dict() / load_state_dict() (also a submodule's, or the root's
             # through DCP) runs these before it reads or copies into the unit's parameters.
             self._handles += [
@@ -189,16 +198,23 @@ class _ShardOffload:
     # ---- the gradient shards ----
 
     def _grad_set(self, u, p):
-        """FSDP2 set p's sharded gradient; once every parameter of u has one, the unit's
-        gradient storages go to tiermem (their squared norms taken first, for clipping)."""
+        """FSDP2 set p's sharded gradient; once every parameter of u has one, grads_ready(u)
+        (with grad_tier their squared norms taken first, for clipping)."""
         if not self.offloaded:
             return
-        g = local(p.grad)
-        u.grad_sq[p] = torch.linalg.vector_norm(g.detach(), 2.0).to(torch.float32) ** 2
+        if self.grad_tier is not None:
+            g = local(p.grad)
+            u.grad_sq[p] = torch.linalg.vector_norm(g.detach(), 2.0).to(torch.float32) ** 2
         u.grads_set.add(p)
         if len(u.grads_set) < sum(q.requires_grad for q in u.params):
             return
         u.grads_set.clear()
+        self.grads_ready(u)
+
+    def send_grads(self, u):
+        """u's gradient storages to tiermem (grad_tier; otherwise nothing), covered."""
+        if self.grad_tier is None or u.grads:
+            return
         seen = set()
         for q in u.params:
             if q.grad is None:
@@ -225,6 +241,7 @@ class _ShardOffload:
     def grads_in(self, u, keep=False):
         """u's gradients back in torch memory: for good (keep=False: tiermem's copies go), or
         for the step (keep=True: let go again by grads_out, nothing written)."""
+        self.wait_unit(u)
         for r in u.grads:
             if not r.resident:
                 r.bring_in()
@@ -237,6 +254,7 @@ class _ShardOffload:
             u.grads, u.grad_cover = [], None
 
     def grads_out(self, u):
+        self.wait_unit(u)
         for r in u.grads:
             r.let_go(dirty=False)
         self._cover_grads(u)
@@ -244,6 +262,7 @@ class _ShardOffload:
     def drop_grads(self):
         """zero_grad(set_to_none=True): tiermem's copies of the gradients go with them."""
         for u in self.units:
+            self.wait_unit(u)
             for r in u.grads:
                 _destroy_quietly(r.tm)
             if u.grad_cover is not None:  # a p.grad kept by the user stays empty: say so
@@ -277,6 +296,7 @@ class _ShardOffload:
         self.offloaded = True
 
     def bring_in(self, u, dirty=False):
+        self.wait_unit(u)
         u.dirty = u.dirty or dirty
         if u.resident or not self.offloaded:
             return
@@ -294,19 +314,39 @@ class _ShardOffload:
         holds their values: the fp32 masters); release(u, dirty=True) writes them down once it
         has, release(u) gives the memory back with tiermem's copies as they were. A unit in
         torch memory already is left as it is."""
+        self.wait_unit(u)
         if u.resident or not self.offloaded:
             return
-        try:
-            for r in u.records:
-                r.make_room()
-        except BaseException:
-            for r in u.records:
-                r.let_go(dirty=False)
-            raise
+        self.make_new(u)
         u.resident = True
         if u.cover is not None:
             u.cover.uncover()
         self.peak_units = max(self.peak_units, sum(t.resident for t in self.units))
+
+    def make_new(self, u):
+        """room_for's memory, the unit still out for everyone else (its covers on): for the
+        step prepared behind backward, on its worker; send_new() or unmake() after."""
+        try:
+            for r in u.records:
+                r.make_room()
+        except BaseException:
+            self.unmake(u)
+            raise
+
+    def unmake(self, u):
+        for r in u.records:
+            r.let_go(dirty=False)
+
+    def send_new(self, u):
+        """make_new's memory, written by the step, down as new versions (write_new's)."""
+        try:
+            for r in u.records:
+                if r.resident:
+                    r.write_new()
+                    self.bytes_out += r.nbytes
+        except BaseException:
+            self.unmake(u)
+            raise
 
     def write_new(self, u):
         """u's shards, made by room_for and written by the step, written down as new versions
@@ -314,9 +354,7 @@ class _ShardOffload:
         is taken, drop_new() if it is not."""
         if not u.resident:
             return
-        for r in u.records:
-            r.write_new()
-            self.bytes_out += r.nbytes
+        self.send_new(u)
         u.resident, u.dirty = False, False
         self._cover_shards(u)
 
@@ -343,6 +381,7 @@ class _ShardOffload:
 
     def release(self, u, dirty=False):
         """Frees u's shards; writes them down first when they changed since they came in."""
+        self.wait_unit(u)
         if not u.resident or not self.offloaded:
             return
         dirty = dirty or u.dirty
@@ -408,7 +447,10 @@ class _ShardOffload:
                 self.release(u, dirty=True)
 
     def residency(self):
-        """Per unit, the storages' bytes in torch and the tiers holding tiermem's copies."""
+        """Per unit, the storages' bytes in torch and the tiers holding tiermem's copies (once
+        no other thread works on it)."""
+        for u in self.units:
+            self.wait_unit(u)
         return [dict(torch_bytes=sum(local(p).untyped_storage().nbytes() for p in u.params),
                      tiers=sorted(set().union(*[r.tm.residency() for r in u.records]))
                      if u.records else [],
@@ -423,6 +465,7 @@ class _ShardOffload:
         for h in self._handles:
             h.remove()
         self._handles = []
+        self.grads_ready = self.send_grads
         for u in self.units:
             self.grads_in(u)
             for r in u.records:

@@ -226,8 +226,9 @@ class FSDPCPUAdam(torch.optim.Optimizer):
 
     With state_tier="nvme" the state's I/O runs behind backward (module _prefetch):
     overlap (None: where it can be; True: insist; False: off) prepares the step itself there,
-    part by part as FSDP2 sets the gradients, for step() to agree on and commit; it needs no
-    max_grad_norm, no shard_tier and a CPU mesh. A gradient set twice (accumulation), changed
+    part by part as FSDP2 sets the gradients (with shard_tier unit by unit, the new shards
+    written down beside the old), for step() to agree on and commit; it needs no
+    max_grad_norm and a CPU mesh. A gradient set twice (accumulation), changed
     (clip_grad_norm_) or a hyperparameter changed between backward and step() makes step() take
     the step whole, and turns overlap off with a warning. Without overlap each parameter's state
     is read ahead into DRAM as its gradient comes, within half the DRAM tier.
@@ -310,15 +311,14 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         if overlap not in (None, True, False):
             raise TypeError("FSDPCPUAdam: overlap=%r; want None (auto), True or False" %
                             (overlap,))
-        early = (state_tier == "nvme" and max_grad_norm is None and shard_tier is None and
-                 device.type == "cpu")
+        early = state_tier == "nvme" and max_grad_norm is None and device.type == "cpu"
         if overlap and not early:
             raise ValueError(
                 "FSDPCPUAdam: overlap=True steps behind backward, which needs state_tier="
-                "\"nvme\", no max_grad_norm (the coefficient needs every gradient), no "
-                "shard_tier and a CPU mesh (on CUDA the gradient's copy down is not ordered "
-                "yet); this has state_tier=%r, max_grad_norm=%r, shard_tier=%r, a %s mesh" %
-                (state_tier, max_grad_norm, shard_tier, device.type))
+                "\"nvme\", no max_grad_norm (the coefficient needs every gradient) and a CPU "
+                "mesh (on CUDA the gradient's copy down is not ordered yet); this has "
+                "state_tier=%r, max_grad_norm=%r, a %s mesh" %
+                (state_tier, max_grad_norm, device.type))
         if state_tier == "nvme":  # read behind backward (hooks on the parameters)
             self._adam._behind = _BehindBackward(
                 self._adam, self._shards, self.runtime.stats()["tiers"]["dram"]["capacity"],
@@ -330,10 +330,13 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                                  "post-reduce event)" % device.type)
             self._offload = _ShardOffload(module, runtime, shard_tier, shard_prefetch_depth,
                                           grad_tier)
-            if self._adam._behind is not None:  # backward's own traffic in DRAM: two units'
+            behind = self._adam._behind
+            if behind is not None:  # backward's own traffic in DRAM: two units'
                 largest = max((sum(local(p).untyped_storage().nbytes() for p in u.params)
                                for u in self._offload.units), default=0)
-                self._adam._behind.reserve = 2 * largest * (2 if grad_tier else 1)
+                behind.reserve = 2 * largest * (2 if grad_tier else 1)
+                if behind.step_early:  # the step prepared unit by unit behind backward
+                    behind.by_unit(self._offload)
             unowned = [names.get(p) for p in self._params() if p not in self._offload.unit_of]
             if unowned:
                 raise ValueError("FSDPCPUAdam: parameters %s belong to no fully_shard unit of "
@@ -347,10 +350,10 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         does), then the state into torch tensors (CPUAdam._runtime_closing), where step() goes
         on. Without this the shards' bytes went with the runtime: reads raised, close() raised
         and the next forward all-gathered freed storage (SIGSEGV)."""
+        self._close_behind()  # (its prepared step's new shard versions dropped first)
         if self._offload is not None:
             self._offload.close()
             self._offload = None
-        self._close_behind()
         self._adam._runtime_closing()
 
     def _close_behind(self):
@@ -425,10 +428,12 @@ class FSDPCPUAdam(torch.optim.Optimizer):
             a.grad = None if p.grad is None else local(p.grad)
         try:
             behind = self._adam._behind
-            if self._offload is None or not self._offload.offloaded:
-                if behind is None or not behind.finish(
-                        {a: a.grad for a in self._shards.values() if a.grad is not None}):
-                    self._adam.step()
+            taken = behind is not None and behind.finish(
+                {a: a.grad for a in self._shards.values() if a.grad is not None})
+            if taken:
+                pass
+            elif self._offload is None or not self._offload.offloaded:
+                self._adam.step()
             else:
                 self._step_by_unit()
         finally:
@@ -611,8 +616,8 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         with shard_tier, the shards come back into torch memory for good, the hooks go. Once: a
         second call does nothing; step() and state_dict() after it raise."""
         self._closed = True
+        self._close_behind()
         if self._offload is not None:
             self._offload.close()
             self._offload = None
-        self._close_behind()
         self._adam.close()
