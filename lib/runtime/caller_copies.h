@@ -39,6 +39,9 @@ class CallerCopies {
   // Waits on the host for every copy in flight (the runtime goes: their memory with it).
   void WaitAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
+  // What this part counted (Runtime::Stats adds every part's up).
+  const Counters& counters() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return counters_; }
+
  private:
   struct CallerCopyRequest;
   // Zeros into the caller's buffer: the tensor was never written.
@@ -58,6 +61,7 @@ class CallerCopies {
       bool into_tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
   Core& core_;
+  Counters counters_ ABSL_GUARDED_BY(runtime_lock);
   Moves& moves_;
   Prefetcher& prefetcher_;
   WriteThrough& write_through_;

@@ -138,7 +138,7 @@ absl::Status CallerCopies::CallerCopy(const char* fn, uint64_t handle, uint64_t 
   CoreLock lock(core_);
   ReapCallerCopies(0, false);
   absl::Status s = into ? CopyInto(r) : CopyFrom(r);
-  if (s.ok()) (into ? core_.counters.copied_in_bytes : core_.counters.copied_out_bytes) += bytes;
+  if (s.ok()) (into ? counters_.copied_in_bytes : counters_.copied_out_bytes) += bytes;
   return s;
 }
 
@@ -398,7 +398,7 @@ void CallerCopies::ReapCallerCopies(uint64_t handle, bool wait) {
     if (handle != 0 && c.handle != handle) return false;
     if (!c.ticket.fence->Passed()) return false;
     if (absl::Status s = c.ticket.fence->Wait(); !s.ok()) {
-      ++core_.counters.moves_failed;
+      ++counters_.moves_failed;
       core_.failures.Record(c.handle, c.tensor,
                             WithContext(Retag(s, TM_ERR_DEVICE),
                                         absl::StrFormat("%s of tensor \"%s\"", c.what, c.tensor)));

@@ -46,8 +46,8 @@ bool Room::SlideDown(Tensor& v, tm_tier tier, uint64_t shift) {
   std::optional<Extent> moved = core_.tiers->space(tier).SlideDown(c.extent);
   if (!moved.has_value()) return false;  // the layout changed under us: cannot happen locked
   c.extent = *moved;
-  ++core_.counters.relocations;
-  core_.counters.relocation_bytes += v.bytes;
+  ++counters_.relocations;
+  counters_.relocation_bytes += v.bytes;
   core_.trace->Add(Trace::kRelocation, v.name, start, Trace::Clock::now(), v.bytes);
   return true;
 }

@@ -67,7 +67,7 @@ absl::StatusOr<Tensor*> Core::Claim(uint64_t handle, bool land) {
     Tensor& tensor = **t;
     if (auto s = NotBusyByThisThread(tensor); !s.ok()) return s;
     if (tensor.busy()) {
-      if (!waited) ++counters.move_waits;
+      if (!waited) ++counters_.move_waits;
       waited = true;
       Wait(changed);
       continue;
@@ -85,7 +85,7 @@ void Core::WaitWhileMoving(uint64_t handle) {
   for (;;) {
     const Tensor* t = tensors.Find(handle);
     if (t == nullptr || !t->busy() || t->busy_by == std::this_thread::get_id()) return;
-    if (!waited) ++counters.move_waits;
+    if (!waited) ++counters_.move_waits;
     waited = true;
     Wait(changed);
   }
@@ -115,7 +115,7 @@ void Core::FreeCopy(Tensor& t, tm_tier tier) {
 }
 
 void Core::RecordFailure(const Tensor& t, absl::Status s) {
-  ++counters.moves_failed;
+  ++counters_.moves_failed;
   failures.Record(t.handle, t.name, std::move(s));
 }
 

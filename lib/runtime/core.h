@@ -195,8 +195,14 @@ class Core {
   // Handles that an acquire in HBM is waiting to claim, with the number of such acquires: an
   // offload that finishes meanwhile keeps their HBM copy (see Moves::OffloadClaimed).
   absl::flat_hash_map<uint64_t, uint32_t> wanted_in_hbm ABSL_GUARDED_BY(runtime_lock);
-  Counters counters ABSL_GUARDED_BY(runtime_lock);
   std::unique_ptr<Trace> trace;
+
+  // What the claim protocol counted (move waits, failed moves); Runtime::Stats adds every
+  // part's up.
+  const Counters& counters() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return counters_; }
+
+ private:
+  Counters counters_ ABSL_GUARDED_BY(runtime_lock);
 };
 
 // Holds a core's lock for a scope, as MutexLock does a Mutex (the analysis: runtime_lock).

@@ -1,4 +1,5 @@
-// The runtime's event counters behind tm_stats. Guarded by the runtime's lock.
+// The runtime's event counters behind tm_stats. Each part of lib/runtime keeps its own (guarded by
+// the runtime's lock) and counts what it does; Runtime::Stats adds them up.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,46 @@ struct Counters {
   uint64_t recompute_drops = 0, recompute_drop_bytes = 0, recomputes = 0, recompute_failures = 0,
            recompute_ns = 0;
 
+  // Adds another part's counters (Runtime::Stats sums every part's).
+  Counters& operator+=(const Counters& o) {
+    acquires += o.acquires;
+    hits += o.hits;
+    misses += o.misses;
+    stall_ns += o.stall_ns;
+    prefetches += o.prefetches;
+    evictions += o.evictions;
+    eviction_bytes += o.eviction_bytes;
+    dropped_no_room += o.dropped_no_room;
+    dropped_demand += o.dropped_demand;
+    dropped_superseded += o.dropped_superseded;
+    cancelled += o.cancelled;
+    moves_failed += o.moves_failed;
+    demand_waits += o.demand_waits;
+    demand_wait_ns += o.demand_wait_ns;
+    fragmentation_evictions += o.fragmentation_evictions;
+    relocations += o.relocations;
+    relocation_bytes += o.relocation_bytes;
+    copied_in_bytes += o.copied_in_bytes;
+    copied_out_bytes += o.copied_out_bytes;
+    offloads_parked += o.offloads_parked;
+    move_waits += o.move_waits;
+    handed_on += o.handed_on;
+    handed_on_bytes += o.handed_on_bytes;
+    moves_behind += o.moves_behind;
+    moves_behind_bytes += o.moves_behind_bytes;
+    write_throughs += o.write_throughs;
+    write_through_bytes += o.write_through_bytes;
+    clean_reads += o.clean_reads;
+    clean_read_bytes += o.clean_read_bytes;
+    clean_drops += o.clean_drops;
+    clean_drop_bytes += o.clean_drop_bytes;
+    recompute_drops += o.recompute_drops;
+    recompute_drop_bytes += o.recompute_drop_bytes;
+    recomputes += o.recomputes;
+    recompute_failures += o.recompute_failures;
+    recompute_ns += o.recompute_ns;
+    return *this;
+  }
   void CountDrop(DropReason why) {
     switch (why) {
       case DropReason::kDemand:
@@ -86,5 +127,7 @@ struct Counters {
     s.moves_behind_bytes = moves_behind_bytes;
   }
 };
+// operator+= names every field: a field added above must be added there too.
+static_assert(sizeof(Counters) == 36 * sizeof(uint64_t), "Counters::operator+= misses a field");
 
 }  // namespace tiermem

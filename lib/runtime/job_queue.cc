@@ -91,7 +91,7 @@ void Movers::MoverLoop() {
           AnyPinned(job.tier)) {
         // Copies callers hold there split the room; they are let go soon, as a rule.
         parked_offloads_[job.handle] = job.tier;
-        ++core_.counters.offloads_parked;
+        ++counters_.offloads_parked;
         Log(LogSeverity::kDebug, "offload of \"%s\" to %s waits for a release: %s", t.name.c_str(),
             tm_tier_name(job.tier), std::string(s.message()).c_str());
       } else if (!s.ok()) {
@@ -221,7 +221,7 @@ absl::Status Movers::RunJob(Tensor& t, const Job& job) {
     }
   }
   if (why != DropReason::kNone) {
-    core_.counters.CountDrop(why);
+    counters_.CountDrop(why);
     core_.trace->Add(Trace::kPrefetchDrop, t.name, start, Trace::Clock::now(), t.bytes,
                      std::move(reason));
   }
@@ -229,7 +229,7 @@ absl::Status Movers::RunJob(Tensor& t, const Job& job) {
 }
 
 void Movers::CancelPrefetches(tm_tier tier) {
-  core_.counters.cancelled += jobs_.RemoveIf([&](const Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  counters_.cancelled += jobs_.RemoveIf([&](const Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (job.kind == JobKind::kOffload || job.tier != tier) return false;
     if (Tensor* t = core_.tensors.Find(job.handle); t != nullptr) --t->queued;
     return true;

@@ -50,6 +50,9 @@ class Movers {
   // Runs t's parked offload, if any, on the caller's thread (a sync).
   void RunParkedOffload(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
+  // What this part counted (Runtime::Stats adds every part's up).
+  const Counters& counters() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return counters_; }
+
  private:
   // Runs one job on its claimed tensor; the failure to keep, if any.
   absl::Status RunJob(Tensor& t, const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
@@ -59,6 +62,7 @@ class Movers {
   void MoverLoop();
 
   Core& core_;
+  Counters counters_ ABSL_GUARDED_BY(runtime_lock);
   Moves& moves_;
   Prefetcher& prefetcher_;
   CondVar work_;  // a job was queued, or the runtime stops

@@ -83,8 +83,8 @@ absl::Status Moves::MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller
   }
   t.EndFill(dst);
   if (moves_behind) {
-    ++core_.counters.moves_behind;
-    core_.counters.moves_behind_bytes += t.bytes;
+    ++counters_.moves_behind;
+    counters_.moves_behind_bytes += t.bytes;
   }
   if (pending.has_value()) Land(t, plan, *pending, vacated);
   if (dst == TM_TIER_HBM) write_through_.NoteCleanRead(t, plan.src, t.bytes, start);
@@ -241,8 +241,8 @@ absl::Status Moves::OffloadClaimed(Tensor& t, tm_tier tier) {
   if (keep_dram && t.copy(TM_TIER_DRAM).valid()) {
     t.copy(TM_TIER_DRAM).kept_clean = true;
     if (writes) {
-      ++core_.counters.write_throughs;
-      core_.counters.write_through_bytes += t.bytes;
+      ++counters_.write_throughs;
+      counters_.write_through_bytes += t.bytes;
     }
   }
   return absl::OkStatus();

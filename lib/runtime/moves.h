@@ -44,6 +44,9 @@ class Moves {
   // KeepCleanDramCopy).
   absl::Status OffloadClaimed(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
+  // What this part counted (Runtime::Stats adds every part's up).
+  const Counters& counters() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return counters_; }
+
  private:
   // The plan of MakeValid's move, its destination reserved; its trace event (t busy, unlocked).
   MovePlan PrepareMove(Tensor& t, tm_tier dst, const Extent& extent, const CallerStream& caller)
@@ -56,6 +59,7 @@ class Moves {
                  bool vacated) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   Core& core_;
+  Counters counters_ ABSL_GUARDED_BY(runtime_lock);
   Room& room_;
   Prefetcher& prefetcher_;
   WriteThrough& write_through_;

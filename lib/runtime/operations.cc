@@ -1,5 +1,5 @@
 // The tensor operations of the C API: create, destroy, acquire, release, sync, residency and
-// the counters.
+// the counters, every part's added up.
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -202,13 +202,13 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
     t.PinWrite(tier);
   }
   ++t.copy(tier).pins;
-  ++core_.counters.acquires;
+  ++counters_.acquires;
   if (access == TM_ACCESS_WRITE ? !made_room : hit) {  // a write moves nothing in: no room made
-    ++core_.counters.hits;
+    ++counters_.hits;
   } else {
-    ++core_.counters.misses;
+    ++counters_.misses;
     const Trace::Clock::time_point end = Trace::Clock::now();
-    core_.counters.stall_ns += static_cast<uint64_t>(
+    counters_.stall_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
     core_.trace->Add(Trace::kAcquire, t.name, start, end, t.bytes);
   }
@@ -323,7 +323,12 @@ tm_stats Runtime::Stats() {
     for (int t = 0; t < TM_TIER_COUNT; ++t) s.bytes_moved[f][t] = core_.mover->moved(f, t);
   }
   CoreLock lock(core_);
-  core_.counters.Fill(s);
+  Counters sum = counters_;
+  for (const Counters* c : {&core_.counters(), &moves_.counters(), &room_.counters(),
+                            &prefetcher_.counters(), &movers_.counters(), &copies_.counters(),
+                            &recompute_.counters(), &write_through_.counters()})
+    sum += *c;
+  sum.Fill(s);
   s.tensors = core_.tensors.size();
   prefetcher_.FillStats(s);
   return s;
@@ -331,7 +336,7 @@ tm_stats Runtime::Stats() {
 
 uint64_t Runtime::MoveWaits() {
   CoreLock lock(core_);
-  return core_.counters.move_waits;
+  return core_.counters().move_waits;
 }
 
 }  // namespace tiermem

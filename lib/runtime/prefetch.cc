@@ -71,7 +71,7 @@ Prefetcher::Refill Prefetcher::IssuePrefetches(std::vector<Start>* starts) {
       r.whole = false;
       break;
     }
-    ++core_.counters.prefetches;
+    ++counters_.prefetches;
     r.largest = std::max(r.largest, v->bytes);
     if (starts != nullptr && target == TM_TIER_HBM && v->bytes <= kBatchedRefillBytes &&
         v->copy(TM_TIER_DRAM).valid() && !v->landing.has_value()) {

@@ -72,11 +72,15 @@ class Prefetcher {
   const Schedule& schedule() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return schedule_; }
   uint64_t tick() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return tick_; }
 
+  // What this part counted (Runtime::Stats adds every part's up).
+  const Counters& counters() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return counters_; }
+
  private:
   // Drops t's offloads still queued (not a running one): t is used within 2 x the depth.
   void CancelQueuedOffloads(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
   Core& core_;
+  Counters counters_ ABSL_GUARDED_BY(runtime_lock);
   Movers& movers_;
   Schedule schedule_ ABSL_GUARDED_BY(runtime_lock);
   uint64_t tick_ ABSL_GUARDED_BY(runtime_lock) = 0;

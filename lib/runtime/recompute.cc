@@ -63,10 +63,10 @@ bool RecomputeCallbacks::DropsForRecompute(const Tensor& t, tm_tier tier) const 
 void RecomputeCallbacks::DropForRecompute(Tensor& v, tm_tier tier, Trace::Clock::time_point start) {
   core_.FreeCopy(v, tier);
   v.dropped = true;
-  ++core_.counters.evictions;
-  core_.counters.eviction_bytes += v.bytes;
-  ++core_.counters.recompute_drops;
-  core_.counters.recompute_drop_bytes += v.bytes;
+  ++counters_.evictions;
+  counters_.eviction_bytes += v.bytes;
+  ++counters_.recompute_drops;
+  counters_.recompute_drop_bytes += v.bytes;
   core_.trace->Add(Trace::kRecomputeDrop, v.name, start, Trace::Clock::now(), v.bytes);
 }
 
@@ -112,13 +112,13 @@ absl::Status RecomputeCallbacks::Recompute(Tensor& t, tm_tier dst, const CallerS
   const tm_status code = CallRecompute(hook, handle, dst, addr, bytes, caller.stream, &returned);
   const Trace::Clock::time_point end = Trace::Clock::now();
   core_.Lock();
-  core_.counters.recompute_ns += static_cast<uint64_t>(
+  counters_.recompute_ns += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
   core_.trace->Add(Trace::kRecompute, t.name, start, end, bytes);
   if (code != TM_OK) {
     // Whatever it wrote is no copy: freed, and the tensor stays dropped for a later try.
     core_.FreeCopy(t, dst);
-    ++core_.counters.recompute_failures;
+    ++counters_.recompute_failures;
     const std::string what =
         returned == -1 ? std::string("threw an exception (a callback must return a tm_status)")
         : code == static_cast<tm_status>(returned)
@@ -130,7 +130,7 @@ absl::Status RecomputeCallbacks::Recompute(Tensor& t, tm_tier dst, const CallerS
                                        t.name, HumanBytes(bytes), tm_tier_name(dst), what));
   }
   t.EndFill(dst);
-  ++core_.counters.recomputes;
+  ++counters_.recomputes;
   return absl::OkStatus();
 }
 

@@ -31,11 +31,15 @@ class RecomputeCallbacks {
   // tier). The caller holds the room token.
   absl::Status RebuildForCaller(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
+  // What this part counted (Runtime::Stats adds every part's up).
+  const Counters& counters() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return counters_; }
+
  private:
   // The bandwidth per direction, GB/s, of the link from `tier` to the tier below.
   double RecomputeGbps(tm_tier tier) const;
 
   Core& core_;
+  Counters counters_ ABSL_GUARDED_BY(runtime_lock);
   Moves& moves_;
   Room& room_;
 };

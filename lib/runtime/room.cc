@@ -144,7 +144,7 @@ absl::Status Room::EvictWindow(const Tensor& t, const EvictionPlan& plan, tm_tie
       if (want.kind != Want::kDemand && why != nullptr) *why = DropReason::kNoRoom;
       return WithContext(s, absl::StrFormat("evicting \"%s\" to make room", v->name));
     }
-    if (fragmented) ++core_.counters.fragmentation_evictions;
+    if (fragmented) ++counters_.fragmentation_evictions;
   }
   return absl::OkStatus();
 }
@@ -252,8 +252,8 @@ absl::StatusOr<Extent> Room::Allocate(Tensor& t, tm_tier tier, Want want, DropRe
     }
   }
   if (st.waited) {
-    ++core_.counters.demand_waits;
-    core_.counters.demand_wait_ns += static_cast<uint64_t>(
+    ++counters_.demand_waits;
+    counters_.demand_wait_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Trace::Clock::now() - st.start)
             .count());
   }
@@ -387,11 +387,11 @@ absl::Status Room::Evict(Tensor& v, tm_tier tier, Want want, const std::string& 
     }
   }
   core_.FreeCopy(v, tier);
-  ++core_.counters.evictions;
-  core_.counters.eviction_bytes += bytes;
+  ++counters_.evictions;
+  counters_.eviction_bytes += bytes;
   if (clean) {
-    ++core_.counters.clean_drops;
-    core_.counters.clean_drop_bytes += bytes;
+    ++counters_.clean_drops;
+    counters_.clean_drop_bytes += bytes;
   }
   if (core_.trace->enabled()) {
     static constexpr const char* kFor[] = {"a demand (an acquire, write or offload)",

@@ -42,6 +42,9 @@ class Room {
   // Waits on the host for the moves down still reading HBM handed on (the runtime goes).
   void WaitVacating() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
+  // What this part counted (Runtime::Stats adds every part's up).
+  const Counters& counters() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return counters_; }
+
  private:
   struct AllocateState;
   // Allocate's loop: allocates, else evicts a window, waits (a demand) or gives up.
@@ -135,6 +138,7 @@ class Room {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
   Core& core_;
+  Counters counters_ ABSL_GUARDED_BY(runtime_lock);
   Moves& moves_;
   Prefetcher& prefetcher_;
   Movers& movers_;

@@ -132,6 +132,7 @@ class Runtime {
 
   // The core first: the parts refer to it, and are destroyed before it.
   Core core_;
+  Counters counters_ ABSL_GUARDED_BY(runtime_lock);  // the façade's own (acquires, hits)
   Moves moves_{core_, room_, prefetcher_, write_through_, recompute_};
   Room room_{core_, moves_, prefetcher_, movers_, recompute_};
   Prefetcher prefetcher_{core_, movers_};

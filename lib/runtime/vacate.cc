@@ -54,8 +54,8 @@ bool Room::Vacate(Tensor& t, const Extent& extent, std::vector<RangeFence> piece
     fences.push_back(p.fence);
     vacating_.push_back(std::move(p));
   }
-  ++core_.counters.handed_on;
-  core_.counters.handed_on_bytes += t.bytes;
+  ++counters_.handed_on;
+  counters_.handed_on_bytes += t.bytes;
   // Kept out of the tier until the copy is done, unless a request finds no other hole
   // (MakeRoom): a move into free memory runs at once, one behind the copy waits for it.
   core_.deferred.Add(*core_.tiers, TM_TIER_HBM, e, std::move(fences), /*handed_on=*/true);

@@ -76,8 +76,8 @@ void WriteThrough::NoteCleanRead(const Tensor& t, int src, uint64_t bytes,
   if (src != TM_TIER_DRAM || !t.copy(TM_TIER_DRAM).kept_clean || !t.copy(TM_TIER_NVME).valid()) {
     return;
   }
-  ++core_.counters.clean_reads;
-  core_.counters.clean_read_bytes += bytes;
+  ++counters_.clean_reads;
+  counters_.clean_read_bytes += bytes;
   core_.trace->Add(Trace::kCleanRead, t.name, start, Trace::Clock::now(), bytes);
 }
 

@@ -35,12 +35,16 @@ class WriteThrough {
   void NoteCleanDramAcquire(Tensor& t, Trace::Clock::time_point start)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
+  // What this part counted (Runtime::Stats adds every part's up).
+  const Counters& counters() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return counters_; }
+
  private:
   // The Want of a clean DRAM copy of t (free room only, do no harm); false: t is not used again
   // this step, so keeping a copy serves nothing.
   bool CleanCopyWant(const Tensor& t, Want* want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
   Core& core_;
+  Counters counters_ ABSL_GUARDED_BY(runtime_lock);
   Moves& moves_;
   Prefetcher& prefetcher_;
 };
