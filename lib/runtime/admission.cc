@@ -64,7 +64,7 @@ std::vector<std::pair<uint64_t, uint64_t>> Room::NeededBefore(const Tensor& t, t
                                                               uint64_t horizon) {
   std::vector<std::pair<uint64_t, uint64_t>> needed;
   absl::flat_hash_map<uint64_t, bool> seen;
-  TierSpace& space = core_.tiers->space(tier);
+  TierSpace& space = core_.tiers()->space(tier);
   prefetcher_.schedule().ForEachBefore(
       horizon, [&](uint64_t position, const Schedule::Use& use) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         if (use.tier != tier || use.key == t.key || !seen.emplace(use.key, true).second) return;
@@ -93,8 +93,8 @@ std::optional<uint64_t> Room::LetGoBefore(const Tensor& v, const Tensor& t, tm_t
 std::vector<std::pair<uint64_t, uint64_t>> Room::ReleasedBefore(const Tensor& t, tm_tier tier,
                                                                 uint64_t horizon) {
   std::vector<std::pair<uint64_t, uint64_t>> released;
-  for (const TierSpace::Block& b : core_.tiers->space(tier).Layout()) {
-    const Tensor* v = b.free ? nullptr : core_.tensors.Find(b.owner);
+  for (const TierSpace::Block& b : core_.tiers()->space(tier).Layout()) {
+    const Tensor* v = b.free ? nullptr : core_.Lookup(b.owner);
     if (v == nullptr) continue;
     if (const std::optional<uint64_t> by = LetGoBefore(*v, t, tier, horizon)) {
       released.emplace_back(*by, b.size);
@@ -125,7 +125,7 @@ bool Room::LeavesHoles(const Tensor& t, tm_tier tier, Want want, std::optional<P
   std::vector<uint64_t> let_go(plan.slots.size(), Schedule::kNever);
   for (size_t i = 0; i < plan.slots.size(); ++i) {
     if (plan.slots[i].kind != EvictionSlot::Kind::kWall || plan.owners[i] == 0) continue;
-    if (const Tensor* v = core_.tensors.Find(plan.owners[i]); v != nullptr) {
+    if (const Tensor* v = core_.Lookup(plan.owners[i]); v != nullptr) {
       let_go[i] = LetGoBefore(*v, t, tier, want.horizon).value_or(Schedule::kNever);
     }
   }

@@ -85,7 +85,7 @@ struct CallerCopies::CallerCopyRequest {
 
 absl::StatusOr<io::FencePtr> CallerCopies::StreamFence(void* stream, const char* function) {
   if (stream == nullptr) return io::FencePtr();
-  auto fence = core_.mover->copy_engine().RecordOnStream(stream);
+  auto fence = core_.mover()->copy_engine().RecordOnStream(stream);
   if (!fence.ok()) return StreamError(fence.status(), function, stream);
   return *std::move(fence);
 }
@@ -134,7 +134,7 @@ absl::Status CallerCopies::CallerCopy(const char* fn, uint64_t handle, uint64_t 
   auto fence = StreamFence(stream, fn);  // first: the copy follows the stream's work so far
   if (!fence.ok()) return fence.status();
   r.fence = *std::move(fence);
-  r.device = bytes > 0 && core_.device->IsDevicePointer(buffer);
+  r.device = bytes > 0 && core_.device()->IsDevicePointer(buffer);
   CoreLock lock(core_);
   ReapCallerCopies(0, false);
   absl::Status s = into ? CopyInto(r) : CopyFrom(r);
@@ -182,7 +182,7 @@ absl::Status CallerCopies::CopyInto(const CallerCopyRequest& r) {
   }
   if (!s.ok()) return WithContext(s, r.fn);
   room.Leave();
-  char* addr = core_.tiers->Address(target, t.copy(target).extent) + r.offset;
+  char* addr = core_.tiers()->Address(target, t.copy(target).extent) + r.offset;
   for (io::FencePtr& f : core_.PendingUses(t, target)) buffer.after.push_back(std::move(f));
   auto copy = CopyTierAndCaller(t, target, addr, r, buffer, /*into_tier=*/true);
   if (!copy.ok()) {
@@ -197,7 +197,7 @@ absl::Status CallerCopies::CopyInto(const CallerCopyRequest& r) {
     // Valid in the stream's order now; replaces the other copies once it has landed.
     t.Land(target, **copy, /*replaces=*/true);
     if (r.stream != nullptr && r.stream_waits) {
-      if (s = core_.mover->copy_engine().StreamWait(r.stream, (*copy)->fence); !s.ok()) {
+      if (s = core_.mover()->copy_engine().StreamWait(r.stream, (*copy)->fence); !s.ok()) {
         return StreamError(s, r.fn, r.stream);
       }
     }
@@ -208,7 +208,7 @@ absl::Status CallerCopies::CopyInto(const CallerCopyRequest& r) {
 
 absl::Status CallerCopies::RewriteOnNvme(Tensor& t, const CallerCopyRequest& r,
                                          CallerBuffer& buffer) {
-  auto fresh = core_.tiers->space(TM_TIER_NVME).Allocate(t.bytes, t.name, t.handle);
+  auto fresh = core_.tiers()->space(TM_TIER_NVME).Allocate(t.bytes, t.name, t.handle);
   if (!fresh.ok()) return fresh.status();
   const Extent old = t.copy(TM_TIER_NVME).valid() ? t.copy(TM_TIER_NVME).extent : Extent{};
   for (io::FencePtr& f : core_.PendingUses(t, TM_TIER_NVME)) buffer.after.push_back(std::move(f));
@@ -216,12 +216,12 @@ absl::Status CallerCopies::RewriteOnNvme(Tensor& t, const CallerCopyRequest& r,
   NvmeTally tally;
   const Trace::Clock::time_point start = Trace::Clock::now();
   absl::Status s = core_.Unlocked(t, [&] {
-    return core_.mover->WriteNvmeFrom(old, *fresh, size, r.offset, buffer, r.bytes, &tally);
+    return core_.mover()->WriteNvmeFrom(old, *fresh, size, r.offset, buffer, r.bytes, &tally);
   });
-  TraceCallerNvme(*core_.trace, t.name, tally, start);
+  TraceCallerNvme(*core_.trace(), t.name, tally, start);
   if (!s.ok()) {
     Extent done = *fresh;
-    core_.tiers->space(TM_TIER_NVME).Free(done);
+    core_.tiers()->space(TM_TIER_NVME).Free(done);
     return WithContext(s, absl::StrFormat("%s: writing tensor \"%s\" on NVMe", r.fn, t.name));
   }
   core_.FreeCopy(t, TM_TIER_NVME);
@@ -297,15 +297,15 @@ absl::Status CallerCopies::CopyFrom(const CallerCopyRequest& r) {
     NvmeTally tally;
     const Trace::Clock::time_point start = Trace::Clock::now();
     absl::Status s = core_.Unlocked(
-        t, [&] { return core_.mover->ReadNvmeTo(e, size, r.offset, buffer, r.bytes, &tally); });
-    TraceCallerNvme(*core_.trace, t.name, tally, start);
+        t, [&] { return core_.mover()->ReadNvmeTo(e, size, r.offset, buffer, r.bytes, &tally); });
+    TraceCallerNvme(*core_.trace(), t.name, tally, start);
     if (!s.ok()) {
       return WithContext(s, absl::StrFormat("%s: reading tensor \"%s\" from NVMe", r.fn, t.name));
     }
     prefetcher_.NoteUse(t, TM_TIER_DRAM, true);
     return absl::OkStatus();
   }
-  char* addr = core_.tiers->Address(source, t.copy(source).extent) + r.offset;
+  char* addr = core_.tiers()->Address(source, t.copy(source).extent) + r.offset;
   auto copy = CopyTierAndCaller(t, source, addr, r, buffer, /*into_tier=*/false);
   if (!copy.ok()) return copy.status();
   write_through_.NoteCleanRead(t, source, r.bytes,
@@ -315,7 +315,7 @@ absl::Status CallerCopies::CopyFrom(const CallerCopyRequest& r) {
     t.copy(source).uses.push_back((*copy)->fence);
     in_flight_.push_back(CopyInFlight{t.handle, t.name, "copy_out", **copy});
     if (r.stream != nullptr) {
-      if (auto s = core_.mover->copy_engine().StreamWait(r.stream, (*copy)->fence); !s.ok()) {
+      if (auto s = core_.mover()->copy_engine().StreamWait(r.stream, (*copy)->fence); !s.ok()) {
         return StreamError(s, r.fn, r.stream);
       }
     }
@@ -332,7 +332,7 @@ absl::Status CallerCopies::ReadZeros(Tensor& t, const CallerCopyRequest& r, Call
       std::memset(r.buffer, 0, r.bytes);
       return absl::OkStatus();
     }
-    return Retag(core_.device->Fill(r.buffer, 0, r.bytes), TM_ERR_DEVICE);
+    return Retag(core_.device()->Fill(r.buffer, 0, r.bytes), TM_ERR_DEVICE);
   });
   if (s.ok()) prefetcher_.NoteUse(t, TM_TIER_DRAM, true);
   return s;
@@ -365,9 +365,9 @@ absl::StatusOr<std::optional<io::CopyTicket>> CallerCopies::CopyTierAndCaller(
   }
   absl::StatusOr<io::CopyTicket> ticket;
   absl::Status s = core_.Unlocked(t, [&] {
-    ticket = core_.mover->copy_engine().Enqueue(dir, dst, src, r.bytes, buffer.after);
+    ticket = core_.mover()->copy_engine().Enqueue(dir, dst, src, r.bytes, buffer.after);
     if (!ticket.ok() || !r.wait) return ticket.status();
-    return core_.mover->copy_engine().Wait(*ticket);
+    return core_.mover()->copy_engine().Wait(*ticket);
   });
   if (!s.ok()) {
     return WithContext(Retag(s, TM_ERR_DEVICE),
@@ -399,9 +399,9 @@ void CallerCopies::ReapCallerCopies(uint64_t handle, bool wait) {
     if (!c.ticket.fence->Passed()) return false;
     if (absl::Status s = c.ticket.fence->Wait(); !s.ok()) {
       ++counters_.moves_failed;
-      core_.failures.Record(c.handle, c.tensor,
-                            WithContext(Retag(s, TM_ERR_DEVICE),
-                                        absl::StrFormat("%s of tensor \"%s\"", c.what, c.tensor)));
+      core_.RecordFailure(c.handle, c.tensor,
+                          WithContext(Retag(s, TM_ERR_DEVICE),
+                                      absl::StrFormat("%s of tensor \"%s\"", c.what, c.tensor)));
     }
     return true;
   });

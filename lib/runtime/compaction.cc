@@ -29,32 +29,32 @@ bool Room::Slidable(Tensor& v, tm_tier tier, uint64_t shift) {
 bool Room::SlideDown(Tensor& v, tm_tier tier, uint64_t shift) {
   const Trace::Clock::time_point start = Trace::Clock::now();
   TensorCopy& c = v.copy(tier);
-  char* src = core_.tiers->Address(tier, c.extent);
+  char* src = core_.tiers()->Address(tier, c.extent);
   char* dst = src - shift;
   const uint64_t size = c.extent.size;
   const uint64_t piece = std::min(shift, size);
   for (uint64_t done = 0; done < size; done += piece) {
     const uint64_t n = std::min(piece, size - done);
-    absl::Status s = core_.device->copy_engine().Copy(io::CopyDirection::kDeviceToDevice,
-                                                      dst + done, src + done, n);
+    absl::Status s = core_.device()->copy_engine().Copy(io::CopyDirection::kDeviceToDevice,
+                                                        dst + done, src + done, n);
     if (!s.ok()) {
       // Only a copy that another tier holds gets here with overlapping pieces: drop it there.
       if (done > 0 && !v.only_copy(tier)) core_.FreeCopy(v, tier);
       return false;
     }
   }
-  std::optional<Extent> moved = core_.tiers->space(tier).SlideDown(c.extent);
+  std::optional<Extent> moved = core_.tiers()->space(tier).SlideDown(c.extent);
   if (!moved.has_value()) return false;  // the layout changed under us: cannot happen locked
   c.extent = *moved;
   ++counters_.relocations;
   counters_.relocation_bytes += v.bytes;
-  core_.trace->Add(Trace::kRelocation, v.name, start, Trace::Clock::now(), v.bytes);
+  core_.trace()->Add(Trace::kRelocation, v.name, start, Trace::Clock::now(), v.bytes);
   return true;
 }
 
 template <typename Slide>
 bool Room::CompactionPass(tm_tier tier, uint64_t need, Slide&& slide) {
-  TierSpace& space = core_.tiers->space(tier);
+  TierSpace& space = core_.tiers()->space(tier);
   if (tier != TM_TIER_HBM || space.counted()) return false;  // DRAM holds pinned host buffers
   // One pass up the tier: each slide moves a hole up past a copy, where it merges with the
   // next hole, until a wall (a copy in use) stops it. Stops once a hole fits the request.
@@ -66,7 +66,7 @@ bool Room::CompactionPass(tm_tier tier, uint64_t need, Slide&& slide) {
       if (hole >= need) return true;
       continue;
     }
-    Tensor* v = hole == 0 ? nullptr : core_.tensors.Find(b.owner);
+    Tensor* v = hole == 0 ? nullptr : core_.Lookup(b.owner);
     if (v == nullptr || !Slidable(*v, tier, hole) || !slide(*v, hole)) hole = 0;  // a wall
   }
   return false;

@@ -12,7 +12,7 @@
 namespace tiermem {
 
 absl::StatusOr<Tensor*> Core::Find(uint64_t handle) {
-  Tensor* t = tensors.Find(handle);
+  Tensor* t = tensors_.Find(handle);
   if (t == nullptr) {
     return Error(
         TM_ERR_INVALID_HANDLE,
@@ -28,8 +28,8 @@ void Core::WaitLanded(Tensor& t) {
   // A copy that has passed is only asked its outcome: no need to let the lock go.
   absl::Status s =
       ticket.fence->Passed()
-          ? Retag(mover->copy_engine().Wait(ticket), TM_ERR_DEVICE)
-          : Unlocked(t, [&] { return Retag(mover->copy_engine().Wait(ticket), TM_ERR_DEVICE); });
+          ? Retag(mover_->copy_engine().Wait(ticket), TM_ERR_DEVICE)
+          : Unlocked(t, [&] { return Retag(mover_->copy_engine().Wait(ticket), TM_ERR_DEVICE); });
   const bool replaces = t.landing_replaces;
   if (s.ok()) {
     t.Landed(tier);
@@ -69,7 +69,7 @@ absl::StatusOr<Tensor*> Core::Claim(uint64_t handle, bool land) {
     if (tensor.busy()) {
       if (!waited) ++counters_.move_waits;
       waited = true;
-      Wait(changed);
+      Wait(changed_);
       continue;
     }
     if (land && tensor.landing.has_value()) {
@@ -83,11 +83,11 @@ absl::StatusOr<Tensor*> Core::Claim(uint64_t handle, bool land) {
 void Core::WaitWhileMoving(uint64_t handle) {
   bool waited = false;  // counted once (MoveWaits)
   for (;;) {
-    const Tensor* t = tensors.Find(handle);
+    const Tensor* t = tensors_.Find(handle);
     if (t == nullptr || !t->busy() || t->busy_by == std::this_thread::get_id()) return;
     if (!waited) ++counters_.move_waits;
     waited = true;
-    Wait(changed);
+    Wait(changed_);
   }
 }
 
@@ -107,16 +107,16 @@ void Core::FreeCopy(Tensor& t, tm_tier tier) {
   Extent e = t.Drop(tier);
   if (e.empty()) return;
   if (uses.empty()) {
-    tiers->space(tier).Free(e);
+    tiers_->space(tier).Free(e);
     return;
   }
   // Callers' work may still use the memory: it is freed once that work has passed.
-  deferred.Add(*tiers, tier, e, std::move(uses));
+  deferred_.Add(*tiers_, tier, e, std::move(uses));
 }
 
 void Core::RecordFailure(const Tensor& t, absl::Status s) {
   ++counters_.moves_failed;
-  failures.Record(t.handle, t.name, std::move(s));
+  failures_.Record(t.handle, t.name, std::move(s));
 }
 
 absl::Status Core::CheckOthersUnpinned(const Tensor& t, int keep) const {
@@ -154,17 +154,17 @@ std::vector<io::FencePtr> Core::PendingUses(Tensor& t, tm_tier tier) {
   return uses;
 }
 
-bool Core::ReapDeferred(tm_tier tier) { return deferred.Reap(*tiers, tier); }
+bool Core::ReapDeferred(tm_tier tier) { return deferred_.Reap(*tiers_, tier); }
 
 void Core::SettleDeferred() {
   // The memory of dropped copies goes back once what used it has passed: waited for here, so
   // that after a sync the tiers' usage (and the framework's allocator) see it free.
-  if (std::vector<io::FencePtr> fences = deferred.Fences(); !fences.empty()) {
+  if (std::vector<io::FencePtr> fences = deferred_.Fences(); !fences.empty()) {
     Unlock();
     for (const io::FencePtr& f : fences) (void)f->Wait();
     Lock();
   }
-  deferred.ReapAll(*tiers);
+  deferred_.ReapAll(*tiers_);
 }
 
 absl::Status Core::CheckNotHeld(const Tensor& t, absl::string_view what) {

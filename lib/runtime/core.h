@@ -102,27 +102,27 @@ struct CallerStream {
 
 class Core {
  public:
-  explicit Core(Config config) : config(std::move(config)) {}
+  explicit Core(Config config) : config_(std::move(config)) {}
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
 
   // ---- the lock (runtime_lock.h: the analysis names mu runtime_lock) ----
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION(runtime_lock) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    mu.Lock();
+    mu_.Lock();
   }
-  void Unlock() ABSL_UNLOCK_FUNCTION(runtime_lock) ABSL_NO_THREAD_SAFETY_ANALYSIS { mu.Unlock(); }
+  void Unlock() ABSL_UNLOCK_FUNCTION(runtime_lock) ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
   // Waits on `cv`, giving mu back meanwhile.
   void Wait(CondVar& cv)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    cv.Wait(&mu);
+    cv.Wait(&mu_);
   }
   void WaitWithTimeout(CondVar& cv, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    cv.WaitWithTimeout(&mu, timeout);
+    cv.WaitWithTimeout(&mu_, timeout);
   }
   // The room token (RoomToken::Enter), waited for on `changed`.
   void EnterRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    room.Enter(mu, changed);
+    room_.Enter(mu_, changed_);
   }
 
   // ---- the claim protocol (core.cc) ----
@@ -172,36 +172,141 @@ class Core {
   // Keeps an asynchronous failure until a sync or step end reports it.
   void RecordFailure(const Tensor& t, absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
-  // Set up by Runtime::Init, then fixed.
-  Config config;
-  RuntimeInfo info;
-  std::unique_ptr<io::Topology> topology;
-  std::unique_ptr<io::Device> device;
-  std::unique_ptr<Tiers> tiers;
-  std::unique_ptr<io::IoEngine> io;
-  std::unique_ptr<StagingRing> staging;
-  std::unique_ptr<Mover> mover;
+  // ---- the engines: set up by Runtime::Init (setup.cc), then fixed ----
+  const Config& config() const { return config_; }
+  const RuntimeInfo& info() const { return info_; }
+  io::Topology* topology() const { return topology_.get(); }
+  io::Device* device() const { return device_.get(); }
+  Tiers* tiers() const { return tiers_.get(); }
+  io::IoEngine* io() const { return io_.get(); }
+  StagingRing* staging() const { return staging_.get(); }
+  Mover* mover() const { return mover_.get(); }
+  Trace* trace() const { return trace_.get(); }
+  // For Runtime::Init only.
+  Config& mutable_config() { return config_; }
+  RuntimeInfo& mutable_info() { return info_; }
+  void set_topology(std::unique_ptr<io::Topology> p) { topology_ = std::move(p); }
+  void set_device(std::unique_ptr<io::Device> p) { device_ = std::move(p); }
+  void set_tiers(std::unique_ptr<Tiers> p) { tiers_ = std::move(p); }
+  void set_io(std::unique_ptr<io::IoEngine> p) { io_ = std::move(p); }
+  void set_staging(std::unique_ptr<StagingRing> p) { staging_ = std::move(p); }
+  void set_mover(std::unique_ptr<Mover> p) { mover_ = std::move(p); }
+  void set_trace(std::unique_ptr<Trace> p) { trace_ = std::move(p); }
 
-  // Guards the tensor table, every tensor's state, this core's state below and every part's.
-  // Moves run without it: a tensor being moved is busy instead, and only its own operations wait.
-  // Lock order: mu, then a TierSpace's lock, then the staging ring's; the engines' locks are
-  // leaves. Nothing takes mu while holding one of those.
-  Mutex mu;
-  CondVar changed;  // a tensor stopped being busy, a job finished, the room token was freed
-  TensorTable tensors ABSL_GUARDED_BY(runtime_lock);
-  RoomToken room ABSL_GUARDED_BY(runtime_lock);
-  FailureLog failures ABSL_GUARDED_BY(runtime_lock);
-  DeferredFrees deferred ABSL_GUARDED_BY(runtime_lock);
-  // Handles that an acquire in HBM is waiting to claim, with the number of such acquires: an
-  // offload that finishes meanwhile keeps their HBM copy (see Moves::OffloadClaimed).
-  absl::flat_hash_map<uint64_t, uint32_t> wanted_in_hbm ABSL_GUARDED_BY(runtime_lock);
-  std::unique_ptr<Trace> trace;
+  // ---- the tensor table ----
+  // The tensor of `handle`, nullptr when there is none (Find says why, Claim waits for it).
+  Tensor* Lookup(uint64_t handle) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    return tensors_.Find(handle);
+  }
+  uint64_t AddTensor(std::unique_ptr<Tensor> t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    return tensors_.Insert(std::move(t));
+  }
+  std::unique_ptr<Tensor> RemoveTensor(uint64_t handle)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    return tensors_.Remove(handle);
+  }
+  template <typename F>
+  void ForEachTensor(F&& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    tensors_.ForEach(std::forward<F>(f));
+  }
+  size_t tensor_count() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    return tensors_.size();
+  }
+
+  // ---- something changed: a tensor stopped being busy, a job finished, room was freed ----
+  void NotifyChanged() { changed_.SignalAll(); }
+  void WaitForChange() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { Wait(changed_); }
+  void WaitForChange(absl::Duration timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    WaitWithTimeout(changed_, timeout);
+  }
+
+  // ---- the room token (RoomScope holds it) ----
+  uint64_t room_generation() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    return room_.generation();
+  }
+  bool RoomHeldByMe() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return room_.HeldByMe(); }
+  void LeaveRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { room_.Leave(changed_); }
+  // Hands the token back once a move has made its room (RoomToken::Release).
+  void ReleaseRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { room_.Release(changed_); }
+  // Scheduled requests waiting for room in `tier` (a prefetch defers to them).
+  void WantRoom(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { ++room_.wanted(tier); }
+  void UnwantRoom(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    --room_.wanted(tier);
+  }
+  bool RoomWanted(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    return room_.wanted(tier) > 0;
+  }
+
+  // ---- deferred frees (besides FreeCopy, ReapDeferred, SettleDeferred above) ----
+  void ReapAllDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { deferred_.ReapAll(*tiers_); }
+  // Frees what can be in `tier`, handed-on HBM memory included, for a request for room.
+  void ReapDeferredForRoom(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    deferred_.ReapForRoom(*tiers_, tier);
+  }
+  bool HasDeferred() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    return !deferred_.empty();
+  }
+  // Whether memory at `offset` of `tier` was handed on behind a copy down still running.
+  bool HandedOnAt(tm_tier tier, uint64_t offset) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    return deferred_.HandedOnAt(tier, offset);
+  }
+  // HBM memory handed on behind the copies down that read it (`fences`): freed once they pass.
+  void DeferHandedOn(Extent e, std::vector<io::FencePtr> fences)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    deferred_.Add(*tiers_, TM_TIER_HBM, e, std::move(fences), /*handed_on=*/true);
+  }
+  std::vector<io::FencePtr> DeferredFences() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    return deferred_.Fences();
+  }
+
+  // ---- failures kept for a sync ----
+  void RecordFailure(uint64_t handle, std::string tensor, absl::Status s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    failures_.Record(handle, std::move(tensor), std::move(s));
+  }
+  // The first failure kept for `handle` (0: any), forgotten.
+  absl::Status TakeFailure(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    return failures_.Take(handle);
+  }
+
+  // ---- acquires in HBM waiting to claim a tensor: an offload finishing meanwhile keeps its
+  // HBM copy (see Moves::OffloadClaimed) ----
+  void WantInHbm(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    ++wanted_in_hbm_[handle];
+  }
+  void UnwantInHbm(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    if (--wanted_in_hbm_[handle] == 0) wanted_in_hbm_.erase(handle);
+  }
+  bool WantedInHbm(uint64_t handle) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    return wanted_in_hbm_.contains(handle);
+  }
 
   // What the claim protocol counted (move waits, failed moves); Runtime::Stats adds every
   // part's up.
   const Counters& counters() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return counters_; }
 
  private:
+  Config config_;
+  RuntimeInfo info_;
+  std::unique_ptr<io::Topology> topology_;
+  std::unique_ptr<io::Device> device_;
+  std::unique_ptr<Tiers> tiers_;
+  std::unique_ptr<io::IoEngine> io_;
+  std::unique_ptr<StagingRing> staging_;
+  std::unique_ptr<Mover> mover_;
+  std::unique_ptr<Trace> trace_;
+
+  // Guards the tensor table, every tensor's state, this core's state below and every part's.
+  // Moves run without it: a tensor being moved is busy instead, and only its own operations wait.
+  // Lock order: mu_, then a TierSpace's lock, then the staging ring's; the engines' locks are
+  // leaves. Nothing takes mu_ while holding one of those.
+  Mutex mu_;
+  CondVar changed_;
+  TensorTable tensors_ ABSL_GUARDED_BY(runtime_lock);
+  RoomToken room_ ABSL_GUARDED_BY(runtime_lock);
+  FailureLog failures_ ABSL_GUARDED_BY(runtime_lock);
+  DeferredFrees deferred_ ABSL_GUARDED_BY(runtime_lock);
+  absl::flat_hash_map<uint64_t, uint32_t> wanted_in_hbm_ ABSL_GUARDED_BY(runtime_lock);
   Counters counters_ ABSL_GUARDED_BY(runtime_lock);
 };
 

@@ -59,7 +59,7 @@ absl::Status Runtime::Offload(uint64_t handle, tm_tier tier) {
 }
 
 void Movers::MoverLoop() {
-  core_.device->BindThread();
+  core_.device()->BindThread();
   // Takes this thread's malloc arena now, while the process can still map one: glibc makes a
   // thread's arena at its first allocation, and when that mmap is refused (a process at
   // vm.max_map_count) every allocation of the thread fails, and a std::bad_alloc on a mover
@@ -111,13 +111,13 @@ void Movers::MoverLoop() {
     // link does not idle until the caller's next acquire. (Not after a dropped prefetch: it would
     // only queue the same prefetch again.)
     if (job.kind == JobKind::kOffload || landed) prefetcher_.IssuePrefetches();
-    core_.changed.SignalAll();
+    core_.NotifyChanged();
   }
 }
 
 bool Movers::AnyPinned(tm_tier tier) {
   bool pinned = false;
-  core_.tensors.ForEach([&](const Tensor& t) { pinned = pinned || t.copy(tier).pins > 0; });
+  core_.ForEachTensor([&](const Tensor& t) { pinned = pinned || t.copy(tier).pins > 0; });
   return pinned;
 }
 
@@ -153,7 +153,7 @@ void Movers::Drain() {
   // Parked offloads run here, one at a time; a release meanwhile may queue the others again,
   // so the queue is waited for again after each (a parked one run here never parks again).
   for (;;) {
-    while (jobs_.outstanding() > 0) core_.Wait(core_.changed);
+    while (jobs_.outstanding() > 0) core_.WaitForChange();
     if (parked_offloads_.empty()) return;
     RunParkedOffload(parked_offloads_.begin()->first);
   }
@@ -168,7 +168,7 @@ void Movers::RequeueParkedOffloads(std::optional<tm_tier> freed) {
       continue;
     }
     parked_offloads_.erase(it++);
-    if (Tensor* t = core_.tensors.Find(handle); t != nullptr) {
+    if (Tensor* t = core_.Lookup(handle); t != nullptr) {
       ++t->queued;
       jobs_.Push(Job{handle, tier, JobKind::kOffload});
     }
@@ -203,7 +203,7 @@ absl::Status Movers::RunJob(Tensor& t, const Job& job) {
   if (t.writing_tier() >= 0) {
     // Acquired for writing since the job was queued: the writer's newer bytes supersede it.
     why = DropReason::kSuperseded;
-    if (core_.trace->enabled()) {
+    if (core_.trace()->enabled()) {
       reason = absl::StrFormat(
           "prefetch of tensor \"%s\" to %s dropped: acquired for writing "
           "since it was queued",
@@ -216,14 +216,14 @@ absl::Status Movers::RunJob(Tensor& t, const Job& job) {
     // A prefetch is a hint: one that found no room is dropped and counted, not a failure.
     if (!s.ok() && (why != DropReason::kNone || absl::IsResourceExhausted(s))) {
       if (why == DropReason::kNone) why = DropReason::kNoRoom;
-      if (core_.trace->enabled()) reason = std::string(s.message());
+      if (core_.trace()->enabled()) reason = std::string(s.message());
       s = absl::OkStatus();
     }
   }
   if (why != DropReason::kNone) {
     counters_.CountDrop(why);
-    core_.trace->Add(Trace::kPrefetchDrop, t.name, start, Trace::Clock::now(), t.bytes,
-                     std::move(reason));
+    core_.trace()->Add(Trace::kPrefetchDrop, t.name, start, Trace::Clock::now(), t.bytes,
+                       std::move(reason));
   }
   return s;
 }
@@ -231,10 +231,10 @@ absl::Status Movers::RunJob(Tensor& t, const Job& job) {
 void Movers::CancelPrefetches(tm_tier tier) {
   counters_.cancelled += jobs_.RemoveIf([&](const Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (job.kind == JobKind::kOffload || job.tier != tier) return false;
-    if (Tensor* t = core_.tensors.Find(job.handle); t != nullptr) --t->queued;
+    if (Tensor* t = core_.Lookup(job.handle); t != nullptr) --t->queued;
     return true;
   });
-  core_.changed.SignalAll();
+  core_.NotifyChanged();
 }
 
 }  // namespace tiermem

@@ -24,10 +24,10 @@ absl::Status Moves::MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller
   }
   // Inclusive DRAM: a prefetch from NVMe to HBM reads through DRAM and keeps that copy.
   const bool read_through = dst == TM_TIER_HBM && write_through_.ReadThroughDram(t, want);
-  BusyScope busy(t, core_.changed);  // for the whole move: eviction below may release the lock too
+  BusyScope busy(t, core_);  // for the whole move: eviction below may release the lock too
   std::vector<RangeFence> behind;
   auto extent = room_.Allocate(t, dst, want, why, nullptr, &behind);
-  if (want.release_room) core_.room.Release(core_.changed);  // room made: the move needs none
+  if (want.release_room) core_.ReleaseRoom();  // room made: the move needs none
   if (!extent.ok()) return extent.status();
 
   MovePlan plan = PrepareMove(t, dst, *extent, caller);
@@ -61,10 +61,10 @@ absl::Status Moves::MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller
     };
   }
   const Trace::Clock::time_point start = Trace::Clock::now();
-  absl::Status s = core_.mover->Execute(plan, &pending);
+  absl::Status s = core_.mover()->Execute(plan, &pending);
   if (ordered && !left) link_order_.Leave(nullptr);
   if (urgent && !registered) link_order_.Urgent(nullptr);
-  if (core_.trace->enabled() && plan.src >= 0) TraceMove(t, plan, start, vacated);
+  if (core_.trace()->enabled() && plan.src >= 0) TraceMove(t, plan, start, vacated);
   core_.Lock();
 
   // Commit: the destination becomes valid only now; a failure frees it and leaves the rest.
@@ -106,7 +106,7 @@ bool Moves::StartPrefetch(Tensor& t, uint64_t horizon) {
   auto extent = room_.Allocate(t, kDst, want, &why, nullptr, &behind);
   if (!extent.ok()) return false;  // the mover may evict for it, or drops it (counted)
   if (!behind.empty()) {
-    core_.tiers->space(kDst).Free(*extent);
+    core_.tiers()->space(kDst).Free(*extent);
     return false;
   }
   MovePlan plan = PrepareMove(t, kDst, *extent, CallerStream{});
@@ -114,8 +114,8 @@ bool Moves::StartPrefetch(Tensor& t, uint64_t horizon) {
   const Trace::Clock::time_point start = Trace::Clock::now();
   std::optional<io::CopyTicket> pending;
   // Under the lock: the engine only enqueues (the emulated device may copy a small one at once).
-  absl::Status s = core_.mover->Execute(plan, &pending);
-  if (core_.trace->enabled()) TraceMove(t, plan, start, false);
+  absl::Status s = core_.mover()->Execute(plan, &pending);
+  if (core_.trace()->enabled()) TraceMove(t, plan, start, false);
   if (!s.ok() || !pending.has_value()) {
     core_.FreeCopy(t, kDst);
     if (s.ok()) s = Error(TM_ERR_DEVICE, "the copy engine returned no ticket");
@@ -148,15 +148,15 @@ void Moves::TraceMove(const Tensor& t, const MovePlan& plan, Trace::Clock::time_
   if (!plan.behind.empty()) {
     uint64_t behind = 0;
     for (const RangeFence& r : plan.behind) behind += r.size;
-    core_.trace->Add(track, t.name, start, Trace::Clock::now(), plan.bytes,
-                     absl::StrFormat("written behind copies down still reading %s of its memory",
-                                     HumanBytes(behind)));
+    core_.trace()->Add(track, t.name, start, Trace::Clock::now(), plan.bytes,
+                       absl::StrFormat("written behind copies down still reading %s of its memory",
+                                       HumanBytes(behind)));
   } else if (vacated) {
-    core_.trace->Add(track, t.name, start, Trace::Clock::now(), plan.bytes,
-                     plan.lands ? "its hbm memory handed on once enqueued; lands (not waited for)"
-                                : "its hbm memory handed on once enqueued");
+    core_.trace()->Add(track, t.name, start, Trace::Clock::now(), plan.bytes,
+                       plan.lands ? "its hbm memory handed on once enqueued; lands (not waited for)"
+                                  : "its hbm memory handed on once enqueued");
   } else {
-    core_.trace->Add(track, t.name, start, Trace::Clock::now(), plan.bytes);
+    core_.trace()->Add(track, t.name, start, Trace::Clock::now(), plan.bytes);
   }
 }
 
@@ -180,17 +180,17 @@ MovePlan Moves::PrepareMove(Tensor& t, tm_tier dst, const Extent& extent,
     const tm_tier src = static_cast<tm_tier>(plan.src);
     for (io::FencePtr& f : core_.PendingUses(t, src)) plan.after.push_back(std::move(f));
     plan.src_extent = t.copy(src).extent;
-    if (src != TM_TIER_NVME) plan.src_addr = core_.tiers->Address(src, plan.src_extent);
+    if (src != TM_TIER_NVME) plan.src_addr = core_.tiers()->Address(src, plan.src_extent);
   }
   t.BeginFill(dst, extent);
   plan.dst_extent = extent;
-  if (dst != TM_TIER_NVME) plan.dst_addr = core_.tiers->Address(dst, extent);
+  if (dst != TM_TIER_NVME) plan.dst_addr = core_.tiers()->Address(dst, extent);
   return plan;
 }
 
 absl::Status Moves::Reserve(Tensor& t, tm_tier tier, bool* made_room) {
   if (t.copy(tier).valid()) return absl::OkStatus();
-  BusyScope busy(t, core_.changed);
+  BusyScope busy(t, core_);
   std::vector<RangeFence> behind;
   auto e = room_.Allocate(t, tier, Want{}, nullptr, made_room, &behind);
   if (!e.ok()) return e.status();
@@ -214,10 +214,10 @@ absl::Status Moves::OffloadClaimed(Tensor& t, tm_tier tier) {
   // failed write then leaves the tensor valid in DRAM. (Unless an acquire in HBM waits for
   // this offload: that copy stays, below.)
   if (keep_dram && t.copy(TM_TIER_DRAM).valid() && t.copy(TM_TIER_HBM).valid() &&
-      !core_.wanted_in_hbm.contains(t.handle)) {
+      !core_.WantedInHbm(t.handle)) {
     core_.FreeCopy(t, TM_TIER_HBM);
     prefetcher_.IssuePrefetches();
-    core_.changed.SignalAll();
+    core_.NotifyChanged();
   }
   Want want = Demand();
   want.vacates = tier == TM_TIER_DRAM;  // HBM's copy goes once DRAM has it: hand it on
@@ -232,7 +232,7 @@ absl::Status Moves::OffloadClaimed(Tensor& t, tm_tier tier) {
   // An acquire in HBM has waited for this offload: NVMe holds the bytes now, so HBM's copy is
   // clean and stays for it, rather than being freed and brought straight back up.
   const bool keep_hbm =
-      tier == TM_TIER_NVME && core_.wanted_in_hbm.contains(t.handle) && t.copy(TM_TIER_HBM).valid();
+      tier == TM_TIER_NVME && core_.WantedInHbm(t.handle) && t.copy(TM_TIER_HBM).valid();
   for (int above = 0; above < tier; ++above) {
     if (keep_dram && above == TM_TIER_DRAM) continue;  // clean now: NVMe holds its bytes
     if (keep_hbm && above == TM_TIER_HBM) continue;

@@ -24,7 +24,7 @@ absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
   // also wrap the round-ups of the allocator and the movers (it once aliased another tensor).
   uint64_t largest = 0;
   for (int tier = 0; tier < TM_TIER_COUNT; ++tier) {
-    largest = std::max(largest, core_.tiers->space(static_cast<tm_tier>(tier)).capacity());
+    largest = std::max(largest, core_.tiers()->space(static_cast<tm_tier>(tier)).capacity());
   }
   if (desc.bytes > largest) {
     return Error(TM_ERR_INVALID_ARGUMENT,
@@ -48,7 +48,7 @@ absl::StatusOr<uint64_t> Runtime::CreateTensor(const TensorDesc& desc) {
                                                    : static_cast<tm_tier>(desc.home_tier);
   CoreLock lock(core_);
   Tensor* raw = t.get();
-  uint64_t handle = core_.tensors.Insert(std::move(t));
+  uint64_t handle = core_.AddTensor(std::move(t));
   raw->handle = handle;
   raw->name = desc.name.empty()
                   ? absl::StrFormat("tensor-%08x", static_cast<uint32_t>(handle >> 32))
@@ -72,9 +72,9 @@ absl::Status Runtime::DestroyTensor(uint64_t handle) {
   for (int i = 0; i < TM_TIER_COUNT; ++i) core_.FreeCopy(**t, static_cast<tm_tier>(i));
   prefetcher_.Forget((*t)->key, handle);
   // Its queued moves find no tensor and are dropped; its kept failures stay until reported.
-  core_.tensors.Remove(handle);
+  core_.RemoveTensor(handle);
   movers_.Forget(handle);
-  core_.changed.SignalAll();
+  core_.NotifyChanged();
   return absl::OkStatus();
 }
 
@@ -122,11 +122,11 @@ absl::Status CheckAcquireArguments(tm_tier tier, tm_access access) {
 absl::StatusOr<Tensor*> ClaimForAcquire(Core& core, uint64_t handle, tm_tier tier, bool stream_read,
                                         std::optional<RoomScope>& room, bool* hit, bool* on_stream)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
-  Tensor* first = core.tensors.Find(handle);
+  Tensor* first = core.Lookup(handle);
   *hit = first != nullptr && InPlace(*first, tier);
   // Busy (an offload writing it down, say): said, so that the offload leaves its HBM copy.
   const bool waits = tier == TM_TIER_HBM && first != nullptr && first->busy();
-  if (waits) ++core.wanted_in_hbm[handle];
+  if (waits) core.WantInHbm(handle);
   if (!*hit) room.emplace(core, handle);
   const bool ordered = *hit && stream_read && tier == TM_TIER_HBM;
   auto claimed = core.Claim(handle, /*land=*/!ordered);
@@ -139,7 +139,7 @@ absl::StatusOr<Tensor*> ClaimForAcquire(Core& core, uint64_t handle, tm_tier tie
     room.emplace(core, handle);
     claimed = core.Claim(handle);
   }
-  if (waits && --core.wanted_in_hbm[handle] == 0) core.wanted_in_hbm.erase(handle);
+  if (waits) core.UnwantInHbm(handle);
   *on_stream = ordered && claimed.ok() && (*claimed)->landing.has_value();
   return claimed;
 }
@@ -165,7 +165,7 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
   if (on_stream) {  // the caller's stream waits for the landing copy; the host does not
-    if (absl::Status w = core_.mover->copy_engine().StreamWait(stream, t.landing->fence); !w.ok())
+    if (absl::Status w = core_.mover()->copy_engine().StreamWait(stream, t.landing->fence); !w.ok())
       return Retag(w, TM_ERR_DEVICE);
   }
   const bool writes = access != TM_ACCESS_READ;
@@ -188,7 +188,7 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
     s = core_.Unlocked(t, [&] {
       for (const io::FencePtr& f : uses) {
         absl::Status w =
-            stream != nullptr ? core_.mover->copy_engine().StreamWait(stream, f) : f->Wait();
+            stream != nullptr ? core_.mover()->copy_engine().StreamWait(stream, f) : f->Wait();
         if (!w.ok()) return Retag(w, TM_ERR_DEVICE);
       }
       return absl::OkStatus();
@@ -210,10 +210,10 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
     const Trace::Clock::time_point end = Trace::Clock::now();
     counters_.stall_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
-    core_.trace->Add(Trace::kAcquire, t.name, start, end, t.bytes);
+    core_.trace()->Add(Trace::kAcquire, t.name, start, end, t.bytes);
   }
   room.reset();
-  void* address = core_.tiers->Address(tier, t.copy(tier).extent);
+  void* address = core_.tiers()->Address(tier, t.copy(tier).extent);
   NoteUseAndStart(t, tier, access != TM_ACCESS_WRITE);
   return address;
 }
@@ -224,7 +224,7 @@ void Runtime::NoteUseAndStart(Tensor& t, tm_tier tier, bool fill) {
   std::vector<Prefetcher::Start> starts;
   prefetcher_.NoteUse(t, tier, fill, &starts);
   for (const Prefetcher::Start& st : starts) {
-    Tensor* v = core_.tensors.Find(st.handle);
+    Tensor* v = core_.Lookup(st.handle);
     if (v != nullptr && !moves_.StartPrefetch(*v, st.horizon)) prefetcher_.Queue(st);
   }
 }
@@ -256,7 +256,7 @@ absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* strea
     prefetcher_.NoteRelease(t);
     if (c.state == CopyState::kWriting) t.UnpinWrite(tier);
     movers_.RequeueParkedOffloads(tier);  // room there may help them
-    core_.changed.SignalAll();            // a demand waiting for room may now evict it
+    core_.NotifyChanged();                // a demand waiting for room may now evict it
   }
   return absl::OkStatus();
 }
@@ -268,14 +268,14 @@ absl::Status Runtime::Sync(uint64_t handle) {
     if (!found.ok()) return found.status();
     if (auto s = core_.NotBusyByThisThread(**found); !s.ok()) return s;
     if ((*found)->queued == 0 && !(*found)->busy()) break;
-    core_.Wait(core_.changed);
+    core_.WaitForChange();
   }
   movers_.RunParkedOffload(handle);    // its failure, if any, is kept below
   auto claimed = core_.Claim(handle);  // also lands a stream-ordered copy
   if (!claimed.ok()) return claimed.status();
   copies_.ReapCallerCopies(handle, true);
-  core_.deferred.ReapAll(*core_.tiers);
-  return core_.failures.Take(handle);
+  core_.ReapAllDeferred();
+  return core_.TakeFailure(handle);
 }
 
 absl::Status Runtime::SyncAll() {
@@ -283,7 +283,7 @@ absl::Status Runtime::SyncAll() {
   movers_.Drain();
   copies_.ReapCallerCopies(0, true);
   core_.SettleDeferred();
-  return core_.failures.Take(0);
+  return core_.TakeFailure(0);
 }
 
 absl::StatusOr<uint32_t> Runtime::Residency(uint64_t handle) {
@@ -311,16 +311,16 @@ absl::Status Runtime::DropCleanCopy(uint64_t handle, tm_tier tier) {
   }
   if (!below) return absl::OkStatus();
   core_.FreeCopy(t, tier);
-  core_.changed.SignalAll();  // a demand waiting for room may now have it
+  core_.NotifyChanged();  // a demand waiting for room may now have it
   return absl::OkStatus();
 }
 
 tm_stats Runtime::Stats() {
   tm_stats s = TM_STATS_INIT;
   for (int t = 0; t < TM_TIER_COUNT; ++t)
-    s.tiers[t] = core_.tiers->space(static_cast<tm_tier>(t)).Stats();
+    s.tiers[t] = core_.tiers()->space(static_cast<tm_tier>(t)).Stats();
   for (int f = 0; f < TM_TIER_COUNT; ++f) {
-    for (int t = 0; t < TM_TIER_COUNT; ++t) s.bytes_moved[f][t] = core_.mover->moved(f, t);
+    for (int t = 0; t < TM_TIER_COUNT; ++t) s.bytes_moved[f][t] = core_.mover()->moved(f, t);
   }
   CoreLock lock(core_);
   Counters sum = counters_;
@@ -329,7 +329,7 @@ tm_stats Runtime::Stats() {
                             &recompute_.counters(), &write_through_.counters()})
     sum += *c;
   sum.Fill(s);
-  s.tensors = core_.tensors.size();
+  s.tensors = core_.tensor_count();
   prefetcher_.FillStats(s);
   return s;
 }

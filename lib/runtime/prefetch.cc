@@ -30,12 +30,12 @@ void Prefetcher::NoteUse(Tensor& t, tm_tier tier, bool fill, std::vector<Start>*
   }
   const Refill r = IssuePrefetches(starts);
   uses_to_refill_ = r.whole && r.largest > 0 && r.largest <= kBatchedRefillBytes
-                        ? std::max<uint32_t>(1, core_.config.prefetch_depth / 2) - 1
+                        ? std::max<uint32_t>(1, core_.config().prefetch_depth / 2) - 1
                         : 0;
 }
 
 Prefetcher::Refill Prefetcher::IssuePrefetches(std::vector<Start>* starts) {
-  const uint32_t depth = core_.config.prefetch_depth;
+  const uint32_t depth = core_.config().prefetch_depth;
   if (depth == 0 || !schedule_.replaying()) return {};
   // Stage 1: the next `depth` uses, up to the tier they are used in. Stage 2: the `depth` after
   // those, from NVMe to DRAM, so that stage 1 then only crosses the PCIe link. Room is checked
@@ -90,7 +90,7 @@ Prefetcher::Refill Prefetcher::IssuePrefetches(std::vector<Start>* starts) {
 }
 
 void Prefetcher::Queue(const Start& s) {
-  Tensor* v = core_.tensors.Find(s.handle);
+  Tensor* v = core_.Lookup(s.handle);
   if (v == nullptr) return;
   ++v->queued;
   movers_.PushPrefetch(Job{v->handle, TM_TIER_HBM, JobKind::kPrefetch, s.horizon, v->bytes});
@@ -98,7 +98,7 @@ void Prefetcher::Queue(const Start& s) {
 }
 
 bool Prefetcher::UsedSoon(const Tensor& t) {
-  const uint32_t depth = core_.config.prefetch_depth;
+  const uint32_t depth = core_.config().prefetch_depth;
   if (depth == 0 || !schedule_.replaying() || FindKey(t.key) != &t) return false;
   // Used within the prefetch stages, and the tier of that use can hold it until then beside
   // everything used before it (each tensor counted once): then a write down now would only be
@@ -112,7 +112,7 @@ bool Prefetcher::UsedSoon(const Tensor& t) {
       continue;
     }
     const Tensor* v = FindKey(use.key);
-    const TierSpace& space = core_.tiers->space(use.tier);
+    const TierSpace& space = core_.tiers()->space(use.tier);
     working_set[use.tier] += space.Rounded(v != nullptr ? v->bytes : use.bytes);
     if (use.key != t.key) continue;
     if (!use.fill) return false;  // overwritten first: its bytes are not needed
@@ -129,11 +129,11 @@ void Prefetcher::CancelQueuedOffloads(Tensor& t) {
   const uint64_t cancelled = movers_.CancelQueuedOffloads(t.handle);
   if (cancelled == 0) return;
   t.queued -= static_cast<uint32_t>(cancelled);
-  core_.changed.SignalAll();  // Sync may be waiting for these
+  core_.NotifyChanged();  // Sync may be waiting for these
 }
 
 tm_tier Prefetcher::HomeOf(tm_tensor_class cls) const {
-  switch (core_.config.placement) {
+  switch (core_.config().placement) {
     case Placement::kZeroOffload:
       return cls == TM_CLASS_OPTIMIZER_STATE ? TM_TIER_DRAM : TM_TIER_HBM;
     case Placement::kZeroInfinity:
@@ -201,8 +201,8 @@ absl::Status Runtime::StepEnd() {
   // anyway, so a failed offload does not wait for a sync nobody calls. Callers' copies that are
   // done are reaped too, and deferred frees whose streams have passed.
   copies_.ReapCallerCopies(0, false);
-  core_.deferred.ReapAll(*core_.tiers);
-  return core_.failures.Take(0);
+  core_.ReapAllDeferred();
+  return core_.TakeFailure(0);
 }
 
 absl::Status Runtime::SetSchedule(const std::vector<ScheduledUse>& uses) {
@@ -210,7 +210,7 @@ absl::Status Runtime::SetSchedule(const std::vector<ScheduledUse>& uses) {
   std::vector<Schedule::Use> keyed;
   keyed.reserve(uses.size());
   for (const auto& u : uses) {
-    const Tensor* t = core_.tensors.Find(u.handle);
+    const Tensor* t = core_.Lookup(u.handle);
     if (t == nullptr) {
       return Error(
           TM_ERR_INVALID_HANDLE,
@@ -227,7 +227,7 @@ absl::Status Runtime::SetSchedule(const std::vector<ScheduledUse>& uses) {
 
 Tensor* Prefetcher::FindKey(uint64_t key) {
   auto it = keyed_.find(key);
-  return it == keyed_.end() ? nullptr : core_.tensors.Find(it->second);
+  return it == keyed_.end() ? nullptr : core_.Lookup(it->second);
 }
 
 }  // namespace tiermem

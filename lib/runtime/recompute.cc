@@ -44,12 +44,12 @@ tm_status CallRecompute(const Tensor::Recompute& hook, uint64_t handle, tm_tier 
 
 double RecomputeCallbacks::RecomputeGbps(tm_tier tier) const {
   if (tier == TM_TIER_HBM) {
-    if (core_.config.link_gbps > 0) return core_.config.link_gbps;
-    if (core_.info.device_kind == "emulated" && core_.config.emu_link_gbps > 0)
-      return core_.config.emu_link_gbps;
+    if (core_.config().link_gbps > 0) return core_.config().link_gbps;
+    if (core_.info().device_kind == "emulated" && core_.config().emu_link_gbps > 0)
+      return core_.config().emu_link_gbps;
     return kDefaultLinkGbps;
   }
-  return core_.config.nvme_gbps > 0 ? core_.config.nvme_gbps : kDefaultNvmeGbps;
+  return core_.config().nvme_gbps > 0 ? core_.config().nvme_gbps : kDefaultNvmeGbps;
 }
 
 bool RecomputeCallbacks::DropsForRecompute(const Tensor& t, tm_tier tier) const {
@@ -67,7 +67,7 @@ void RecomputeCallbacks::DropForRecompute(Tensor& v, tm_tier tier, Trace::Clock:
   counters_.eviction_bytes += v.bytes;
   ++counters_.recompute_drops;
   counters_.recompute_drop_bytes += v.bytes;
-  core_.trace->Add(Trace::kRecomputeDrop, v.name, start, Trace::Clock::now(), v.bytes);
+  core_.trace()->Add(Trace::kRecomputeDrop, v.name, start, Trace::Clock::now(), v.bytes);
 }
 
 absl::Status RecomputeCallbacks::Recompute(Tensor& t, tm_tier dst, const CallerStream& caller,
@@ -95,9 +95,9 @@ absl::Status RecomputeCallbacks::Recompute(Tensor& t, tm_tier dst, const CallerS
                                  t.name, tm_tier_name(dst),
                                  t.recompute.fn == nullptr ? " without a callback" : ""));
   }
-  BusyScope busy(t, core_.changed);  // no other operation touches it until the rebuild is committed
+  BusyScope busy(t, core_);  // no other operation touches it until the rebuild is committed
   auto extent = room_.Allocate(t, dst, want, why);
-  if (want.release_room) core_.room.Release(core_.changed);
+  if (want.release_room) core_.ReleaseRoom();
   if (!extent.ok()) {
     return WithContext(extent.status(), absl::StrFormat("room to recompute tensor \"%s\" in %s",
                                                         t.name, tm_tier_name(dst)));
@@ -105,7 +105,7 @@ absl::Status RecomputeCallbacks::Recompute(Tensor& t, tm_tier dst, const CallerS
   t.BeginFill(dst, *extent);
   const Tensor::Recompute hook = t.recompute;
   const uint64_t handle = t.handle, bytes = t.bytes;
-  void* addr = core_.tiers->Address(dst, *extent);
+  void* addr = core_.tiers()->Address(dst, *extent);
   int returned = 0;
   core_.Unlock();
   const Trace::Clock::time_point start = Trace::Clock::now();
@@ -114,7 +114,7 @@ absl::Status RecomputeCallbacks::Recompute(Tensor& t, tm_tier dst, const CallerS
   core_.Lock();
   counters_.recompute_ns += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
-  core_.trace->Add(Trace::kRecompute, t.name, start, end, bytes);
+  core_.trace()->Add(Trace::kRecompute, t.name, start, end, bytes);
   if (code != TM_OK) {
     // Whatever it wrote is no copy: freed, and the tensor stays dropped for a later try.
     core_.FreeCopy(t, dst);
@@ -138,7 +138,7 @@ absl::Status RecomputeCallbacks::RebuildForCaller(Tensor& t) {
   // Callers' copies go through host memory most cheaply: DRAM, else HBM for a tensor larger than
   // the whole DRAM tier. Chosen up front: the demand hands the room token back once its room is
   // made, so a second try would make room without it.
-  const bool fits_dram = core_.tiers->space(TM_TIER_DRAM).Rounded(t.bytes) != 0;
+  const bool fits_dram = core_.tiers()->space(TM_TIER_DRAM).Rounded(t.bytes) != 0;
   return moves_.MakeValid(t, fits_dram ? TM_TIER_DRAM : TM_TIER_HBM, {}, Demand());
 }
 

@@ -22,7 +22,7 @@ Room::EvictionPlan Room::PlanEviction(const Tensor& t, tm_tier tier, Want want, 
   plan.in_flight = core_.ReapDeferred(tier);
   const bool belady = prefetcher_.schedule().replaying();
   const uint64_t now = prefetcher_.schedule().now();
-  const std::vector<TierSpace::Block> layout = core_.tiers->space(tier).Layout();
+  const std::vector<TierSpace::Block> layout = core_.tiers()->space(tier).Layout();
   const uint64_t horizon = belady ? prefetcher_.schedule().size() : layout.size();
   // A demand waits for what eviction writes: clean drops first (see CheapestWindow).
   const bool clean_first = want.kind == Want::kDemand;
@@ -32,14 +32,14 @@ Room::EvictionPlan Room::PlanEviction(const Tensor& t, tm_tier tier, Want want, 
     plan.owners.push_back(b.owner);
     plan.offsets.push_back(b.offset);
     // Memory a copy down is leaving (vacate.cc) is room: MakeRoom takes it when nothing else fits.
-    if (b.free || (b.owner == 0 && core_.deferred.HandedOnAt(tier, b.offset))) {
+    if (b.free || (b.owner == 0 && core_.HandedOnAt(tier, b.offset))) {
       plan.free_bytes += b.size;
       plan.reclaimable += b.size;
       plan.slots.push_back(slot);
       continue;
     }
     slot.kind = EvictionSlot::Kind::kWall;
-    Tensor* v = core_.tensors.Find(b.owner);
+    Tensor* v = core_.Lookup(b.owner);
     if (v == nullptr || v == &t) {
       plan.slots.push_back(slot);
       continue;
@@ -73,7 +73,7 @@ Room::EvictionPlan Room::PlanEviction(const Tensor& t, tm_tier tier, Want want, 
     }
     plan.slots.push_back(slot);
   }
-  if (core_.tiers->space(tier).counted()) {
+  if (core_.tiers()->space(tier).counted()) {
     // HBM from the framework's allocator: no adjacency to keep, any victims whose bytes suffice
     // make room. Taken in CountedOrder, the cheapest of them form a window.
     std::vector<EvictionSlot> slots;
@@ -99,7 +99,7 @@ uint64_t Room::FreesAfter(uint64_t owner, tm_tier tier) {
   // finds the leftover of a hole and its neighbour's bytes side by side, and copies that arrive
   // for the coming uses pack together away from the ones in use.
   constexpr uint64_t kEvictable = uint64_t{1} << 61, kInUse = uint64_t{2} << 61;
-  const Tensor* v = owner == 0 ? nullptr : core_.tensors.Find(owner);
+  const Tensor* v = owner == 0 ? nullptr : core_.Lookup(owner);
   if (v == nullptr) return 0;
   const TensorCopy& c = v->copies[tier];
   const bool scheduled = prefetcher_.schedule().replaying() && prefetcher_.FindKey(v->key) == v;
@@ -131,11 +131,11 @@ constexpr absl::string_view kLeavesNoHole =
 absl::Status Room::EvictWindow(const Tensor& t, const EvictionPlan& plan, tm_tier tier, Want want,
                                bool fragmented, DropReason* why) {
   // For the trace only (t is busy, being moved, but the lock is released meanwhile).
-  const std::string for_whom = core_.trace->enabled() ? t.name : std::string();
+  const std::string for_whom = core_.trace()->enabled() ? t.name : std::string();
   for (size_t i = plan.window->first; i <= plan.window->last; ++i) {
     if (plan.slots[i].kind != EvictionSlot::Kind::kEvictable) continue;
     // Evictions release the lock: look the victim up again, and skip it when it changed.
-    Tensor* v = core_.tensors.Find(plan.owners[i]);
+    Tensor* v = core_.Lookup(plan.owners[i]);
     if (v == nullptr || v->busy() || v->copies[tier].pins > 0 || !v->copies[tier].valid() ||
         v->copies[tier].state == CopyState::kWriting) {
       continue;
@@ -151,11 +151,11 @@ absl::Status Room::EvictWindow(const Tensor& t, const EvictionPlan& plan, tm_tie
 
 std::string Room::ChunkRounding(tm_tier tier, uint64_t bytes) {
   // The framework's allocator is counted too, with a granule of 256: only mapped chunks count.
-  if (tier != TM_TIER_HBM || core_.config.hbm_layout != HbmLayout::kMapped ||
-      core_.config.device_allocator.set()) {
+  if (tier != TM_TIER_HBM || core_.config().hbm_layout != HbmLayout::kMapped ||
+      core_.config().device_allocator.set()) {
     return "";
   }
-  const uint64_t chunk = core_.tiers->space(tier).granule();
+  const uint64_t chunk = core_.tiers()->space(tier).granule();
   const uint64_t rounded = bytes > UINT64_MAX - chunk ? bytes : (bytes + chunk - 1) / chunk * chunk;
   if (rounded == bytes) {
     return absl::StrFormat(" (TIERMEM_HBM_LAYOUT=mapped gives every copy whole chunks of %s)",
@@ -167,7 +167,7 @@ std::string Room::ChunkRounding(tm_tier tier, uint64_t bytes) {
 }
 
 absl::Status Room::NeverFits(const absl::Status& failed, const Tensor& t, tm_tier tier) {
-  const uint64_t capacity = core_.tiers->space(tier).capacity();
+  const uint64_t capacity = core_.tiers()->space(tier).capacity();
   return Error(ToTmStatus(failed),
                absl::StrFormat("tensor \"%s\" needs %s, more than the whole %s tier (%s): it can "
                                "never fit there%s",
@@ -177,7 +177,7 @@ absl::Status Room::NeverFits(const absl::Status& failed, const Tensor& t, tm_tie
 
 absl::Status Room::OutOfRoom(const absl::Status& failed, EvictionPlan& plan, const Tensor& t,
                              tm_tier tier) {
-  TierSpace& space = core_.tiers->space(tier);
+  TierSpace& space = core_.tiers()->space(tier);
   const uint64_t capacity = space.capacity();
   const uint64_t need = space.Rounded(t.bytes);
   uint64_t pinned = 0;
@@ -226,12 +226,12 @@ struct Room::AllocateState {
 
 absl::StatusOr<Extent> Room::Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why,
                                       bool* made_room, std::vector<RangeFence>* behind) {
-  TierSpace& space = core_.tiers->space(tier);
+  TierSpace& space = core_.tiers()->space(tier);
   const uint64_t need = space.Rounded(t.bytes);
   if (auto s = AdmitPrefetch(t, tier, want, need, why); !s.ok()) return s;
   AllocateState st;
   absl::StatusOr<Extent> result = MakeRoom(t, tier, want, need, why, st);
-  if (st.wanting) --core_.room.wanted(tier);
+  if (st.wanting) core_.UnwantRoom(tier);
   if (made_room != nullptr) *made_room = st.made_room;
   if (result.ok() && want.kind == Want::kPrefetch && tier != TM_TIER_NVME && !space.counted() &&
       !LeavesHoles(t, tier, want)) {
@@ -262,17 +262,17 @@ absl::StatusOr<Extent> Room::Allocate(Tensor& t, tm_tier tier, Want want, DropRe
 
 absl::StatusOr<Extent> Room::MakeRoom(Tensor& t, tm_tier tier, Want want, uint64_t need,
                                       DropReason* why, AllocateState& st) {
-  TierSpace& space = core_.tiers->space(tier);
+  TierSpace& space = core_.tiers()->space(tier);
   for (;;) {
-    if (want.kind != Want::kDemand && core_.room.wanted(tier) > 0) {
+    if (want.kind != Want::kDemand && core_.RoomWanted(tier)) {
       return DroppedPrefetch(t, tier, DropReason::kDemand, "a demand needs the room", why);
     }
     auto frees_after = [&](uint64_t owner)
                            ABSL_NO_THREAD_SAFETY_ANALYSIS { return FreesAfter(owner, tier); };
     auto e = space.Allocate(t.bytes, t.name, t.handle, frees_after);
-    if (!e.ok() && absl::IsResourceExhausted(e.status()) && !core_.deferred.empty()) {
+    if (!e.ok() && absl::IsResourceExhausted(e.status()) && core_.HasDeferred()) {
       // What callers' work has finished with, and memory copies down leave (vacate.cc).
-      core_.deferred.ReapForRoom(*core_.tiers, tier);
+      core_.ReapDeferredForRoom(tier);
       e = space.Allocate(t.bytes, t.name, t.handle, frees_after);
     }
     // The framework's allocator was short though the budget had room (lib/tiers/tier_space.h):
@@ -293,7 +293,7 @@ absl::StatusOr<Extent> Room::MakeRoom(Tensor& t, tm_tier tier, Want want, uint64
       return DroppedPrefetch(t, tier, DropReason::kNoRoom, "it takes only free room", why);
     if (want.kind == Want::kDemand && !st.wanting) {
       st.wanting = true;
-      ++core_.room.wanted(tier);
+      core_.WantRoom(tier);
     }
     // Backing short: the budget's free bytes count in a window but free nothing in the
     // framework's allocator, so the victims alone must cover `need`.
@@ -335,7 +335,7 @@ absl::StatusOr<Extent> Room::MakeRoom(Tensor& t, tm_tier tier, Want want, uint64
     movers_.CancelPrefetches(tier);
     if (plan.in_flight || plan.window.has_value()) {
       st.waited = true;
-      core_.WaitWithTimeout(core_.changed, absl::Milliseconds(20));
+      core_.WaitForChange(absl::Milliseconds(20));
       continue;
     }
     return OutOfRoom(e.status(), plan, t, tier);
@@ -393,14 +393,14 @@ absl::Status Room::Evict(Tensor& v, tm_tier tier, Want want, const std::string& 
     ++counters_.clean_drops;
     counters_.clean_drop_bytes += bytes;
   }
-  if (core_.trace->enabled()) {
+  if (core_.trace()->enabled()) {
     static constexpr const char* kFor[] = {"a demand (an acquire, write or offload)",
                                            "a prefetch (tm_tensor_prefetch)",
                                            "a scheduled prefetch"};
-    core_.trace->Add(clean ? Trace::kCleanDrop : Trace::kEviction, v.name, start,
-                     Trace::Clock::now(), bytes,
-                     absl::StrFormat("room in %s for tensor \"%s\", %s", tm_tier_name(tier),
-                                     for_whom, kFor[want.kind]));
+    core_.trace()->Add(clean ? Trace::kCleanDrop : Trace::kEviction, v.name, start,
+                       Trace::Clock::now(), bytes,
+                       absl::StrFormat("room in %s for tensor \"%s\", %s", tm_tier_name(tier),
+                                       for_whom, kFor[want.kind]));
   }
   return absl::OkStatus();
 }

@@ -98,16 +98,18 @@ class Runtime {
   // test knows a thread has got that far (tests/demand_wait_test.cc). Not in tm_stats.
   uint64_t MoveWaits();
   // For tests and tools: the blocks of a tier in address order, with their owners' handles.
-  std::vector<TierSpace::Block> Layout(tm_tier tier) { return core_.tiers->space(tier).Layout(); }
+  std::vector<TierSpace::Block> Layout(tm_tier tier) { return core_.tiers()->space(tier).Layout(); }
   // Bytes a tensor of `bytes` takes in `tier` (its granule); 0 when it exceeds the tier.
-  uint64_t Rounded(tm_tier tier, uint64_t bytes) { return core_.tiers->space(tier).Rounded(bytes); }
-  const Config& config() const { return core_.config; }
-  const RuntimeInfo& info() const { return core_.info; }
+  uint64_t Rounded(tm_tier tier, uint64_t bytes) {
+    return core_.tiers()->space(tier).Rounded(bytes);
+  }
+  const Config& config() const { return core_.config(); }
+  const RuntimeInfo& info() const { return core_.info(); }
   // The HBM tier's backend, for tiermem-probe's copy measurements.
-  io::Device& device() { return *core_.device; }
+  io::Device& device() { return *core_.device(); }
   // The machine's topology (nullptr when hwloc could not load it), for binding host buffers
   // where the DRAM tier is (info().numa_node).
-  const io::Topology* topology() const { return core_.topology.get(); }
+  const io::Topology* topology() const { return core_.topology(); }
 
  private:
   explicit Runtime(Config config) : core_(std::move(config)) {}

@@ -19,24 +19,22 @@ namespace tiermem {
 // Marks a tensor busy by this thread for a scope; the lock is held at both ends.
 class BusyScope {
  public:
-  BusyScope(Tensor& t, CondVar& changed) : t_(t), changed_(changed) {
-    t_.busy_by = std::this_thread::get_id();
-  }
+  BusyScope(Tensor& t, Core& core) : t_(t), core_(core) { t_.busy_by = std::this_thread::get_id(); }
   ~BusyScope() {
     t_.busy_by = std::thread::id{};
-    changed_.SignalAll();
+    core_.NotifyChanged();
   }
   BusyScope(const BusyScope&) = delete;
   BusyScope& operator=(const BusyScope&) = delete;
 
  private:
   Tensor& t_;
-  CondVar& changed_;
+  Core& core_;
 };
 
 template <typename F>
 absl::Status Core::Unlocked(Tensor& t, F&& f) {
-  BusyScope busy(t, changed);
+  BusyScope busy(t, *this);
   Unlock();
   absl::Status s = f();
   Lock();
@@ -50,13 +48,13 @@ class RoomScope {
   RoomScope(Core& core, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) : core_(core) {
     core_.WaitWhileMoving(handle);
     core_.EnterRoom();
-    generation_ = core_.room.generation();
+    generation_ = core_.room_generation();
   }
   ~RoomScope() ABSL_NO_THREAD_SAFETY_ANALYSIS { Leave(); }
   // Hands the token back, unless a move already did (RoomToken::Release).
   void Leave() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (held_ && core_.room.HeldByMe() && core_.room.generation() == generation_) {
-      core_.room.Leave(core_.changed);
+    if (held_ && core_.RoomHeldByMe() && core_.room_generation() == generation_) {
+      core_.LeaveRoom();
     }
     held_ = false;
   }

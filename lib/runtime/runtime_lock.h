@@ -1,8 +1,8 @@
 // The runtime's one lock as clang's thread-safety analysis names it.
 //
 // Core::mu guards the tensor table and the state of every part of the runtime (core.h). Each part
-// reaches the core through a reference of its own, so that what one part holds as `core_.mu`
-// another asks for as `other_.core_.mu`: one mutex, two expressions, and the analysis cannot tell
+// reaches the core through a reference of its own, so that what one part holds as `core_.mu_`
+// another asks for as `other_.core_.mu_`: one mutex, two expressions, and the analysis cannot tell
 // that they are the same. The annotations of lib/runtime therefore name `runtime_lock`, a
 // capability with no state that stands for Core::mu: the core's Lock, Unlock and Wait (and
 // CoreLock) take and give it back with the mutex, so that the analysis checks, precisely and

@@ -75,7 +75,7 @@ absl::Status Runtime::SwapContents(const std::vector<std::pair<uint64_t, uint64_
     }
     if (landed) continue;
     if (!moving) break;
-    core_.Wait(core_.changed);  // a move finishing signals; then look again (a tensor may be gone)
+    core_.WaitForChange();  // a move finishing signals; then look again (a tensor may be gone)
   }
   for (auto [a, b] : found) {
     std::swap(a->copies, b->copies);
@@ -83,11 +83,11 @@ absl::Status Runtime::SwapContents(const std::vector<std::pair<uint64_t, uint64_
       const auto tier = static_cast<tm_tier>(i);
       for (const Tensor* t : {a, b}) {
         if (!t->copy(tier).extent.empty())
-          core_.tiers->space(tier).Reown(t->copy(tier).extent, t->handle);
+          core_.tiers()->space(tier).Reown(t->copy(tier).extent, t->handle);
       }
     }
   }
-  core_.changed.SignalAll();
+  core_.NotifyChanged();
   return absl::OkStatus();
 }
 
@@ -105,7 +105,7 @@ absl::Status Runtime::HoldForStep(uint64_t handle) {
 // another (tm_adam_step_groups_extend), and a step unholds only what it held.
 void Runtime::UnholdForStep(uint64_t handle) {
   CoreLock lock(core_);
-  Tensor* t = core_.tensors.Find(handle);
+  Tensor* t = core_.Lookup(handle);
   if (t != nullptr) {
     t->held_by_step = std::thread::id{};
     t->hold_sealed = false;
@@ -114,7 +114,7 @@ void Runtime::UnholdForStep(uint64_t handle) {
 
 void Runtime::SealForStep(uint64_t handle) {
   CoreLock lock(core_);
-  Tensor* t = core_.tensors.Find(handle);
+  Tensor* t = core_.Lookup(handle);
   if (t != nullptr && t->held_by_step == std::this_thread::get_id()) t->hold_sealed = true;
 }
 

@@ -21,9 +21,9 @@
 namespace tiermem {
 
 bool Room::MayVacate(const Tensor& t, tm_tier dst, Want want) {
-  const TierSpace& hbm = core_.tiers->space(TM_TIER_HBM);
-  return want.vacates && core_.config.hbm_hand_on && dst == TM_TIER_DRAM &&
-         core_.config.hbm_layout == HbmLayout::kSlab && !hbm.counted() &&
+  const TierSpace& hbm = core_.tiers()->space(TM_TIER_HBM);
+  return want.vacates && core_.config().hbm_hand_on && dst == TM_TIER_DRAM &&
+         core_.config().hbm_layout == HbmLayout::kSlab && !hbm.counted() &&
          t.copy(TM_TIER_HBM).state == CopyState::kValid && t.copy(TM_TIER_HBM).pins == 0;
 }
 
@@ -42,7 +42,7 @@ void Room::OfferVacate(Tensor& t, MovePlan& plan, Want want, bool* vacated) {
 bool Room::Vacate(Tensor& t, const Extent& extent, std::vector<RangeFence> pieces) {
   TensorCopy& c = t.copy(TM_TIER_HBM);
   if (c.state != CopyState::kValid || c.pins > 0 || c.extent.block != extent.block ||
-      c.extent.offset != extent.offset || core_.wanted_in_hbm.contains(t.handle)) {
+      c.extent.offset != extent.offset || core_.WantedInHbm(t.handle)) {
     return false;
   }
   // The pieces start after the copy's uses (the move's `after`), each after the one before:
@@ -58,9 +58,9 @@ bool Room::Vacate(Tensor& t, const Extent& extent, std::vector<RangeFence> piece
   counters_.handed_on_bytes += t.bytes;
   // Kept out of the tier until the copy is done, unless a request finds no other hole
   // (MakeRoom): a move into free memory runs at once, one behind the copy waits for it.
-  core_.deferred.Add(*core_.tiers, TM_TIER_HBM, e, std::move(fences), /*handed_on=*/true);
+  core_.DeferHandedOn(e, std::move(fences));
   prefetcher_.IssuePrefetches();
-  core_.changed.SignalAll();
+  core_.NotifyChanged();
   return true;
 }
 

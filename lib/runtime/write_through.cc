@@ -28,7 +28,7 @@ bool WriteThrough::CleanCopyWant(const Tensor& t, Want* want) {
 
 bool WriteThrough::KeepCleanDramCopy(Tensor& t, bool* made) {
   *made = false;
-  if (!core_.config.dram_inclusive || t.writing_tier() >= 0) return false;
+  if (!core_.config().dram_inclusive || t.writing_tier() >= 0) return false;
   // Already in DRAM: the offload writes NVMe from it, and keeping it costs no room.
   if (t.copy(TM_TIER_DRAM).state == CopyState::kValid) return true;
   if (!t.copy(TM_TIER_HBM).valid() || t.copy(TM_TIER_DRAM).state != CopyState::kAbsent) {
@@ -48,7 +48,7 @@ bool WriteThrough::ReadThroughDram(Tensor& t, Want want) {
   // Only for prefetches and hints, which run on the movers: a demand's move stays one pipelined
   // NVMe -> HBM pass through the staging slots, whose latency the caller waits for (two moves
   // one after the other would add the link's time to the disk's).
-  if (!core_.config.dram_inclusive || want.kind == Want::kDemand || !t.materialized() ||
+  if (!core_.config().dram_inclusive || want.kind == Want::kDemand || !t.materialized() ||
       t.writing_tier() >= 0 || t.copy(TM_TIER_DRAM).state != CopyState::kAbsent ||
       t.copy(TM_TIER_HBM).state != CopyState::kAbsent || !t.copy(TM_TIER_NVME).valid()) {
     return false;
@@ -78,7 +78,7 @@ void WriteThrough::NoteCleanRead(const Tensor& t, int src, uint64_t bytes,
   }
   ++counters_.clean_reads;
   counters_.clean_read_bytes += bytes;
-  core_.trace->Add(Trace::kCleanRead, t.name, start, Trace::Clock::now(), bytes);
+  core_.trace()->Add(Trace::kCleanRead, t.name, start, Trace::Clock::now(), bytes);
 }
 
 }  // namespace tiermem
