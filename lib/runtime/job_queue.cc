@@ -38,7 +38,7 @@ absl::Status Movers::Enqueue(uint64_t handle, tm_tier tier, JobKind kind) {
   if (kind == JobKind::kOffload) parked_offloads_.erase(handle);  // this one replaces it
   ++t.queued;
   jobs_.Push(Job{handle, tier, kind});
-  work_.Signal();
+  jobs_.Wake();
   return absl::OkStatus();
 }
 
@@ -69,11 +69,11 @@ void Movers::MoverLoop() {
   CoreLock lock(core_);
   for (;;) {
     std::optional<Job> next;
-    while (!stopping_ && !(next = jobs_.Pop(kMaxRunningOffloads)).has_value()) core_.Wait(work_);
+    while (!stopping_ && !(next = jobs_.Pop(kMaxRunningOffloads)).has_value()) jobs_.WaitForWork();
     if (stopping_) return;
     const Job job = *next;
     // More work ready than this job: another mover takes it (the queuer woke only this one).
-    if (jobs_.HasRunnable(kMaxRunningOffloads)) work_.Signal();
+    if (jobs_.HasRunnable(kMaxRunningOffloads)) jobs_.Wake();
     // An offload is a request: it may need room below, so it takes the room token before
     // claiming its tensor, as a demand does. Prefetches never wait for room.
     std::optional<RoomScope> room;
@@ -104,7 +104,7 @@ void Movers::MoverLoop() {
     room.reset();
     jobs_.Done(job);
     if (job.kind == JobKind::kOffload && jobs_.HasRunnable(kMaxRunningOffloads))
-      work_.Signal();  // one waited for this offload's slot
+      jobs_.Wake();  // one waited for this offload's slot
     // Look ahead again now, without waiting for the next use: after an offload, a scheduled use
     // skipped while an offload of its tensor was queued can be prefetched; after a prefetch that
     // landed, one held back by the bytes in flight (TIERMEM_PREFETCH_BYTES) can go, so that the
@@ -131,17 +131,10 @@ void Movers::Stop() {
     stopping_ = true;
     jobs_.RemoveIf([](const Job&) { return true; });  // queued moves are abandoned; running
                                                       // ones finish
-    work_.SignalAll();
+    jobs_.WakeAll();
   }
   for (auto& t : threads_) t.join();
   threads_.clear();
-}
-
-void Movers::PushPrefetch(const Job& job) { jobs_.Push(job); }
-
-uint64_t Movers::CancelQueuedOffloads(uint64_t handle) {
-  return jobs_.RemoveIf(
-      [handle](const Job& job) { return job.handle == handle && job.kind == JobKind::kOffload; });
 }
 
 void Movers::Forget(uint64_t handle) {
@@ -173,7 +166,7 @@ void Movers::RequeueParkedOffloads(std::optional<tm_tier> freed) {
       jobs_.Push(Job{handle, tier, JobKind::kOffload});
     }
   }
-  work_.SignalAll();
+  jobs_.WakeAll();
 }
 
 void Movers::RunParkedOffload(uint64_t handle) {

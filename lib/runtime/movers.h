@@ -1,9 +1,11 @@
-// The mover threads and the job queue they drain: asynchronous prefetches and offloads, and
-// offloads parked until a release frees room. Owns the queue, the parked offloads, the threads
-// and the stop flag. Calls the core, Moves to run a job, Prefetcher to refill after one.
+// The mover threads that drain the queue of asynchronous moves (MoveJobs: prefetches and
+// offloads), and offloads parked until a release frees room. Owns the parked offloads, the
+// threads and the stop flag. Calls the core, the queue, Moves to run a job, Prefetcher to
+// refill after one.
 #pragma once
 
 #include "lib/runtime/core.h"
+#include "lib/runtime/move_jobs.h"
 
 namespace tiermem {
 
@@ -12,8 +14,8 @@ class Prefetcher;
 
 class Movers {
  public:
-  Movers(Core& core, Moves& moves, Prefetcher& prefetcher)
-      : core_(core), moves_(moves), prefetcher_(prefetcher) {}
+  Movers(Core& core, MoveJobs& jobs, Moves& moves, Prefetcher& prefetcher)
+      : core_(core), jobs_(jobs), moves_(moves), prefetcher_(prefetcher) {}
   Movers(const Movers&) = delete;
   Movers& operator=(const Movers&) = delete;
 
@@ -23,16 +25,6 @@ class Movers {
   void Stop() ABSL_LOCKS_EXCLUDED(runtime_lock);
   // Queues an asynchronous move.
   absl::Status Enqueue(uint64_t handle, tm_tier tier, JobKind kind);
-  // Queues a Prefetcher's prefetch; Wake wakes one mover for what was queued (a mover that
-  // finds more work than its own wakes another).
-  void PushPrefetch(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
-  void Wake() { work_.Signal(); }
-  // Bytes of prefetches queued or running.
-  uint64_t PrefetchBytesInFlight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
-    return jobs_.prefetch_in_flight();
-  }
-  // Removes the tensor's queued (not running) offloads; how many.
-  uint64_t CancelQueuedOffloads(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The tensor was destroyed: its parked offload goes, and the others may find its room.
   void Forget(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Waits until no move is queued or running, running the parked offloads on this thread
@@ -63,10 +55,9 @@ class Movers {
 
   Core& core_;
   Counters counters_ ABSL_GUARDED_BY(runtime_lock);
+  MoveJobs& jobs_;
   Moves& moves_;
   Prefetcher& prefetcher_;
-  CondVar work_;  // a job was queued, or the runtime stops
-  JobQueue jobs_ ABSL_GUARDED_BY(runtime_lock);
   // Offloads parked until a release, by handle, with their target tier (job_queue.cc).
   absl::flat_hash_map<uint64_t, tm_tier> parked_offloads_ ABSL_GUARDED_BY(runtime_lock);
   bool stopping_ ABSL_GUARDED_BY(runtime_lock) = false;

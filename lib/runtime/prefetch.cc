@@ -66,7 +66,7 @@ Prefetcher::Refill Prefetcher::IssuePrefetches(std::vector<Start>* starts) {
       r.whole = false;
       continue;
     }
-    const uint64_t in_flight = movers_.PrefetchBytesInFlight();
+    const uint64_t in_flight = jobs_.PrefetchBytesInFlight();
     if (in_flight > 0 && in_flight + v->bytes > prefetch_limit_) {
       r.whole = false;
       break;
@@ -79,13 +79,13 @@ Prefetcher::Refill Prefetcher::IssuePrefetches(std::vector<Start>* starts) {
       continue;
     }
     ++v->queued;
-    movers_.PushPrefetch(Job{v->handle, target, JobKind::kPrefetch, position, v->bytes});
+    jobs_.Push(Job{v->handle, target, JobKind::kPrefetch, position, v->bytes});
     queued = true;
   }
   // One mover is woken, whatever the number queued: it wakes another when it finds more work
   // than its own (MoverLoop), so that the caller's thread, which issues these in its acquire,
   // pays for one wake-up at most.
-  if (queued) movers_.Wake();
+  if (queued) jobs_.Wake();
   return r;
 }
 
@@ -93,8 +93,8 @@ void Prefetcher::Queue(const Start& s) {
   Tensor* v = core_.Lookup(s.handle);
   if (v == nullptr) return;
   ++v->queued;
-  movers_.PushPrefetch(Job{v->handle, TM_TIER_HBM, JobKind::kPrefetch, s.horizon, v->bytes});
-  movers_.Wake();
+  jobs_.Push(Job{v->handle, TM_TIER_HBM, JobKind::kPrefetch, s.horizon, v->bytes});
+  jobs_.Wake();
 }
 
 bool Prefetcher::UsedSoon(const Tensor& t) {
@@ -126,7 +126,7 @@ void Prefetcher::CancelQueuedOffloads(Tensor& t) {
   // by now would be read back at once, crossing both links, and its prefetch would wait
   // behind the write. The coming use supersedes the
   // offload, as an acquire does one that has not run yet (RunJob). Running ones finish.
-  const uint64_t cancelled = movers_.CancelQueuedOffloads(t.handle);
+  const uint64_t cancelled = jobs_.CancelQueuedOffloads(t.handle);
   if (cancelled == 0) return;
   t.queued -= static_cast<uint32_t>(cancelled);
   core_.NotifyChanged();  // Sync may be waiting for these

@@ -1,19 +1,18 @@
 // Prefetch along the schedule: the recorded step (Schedule), the position in it, the keys that
 // name tensors across steps, and the prefetches queued ahead of the position. Owns the schedule
 // (Room and WriteThrough read it through schedule() and tick() for do-no-harm), the keys and
-// the prefetch limit. Calls the core and Movers (queues its prefetches, drops superseded
-// offloads).
+// the prefetch limit. Calls the core and the queue of moves (MoveJobs: queues its prefetches,
+// drops superseded offloads), which the mover threads drain.
 #pragma once
 
 #include "lib/runtime/core.h"
+#include "lib/runtime/move_jobs.h"
 
 namespace tiermem {
 
-class Movers;
-
 class Prefetcher {
  public:
-  Prefetcher(Core& core, Movers& movers) : core_(core), movers_(movers) {}
+  Prefetcher(Core& core, MoveJobs& jobs) : core_(core), jobs_(jobs) {}
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
 
@@ -81,7 +80,7 @@ class Prefetcher {
 
   Core& core_;
   Counters counters_ ABSL_GUARDED_BY(runtime_lock);
-  Movers& movers_;
+  MoveJobs& jobs_;
   Schedule schedule_ ABSL_GUARDED_BY(runtime_lock);
   uint64_t tick_ ABSL_GUARDED_BY(runtime_lock) = 0;
   absl::flat_hash_map<uint64_t, uint64_t> keyed_

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "lib/runtime/caller_copies.h"
 #include "lib/runtime/core.h"
+#include "lib/runtime/move_jobs.h"
 #include "lib/runtime/movers.h"
 #include "lib/runtime/moves.h"
 #include "lib/runtime/prefetcher.h"
@@ -137,8 +138,9 @@ class Runtime {
   Counters counters_ ABSL_GUARDED_BY(runtime_lock);  // the façade's own (acquires, hits)
   Moves moves_{core_, room_, prefetcher_, write_through_, recompute_};
   Room room_{core_, moves_, prefetcher_, movers_, recompute_};
-  Prefetcher prefetcher_{core_, movers_};
-  Movers movers_{core_, moves_, prefetcher_};
+  MoveJobs jobs_{core_};
+  Prefetcher prefetcher_{core_, jobs_};
+  Movers movers_{core_, jobs_, moves_, prefetcher_};
   CallerCopies copies_{core_, moves_, prefetcher_, write_through_, recompute_};
   RecomputeCallbacks recompute_{core_, moves_, room_};
   WriteThrough write_through_{core_, moves_, prefetcher_};

@@ -19,7 +19,7 @@ MARK = "<!-- lib/runtime drawing -->"
 HEADERS = {"Moves": "moves.h", "Room": "room.h", "Prefetcher": "prefetcher.h",
            "Movers": "movers.h", "CallerCopies": "caller_copies.h",
            "RecomputeCallbacks": "recompute.h", "WriteThrough": "write_through.h",
-           "Core": "core.h"}
+           "MoveJobs": "move_jobs.h", "Core": "core.h"}
 
 
 def from_code(root):
