@@ -3,8 +3,8 @@
 # verdict (tools/gpu_check_judge.sh): the CUDA tests; the C-API copy and round-trip suites on the
 # GPU; tiermem-probe's HBM copy rows beside a plain pinned cudaMemcpyAsync loop timed with events
 # (the reference, in the same run); the PyTorch tests on CUDA (a CUDA-enabled torch and pytest
-# are required: without them the run fails); python/examples/offload_bench.py; bench/optim_bench
-# and python/examples/fit_bench.py when the tree has them; the GPU peer benches,
+# are required: without them the run fails); bench/offload_bench.py; bench/optim_bench and
+# bench/fit_bench.py when the tree has them; the GPU peer benches,
 # bench/peers/activation_offload.py (tiermem against torchtune's OffloadActivations) and
 # bench/peers/gpu_optimizer.py (CPUAdam against torchao's CPUOffloadOptimizer and DeepSpeed's
 # CPU Adam) and bench/peers/fsdp_offload.py (FSDP2 with FSDPCPUAdam against CPUOffloadPolicy). Every ratio meets its target or fails. The probe and its reference run in three
@@ -271,12 +271,12 @@ if grep -q '^cuda True' "$logs/python.txt" && grep -q '^pytest [0-9]' "$logs/pyt
   record pytest.all timeout 240 "${pyenv[@]}" "$py" -m pytest -rsxX -p no:cacheprovider \
     --ignore="$root/tests/python/test_cuda.py" "$root/tests/python"
   log "offload_bench on CUDA"
-  record offload_bench timeout 200 "${pyenv[@]}" "$py" "$root/python/examples/offload_bench.py" \
+  record offload_bench timeout 200 "${pyenv[@]}" "$py" "$root/bench/offload_bench.py" \
     --hidden 1024 --blocks 4 --seq 512 --batch 4 --rounds 5 --steps 3 --warmup 2 \
     --dram-bytes 4GiB --nvme-bytes 8GiB --nvme-run-dram-bytes 512MiB --nvme-dir "$work"
-  if [ -f "$root/python/examples/fit_bench.py" ]; then
+  if [ -f "$root/bench/fit_bench.py" ]; then
     log "fit_bench on CUDA"
-    record fit_bench timeout 200 "${pyenv[@]}" "$py" "$root/python/examples/fit_bench.py" \
+    record fit_bench timeout 200 "${pyenv[@]}" "$py" "$root/bench/fit_bench.py" \
       --nvme-dir "$work"
   fi
   log "GPU peers: activation offload against torchtune, optimizer offload against torchao and DeepSpeed"
@@ -295,8 +295,8 @@ if grep -q '^cuda True' "$logs/python.txt" && grep -q '^pytest [0-9]' "$logs/pyt
     --vocab 32000 --hidden 1024 --layers 6 --heads 8 --batch 4 --seq 512 --rounds 3 --steps 2 \
     --warmup 2 --mem-steps 1 --nvme-dir "$work" --timeout 240
 fi
-[ -f "$root/python/examples/fit_bench.py" ] ||
-  echo "python/examples/fit_bench.py is not in this tree" >"$logs/fit_bench.absent"
+[ -f "$root/bench/fit_bench.py" ] ||
+  echo "bench/fit_bench.py is not in this tree" >"$logs/fit_bench.absent"
 if [ -f "$root/bench/optim_bench.cc" ]; then  # in the tree: it must run (and be bundled)
   log "optim_bench"
   # torch's reference under the Python that has torch (not /usr/bin/python3), by absolute path.

@@ -17,7 +17,7 @@
 #                                 "pytest VERSION|missing"
 #   pytest.cuda.log, .rc          tests/python/test_cuda.py -v -rsxX, TM_TEST_REQUIRE_CUDA=1
 #   pytest.all.log, .rc           the other Python tests, -rsxX
-#   offload_bench.log, .rc        python/examples/offload_bench.py (required)
+#   offload_bench.log, .rc        bench/offload_bench.py (required)
 #   optim_bench.log, .rc          bench/optim_bench, or optim_bench.absent when it is not in
 #   fit_bench.log, .rc            the tree (a note); either absent and not noted is a FAIL
 #   peers_activation.log, .rc     bench/peers/activation_offload.py (required)

@@ -2,7 +2,7 @@
 """GPU activation offload: tiermem against torchtune's OffloadActivations and save_on_cpu, on the
 same tensors, side by side in one run.
 
-One GPT training step (forward + backward of python/examples/tinygpt.py's model, no optimizer
+One GPT training step (forward + backward of bench/tinygpt.py's model, no optimizer
 step, so that every side runs the same weights on the same batch) under each of:
 
   plain              no hooks: the compute alone
@@ -11,7 +11,7 @@ step, so that every side runs the same weights on the same batch) under each of:
                      stream), one instance entered every step as torchtune's recipes do, with
                      min_offload_size = --min-bytes so that it offloads what tiermem offloads
   save_on_cpu same   save_on_cpu's mechanism (a pinned host tensor per saved tensor, copied back
-                     with non_blocking) over tiermem's selection (python/examples/offload_hooks.py)
+                     with non_blocking) over tiermem's selection (bench/offload_hooks.py)
   save_on_cpu        stock torch.autograd.graph.save_on_cpu(pin_memory=True): every saved tensor,
                      the weights too, so it moves more (shown, not compared)
   tiermem dram       tiermem.torch.offload_saved_tensors(rt, "dram", --min-bytes)
@@ -21,8 +21,8 @@ tiermem what is --min-bytes or larger and not a parameter or a view of one; the 
 bytes each side moved down and back every step and prints a NOTE when torchtune's and tiermem's
 differ. Every side runs --rounds rounds (at least 3) of --steps steps after --warmup untimed steps,
 the order rotated each round; each clock starts and stops on a synchronized device with tiermem's
-copies done (python/examples/offload_bench.py's Mode, whose rows this reuses); medians with the
-min-max spread.
+copies done (bench/offload_bench.py's Mode, whose rows this reuses); medians with the min-max
+spread.
 
 Overlap bound of a side: offload_bench.py's (bound_ms): max(plain forward, D2H bytes / D2H link)
 + max(plain backward, H2D bytes / H2D link), the plain step's forward and backward and the
@@ -56,7 +56,7 @@ import tempfile
 import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "python", "examples"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))  # tinygpt, offload_bench, offload_hooks
 try:
     import tiermem  # noqa: F401
 except ImportError:
@@ -166,8 +166,8 @@ def main():
         return 0
     if not torch.cuda.is_available():
         print("skip: no CUDA device (torch %s): torchtune's OffloadActivations copies on CUDA "
-              "streams; tiermem against save_on_cpu on the CPU is python/examples/"
-              "offload_bench.py's CPU run" % torch.__version__, flush=True)
+              "streams; tiermem against save_on_cpu on the CPU is bench/offload_bench.py's "
+              "CPU run" % torch.__version__, flush=True)
         return 77
 
     import tiermem

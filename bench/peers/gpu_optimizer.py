@@ -3,7 +3,7 @@
 CPUOffloadOptimizer, a step driven by DeepSpeedCPUAdam, and plain AdamW on the GPU, side by side
 in one run.
 
-Each side trains its own copy of python/examples/tinygpt.py's model (the same initial weights,
+Each side trains its own copy of bench/tinygpt.py's model (the same initial weights,
 the same batch, the same AdamW hyperparameters, no clipping); a step is forward, backward,
 opt.step() and zero_grad(), timed on the host clock from a synchronized device to a synchronized
 device (the CPU's part of the step is in it):
@@ -55,7 +55,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "python", "examples"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))  # tinygpt, offload_bench
 try:
     import tiermem  # noqa: F401
 except ImportError:

@@ -3,6 +3,9 @@
 parameters) and prints what moved where. Runs on CPU (the emulated device) or CUDA.
 
     python3 python/examples/gpt_offload.py [--tier nvme] [--nvme-dir /var/tmp] [--steps 5]
+
+The model is defined here, from stock torch.nn modules, so that this file is all there is to
+read: tiermem needs nothing of the model but its modules and parameters.
 """
 
 import argparse
@@ -11,18 +14,52 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 try:
     import tiermem  # installed (cmake --install, pip install ./python)
-except ImportError:
-    sys.path.insert(0, os.path.dirname(HERE))  # run from a source tree
+except ImportError:  # run from a source tree: the package is in <root>/python
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 import tiermem  # noqa: E402
 import tiermem.torch as tt  # noqa: E402
-from tinygpt import TinyGPT, batches  # noqa: E402
+
+
+class SmallGPT(nn.Module):
+    """A decoder-only transformer: token and position embeddings, pre-norm
+    nn.TransformerEncoderLayer blocks (attention under a causal mask, a GELU feed-forward), a final
+    LayerNorm and a linear head. forward(tokens, targets) returns the next-token loss. The blocks
+    are an nn.ModuleList (TransformerEncoder.layers), which offload_parameters brings in one at a
+    time by default."""
+
+    def __init__(self, vocab, seq, hidden, heads, blocks, dropout=0.1):
+        super().__init__()
+        self.token_embedding = nn.Embedding(vocab, hidden)
+        self.position_embedding = nn.Embedding(seq, hidden)
+        block = nn.TransformerEncoderLayer(hidden, heads, dim_feedforward=4 * hidden,
+                                           dropout=dropout, activation="gelu", batch_first=True,
+                                           norm_first=True)
+        self.decoder = nn.TransformerEncoder(block, blocks, enable_nested_tensor=False)
+        self.final_norm = nn.LayerNorm(hidden)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, tokens, targets):
+        length = tokens.shape[1]
+        positions = torch.arange(length, device=tokens.device)
+        h = self.token_embedding(tokens) + self.position_embedding(positions)
+        causal = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
+        h = self.decoder(h, mask=causal, is_causal=True)
+        logits = self.lm_head(self.final_norm(h))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def token_batches(count, batch, seq, vocab):
+    """count (inputs, next tokens) pairs of random tokens, the same on every run."""
+    rng = torch.Generator().manual_seed(2024)
+    for _ in range(count):
+        tokens = torch.randint(vocab, (batch, seq + 1), generator=rng)
+        yield tokens[:, :seq], tokens[:, 1:]
 
 
 def mib(n):
@@ -39,7 +76,7 @@ def main():
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
-    model = TinyGPT(vocab=512, seq=64, hidden=128, heads=4, blocks=4).to(device)
+    model = SmallGPT(vocab=512, seq=64, hidden=128, heads=4, blocks=4).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     with tempfile.TemporaryDirectory(dir=args.nvme_dir) as swap, \
             tiermem.Runtime(dram_bytes=args.dram, nvme_paths=swap, nvme_bytes="1GiB",
@@ -51,7 +88,7 @@ def main():
                mib(info["tier_bytes"]["nvme"]), swap))
         params = tt.offload_parameters(model, rt, args.tier, optimizer=opt)
         state = tt.offload_optimizer_state(opt, rt, args.tier)
-        for i, (x, y) in enumerate(batches(args.steps, 8, 64, 512)):
+        for i, (x, y) in enumerate(token_batches(args.steps, 8, 64, 512)):
             x, y = x.to(device), y.to(device)
             t0 = time.perf_counter()
             with rt.step():

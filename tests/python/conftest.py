@@ -1,5 +1,5 @@
-"""Shared fixtures of the Python tests: the tiny GPT on the path, runtimes with small budgets whose
-swap files go to a per-test directory."""
+"""Shared fixtures of the Python tests: the tiny GPT on the path (bench/tinygpt.py, the benchmarks'
+model), runtimes with small budgets whose swap files go to a per-test directory."""
 
 import os
 import sys
@@ -9,7 +9,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "python"))
-sys.path.insert(0, os.path.join(ROOT, "python", "examples"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import tiermem  # noqa: E402
 

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python", "examples"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))  # tinygpt.py
 
 import tiermem  # noqa: E402
 import tiermem.torch as tt  # noqa: E402

@@ -1,5 +1,7 @@
 """A small GPT (token and position embeddings, pre-norm blocks, causal attention, GELU MLP,
-dropout, a tied head) for tiermem's example, benchmark and tests."""
+dropout, a tied head): the shared model of tiermem's benchmarks (offload_bench.py, fit_bench.py,
+bench/peers/) and of the Python tests, which put bench/ on their path (tests/python/conftest.py).
+The example python/examples/gpt_offload.py defines its own model and does not import this one."""
 
 import math
 

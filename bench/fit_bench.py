@@ -22,7 +22,7 @@ plan misses its prediction by more than 15%, the bench does what fit does in a t
 then times and meters that plan; the check is then judged on the re-planned plan, and the error
 before the re-plan is printed as an `info` line.
 
-    python3 python/examples/fit_bench.py [--link-gbps 0.01] [--budgets 4] [--rounds 3]
+    python3 bench/fit_bench.py [--link-gbps 0.01] [--budgets 4] [--rounds 3]
 On a CPU the device is tiermem's emulated one with its link capped at --link-gbps
 (TIERMEM_EMU_LINK_GBPS); the model's tensors are host memory there, so only the prefetch back
 into the HBM tier crosses the capped link (a pack is a host copy). On CUDA the real link.
@@ -41,7 +41,7 @@ sys.path.insert(0, HERE)
 try:
     import tiermem  # noqa: F401
 except ImportError:
-    sys.path.insert(0, os.path.dirname(HERE))
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))  # run from a source tree
 
 import torch  # noqa: E402
 

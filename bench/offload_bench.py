@@ -5,9 +5,9 @@ overlap bound each is held to.
 
 Modes: plain; stock save_on_cpu(pin_memory=True) (moves more: it packs every saved tensor, the
 weights included); save_on_cpu's mechanism over the tensors tiermem offloads (like for like); a
-side-stream reference in the manner of torchtune's OffloadActivations (python/examples/
-offload_hooks.py); tiermem to DRAM; tiermem to NVMe; and, on a second model, parameter offload
-with the parameters 4x the HBM budget, beside that model's plain step.
+side-stream reference in the manner of torchtune's OffloadActivations (bench/offload_hooks.py);
+tiermem to DRAM; tiermem to NVMe; and, on a second model, parameter offload with the parameters 4x
+the HBM budget, beside that model's plain step.
 
 Fair by construction: every mode runs --rounds rounds of --steps steps after --warmup, the mode
 order rotated each round; each clock stops only after the device and tiermem have finished
@@ -23,7 +23,7 @@ against the bound from the plain steps of the same round, or against the referen
 the same round), so that a machine that drifts between rounds (clocks, other load) moves both
 sides of a ratio alike; the per-round values follow on an `info` line.
 
-    python3 python/examples/offload_bench.py [--rounds 3] [--steps 3] [--nvme-dir /var/tmp]
+    python3 bench/offload_bench.py [--rounds 3] [--steps 3] [--nvme-dir /var/tmp]
 """
 
 import argparse
@@ -39,7 +39,7 @@ sys.path.insert(0, HERE)
 try:
     import tiermem  # noqa: F401
 except ImportError:
-    sys.path.insert(0, os.path.dirname(HERE))
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))  # run from a source tree
 
 import torch  # noqa: E402
 
