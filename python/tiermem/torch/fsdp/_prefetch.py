@@ -3,13 +3,14 @@
 FSDP2 sets each sharded parameter's reduce-scattered gradient at the end of its unit's backward
 and then runs the parameter's post-accumulate-grad hooks. From there:
 
-- read ahead (when it does not step early): the parameter's optimizer state (its CPUAdam slices, on NVMe) is started up into
-  DRAM, in the order the gradients come (the last layers first), up to a share of the DRAM tier:
-  half of it less the largest slice twice (the step's pipeline keeps to the other half, so
-  neither evicts the other's reads), and with shard_tier less two units' shards and gradients
-  (what backward brings in and sends down meanwhile). The step takes the parameters in that same order, so that
-  what was read behind backward is stepped first. A read the runtime cannot start (no room, the
-  tensor busy) is a hint dropped: the step reads it itself.
+- read ahead (when it does not step early): the parameter's optimizer state (its CPUAdam
+  slices, on NVMe) is started up into DRAM, in the order the gradients come (the last layers
+  first), up to a share of the DRAM tier: half of it less the largest slice twice (the step's
+  pipeline keeps to the other half, so neither evicts the other's reads), and with shard_tier
+  less two units' shards and gradients (what backward brings in and sends down meanwhile). The
+  step takes the parameters in that same order, so that what was read behind backward is
+  stepped first. A read the runtime cannot start (no room, the tensor busy) is a hint dropped:
+  the step reads it itself.
 - step early (overlap): without clipping, the step itself is prepared part by part behind
   backward: a worker thread adds the parameters whose gradients came to the optimizer's
   prepared step (CPUAdam._prepare_part: each one's state read, stepped into its new version and
@@ -18,7 +19,8 @@ and then runs the parameter's post-accumulate-grad hooks. From there:
   FSDP2 has set all its gradients (_shards' hook hands it over): its shard storages made, not
   read, its part prepared into them, the new shards sent down beside the old, then its
   gradients sent down (grad_tier); step() adopts the new shards once committed. The training
-  thread waits for a unit the worker holds before it touches it (_shards.wait_unit). What the step would see differently falls back to stepping it all at
+  thread waits for a unit the worker holds before it touches it (_shards.wait_unit). What the
+  step would see differently falls back to stepping it all at
   step(), the parts aborted: a gradient set twice (accumulation over micro-batches), a gradient
   changed since its part was prepared (seen by _mark: the version counters of the DTensor and of
   its local tensor, which in-place writes bump, and the sum, for the foreach ops over DTensors,
