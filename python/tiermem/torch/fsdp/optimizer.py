@@ -209,8 +209,9 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     threads, slice_bytes: as CPUAdam, for this rank's shards (runtime: this rank's; None: a
     private DRAM one sized for the shards). max_grad_norm clips by the norm of the whole
     gradient, all ranks together, as torch.nn.utils.clip_grad_norm_ over the DTensor gradients
-    (under HSDP, summed within a replica). A step is all or nothing across the mesh's ranks: each prepares, one
-    all_gather of the outcomes, then all commit or all raise the same TiermemError.
+    (under HSDP, summed within a replica). A step is all or nothing across the mesh's ranks:
+    each prepares, one all_reduce of a failure flag, then all commit or all raise the same
+    TiermemError.
 
     shard_tier ("dram" or "nvme"; None: off) holds the parameter shards themselves in runtime's
     tier between uses (module _shards): from the end of the first step() after a forward,
