@@ -12,6 +12,14 @@
 
 namespace tiermem {
 
+bool Moves::ReadThroughDram(Tensor& t, Want want) {
+  std::optional<Want> down = write_through_.ReadThroughWant(t, want);
+  if (!down.has_value()) return false;
+  // Failing (no free room, a read error) leaves the move up to go through staging.
+  DropReason why = DropReason::kNone;
+  return MakeValid(t, TM_TIER_DRAM, {}, *down, &why).ok();
+}
+
 absl::Status Moves::MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
                               DropReason* why) {
   if (t.copy(dst).valid()) return absl::OkStatus();
@@ -23,7 +31,7 @@ absl::Status Moves::MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller
                                               tm_tier_name(static_cast<tm_tier>(w))));
   }
   // Inclusive DRAM: a prefetch from NVMe to HBM reads through DRAM and keeps that copy.
-  const bool read_through = dst == TM_TIER_HBM && write_through_.ReadThroughDram(t, want);
+  const bool read_through = dst == TM_TIER_HBM && ReadThroughDram(t, want);
   BusyScope busy(t, core_);  // for the whole move: eviction below may release the lock too
   std::vector<RangeFence> behind;
   auto extent = room_.Allocate(t, dst, want, why, nullptr, &behind);
@@ -207,8 +215,16 @@ absl::Status Moves::OffloadClaimed(Tensor& t, tm_tier tier) {
   // Inclusive DRAM: with a DRAM copy valid, the move below writes NVMe from it (the nearest).
   // Counted as a write-through only when it writes: NVMe may hold the bytes already.
   const bool writes = !t.copy(tier).valid();
-  bool made = false;
-  const bool keep_dram = tier == TM_TIER_NVME && write_through_.KeepCleanDramCopy(t, &made);
+  bool made = false;  // the clean DRAM copy was made here (freed again when the offload fails)
+  bool keep_dram = false;
+  if (tier == TM_TIER_NVME) {
+    WriteThrough::KeepPlan keep = write_through_.PlanKeep(t);
+    keep_dram = keep.keep;
+    if (keep.copy_down.has_value()) {
+      DropReason down_why = DropReason::kNone;
+      keep_dram = made = MakeValid(t, TM_TIER_DRAM, {}, *keep.copy_down, &down_why).ok();
+    }
+  }
   // DRAM holds the bytes now: HBM's copy is freed before the NVMe write rather than after it,
   // so that the prefetches and demands waiting for HBM room get it a write's time sooner. A
   // failed write then leaves the tensor valid in DRAM. (Unless an acquire in HBM waits for

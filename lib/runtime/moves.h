@@ -41,13 +41,16 @@ class Moves {
   absl::Status Reserve(Tensor& t, tm_tier tier, bool* made_room = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Moves a claimed tensor down to `tier` and frees the copies above (but a clean DRAM copy, see
-  // KeepCleanDramCopy).
+  // WriteThrough::PlanKeep).
   absl::Status OffloadClaimed(Tensor& t, tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
   // What this part counted (Runtime::Stats adds every part's up).
   const Counters& counters() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return counters_; }
 
  private:
+  // Inclusive DRAM, upward: the DRAM copy WriteThrough asks for before a move of t from NVMe to
+  // HBM (ReadThroughWant), made; whether it was.
+  bool ReadThroughDram(Tensor& t, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The plan of MakeValid's move, its destination reserved; its trace event (t busy, unlocked).
   MovePlan PrepareMove(Tensor& t, tm_tier dst, const Extent& extent, const CallerStream& caller)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);

@@ -143,7 +143,7 @@ class Runtime {
   Movers movers_{core_, jobs_, moves_, prefetcher_};
   CallerCopies copies_{core_, moves_, prefetcher_, write_through_, recompute_};
   RecomputeCallbacks recompute_{core_, moves_, room_};
-  WriteThrough write_through_{core_, moves_, prefetcher_};
+  WriteThrough write_through_{core_, prefetcher_};
 };
 
 }  // namespace tiermem

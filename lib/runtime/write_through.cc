@@ -26,39 +26,38 @@ bool WriteThrough::CleanCopyWant(const Tensor& t, Want* want) {
   return true;
 }
 
-bool WriteThrough::KeepCleanDramCopy(Tensor& t, bool* made) {
-  *made = false;
-  if (!core_.config().dram_inclusive || t.writing_tier() >= 0) return false;
+WriteThrough::KeepPlan WriteThrough::PlanKeep(const Tensor& t) {
+  KeepPlan plan;
+  if (!core_.config().dram_inclusive || t.writing_tier() >= 0) return plan;
   // Already in DRAM: the offload writes NVMe from it, and keeping it costs no room.
-  if (t.copy(TM_TIER_DRAM).state == CopyState::kValid) return true;
+  if (t.copy(TM_TIER_DRAM).state == CopyState::kValid) {
+    plan.keep = true;
+    return plan;
+  }
   if (!t.copy(TM_TIER_HBM).valid() || t.copy(TM_TIER_DRAM).state != CopyState::kAbsent) {
-    return false;
+    return plan;
   }
   // From HBM: a copy down to DRAM first, then NVMe is written from it.
   Want want;
-  if (!CleanCopyWant(t, &want)) return false;
+  if (!CleanCopyWant(t, &want)) return plan;
   want.vacates = true;  // HBM's copy goes once DRAM has it (OffloadClaimed): hand it on
-  DropReason why = DropReason::kNone;
-  if (!moves_.MakeValid(t, TM_TIER_DRAM, {}, want, &why).ok()) return false;
-  *made = true;
-  return true;
+  plan.copy_down = want;
+  return plan;
 }
 
-bool WriteThrough::ReadThroughDram(Tensor& t, Want want) {
+std::optional<Want> WriteThrough::ReadThroughWant(const Tensor& t, Want want) {
   // Only for prefetches and hints, which run on the movers: a demand's move stays one pipelined
   // NVMe -> HBM pass through the staging slots, whose latency the caller waits for (two moves
   // one after the other would add the link's time to the disk's).
   if (!core_.config().dram_inclusive || want.kind == Want::kDemand || !t.materialized() ||
       t.writing_tier() >= 0 || t.copy(TM_TIER_DRAM).state != CopyState::kAbsent ||
       t.copy(TM_TIER_HBM).state != CopyState::kAbsent || !t.copy(TM_TIER_NVME).valid()) {
-    return false;
+    return std::nullopt;
   }
   Want down;
-  if (!CleanCopyWant(t, &down)) return false;
+  if (!CleanCopyWant(t, &down)) return std::nullopt;
   down.release_room = false;  // a prefetch holds no token
-  DropReason why = DropReason::kNone;
-  // Failing here (no free room, a read error) leaves the move up to go through staging.
-  return moves_.MakeValid(t, TM_TIER_DRAM, {}, down, &why).ok();
+  return down;
 }
 
 void WriteThrough::NoteCleanDramAcquire(Tensor& t, Trace::Clock::time_point start) {
