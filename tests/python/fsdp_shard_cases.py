@@ -248,7 +248,9 @@ class ShardCases:
         grad_tier, the gradients halved in place before step() (falls back). And a failure of
         rank 1's part behind backward (injected once): every rank raises the same
         TiermemError, no rank's shards change, and step() again takes the step, the run going
-        on with the bits of one that never failed."""
+        on with the bits of one that never failed. And what a user meets reading the gradients
+        after backward (every one raises, on every rank: backward returned once the worker had
+        sent them all down) and calling clip_grad_norm_ (raises, nothing changed)."""
         def fail_once(adam):
             real = adam._prepare_part
 
@@ -259,7 +261,8 @@ class ShardCases:
                                            "tm_adam_step_groups_extend")
             adam._prepare_part = failing
 
-        def run(overlap, grad_tier="nvme", micro=1, halve=False, lr=False, fail=False, steps=4):
+        def run(overlap, grad_tier="nvme", micro=1, halve=False, lr=False, fail=False, steps=4,
+                read=False):
             out = {}
             with self.runtime(dram_bytes=1 << 20, nvme_paths=self.nvme_dir,
                               nvme_bytes="32MiB") as rt, \
@@ -281,6 +284,19 @@ class ShardCases:
                     early.append(len(behind.units))  # the units prepared behind backward
                     if halve:  # as clip_grad_norm_ would
                         torch._foreach_mul_([p.grad for p in model.parameters()], 0.5)
+                    if read and i == 2:  # what a user's logging or clipping meets
+                        out["grads"] = sum(p.grad is not None for p in model.parameters())
+                        out["read_raised"] = 0
+                        for p in model.parameters():
+                            try:
+                                p.grad.to_local().norm().item()
+                            except RuntimeError:
+                                out["read_raised"] += 1
+                        try:
+                            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+                            out["clip"] = "clipped"
+                        except RuntimeError as e:
+                            out["clip"] = str(e)
                     if fail and i == 2:
                         try:
                             opt.step()
@@ -301,7 +317,8 @@ class ShardCases:
                             before = w.full(model)
                 out.update(early=early, early_after=behind.step_early,
                            grad_bytes_in=opt.shard_offload.grad_bytes_in,
-                           warnings=[str(m.message) for m in caught])
+                           warnings=[str(m.message) for m in caught],
+                           warned_in=sorted({os.path.basename(m.filename) for m in caught}))
                 with opt.shards_in():
                     params = w.full(model)
                 opt.close()
@@ -310,8 +327,9 @@ class ShardCases:
         result = {}
         for name, kw in (("plain", {}), ("micro", dict(micro=2)), ("lr", dict(lr=True)),
                          ("halve", dict(halve=True, grad_tier=None)),
-                         ("no_grad_tier", dict(grad_tier=None)), ("fault", dict(fail=True))):
-            want = run(False, **{k: v for k, v in kw.items() if k != "fail"})
+                         ("no_grad_tier", dict(grad_tier=None)), ("fault", dict(fail=True)),
+                         ("reads", dict(read=True))):
+            want = run(False, **{k: v for k, v in kw.items() if k not in ("fail", "read")})
             got = run(None, **kw)
             result[name] = dict(got[2], same=w.compare(got[0], got[1], want[0],
                                                        want[1])["bit_identical"],

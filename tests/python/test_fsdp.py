@@ -214,6 +214,14 @@ def test_the_step_prepared_behind_backward_with_shards_on_nvme(single_node):
         assert e is not None and e[0] == "TM_ERR_IO", e
         assert "rank 1 failed its step" in e[1] and "injected" in e[1], e
         assert r["fault"]["unchanged"], "rank %d: a shard changed in the failed step" % rank
+        # Every gradient read after backward raises on every rank, as with overlap=False (the
+        # worker had sent them all down before backward returned), clip_grad_norm_ too, naming
+        # max_grad_norm, and the run goes on with the bits of one that never tried.
+        reads = r["reads"]
+        assert reads["read_raised"] == reads["grads"] > 0, reads
+        assert "max_grad_norm" in reads["clip"], reads["clip"]
+        # The fallback's warning points at the user's step() call, not into torch.
+        assert r["micro"]["warned_in"] == ["fsdp_shard_cases.py"], r["micro"]["warned_in"]
     errors = [r["fault"]["error"] for r in results(single_node, "shards_overlap").values()]
     assert errors[0] == errors[1], errors
 
@@ -281,7 +289,7 @@ def test_refusals_name_what_is_refused(single_node):
         "ignored_params": ["'head.bias'", "ignored_params"],
         "not_sharded": ["not sharded by torch.distributed.fsdp.fully_shard"],
         "shard_tier_without_runtime": ["shard_tier needs a runtime="],
-        "grad_tier_without_shard_tier": ["grad_tier=", "with a shard_tier"],
+        "grad_tier_without_shard_tier": ["grad_tier=", "needs a shard_tier"],
     }
     for rank, got in results(single_node, "refusals").items():
         assert sorted(got) == sorted(want)

@@ -65,6 +65,7 @@ class _BehindBackward:
         # units the worker has been given and not finished (the training thread waits on them
         # before it touches one).
         self.offload = None
+        self.drained_task = -1  # the backward whose end waits for the worker (by_unit)
         self.pending_units = []
         self.inflight = set()
         self.busy = False
@@ -137,6 +138,13 @@ class _BehindBackward:
             self.inflight.add(u)
             self._start_worker()
             self.cv.notify_all()
+        # backward() returns once the worker is done with every unit: their gradients all sent
+        # down and covered, so that what the user does next (read one, clip_grad_norm_) meets
+        # them all alike, on every rank, never a storage being resized under it.
+        task = torch._C._current_graph_task_id()
+        if task != -1 and task != self.drained_task:
+            self.drained_task = task
+            torch.autograd.Variable._execution_engine.queue_callback(self._idle)
 
     def _wait_unit(self, u):
         if u in self.inflight:
@@ -271,7 +279,7 @@ class _BehindBackward:
                 warnings.warn("FSDPCPUAdam: %s between backward and step(), so the step "
                               "prepared behind backward was dropped and is taken at step(), "
                               "from now on (overlap=False says so up front)" % why,
-                              stacklevel=4)
+                              stacklevel=5)
             return False
         self.take()
         failure, prepared = self.failure, self.parts is not None

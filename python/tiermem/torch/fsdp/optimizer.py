@@ -265,9 +265,13 @@ class FSDPCPUAdam(torch.optim.Optimizer):
             if runtime is None:
                 raise ValueError("FSDPCPUAdam: shard_tier needs a runtime= sized for the shards "
                                  "and the state")
-        if grad_tier is not None and (shard_tier is None or grad_tier not in ("dram", "nvme")):
-            raise ValueError("FSDPCPUAdam: grad_tier=%r; want \"dram\" or \"nvme\", with a "
-                             "shard_tier" % (grad_tier,))
+        if grad_tier is not None and grad_tier not in ("dram", "nvme"):
+            raise ValueError("FSDPCPUAdam: grad_tier=%r; want \"dram\", \"nvme\" or None" %
+                             (grad_tier,))
+        if grad_tier is not None and shard_tier is None:
+            raise ValueError("FSDPCPUAdam: grad_tier=%r needs a shard_tier (the gradient shards "
+                             "are held with the parameter shards); pass shard_tier=\"dram\" or "
+                             "\"nvme\" too" % (grad_tier,))
         if runtime is not None:
             _check_runtime(runtime)
         if params is None:
