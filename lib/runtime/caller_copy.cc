@@ -154,7 +154,8 @@ absl::Status CallerCopies::CopyInto(const CallerCopyRequest& r) {
   const bool whole = r.offset == 0 && r.bytes == t.bytes;
   // Dropped for recompute: a partial write needs the rest of the bytes (a whole one replaces them).
   if (t.dropped && !whole) {
-    if (auto s = recompute_.RebuildForCaller(t); !s.ok()) return WithContext(s, r.fn);
+    if (auto s = moves_.MakeValid(t, recompute_.RebuildTier(t), {}, Demand()); !s.ok())
+      return WithContext(s, r.fn);
   }
   CallerBuffer buffer{r.buffer, r.device, {}};
   if (r.fence != nullptr) buffer.after.push_back(r.fence);
@@ -276,7 +277,8 @@ absl::Status CallerCopies::CopyFrom(const CallerCopyRequest& r) {
     return s;
   }
   if (t.dropped) {
-    if (auto s = recompute_.RebuildForCaller(t); !s.ok()) return WithContext(s, r.fn);
+    if (auto s = moves_.MakeValid(t, recompute_.RebuildTier(t), {}, Demand()); !s.ok())
+      return WithContext(s, r.fn);
   }
   room.reset();
   CallerBuffer buffer{r.buffer, r.device, {}};

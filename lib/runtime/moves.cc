@@ -12,6 +12,19 @@
 
 namespace tiermem {
 
+absl::Status Moves::Rebuild(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
+                            DropReason* why) {
+  if (auto s = recompute_.CheckRebuild(t, dst, want, why); !s.ok()) return s;
+  BusyScope busy(t, core_);  // no other operation touches it until the rebuild is committed
+  auto extent = room_.Allocate(t, dst, want, why);
+  if (want.release_room) core_.ReleaseRoom();
+  if (!extent.ok()) {
+    return WithContext(extent.status(), absl::StrFormat("room to recompute tensor \"%s\" in %s",
+                                                        t.name, tm_tier_name(dst)));
+  }
+  return recompute_.Fill(t, dst, *extent, caller);
+}
+
 bool Moves::ReadThroughDram(Tensor& t, Want want) {
   std::optional<Want> down = write_through_.ReadThroughWant(t, want);
   if (!down.has_value()) return false;
@@ -23,7 +36,7 @@ bool Moves::ReadThroughDram(Tensor& t, Want want) {
 absl::Status Moves::MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
                               DropReason* why) {
   if (t.copy(dst).valid()) return absl::OkStatus();
-  if (t.dropped) return recompute_.Recompute(t, dst, caller, want, why);  // no copy: rebuilt
+  if (t.dropped) return Rebuild(t, dst, caller, want, why);  // no copy: rebuilt
   if (int w = t.writing_tier(); w >= 0) {
     // Copying bytes that a writer is changing would make a torn copy look valid.
     if (why != nullptr) *why = DropReason::kSuperseded;

@@ -48,6 +48,10 @@ class Moves {
   const Counters& counters() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return counters_; }
 
  private:
+  // MakeValid of a tensor dropped for recompute: room made in `dst`, filled by its callback
+  // (RecomputeCallbacks::Fill).
+  absl::Status Rebuild(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
+                       DropReason* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Inclusive DRAM, upward: the DRAM copy WriteThrough asks for before a move of t from NVMe to
   // HBM (ReadThroughWant), made; whether it was.
   bool ReadThroughDram(Tensor& t, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);

@@ -70,8 +70,8 @@ void RecomputeCallbacks::DropForRecompute(Tensor& v, tm_tier tier, Trace::Clock:
   core_.trace()->Add(Trace::kRecomputeDrop, v.name, start, Trace::Clock::now(), v.bytes);
 }
 
-absl::Status RecomputeCallbacks::Recompute(Tensor& t, tm_tier dst, const CallerStream& caller,
-                                           Want want, DropReason* why) {
+absl::Status RecomputeCallbacks::CheckRebuild(const Tensor& t, tm_tier dst, Want want,
+                                              DropReason* why) const {
   if (want.kind != Want::kDemand) {
     // Only an operation that needs the bytes rebuilds them, on its own thread.
     if (why != nullptr) *why = DropReason::kNoRoom;
@@ -95,17 +95,15 @@ absl::Status RecomputeCallbacks::Recompute(Tensor& t, tm_tier dst, const CallerS
                                  t.name, tm_tier_name(dst),
                                  t.recompute.fn == nullptr ? " without a callback" : ""));
   }
-  BusyScope busy(t, core_);  // no other operation touches it until the rebuild is committed
-  auto extent = room_.Allocate(t, dst, want, why);
-  if (want.release_room) core_.ReleaseRoom();
-  if (!extent.ok()) {
-    return WithContext(extent.status(), absl::StrFormat("room to recompute tensor \"%s\" in %s",
-                                                        t.name, tm_tier_name(dst)));
-  }
-  t.BeginFill(dst, *extent);
+  return absl::OkStatus();
+}
+
+absl::Status RecomputeCallbacks::Fill(Tensor& t, tm_tier dst, const Extent& extent,
+                                      const CallerStream& caller) {
+  t.BeginFill(dst, extent);
   const Tensor::Recompute hook = t.recompute;
   const uint64_t handle = t.handle, bytes = t.bytes;
-  void* addr = core_.tiers()->Address(dst, *extent);
+  void* addr = core_.tiers()->Address(dst, extent);
   int returned = 0;
   core_.Unlock();
   const Trace::Clock::time_point start = Trace::Clock::now();
@@ -134,12 +132,11 @@ absl::Status RecomputeCallbacks::Recompute(Tensor& t, tm_tier dst, const CallerS
   return absl::OkStatus();
 }
 
-absl::Status RecomputeCallbacks::RebuildForCaller(Tensor& t) {
+tm_tier RecomputeCallbacks::RebuildTier(const Tensor& t) const {
   // Callers' copies go through host memory most cheaply: DRAM, else HBM for a tensor larger than
   // the whole DRAM tier. Chosen up front: the demand hands the room token back once its room is
   // made, so a second try would make room without it.
-  const bool fits_dram = core_.tiers()->space(TM_TIER_DRAM).Rounded(t.bytes) != 0;
-  return moves_.MakeValid(t, fits_dram ? TM_TIER_DRAM : TM_TIER_HBM, {}, Demand());
+  return core_.tiers()->space(TM_TIER_DRAM).Rounded(t.bytes) != 0 ? TM_TIER_DRAM : TM_TIER_HBM;
 }
 
 absl::Status Runtime::SetRecompute(uint64_t handle, tm_recompute_fn fn, void* user,
@@ -164,7 +161,7 @@ absl::Status Runtime::SetRecompute(uint64_t handle, tm_recompute_fn fn, void* us
   if (!claimed.ok()) return claimed.status();
   Tensor& t = **claimed;
   if (fn == nullptr && t.dropped) {
-    if (auto s = recompute_.RebuildForCaller(t); !s.ok()) {
+    if (auto s = moves_.MakeValid(t, recompute_.RebuildTier(t), {}, Demand()); !s.ok()) {
       return WithContext(s, absl::StrFormat("tm_tensor_set_recompute: clearing the callback of "
                                             "dropped tensor \"%s\" rebuilds it first (the "
                                             "callback stays)",

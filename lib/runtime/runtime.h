@@ -142,7 +142,7 @@ class Runtime {
   Prefetcher prefetcher_{core_, jobs_};
   Movers movers_{core_, jobs_, moves_, prefetcher_};
   CallerCopies copies_{core_, moves_, prefetcher_, write_through_, recompute_};
-  RecomputeCallbacks recompute_{core_, moves_, room_};
+  RecomputeCallbacks recompute_{core_};
   WriteThrough write_through_{core_, prefetcher_};
 };
 
