@@ -215,20 +215,10 @@ class _ShardOffload:
         """u's gradient storages to tiermem (grad_tier; otherwise nothing), covered."""
         if self.grad_tier is None or u.grads:
             return
-        seen = set()
-        for q in u.params:
-            if q.grad is None:
-                continue
-            shard = local(q.grad)
-            storage = shard.untyped_storage()
-            if storage.nbytes() == 0 or storage.data_ptr() in seen:
-                continue
-            seen.add(storage.data_ptr())
-            flat = torch.empty(0, dtype=shard.dtype, device=shard.device).set_(
-                storage, 0, (storage.nbytes() // shard.element_size(),))
-            name = self.runtime.next_name("fsdp_grad")
-            u.grads.append(_Swapped(self.runtime, flat, "grad", name, self.grad_tier))
-            self.grad_bytes_out += u.grads[-1].nbytes
+        grads = [local(q.grad) for q in u.params if q.grad is not None]
+        for r in self._send_storages(grads, "grad", self.grad_tier, "fsdp_grad"):
+            u.grads.append(r)
+            self.grad_bytes_out += r.nbytes
         u.grad_cover = _Cover("grad", self.grad_tier)
         self._cover_grads(u)
 
@@ -278,22 +268,29 @@ class _ShardOffload:
         if self.offloaded:
             return
         for u in self.units:
-            seen = set()
-            for p in u.params:
-                shard = local(p)
-                storage = shard.untyped_storage()
-                if storage.nbytes() == 0 or storage.data_ptr() in seen:
-                    continue  # an empty shard (more ranks than rows), or one already held
-                seen.add(storage.data_ptr())
-                flat = torch.empty(0, dtype=shard.dtype, device=shard.device).set_(
-                    storage, 0, (storage.nbytes() // shard.element_size(),))
-                name = self.runtime.next_name("fsdp_shard")
-                u.records.append(_Swapped(self.runtime, flat, "param", name, self.tier))
-                self.bytes_out += u.records[-1].nbytes
+            shards = [local(p) for p in u.params]
+            for r in self._send_storages(shards, "param", self.tier, "fsdp_shard"):
+                u.records.append(r)
+                self.bytes_out += r.nbytes
             u.resident, u.dirty = False, False
             u.cover = _Cover("shard", self.tier)
             self._cover_shards(u)
         self.offloaded = True
+
+    def _send_storages(self, tensors, cls, tier, prefix):
+        """Each distinct storage under `tensors` sent to `tier` whole (padding included, as FSDP2
+        made it), as a _Swapped record, yielded as it goes (the caller keeps each one at once, so
+        that a failure leaves none it does not know of); empty storages (more ranks than rows)
+        and one already sent are skipped."""
+        seen = set()
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage.nbytes() == 0 or storage.data_ptr() in seen:
+                continue
+            seen.add(storage.data_ptr())
+            flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                storage, 0, (storage.nbytes() // t.element_size(),))
+            yield _Swapped(self.runtime, flat, cls, self.runtime.next_name(prefix), tier)
 
     def bring_in(self, u, dirty=False):
         self.wait_unit(u)
