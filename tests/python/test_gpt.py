@@ -74,11 +74,13 @@ def test_bit_identical(make_runtime, reference, config):
     # Bytes really reached NVMe, and came back.
     assert stats[-1]["bytes_moved"]["dram"]["nvme"] > 0
     assert stats[-1]["bytes_moved"]["nvme"]["dram"] > 0
-    # The schedule is replayed: scheduled prefetches in every step after it was learned (the
-    # optimizer's state appears during step one, so a state-only run learns it in step two).
+    # The schedule is replayed: scheduled prefetches in every step after the first replayed one
+    # (the optimizer's state appears during step one, so a state-only run learns it in step
+    # two). The first replay may find every tensor it wants still on its way down from the step
+    # before (a prefetch skips a tensor being moved), on a slow or shared disk: CI once saw it.
     first = 2 if set(config) - {"stepper"} == {"optim"} else 1
+    assert len(stats) >= first + 2  # (a pair of replayed steps at least)
     for before, after in zip(stats[first:], stats[first + 1:]):
         assert after["prefetches"] > before["prefetches"]
-    assert stats[1]["prefetches"] > 0 or first == 2
     gc.collect()
     assert rt.stats()["tensors"] == 0
