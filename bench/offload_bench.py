@@ -205,6 +205,8 @@ def nvme_gbps(swap, nbytes):
         t = rt.tensor(nbytes, "activation", "dram", "nvme-probe")
         w, r = nvme_round_trips(t, src.data_ptr(), nbytes, 3)
         t.destroy()
+    if None in w + r:
+        raise RuntimeError("the NVMe probe's moves did not all reach the drive: %r, %r" % (w, r))
     return statistics.median(w) / 1e9, statistics.median(r) / 1e9
 
 

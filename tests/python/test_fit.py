@@ -226,3 +226,27 @@ def test_a_block_called_twice_is_refused(rt):
         tt.fit(model, rt, "1MiB", (x, y), min_bytes=1024, profile_steps=1, check_steps=1,
                log=lambda s: None)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("inclusive", ["on", "off"])
+def test_the_nvme_figure_is_the_drives(make_runtime, inclusive):
+    """fit measures NVMe through the runtime with a probe DRAM can hold beside the run: with a
+    DRAM tier smaller than the 32 MiB probe, the probe shrinks and its moves cross the drive
+    (an outside client once got 310 GB/s: the probe landed straight on NVMe, nothing moved);
+    with no room for a probe at all, no figure and a source that says why."""
+    from tiermem.torch.fit import _profile
+    rt = make_runtime(dram_bytes="6MiB", dram_inclusive=inclusive)
+    before = rt.stats()["bytes_moved"]
+    *_, nw, nr, src = _profile.bandwidths(rt, cuda=False)
+    after = rt.stats()["bytes_moved"]
+    assert src["nvme"] == "measured through the runtime", src
+    wrote = after["dram"]["nvme"] - before["dram"]["nvme"]
+    assert wrote >= 2 * MIB, after  # two round trips of at least 1 MiB, each written down
+    assert rt.stats()["tiers"]["dram"]["peak"] >= MIB  # from DRAM, not filled onto NVMe
+    if inclusive == "off":  # the read crossed too (inclusive: a clean DRAM copy answers it)
+        assert after["nvme"]["dram"] - before["nvme"]["dram"] >= 2 * MIB, after
+    assert 0 < nw < 1e12 and 0 < nr < 1e12, (nw, nr)
+    assert rt.stats()["tensors"] == 0
+    small = make_runtime(dram_bytes="256KiB")
+    *_, nw, nr, src = _profile.bandwidths(small, cuda=False)
+    assert nw is None and nr is None and src["nvme"].startswith("not measured"), src

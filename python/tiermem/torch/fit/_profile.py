@@ -142,27 +142,46 @@ def _measure_link(cuda, nbytes):
 
 def nvme_round_trips(t, src_ptr, nbytes, repeats):
     """([write], [read]) bytes/s of a DRAM tensor t of nbytes: filled from src_ptr, offloaded
-    to NVMe, then read back into DRAM, `repeats` times, each move waited for alone."""
+    to NVMe, then read back into DRAM, `repeats` times, each move waited for alone. A move that
+    did not cross (the fill landed on NVMe already, or the read back was dropped for want of
+    DRAM room, or inclusive DRAM kept the copy) gives None in its place: its time is not the
+    drive's."""
+    rt = t._rt
     w, r = [], []
+
+    def moved(src, dst):
+        return rt.stats()["bytes_moved"][src][dst]
+
     for _ in range(repeats):
         t.copy_in(src_ptr)
         t.sync()
+        down, up = moved("dram", "nvme"), moved("nvme", "dram")
         t0 = time.perf_counter()
         t.offload("nvme")
         t.sync()
         t1 = time.perf_counter()
+        wrote = moved("dram", "nvme") - down
         t.prefetch("dram")
         t.sync()
         t2 = time.perf_counter()
-        w.append(nbytes / (t1 - t0))
-        r.append(nbytes / (t2 - t1))
+        read = moved("nvme", "dram") - up
+        w.append(nbytes / (t1 - t0) if wrote >= nbytes else None)
+        r.append(nbytes / (t2 - t1) if read >= nbytes else None)
     return w, r
+
+
+_MIN_PROBE = 1 << 20
 
 
 def _measure_nvme(runtime, nbytes):
     """(write, read) bytes/s through the runtime: a DRAM tensor offloaded to NVMe and read
-    back; None when the runtime has no NVMe tier (or no room)."""
-    if runtime.stats()["tiers"]["nvme"]["capacity"] < 2 * nbytes:
+    back, of nbytes or what DRAM has free beside the rest of the run (half of it; at least
+    1 MiB); None when the runtime has no NVMe tier, no room, or no move reached the drive."""
+    tiers = runtime.stats()["tiers"]
+    free = min(tiers["dram"]["capacity"] - tiers["dram"]["used"],
+               tiers["nvme"]["capacity"] - tiers["nvme"]["used"])
+    nbytes = min(nbytes, free // 2 // _MIN_PROBE * _MIN_PROBE)
+    if nbytes < _MIN_PROBE:
         return None
     src = torch.zeros(nbytes, dtype=torch.uint8)
     try:
@@ -170,16 +189,15 @@ def _measure_nvme(runtime, nbytes):
     except TiermemError:
         return None
     try:
-        read_before = runtime.stats()["bytes_moved"]["nvme"]["dram"]
         w, r = nvme_round_trips(t, src.data_ptr(), nbytes, 2)
-        if runtime.stats()["bytes_moved"]["nvme"]["dram"] - read_before < 2 * nbytes:
-            # Inclusive DRAM (TIERMEM_DRAM_INCLUSIVE) kept a clean DRAM copy, so nothing was
-            # read from NVMe: not a figure for the drive. The write's stands in for it (drives
-            # read at least as fast as they write).
-            return max(w), max(w)
-        return max(w), max(r)
     finally:
         t.destroy()
+    w, r = [x for x in w if x is not None], [x for x in r if x is not None]
+    if not w:
+        return None  # the copy never stayed in DRAM to be written down: no figure
+    # No read crossed: inclusive DRAM (TIERMEM_DRAM_INCLUSIVE) kept a clean copy. The write's
+    # figure stands in for it (drives read at least as fast as they write).
+    return max(w), max(r) if r else max(w)
 
 
 def bandwidths(runtime, cuda, link_gbps=None, nvme_gbps=None):
@@ -215,7 +233,9 @@ def bandwidths(runtime, cuda, link_gbps=None, nvme_gbps=None):
             src["nvme"] = "TIERMEM_ENV_FILE %s" % env
         else:
             nvme = _measure_nvme(runtime, 32 << 20)
-            src["nvme"] = "measured through the runtime" if nvme else "no room to measure"
+            src["nvme"] = ("measured through the runtime" if nvme else
+                           "not measured: DRAM had no room to stage a probe, or none of its "
+                           "moves reached the drive (pass nvme_gbps=)")
     else:
         src["nvme"] = "no NVMe tier"
     nw, nr = nvme if nvme else (None, None)
