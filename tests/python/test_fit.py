@@ -171,7 +171,9 @@ def test_training_bit_identical_to_plain(make_runtime, choices):
     steps = _data(3)
     plain = _train(_model(), steps)
     model, plan, _ = _fit(rt, 1 << 40)
+    kept_all = plan.peak  # (the budget fits everything: fit's check steps kept every block)
     plan.apply(choices)
+    assert plan.peak < kept_all  # the meter starts afresh with the choices applied
     fitted = _train(model, steps, rt, plan)
     for (l0, g0), (l1, g1) in zip(plain, fitted):
         assert torch.equal(l0, l1)

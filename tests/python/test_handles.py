@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 
+import tiermem
 import tiermem.torch as tt
 from tiermem.torch._shared.transfers import _storage_nbytes
 
@@ -298,6 +299,40 @@ def test_lr_scheduler_keeps_working_through_remove(make_runtime, built, stepper)
         assert torch.equal(a, b)
     gc.collect()
     assert rt.stats()["tensors"] == 0
+
+
+@pytest.mark.parametrize("on", ["state-handle", "optimizer"])
+def test_lr_scheduler_sees_the_parameters_handles_step(make_runtime, on):
+    # offload_parameters(optimizer=<the state's handle>) stepped through the parameters' handle
+    # (params.step()): a scheduler built on the state's handle, or on the optimizer, sees that
+    # step (an outside client once had torch warn "lr_scheduler.step() before
+    # optimizer.step()" at every step), and the schedule is a plain optimizer's.
+    rt = make_runtime()
+    sched = lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5)  # noqa: E731
+    ref_model, ref_opt = fresh()
+    ref_losses = train(ref_model, ref_opt, 3, sched=sched(ref_opt))
+    model, opt = fresh()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = tt.offload_optimizer_state(opt, rt, "nvme", min_bytes=0)
+        params = tt.offload_parameters(model, rt, "dram", optimizer=state)
+        s = sched(state if on == "state-handle" else opt)
+        losses = []
+        for i in range(3):
+            x, y = batch(i)
+            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            params.step()
+            state.zero_grad()
+            s.step()
+            losses.append(loss.item())
+    assert losses == ref_losses
+    assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"]
+    rt.close()  # brings the parameters and the state home
+    for a, b in zip(model.parameters(), ref_model.parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(tiermem.TiermemError, match="the runtime was closed"):
+        params.step()  # (close() brought them home: not "was not given the optimizer")
 
 
 @pytest.mark.parametrize("stepper", ["handle", "optimizer"])

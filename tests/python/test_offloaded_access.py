@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 
+import tiermem
 import tiermem.torch as tt
 
 OFFLOADED = "offloaded by tiermem"
@@ -200,6 +201,21 @@ def test_close_between_forward_and_backward(make_runtime, tier):
     for p, q in zip(m.parameters(), ref.parameters()):
         assert type(p) is torch.nn.Parameter and torch.equal(p, q)
     assert step(m, opt, 2) == step(ref, ref_opt, 2)
+
+
+@pytest.mark.parametrize("views", [True, False])
+def test_a_backward_after_close_says_the_runtime_was_closed(make_runtime, views):
+    # Saved tensors offloaded, then the runtime closed before the backward: the unpack fails,
+    # and says why (an outside client got "runtime handle 0x... is zero, destroyed or invalid").
+    rt = make_runtime(hbm_bytes="8MiB", dram_bytes="8MiB")
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128))
+    with tt.offload_saved_tensors(rt, "dram", views=views) as hooks:
+        loss = m(torch.randn(64, 128)).square().sum()
+    assert hooks.packed > 0
+    rt.close()
+    with pytest.raises((RuntimeError, tiermem.TiermemError), match="the runtime was closed"):
+        loss.backward()
 
 
 @pytest.mark.parametrize("tier", ["dram", "nvme"])

@@ -16,7 +16,11 @@ def _check_runtime(runtime):
 
 
 def _check_tier(tier):
-    name = _capi.TIER_NAMES[_tier(tier)]
+    """The tier an offload goes to: "dram" or "nvme" (any case, or the C enum's value)."""
+    try:
+        name = _capi.TIER_NAMES[_tier(tier)]
+    except ValueError:
+        name = None  # (not a tier at all: the message below names the two an offload takes)
     if name not in _TIER_HOME:
         raise ValueError("tier=%r: offload goes to \"dram\" or \"nvme\"" % (tier,))
     return name

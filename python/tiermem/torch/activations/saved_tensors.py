@@ -279,6 +279,9 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         if status != _hot.OK:
             if status == TM_ERR_OUT_OF_MEMORY:
                 return None
+            if self.runtime.closed:  # (its handle is gone: say so, not that it is invalid)
+                raise TiermemError(_INVALID_HANDLE, "saved tensor %r: the runtime was closed "
+                                   "before the backward that needs it" % p.name)
             _hot.check(status, "tm_tensor_acquire")
         ptr = sc.words[1]
         try:

@@ -251,7 +251,7 @@ class FittedPlan:
     def apply(self, choices):
         """Applies choices of your own (one of "keep", "dram", "nvme", "recompute" per block)
         instead of the chosen ones, priced by the same model (its prediction may exceed the
-        budget: that is then the caller's choice)."""
+        budget: that is then the caller's choice); .peak starts afresh."""
         choices = list(choices)
         if len(choices) != len(self.blocks) or any(c not in CHOICES for c in choices):
             raise ValueError("choices: expected %d of %s, got %r" %
@@ -262,6 +262,7 @@ class FittedPlan:
         self._set(choices)
         self.prediction = _fit_cost.predict(self.costs, self.rest, choices, self.machine,
                                            self.budget)
+        self.meter.reset()  # .peak is these choices'
         return self
 
     def table(self):

@@ -7,6 +7,7 @@ units' parameters are prefetched into HBM while a unit runs, in forward and in b
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ... import TiermemError, _capi
 from .._shared.step_driver import _StepDriver
 from .._shared.transfers import (_check_runtime, _check_tier, _owns_storage, _rehome, _resizable,
                                  _size_arg, _storage_key)
@@ -17,6 +18,7 @@ from ._views import SavedAliases, _eager, _outer_hooks, _ViewedParam
 # Modules and parameters held by a ParameterOffload (until its remove()): a second
 # offload_parameters of them is refused.
 _held = WeakIdKeyDictionary()
+_INVALID_HANDLE = _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE")
 
 
 class _PreBackward(torch.autograd.Function):
@@ -340,8 +342,17 @@ class ParameterOffload:
         are prefetched, and let go after. The optimizer's own step() also works, bringing all
         of them in at once. The same step as OptimizerStateOffload.step()."""
         if self._driver is None:
+            if self.runtime.closed:  # close() brought the parameters home, as remove() does
+                raise TiermemError(_INVALID_HANDLE, "ParameterOffload.step: the runtime was "
+                                   "closed, which brought the parameters home into ordinary "
+                                   "tensors: step the optimizer itself")
             raise ValueError("ParameterOffload.step: offload_parameters was not given the "
                              "optimizer (optimizer=...), or remove() was called")
+        state = self._driver.state
+        if state is not None:
+            # Through the state's handle as the user's code would call it: whatever wraps its
+            # step (an LR scheduler's counter, built on that handle) sees this step.
+            return state.step(closure)
         return self._driver.step(closure)
 
     def gathered(self):
