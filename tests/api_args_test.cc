@@ -116,6 +116,16 @@ TEST_F(ApiArgs, StructsFromANewerHeaderAreRefused) {
       << tm_last_error();
   EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT,
                 tm_tensor_create_copy_in_async(rt_, &desc, buf_, nullptr, &t, &done));
+  // A NULL desc too leaves *out zero and *done 0 (an outside client found them untouched).
+  t.bits = 55;
+  done = 7;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT,
+                tm_tensor_create_copy_in_async(rt_, nullptr, buf_, nullptr, &t, &done));
+  EXPECT_EQ(t.bits, 0u);
+  EXPECT_EQ(done, 0);
+  t.bits = 55;
+  EXPECT_STATUS(TM_ERR_INVALID_ARGUMENT, tm_tensor_create(rt_, nullptr, &t));
+  EXPECT_EQ(t.bits, 0u);
 
   tm_adam_config adam = TM_ADAM_CONFIG_INIT;
   adam.struct_size = sizeof adam + 8;

@@ -200,8 +200,9 @@ typedef struct tm_config {
    * Optional: the framework's device allocator (a caching allocator such as PyTorch's or RMM's).
    * When device_alloc is set, the HBM tier asks it for each copy instead of reserving a slab up
    * front, and hands the memory back with device_free when the copy is evicted or its tensor is
-   * destroyed. TIERMEM_HBM_BYTES stays tiermem's budget. stream is the stream the memory is
-   * first used on (a cudaStream_t, or NULL); device is the CUDA ordinal (-1: emulated device).
+   * destroyed. TIERMEM_HBM_BYTES stays tiermem's budget. stream is NULL in this
+   * version (no caller's stream is known where space is reserved: the memory must be usable on
+   * any stream); device is the CUDA ordinal (-1: emulated device).
    * device_alloc returns NULL when it cannot allocate. Both may be called from tiermem's
    * threads as well as the caller's, and must not call back into tiermem. Both or neither.
    */
@@ -415,8 +416,10 @@ TM_API tm_status tm_tensor_bytes(tm_runtime runtime, tm_tensor tensor, uint64_t*
 
 /**
  * Copies bytes [offset, offset + bytes) from host memory src into the tensor. The write lands in
- * the fastest tier holding a valid copy (the home tier, or DRAM for an NVMe home, when none);
- * every other copy becomes stale and is freed.
+ * the fastest tier holding a valid copy (the home tier when none: an NVMe home is written on
+ * NVMe, through a staging slot); every other copy becomes stale and is freed. TM_ERR_BUSY if
+ * another tier's copy is acquired; a copy acquired for reading in the tier written is written in
+ * place.
  */
 TM_API tm_status tm_tensor_write(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
                                  const void* src, uint64_t bytes);
@@ -445,7 +448,8 @@ TM_API tm_status tm_tensor_release(tm_runtime runtime, tm_tensor tensor, tm_tier
 
 /**
  * Unpins one acquire of the tensor in tier once the work queued so far on stream (a
- * cudaStream_t; NULL: the legacy default stream) has finished, without blocking the host, as
+ * cudaStream_t; NULL: no stream, as tm_tensor_release; (void*)1 for the legacy default
+ * stream) has finished, without blocking the host, as
  * PyTorch's record_stream does: an event is recorded on the stream, and the copy is not evicted,
  * refilled, read or offloaded before that event has passed. The pin itself is dropped at once
  * (tm_tensor_destroy and a later acquire do not fail with TM_ERR_BUSY); tiermem waits for the

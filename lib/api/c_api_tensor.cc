@@ -38,9 +38,9 @@ TensorDesc ToTensorDesc(const tm_tensor_desc& desc) {
 extern "C" {
 
 TM_API tm_status tm_tensor_create(tm_runtime runtime, const tm_tensor_desc* desc, tm_tensor* out) {
+  if (out != nullptr) out->bits = 0;  // zero on any failure, whichever argument is wrong
   if (desc == nullptr) return NullArgument("tm_tensor_create", "desc");
   if (out == nullptr) return NullArgument("tm_tensor_create", "out");
-  out->bits = 0;
   if (tm_status s = CheckDesc(desc); s != TM_OK) return s;
   return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
     auto h = rt.CreateTensor(ToTensorDesc(*desc));
@@ -54,11 +54,12 @@ TM_API tm_status tm_tensor_create_copy_in_async(tm_runtime runtime, const tm_ten
                                                 const void* src, void* stream, tm_tensor* out,
                                                 int32_t* done) {
   constexpr const char* kFn = "tm_tensor_create_copy_in_async";
+  // On any failure *out is zero and *done 0, whichever argument is wrong.
+  if (out != nullptr) out->bits = 0;
+  if (done != nullptr) *done = 0;
   if (desc == nullptr) return NullArgument(kFn, "desc");
   if (out == nullptr) return NullArgument(kFn, "out");
   if (done == nullptr) return NullArgument(kFn, "done");
-  out->bits = 0;
-  *done = 0;
   if (tm_status s = CheckDesc(desc); s != TM_OK) return s;
   if (src == nullptr && desc->bytes > 0) return NullArgument(kFn, "src");
   return WithRuntime(runtime, [&](Runtime& rt) -> absl::Status {
