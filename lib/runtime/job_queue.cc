@@ -221,13 +221,4 @@ absl::Status Movers::RunJob(Tensor& t, const Job& job) {
   return s;
 }
 
-void Movers::CancelPrefetches(tm_tier tier) {
-  counters_.cancelled += jobs_.RemoveIf([&](const Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (job.kind == JobKind::kOffload || job.tier != tier) return false;
-    if (Tensor* t = core_.Lookup(job.handle); t != nullptr) --t->queued;
-    return true;
-  });
-  core_.NotifyChanged();
-}
-
 }  // namespace tiermem

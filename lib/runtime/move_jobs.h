@@ -1,7 +1,7 @@
 // The queue of asynchronous moves, with the signal that wakes the mover threads: what the
 // Prefetcher queues (its prefetches, and the offloads a coming use supersedes, which it cancels)
-// and what Movers queue and drain. Owns the queue and the signal; calls the core only (to wait
-// for work under the runtime's lock).
+// and what Movers queue and drain; Room cancels the prefetches a waiting demand's tier has queued.
+// Owns the queue and the signal; calls the core only (to wait for work under the runtime's lock).
 #pragma once
 
 #include <optional>
@@ -40,6 +40,17 @@ class MoveJobs {
   uint64_t CancelQueuedOffloads(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
     return queue_.RemoveIf(
         [handle](const Job& job) { return job.handle == handle && job.kind == JobKind::kOffload; });
+  }
+  // Removes the queued (not running) prefetches into `tier` (a demand waits for room: they
+  // would only take it); how many.
+  uint64_t CancelPrefetches(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    const uint64_t cancelled = queue_.RemoveIf([&](const Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      if (job.kind == JobKind::kOffload || job.tier != tier) return false;
+      if (Tensor* t = core_.Lookup(job.handle); t != nullptr) --t->queued;
+      return true;
+    });
+    core_.NotifyChanged();
+    return cancelled;
   }
   // Jobs queued or running; bytes of prefetches queued or running.
   uint64_t outstanding() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {

@@ -37,8 +37,6 @@ class Movers {
   // nothing when none is parked.
   void RequeueParkedOffloads(std::optional<tm_tier> freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
-  // Removes the queued (not yet started) prefetches into `tier`: a demand needs the room.
-  void CancelPrefetches(tm_tier tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Runs t's parked offload, if any, on the caller's thread (a sync).
   void RunParkedOffload(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 

@@ -12,11 +12,32 @@
 
 namespace tiermem {
 
+absl::StatusOr<Extent> Moves::Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why,
+                                       bool* made_room, std::vector<RangeFence>* behind) {
+  Room::Request req(t, tier, want, why, made_room, behind);
+  for (;;) {
+    std::optional<absl::StatusOr<Extent>> done = room_.Allocate(req);
+    if (done.has_value()) return *std::move(done);
+    // Room chose a window of victims: each dropped by Room, or written down here first.
+    for (const uint64_t handle : std::vector<uint64_t>(req.victims)) {
+      Tensor* v = core_.Lookup(handle);
+      if (v == nullptr) continue;
+      const std::optional<Room::WriteDown> w = room_.Evict(req, *v);
+      if (!w.has_value()) continue;
+      absl::Status s = MakeValid(*v, w->to, {}, w->want);
+      if (!s.ok() && w->from == TM_TIER_HBM && absl::IsResourceExhausted(s)) {
+        s = MakeValid(*v, TM_TIER_NVME, {}, w->want);
+      }
+      if (auto failed = room_.WrittenDown(req, *v, *w, std::move(s)); !failed.ok()) return failed;
+    }
+  }
+}
+
 absl::Status Moves::Rebuild(Tensor& t, tm_tier dst, const CallerStream& caller, Want want,
                             DropReason* why) {
   if (auto s = recompute_.CheckRebuild(t, dst, want, why); !s.ok()) return s;
   BusyScope busy(t, core_);  // no other operation touches it until the rebuild is committed
-  auto extent = room_.Allocate(t, dst, want, why);
+  auto extent = Allocate(t, dst, want, why);
   if (want.release_room) core_.ReleaseRoom();
   if (!extent.ok()) {
     return WithContext(extent.status(), absl::StrFormat("room to recompute tensor \"%s\" in %s",
@@ -47,7 +68,7 @@ absl::Status Moves::MakeValid(Tensor& t, tm_tier dst, const CallerStream& caller
   const bool read_through = dst == TM_TIER_HBM && ReadThroughDram(t, want);
   BusyScope busy(t, core_);  // for the whole move: eviction below may release the lock too
   std::vector<RangeFence> behind;
-  auto extent = room_.Allocate(t, dst, want, why, nullptr, &behind);
+  auto extent = Allocate(t, dst, want, why, nullptr, &behind);
   if (want.release_room) core_.ReleaseRoom();  // room made: the move needs none
   if (!extent.ok()) return extent.status();
 
@@ -124,7 +145,7 @@ bool Moves::StartPrefetch(Tensor& t, uint64_t horizon) {
   want.evicts = false;  // evicting writes down and waits: a mover's work
   DropReason why = DropReason::kNone;
   std::vector<RangeFence> behind;
-  auto extent = room_.Allocate(t, kDst, want, &why, nullptr, &behind);
+  auto extent = Allocate(t, kDst, want, &why, nullptr, &behind);
   if (!extent.ok()) return false;  // the mover may evict for it, or drops it (counted)
   if (!behind.empty()) {
     core_.tiers()->space(kDst).Free(*extent);
@@ -213,7 +234,7 @@ absl::Status Moves::Reserve(Tensor& t, tm_tier tier, bool* made_room) {
   if (t.copy(tier).valid()) return absl::OkStatus();
   BusyScope busy(t, core_);
   std::vector<RangeFence> behind;
-  auto e = room_.Allocate(t, tier, Want{}, nullptr, made_room, &behind);
+  auto e = Allocate(t, tier, Want{}, nullptr, made_room, &behind);
   if (!e.ok()) return e.status();
   t.BeginFill(tier, *e);
   // Memory a copy down still reads: the caller's writes wait for it as for a caller's use (on

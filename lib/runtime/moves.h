@@ -55,6 +55,12 @@ class Moves {
   // Inclusive DRAM, upward: the DRAM copy WriteThrough asks for before a move of t from NVMe to
   // HBM (ReadThroughWant), made; whether it was.
   bool ReadThroughDram(Tensor& t, Want want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  // Space for t in `tier` (Room::Allocate), the victims Room asks to write down written down
+  // first (MakeValid one tier down).
+  absl::StatusOr<Extent> Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why,
+                                  bool* made_room = nullptr,
+                                  std::vector<RangeFence>* behind = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The plan of MakeValid's move, its destination reserved; its trace event (t busy, unlocked).
   MovePlan PrepareMove(Tensor& t, tm_tier dst, const Extent& extent, const CallerStream& caller)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);

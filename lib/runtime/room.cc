@@ -128,27 +128,6 @@ constexpr absl::string_view kLeavesNoHole =
 
 }  // namespace
 
-absl::Status Room::EvictWindow(const Tensor& t, const EvictionPlan& plan, tm_tier tier, Want want,
-                               bool fragmented, DropReason* why) {
-  // For the trace only (t is busy, being moved, but the lock is released meanwhile).
-  const std::string for_whom = core_.trace()->enabled() ? t.name : std::string();
-  for (size_t i = plan.window->first; i <= plan.window->last; ++i) {
-    if (plan.slots[i].kind != EvictionSlot::Kind::kEvictable) continue;
-    // Evictions release the lock: look the victim up again, and skip it when it changed.
-    Tensor* v = core_.Lookup(plan.owners[i]);
-    if (v == nullptr || v->busy() || v->copies[tier].pins > 0 || !v->copies[tier].valid() ||
-        v->copies[tier].state == CopyState::kWriting) {
-      continue;
-    }
-    if (auto s = Evict(*v, tier, want, for_whom); !s.ok()) {
-      if (want.kind != Want::kDemand && why != nullptr) *why = DropReason::kNoRoom;
-      return WithContext(s, absl::StrFormat("evicting \"%s\" to make room", v->name));
-    }
-    if (fragmented) ++counters_.fragmentation_evictions;
-  }
-  return absl::OkStatus();
-}
-
 std::string Room::ChunkRounding(tm_tier tier, uint64_t bytes) {
   // The framework's allocator is counted too, with a granule of 256: only mapped chunks count.
   if (tier != TM_TIER_HBM || core_.config().hbm_layout != HbmLayout::kMapped ||
@@ -215,71 +194,89 @@ absl::Status Room::OutOfRoom(const absl::Status& failed, EvictionPlan& plan, con
                                by.empty() ? "" : ": ", by, ChunkRounding(tier, t.bytes)));
 }
 
-// One Allocate's bookkeeping: whether it registered as a demand wanting room, and waited.
-struct Room::AllocateState {
-  bool wanting = false, waited = false;
-  bool backing_retried = false;  // the framework's allocator was asked again after evicting
-  bool compacted = false;        // HBM compaction was tried
-  bool made_room = false;        // the first try found no hole
-  Trace::Clock::time_point start = Trace::Clock::now();
-};
+std::optional<absl::StatusOr<Extent>> Room::Allocate(Request& req) {
+  const uint64_t need = core_.tiers()->space(req.tier).Rounded(req.t.bytes);
+  if (!req.admitted) {
+    if (auto s = AdmitPrefetch(req.t, req.tier, req.want, need, req.why); !s.ok()) return s;
+    req.admitted = true;
+    if (core_.trace()->enabled()) req.for_whom = req.t.name;
+  }
+  req.victims.clear();
+  std::optional<absl::StatusOr<Extent>> result = MakeRoom(req, need);
+  if (!result.has_value()) return std::nullopt;  // the caller evicts req.victims first
+  return Finish(req, *std::move(result));
+}
 
-absl::StatusOr<Extent> Room::Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why,
-                                      bool* made_room, std::vector<RangeFence>* behind) {
-  TierSpace& space = core_.tiers()->space(tier);
-  const uint64_t need = space.Rounded(t.bytes);
-  if (auto s = AdmitPrefetch(t, tier, want, need, why); !s.ok()) return s;
-  AllocateState st;
-  absl::StatusOr<Extent> result = MakeRoom(t, tier, want, need, why, st);
-  if (st.wanting) core_.UnwantRoom(tier);
-  if (made_room != nullptr) *made_room = st.made_room;
-  if (result.ok() && want.kind == Want::kPrefetch && tier != TM_TIER_NVME && !space.counted() &&
-      !LeavesHoles(t, tier, want)) {
+absl::StatusOr<Extent> Room::Finish(Request& req, absl::StatusOr<Extent> result) {
+  TierSpace& space = core_.tiers()->space(req.tier);
+  Tensor& t = req.t;
+  if (req.wanting) core_.UnwantRoom(req.tier);
+  req.wanting = false;
+  if (req.made_room != nullptr) *req.made_room = req.room_made;
+  if (result.ok() && req.want.kind == Want::kPrefetch && req.tier != TM_TIER_NVME &&
+      !space.counted() && !LeavesHoles(t, req.tier, req.want)) {
     space.Free(*result);
-    return DroppedPrefetch(t, tier, DropReason::kNoRoom, kLeavesNoHole, why);
+    return DroppedPrefetch(t, req.tier, DropReason::kNoRoom, kLeavesNoHole, req.why);
   }
   if (result.ok()) {
     // Memory a copy down is still reading (Vacate): the caller writes after its fences, or
     // this waits for them (t is busy: nothing else touches it meanwhile).
-    std::vector<RangeFence> fences = BehindFences(tier, result->offset, result->size);
-    if (behind != nullptr) {
-      *behind = std::move(fences);
+    std::vector<RangeFence> fences = BehindFences(req.tier, result->offset, result->size);
+    if (req.behind != nullptr) {
+      *req.behind = std::move(fences);
     } else if (!fences.empty()) {
-      st.waited = true;
+      req.waited = true;
       core_.Unlock();
       for (const RangeFence& r : fences) (void)r.fence->Wait();  // a failure is the copy's
       core_.Lock();
     }
   }
-  if (st.waited) {
+  if (req.waited) {
     ++counters_.demand_waits;
     counters_.demand_wait_ns += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Trace::Clock::now() - st.start)
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Trace::Clock::now() - req.start)
             .count());
   }
   return result;
 }
 
-absl::StatusOr<Extent> Room::MakeRoom(Tensor& t, tm_tier tier, Want want, uint64_t need,
-                                      DropReason* why, AllocateState& st) {
+std::vector<uint64_t> Room::Victims(const EvictionPlan& plan) {
+  std::vector<uint64_t> victims;
+  for (size_t i = plan.window->first; i <= plan.window->last; ++i) {
+    if (plan.slots[i].kind == EvictionSlot::Kind::kEvictable) victims.push_back(plan.owners[i]);
+  }
+  return victims;
+}
+
+absl::StatusOr<Extent> Room::TryAllocate(Tensor& t, tm_tier tier) {
+  TierSpace& space = core_.tiers()->space(tier);
+  auto frees_after = [&](uint64_t owner)
+                         ABSL_NO_THREAD_SAFETY_ANALYSIS { return FreesAfter(owner, tier); };
+  auto e = space.Allocate(t.bytes, t.name, t.handle, frees_after);
+  if (!e.ok() && absl::IsResourceExhausted(e.status()) && core_.HasDeferred()) {
+    // What callers' work has finished with, and memory copies down leave (vacate.cc).
+    core_.ReapDeferredForRoom(tier);
+    e = space.Allocate(t.bytes, t.name, t.handle, frees_after);
+  }
+  return e;
+}
+
+std::optional<absl::StatusOr<Extent>> Room::MakeRoom(Request& req, uint64_t need) {
+  Tensor& t = req.t;
+  const tm_tier tier = req.tier;
+  const Want want = req.want;
+  DropReason* const why = req.why;
   TierSpace& space = core_.tiers()->space(tier);
   for (;;) {
     if (want.kind != Want::kDemand && core_.RoomWanted(tier)) {
       return DroppedPrefetch(t, tier, DropReason::kDemand, "a demand needs the room", why);
     }
-    auto frees_after = [&](uint64_t owner)
-                           ABSL_NO_THREAD_SAFETY_ANALYSIS { return FreesAfter(owner, tier); };
-    auto e = space.Allocate(t.bytes, t.name, t.handle, frees_after);
-    if (!e.ok() && absl::IsResourceExhausted(e.status()) && core_.HasDeferred()) {
-      // What callers' work has finished with, and memory copies down leave (vacate.cc).
-      core_.ReapDeferredForRoom(tier);
-      e = space.Allocate(t.bytes, t.name, t.handle, frees_after);
-    }
+    absl::StatusOr<Extent> e = TryAllocate(t, tier);
     // The framework's allocator was short though the budget had room (lib/tiers/tier_space.h):
     // it may be short because tiermem holds its memory, so a demand gives back copies of
     // `need` bytes, once, and asks again; a prefetch is dropped.
     const bool backing_short = !e.ok() && IsBackingShort(e.status());
-    if (backing_short && (want.kind != Want::kDemand || st.backing_retried)) {
+    if (backing_short && (want.kind != Want::kDemand || req.backing_retried)) {
       if (want.kind != Want::kDemand && why != nullptr) *why = DropReason::kNoRoom;
       return e;
     }
@@ -288,11 +285,11 @@ absl::StatusOr<Extent> Room::MakeRoom(Tensor& t, tm_tier tier, Want want, uint64
       return e;
     }
     if (need == 0) return NeverFits(e.status(), t, tier);
-    st.made_room = true;
+    req.room_made = true;
     if (!want.evicts)
       return DroppedPrefetch(t, tier, DropReason::kNoRoom, "it takes only free room", why);
-    if (want.kind == Want::kDemand && !st.wanting) {
-      st.wanting = true;
+    if (want.kind == Want::kDemand && !req.wanting) {
+      req.wanting = true;
       core_.WantRoom(tier);
     }
     // Backing short: the budget's free bytes count in a window but free nothing in the
@@ -301,25 +298,27 @@ absl::StatusOr<Extent> Room::MakeRoom(Tensor& t, tm_tier tier, Want want, uint64
         PlanEviction(t, tier, want, backing_short ? need + space.free_bytes() : need);
     const bool victims = plan.window.has_value() && plan.window->victims > 0;
     if (backing_short) {
-      st.backing_retried = true;
+      req.backing_retried = true;
       if (!victims) return e;
     }
     if (victims) {
       // Free bytes sufficed, no hole did: the window clears contiguity, not bytes.
       const bool fragmented = !backing_short && plan.free_bytes >= need;
-      if (fragmented && SlidRatherThanEvict(plan, tier, need, st)) continue;
-      // A prefetch whose allocation the hole check would undo evicts nothing first.
+      if (fragmented && SlidRatherThanEvict(plan, tier, need, req)) continue;
+      // A prefetch whose allocation the hole check would undo evicts nothing firreq.
       if (want.kind == Want::kPrefetch && !space.counted() &&
           !LeavesHoles(t, tier, want, WindowPlaced(plan, need))) {
         return DroppedPrefetch(t, tier, DropReason::kNoRoom, kLeavesNoHole, why);
       }
-      if (auto s = EvictWindow(t, plan, tier, want, fragmented, why); !s.ok()) return s;
-      continue;
+      // The caller evicts them (writing down what must be), then asks again.
+      req.fragmented = fragmented;
+      req.victims = Victims(plan);
+      return std::nullopt;
     }
     // No window: the free bytes may still be there, split by copies nobody holds. Slide those
     // together (once per request) and look again.
-    if (!st.compacted && plan.free_bytes >= need) {
-      st.compacted = true;
+    if (!req.compacted && plan.free_bytes >= need) {
+      req.compacted = true;
       if (Compact(tier, need)) continue;
     }
     if (want.kind != Want::kDemand) {
@@ -332,9 +331,9 @@ absl::StatusOr<Extent> Room::MakeRoom(Tensor& t, tm_tier tier, Want want, uint64
     // A demand: prefetches queued for this tier would only take room; moves in flight will
     // finish (and their copies become evictable), so wait for them. Only when nothing is in
     // flight and the pinned copies leave no hole is the request beyond help.
-    movers_.CancelPrefetches(tier);
+    counters_.cancelled += jobs_.CancelPrefetches(tier);
     if (plan.in_flight || plan.window.has_value()) {
-      st.waited = true;
+      req.waited = true;
       core_.WaitForChange(absl::Milliseconds(20));
       continue;
     }
@@ -343,52 +342,75 @@ absl::StatusOr<Extent> Room::MakeRoom(Tensor& t, tm_tier tier, Want want, uint64
 }
 
 bool Room::SlidRatherThanEvict(const EvictionPlan& plan, tm_tier tier, uint64_t need,
-                               AllocateState& st) {
+                               Request& req) {
   // The window evicts copies used again, which would cross the link twice to come back (once,
   // a clean one): sliding copies together at device speed (once per request) is cheaper when
   // it moves no more bytes than the window would evict.
-  if (st.compacted || !UsedAgain(*plan.window)) return false;
-  st.compacted = true;
+  if (req.compacted || !UsedAgain(*plan.window)) return false;
+  req.compacted = true;
   const std::optional<uint64_t> slide = CompactionBytes(tier, need);
   return slide.has_value() && *slide <= plan.window->evicted_bytes && Compact(tier, need);
 }
 
-absl::Status Room::Evict(Tensor& v, tm_tier tier, Want want, const std::string& for_whom) {
+std::optional<Room::WriteDown> Room::Evict(Request& req, Tensor& v) {
+  const tm_tier tier = req.tier;
+  // Evictions release the lock (a write-down, a landing waited for): skip a victim that
+  // changed since the window was planned.
+  if (v.busy() || v.copies[tier].pins > 0 || !v.copies[tier].valid() ||
+      v.copies[tier].state == CopyState::kWriting) {
+    return std::nullopt;
+  }
   const Trace::Clock::time_point start = Trace::Clock::now();
-  const uint64_t bytes = v.bytes;
   if (v.landing.has_value() && v.landing_tier == tier) {
     core_.WaitLanded(v);  // its stream-ordered copy must be done before its memory is reused
-    if (!v.copy(tier).valid()) return absl::OkStatus();
+    if (!v.copy(tier).valid()) {
+      if (req.fragmented) ++counters_.fragmentation_evictions;
+      return std::nullopt;
+    }
   }
   const bool clean = !v.only_copy(tier);  // another tier holds the bytes: dropped, not written
   if (!clean && recompute_.DropsForRecompute(v, tier)) {
-    recompute_.DropForRecompute(v, tier,
-                                start);  // rebuilt by its callback: cheaper than the round trip
+    recompute_.DropForRecompute(v, tier, start);  // rebuilt by its callback: cheaper than the
+                                                  // round trip
+    if (req.fragmented) ++counters_.fragmentation_evictions;
+    return std::nullopt;
+  }
+  if (clean) {
+    Evicted(req, v, true, start);
+    return std::nullopt;
+  }
+  // The only copy: written one tier down first (which may evict there in turn). From HBM,
+  // when DRAM cannot take it, straight to NVMe through the staging slots.
+  WriteDown w{tier, static_cast<tm_tier>(tier + 1), req.want, start};
+  w.want.release_room = false;  // part of making room: the token stays
+  // HBM's copy goes once DRAM has it: hand it on, and let the move making room follow.
+  w.want.vacates = w.want.lands = tier == TM_TIER_HBM;
+  return w;
+}
+
+absl::Status Room::WrittenDown(Request& req, Tensor& v, const WriteDown& w, absl::Status s) {
+  if (!s.ok()) {
+    if (req.want.kind != Want::kDemand && req.why != nullptr) *req.why = DropReason::kNoRoom;
+    return Finish(req, WithContext(s, absl::StrFormat("evicting \"%s\" to make room", v.name)))
+        .status();
+  }
+  // Acquired or changed while the lock was released: look again. (Absent: handed on as its
+  // copy down ran, see vacate.cc.)
+  const CopyState state = v.copy(w.from).state;
+  if (v.copy(w.from).pins > 0 || (state != CopyState::kValid && state != CopyState::kAbsent)) {
+    if (req.fragmented) ++counters_.fragmentation_evictions;
     return absl::OkStatus();
   }
-  if (!clean) {
-    // The only copy: write it one tier down first (which may evict there in turn). From HBM,
-    // when DRAM cannot take it, straight to NVMe through the staging slots.
-    const tm_tier lower = static_cast<tm_tier>(tier + 1);
-    Want down = want;
-    down.release_room = false;  // part of making room: the token stays
-    // HBM's copy goes once DRAM has it: hand it on, and let the move making room follow.
-    down.vacates = down.lands = tier == TM_TIER_HBM;
-    absl::Status s = moves_.MakeValid(v, lower, {}, down);
-    if (!s.ok() && tier == TM_TIER_HBM && absl::IsResourceExhausted(s)) {
-      s = moves_.MakeValid(v, TM_TIER_NVME, {}, down);
-    }
-    if (!s.ok()) return s;
-    // Acquired or changed while the lock was released: look again. (Absent: handed on as its
-    // copy down ran, see vacate.cc.)
-    const CopyState state = v.copy(tier).state;
-    if (v.copy(tier).pins > 0 || (state != CopyState::kValid && state != CopyState::kAbsent)) {
-      return absl::OkStatus();
-    }
-  }
-  core_.FreeCopy(v, tier);
+  Evicted(req, v, false, w.start);
+  return absl::OkStatus();
+}
+
+void Room::Evicted(Request& req, Tensor& v, bool clean, Trace::Clock::time_point start) {
+  const uint64_t bytes = v.bytes;
+  core_.FreeCopy(v, req.tier);
   ++counters_.evictions;
   counters_.eviction_bytes += bytes;
+  if (req.fragmented) ++counters_.fragmentation_evictions;
   if (clean) {
     ++counters_.clean_drops;
     counters_.clean_drop_bytes += bytes;
@@ -399,10 +421,9 @@ absl::Status Room::Evict(Tensor& v, tm_tier tier, Want want, const std::string& 
                                            "a scheduled prefetch"};
     core_.trace()->Add(clean ? Trace::kCleanDrop : Trace::kEviction, v.name, start,
                        Trace::Clock::now(), bytes,
-                       absl::StrFormat("room in %s for tensor \"%s\", %s", tm_tier_name(tier),
-                                       for_whom, kFor[want.kind]));
+                       absl::StrFormat("room in %s for tensor \"%s\", %s", tm_tier_name(req.tier),
+                                       req.for_whom, kFor[req.want.kind]));
   }
-  return absl::OkStatus();
 }
 
 }  // namespace tiermem

@@ -1,39 +1,81 @@
 // Room in a tier: allocation, eviction (the cheapest window), do-no-harm admission of scheduled
 // prefetches (admission.cc), compaction of HBM (compaction.cc), and HBM memory handed on behind
-// a copy down (vacate.cc). Owns the parts of HBM so handed on (vacating_). Calls the core, Moves
-// to write a victim down, RecomputeCallbacks to drop one instead, Prefetcher for the schedule
-// and to refill, Movers to cancel queued prefetches.
+// a copy down (vacate.cc). Owns the parts of HBM so handed on (vacating_). Decides; never moves
+// bytes: a victim that must be written down first is handed back to the caller (Moves) as a
+// WriteDown, and the caller asks again. Calls the core, RecomputeCallbacks to drop a victim
+// instead, Prefetcher for the schedule and to refill, MoveJobs to cancel queued prefetches.
 #pragma once
 
 #include "lib/runtime/core.h"
 
 namespace tiermem {
 
-class Moves;
 class Prefetcher;
-class Movers;
+class MoveJobs;
 class RecomputeCallbacks;
 
 class Room {
  public:
-  Room(Core& core, Moves& moves, Prefetcher& prefetcher, Movers& movers,
-       RecomputeCallbacks& recompute)
-      : core_(core),
-        moves_(moves),
-        prefetcher_(prefetcher),
-        movers_(movers),
-        recompute_(recompute) {}
+  Room(Core& core, Prefetcher& prefetcher, MoveJobs& jobs, RecomputeCallbacks& recompute)
+      : core_(core), prefetcher_(prefetcher), jobs_(jobs), recompute_(recompute) {}
   Room(const Room&) = delete;
   Room& operator=(const Room&) = delete;
 
-  // Space for t in `tier`: evicts the cheapest window of copies when the tier is full, waits
-  // for moves in flight when a demand finds nothing to evict. *made_room (when given) is set
-  // when the first try found no hole: copies were evicted or slid, or the call waited.
-  // In HBM where copies down still read (Vacate): their fences go to *behind, for the caller
-  // to write after; without `behind`, Allocate waits for them.
-  absl::StatusOr<Extent> Allocate(Tensor& t, tm_tier tier, Want want, DropReason* why,
-                                  bool* made_room = nullptr,
-                                  std::vector<RangeFence>* behind = nullptr)
+  // One request for space: its arguments and Room's bookkeeping of it, carried by the caller
+  // from one Allocate to the next across the write-downs Allocate asks for (the caller reads
+  // `victims` and writes nothing).
+  struct Request {
+    Request(Tensor& tensor, tm_tier in, Want w, DropReason* why_out, bool* made_room_out,
+            std::vector<RangeFence>* behind_out)
+        : t(tensor),
+          tier(in),
+          want(w),
+          why(why_out),
+          made_room(made_room_out),
+          behind(behind_out) {}
+    Tensor& t;
+    const tm_tier tier;
+    const Want want;
+    DropReason* const why;
+    bool* const made_room;
+    std::vector<RangeFence>* const behind;
+    bool admitted = false;         // the do-no-harm admission passed
+    bool wanting = false;          // registered as a demand wanting room (Core::WantRoom)
+    bool waited = false;           // waited for moves in flight or for copies down
+    bool backing_retried = false;  // the framework's allocator was asked again after evicting
+    bool compacted = false;        // HBM compaction was tried
+    bool room_made = false;        // the first try found no hole
+    bool fragmented = false;       // the victims clear contiguity, not bytes
+    std::string for_whom;          // t's name, for the trace of evictions
+    Trace::Clock::time_point start = Trace::Clock::now();
+    std::vector<uint64_t> victims;  // the window to evict before asking again, in order
+  };
+  // A victim's copy to write one tier down before its memory is free: the caller moves it
+  // (to `to` with `want`; from HBM, when DRAM has no room for it, to NVMe) and says how that
+  // went with WrittenDown.
+  struct WriteDown {
+    tm_tier from, to;
+    Want want;
+    Trace::Clock::time_point start;
+  };
+
+  // Space for req.t in req.tier: evicts the cheapest window of copies when the tier is full,
+  // waits for moves in flight when a demand finds nothing to evict. nullopt: evict
+  // req.victims first (each through Evict, and WrittenDown where Evict asks for a write-down),
+  // then call again with the same req. *made_room (when given) is set when the first try found
+  // no hole: copies were evicted or slid, or the call waited. In HBM where copies down still
+  // read (Vacate): their fences go to *behind, for the caller to write after; without
+  // `behind`, Allocate waits for them.
+  std::optional<absl::StatusOr<Extent>> Allocate(Request& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  // One victim of req.victims: its copy in req.tier dropped (clean, or rebuilt by its
+  // recompute callback) or left (changed since the window was planned); or the write-down it
+  // needs first (then WrittenDown).
+  std::optional<WriteDown> Evict(Request& req, Tensor& v)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  // After the write-down Evict asked for (its outcome s): v's copy freed when it still may be.
+  // A failure ends the request: the error returned is Allocate's.
+  absl::Status WrittenDown(Request& req, Tensor& v, const WriteDown& w, absl::Status s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Lets t's move down hand its HBM memory on as it runs, when it may (see MayVacate below):
   // sets plan.on_vacate, which sets *vacated when it does.
@@ -46,18 +88,24 @@ class Room {
   const Counters& counters() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) { return counters_; }
 
  private:
-  struct AllocateState;
-  // Allocate's loop: allocates, else evicts a window, waits (a demand) or gives up.
-  absl::StatusOr<Extent> MakeRoom(Tensor& t, tm_tier tier, Want want, uint64_t need,
-                                  DropReason* why, AllocateState& st)
+  struct EvictionPlan;
+  // Allocate's loop: allocates, else plans a window to evict (nullopt: req.victims set),
+  // waits (a demand) or gives up.
+  std::optional<absl::StatusOr<Extent>> MakeRoom(Request& req, uint64_t need)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  // The copies plan's window evicts, in the order of the layout.
+  static std::vector<uint64_t> Victims(const EvictionPlan& plan);
+  // One try in the free holes (and, when none fits, again after reaping deferred frees).
+  absl::StatusOr<Extent> TryAllocate(Tensor& t, tm_tier tier)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  // Allocate's end: the room wanted let go, the hole check of a prefetch, the fences behind.
+  absl::StatusOr<Extent> Finish(Request& req, absl::StatusOr<Extent> result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  // A copy evicted: freed, counted, traced.
+  void Evicted(Request& req, Tensor& v, bool clean, Trace::Clock::time_point start)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Do no harm: whether a scheduled prefetch may take `need` bytes in `tier` at all.
   absl::Status AdmitPrefetch(Tensor& t, tm_tier tier, Want want, uint64_t need, DropReason* why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
-  // Evicts the victims of a window to make room for `t`; an error ends the allocation.
-  struct EvictionPlan;
-  absl::Status EvictWindow(const Tensor& t, const EvictionPlan& plan, tm_tier tier, Want want,
-                           bool fragmented, DropReason* why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The error of a demand for `t` that cannot fit even with every unpinned copy evicted.
   absl::Status OutOfRoom(const absl::Status& failed, EvictionPlan& plan, const Tensor& t,
@@ -85,7 +133,7 @@ class Room {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // With free bytes enough but split: compacts instead of evicting plan's window when that
   // window takes copies used again and the slide moves no more bytes; true when it did.
-  bool SlidRatherThanEvict(const EvictionPlan& plan, tm_tier tier, uint64_t need, AllocateState& st)
+  bool SlidRatherThanEvict(const EvictionPlan& plan, tm_tier tier, uint64_t need, Request& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The bytes Compact would slide to form that hole, moving nothing; nullopt when it would not
   // form one.
@@ -132,16 +180,11 @@ class Room {
   // The hole plan's window leaves (with the free blocks beside it), and the `need` bytes a
   // request would take there.
   static Placed WindowPlaced(const EvictionPlan& plan, uint64_t need);
-  // Frees v's copy in `tier`: dropped when another copy is valid, written down first if not.
-  // `for_whom` is the tensor the room is for (the trace says whose room and why).
-  absl::Status Evict(Tensor& v, tm_tier tier, Want want, const std::string& for_whom)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
   Core& core_;
   Counters counters_ ABSL_GUARDED_BY(runtime_lock);
-  Moves& moves_;
   Prefetcher& prefetcher_;
-  Movers& movers_;
+  MoveJobs& jobs_;
   RecomputeCallbacks& recompute_;
   // Parts of HBM handed on while copies down read them (Vacate): written after their fences.
   std::vector<RangeFence> vacating_ ABSL_GUARDED_BY(runtime_lock);

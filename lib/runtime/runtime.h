@@ -137,7 +137,7 @@ class Runtime {
   Core core_;
   Counters counters_ ABSL_GUARDED_BY(runtime_lock);  // the façade's own (acquires, hits)
   Moves moves_{core_, room_, prefetcher_, write_through_, recompute_};
-  Room room_{core_, moves_, prefetcher_, movers_, recompute_};
+  Room room_{core_, prefetcher_, jobs_, recompute_};
   MoveJobs jobs_{core_};
   Prefetcher prefetcher_{core_, jobs_};
   Movers movers_{core_, jobs_, moves_, prefetcher_};
