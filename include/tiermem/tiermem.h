@@ -377,8 +377,9 @@ TM_API const char* tm_tier_name(tm_tier tier);
 /**
  * Creates a runtime: reads the environment, sets up the device, pins the DRAM pool, creates and
  * reserves the swap files. config may be NULL (everything from the environment).
- * Returns TM_ERR_CONFIG for an invalid setting, TM_ERR_DEVICE, TM_ERR_OUT_OF_MEMORY,
- * TM_ERR_NO_SPACE (the swap files could not be reserved) or TM_ERR_IO.
+ * Returns TM_ERR_INVALID_ARGUMENT (NULL out, a bad struct_size), TM_ERR_CONFIG for an invalid
+ * setting, TM_ERR_DEVICE, TM_ERR_OUT_OF_MEMORY, TM_ERR_NO_SPACE (the swap files could not be
+ * reserved), TM_ERR_IO or TM_ERR_UNSUPPORTED (docs/c-api.md). On failure *out is zero.
  */
 TM_API tm_status tm_runtime_create(const tm_config* config, tm_runtime* out);
 
