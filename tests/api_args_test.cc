@@ -159,6 +159,20 @@ TEST_F(ApiArgs, RuntimeCreateAndDestroy) {
   bad = SmallConfig(dir_.path());
   bad.log_level = static_cast<tm_log_level>(9);
   EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
+  // DRAM: the staging ring at its smallest (128 KiB) and less than one granule beside it is no
+  // tier at all (it was accepted with 0 bytes to hold a tensor); one granule beside it is one.
+  bad = SmallConfig(dir_.path());
+  bad.dram_bytes = (128 << 10) + 1024;
+  EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));
+  EXPECT_NE(std::string(tm_last_error()).find("leaves no room beside the 128 KiB staging pool"),
+            std::string::npos)
+      << tm_last_error();
+  bad.dram_bytes = (128 << 10) + (4 << 10);
+  ASSERT_EQ(tm_runtime_create(&bad, &rt), TM_OK) << tm_last_error();
+  tm_info info = TM_INFO_INIT;
+  EXPECT_STATUS(TM_OK, tm_runtime_info(rt, &info));
+  EXPECT_GT(info.tier_bytes[TM_TIER_DRAM], 0u);
+  EXPECT_STATUS(TM_OK, tm_runtime_destroy(rt));
   bad = SmallConfig(dir_.path());
   bad.io_block_size = 1000;
   EXPECT_STATUS(TM_ERR_CONFIG, tm_runtime_create(&bad, &rt));

@@ -90,10 +90,12 @@ absl::StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::CreateDram(
     uint64_t reserved, absl::string_view budget_name) {
   if (bytes == 0)
     return Error(TM_ERR_CONFIG, absl::StrFormat("%s resolves to 0 bytes", budget_name));
-  if (reserved >= bytes) {
-    return Error(TM_ERR_CONFIG,
-                 absl::StrFormat("%s=%s leaves no room beside the %s staging pool", budget_name,
-                                 HumanBytes(bytes), HumanBytes(reserved)));
+  if (reserved >= bytes || (bytes - reserved) / granule == 0) {
+    return Error(
+        TM_ERR_CONFIG,
+        absl::StrFormat("%s=%s leaves no room beside the %s staging pool (the tier needs "
+                        "one granule, %s, at least)",
+                        budget_name, HumanBytes(bytes), HumanBytes(reserved), HumanBytes(granule)));
   }
   std::unique_ptr<MemoryTier> t(
       new MemoryTier(TM_TIER_DRAM, device, (bytes - reserved) / granule * granule, granule));
