@@ -1,6 +1,7 @@
 // tiermem-probe --json: valid JSON that carries every field docs/probe.md's schema requires.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -202,12 +203,43 @@ TEST(Probe, PlanReadsTheProbesBandwidths) {
 }
 
 TEST(Probe, BadFlagsExitTwo) {
-  for (const char* flags : {"--sweep-blocks 3000", "--sweep-depths 0", "--tune-budget -1",
-                            "--repeats x", "--tune-bytes 1KiB", "--frobnicate"}) {
+  for (const char* flags :
+       {"--sweep-blocks 3000", "--sweep-depths 0", "--tune-budget -1", "--repeats x",
+        "--tune-bytes 1KiB", "--frobnicate",
+        // two runs asked for at once: refused, not one of them ignored
+        "--tune --sweep-only", "--sweep-only --no-sweep", "--config --json", "--config --tune"}) {
     const std::string out =
         Capture(std::string(TIERMEM_PROBE) + " " + flags + " 2>&1; echo \"exit=$?\"");
     EXPECT_NE(out.find("exit=2"), std::string::npos) << flags << ": " << out;
   }
+  // A value flag given last without its value says so (it was "unknown argument").
+  const std::string out =
+      Capture(std::string(TIERMEM_PROBE) + " --bench-bytes 2>&1; echo \"exit=$?\"");
+  EXPECT_NE(out.find("--bench-bytes needs a value"), std::string::npos) << out;
+  EXPECT_NE(out.find("exit=2"), std::string::npos) << out;
+}
+
+TEST(Probe, TuneOutThatCannotBeWrittenFailsBeforeTheSearch) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string out =
+      Capture(std::string("TIERMEM_DEVICE=emulated ") + TIERMEM_PROBE +
+              " --tune --tune-out /nonexistent-dir/x.env 2>&1; echo \"exit=$?\"");
+  EXPECT_NE(out.find("--tune-out /nonexistent-dir/x.env cannot be written"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("exit=1"), std::string::npos) << out;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "it tuned first";
+}
+
+TEST(Probe, DemoReadsEveryTensorBackFromNvme) {
+  // Inclusive DRAM (the default) would answer the reads from clean DRAM copies: the demo runs
+  // with exclusive tiers, so that "came back bit-exact" is a round trip through NVMe.
+  testing::TempDir dir;
+  const std::string out = Capture(
+      "TIERMEM_DEVICE=emulated TIERMEM_DRAM_BYTES=256MiB TIERMEM_NVME_BYTES=512MiB "
+      "TIERMEM_NVME_PATHS=" +
+      dir.path() + " " + TIERMEM_PROBE + " --no-bench 2>&1");
+  EXPECT_NE(out.find("6/6 tensors came back bit-exact"), std::string::npos) << out;
+  EXPECT_NE(out.find("nvme->dram 384 MiB"), std::string::npos) << out;
 }
 
 TEST(Probe, BadSettingExitsNonZeroNamingIt) {

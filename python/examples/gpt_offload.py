@@ -67,10 +67,12 @@ def mib(n):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tier", choices=["dram", "nvme"], default="nvme")
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--nvme-dir", default=None, help="swap file directory (default: a temp dir)")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--tier", choices=["dram", "nvme"], default="nvme",
+                    help="where the offloads go")
+    ap.add_argument("--steps", type=int, default=5, help="training steps")
+    ap.add_argument("--nvme-dir", default=None, help="swap file directory (none: a temporary one)")
     ap.add_argument("--dram", default="8MiB", help="DRAM tier budget")
     args = ap.parse_args()
 

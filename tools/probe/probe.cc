@@ -2,6 +2,7 @@
 // and --tune (tune.h); a table for humans or JSON (docs/probe.md).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -102,6 +103,25 @@ struct ProbeOptions {
   std::string tune_out = "tiermem.env";
 };
 
+// A flag that takes a value (given last, without one: "needs a value", not "unknown").
+bool IsValueFlag(const std::string& a) {
+  for (const char* f : {"--bench-bytes", "--sweep-bytes", "--tune-bytes", "--sweep-blocks",
+                        "--sweep-depths", "--repeats", "--tune-budget", "--tune-out"}) {
+    if (a == f) return true;
+  }
+  return false;
+}
+
+// Flags that ask for two different runs: refused (exit 2) rather than one of them ignored.
+std::optional<int> Contradiction(const ProbeOptions& o) {
+  if (o.config_only && (o.tune || o.json)) {
+    return Usage2("--config prints the settings and runs nothing: not with --tune or --json");
+  }
+  if (o.tune && o.sweep_only) return Usage2("--tune and --sweep-only are two different runs");
+  if (o.sweep_only && !o.sweep) return Usage2("--sweep-only and --no-sweep contradict each other");
+  return std::nullopt;
+}
+
 // Reads the flags into *o; an exit code when the run ends here (help, or a bad flag).
 std::optional<int> ParseArgs(int argc, char** argv, ProbeOptions* o) {
   SweepOptions& so = o->sweep_options;
@@ -160,13 +180,29 @@ std::optional<int> ParseArgs(int argc, char** argv, ProbeOptions* o) {
     } else if (a == "--help" || a == "-h") {
       Usage();
       return 0;
+    } else if (IsValueFlag(a)) {
+      return Usage2((a + " needs a value (tiermem-probe --help)").c_str());
     } else {
       std::fprintf(stderr, "tiermem-probe: unknown argument \"%s\"\n", a.c_str());
       Usage();
       return 2;
     }
   }
-  return std::nullopt;
+  return Contradiction(*o);
+}
+
+// Whether path can be written (created, or replaced): its directory, and the file if it exists.
+absl::Status CheckWritable(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : path.substr(0, std::max<size_t>(slash, 1));
+  if (access(dir.c_str(), W_OK | X_OK) != 0 ||
+      (access(path.c_str(), F_OK) == 0 && access(path.c_str(), W_OK) != 0)) {
+    return Error(TM_ERR_IO, absl::StrFormat("--tune-out %s cannot be written (%s): nothing was "
+                                            "tuned",
+                                            path, std::strerror(errno)));
+  }
+  return absl::OkStatus();
 }
 
 // --tune: the search, its env file written and loaded back as the runtime will load it.
@@ -238,6 +274,9 @@ int Main(int argc, char** argv) {
   const auto start = Clock::now();
   ProbeOptions o;
   if (std::optional<int> exit = ParseArgs(argc, argv, &o); exit.has_value()) return *exit;
+  if (o.tune) {  // where the file goes is checked first: the search takes up to a minute
+    if (absl::Status s = CheckWritable(o.tune_out); !s.ok()) return Fail(s);
+  }
   auto cfg = LoadConfig({}, ProcessEnvironment(), ProcessTiermemVariables());
   if (!cfg.ok()) return Fail(Error(TM_ERR_CONFIG, cfg.status().message()));
   if (!o.json) std::printf("tiermem-probe %s\n", tm_version_string());
