@@ -150,6 +150,16 @@ TEST(Probe, TuneWritesAnEnvFileTheRuntimeLoads) {
                         "TIERMEM_PREFETCH_DEPTH", "TIERMEM_NVME_GBPS"}) {
     EXPECT_TRUE(parsed->values.contains(v)) << v;
   }
+  // The prefetch depth in it is either measured or said to be the setting kept (a 2 s budget
+  // often runs out first: the file said nothing, as if tuned).
+  FILE* f = std::fopen(file.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string text(8192, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), f));
+  std::fclose(f);
+  EXPECT_TRUE(text.find("# step workload, prefetch depth ") != std::string::npos ||
+              text.find("# prefetch depth not measured") != std::string::npos)
+      << text;
   // The runtime reads it: each value's source is the file, and the values match.
   testing::ScopedEnv env("TIERMEM_ENV_FILE", file.c_str());
   tm_config cfg = testing::SmallConfig(dir.path());

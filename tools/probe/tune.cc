@@ -228,6 +228,12 @@ std::string EnvFileText(const TuneResult& r, const Config& base, const std::stri
   for (const auto& [d, sec] : r.depth_tried) {
     absl::StrAppendFormat(&out, "# step workload, prefetch depth %u: %.1f ms\n", d, sec * 1e3);
   }
+  if (r.depth_tried.empty()) {
+    absl::StrAppendFormat(&out,
+                          "# prefetch depth not measured (the budget ran out first): the setting "
+                          "in effect, %u, kept\n",
+                          r.depth_tuned);
+  }
   if (r.depth_rejected != 0) {
     absl::StrAppendFormat(&out, "# prefetch depth %u looked faster but lost a recheck: kept %u\n",
                           r.depth_rejected, r.depth_tuned);
