@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "json_check.h"
@@ -243,13 +245,20 @@ TEST(Probe, TuneOutThatCannotBeWrittenFailsBeforeTheSearch) {
 TEST(Probe, DemoReadsEveryTensorBackFromNvme) {
   // Inclusive DRAM (the default) would answer the reads from clean DRAM copies: the demo runs
   // with exclusive tiers, so that "came back bit-exact" is a round trip through NVMe.
+  // TIERMEM_TRACE holds the demo's moves: the probe's other runtime, destroyed last, used to
+  // replace them with its own trace, empty of them.
   testing::TempDir dir;
+  const std::string trace = dir.path() + "/trace.json";
   const std::string out = Capture(
       "TIERMEM_DEVICE=emulated TIERMEM_DRAM_BYTES=256MiB TIERMEM_NVME_BYTES=512MiB "
-      "TIERMEM_NVME_PATHS=" +
-      dir.path() + " " + TIERMEM_PROBE + " --no-bench 2>&1");
+      "TIERMEM_TRACE=" +
+      trace + " TIERMEM_NVME_PATHS=" + dir.path() + " " + TIERMEM_PROBE + " --no-bench 2>&1");
   EXPECT_NE(out.find("6/6 tensors came back bit-exact"), std::string::npos) << out;
   EXPECT_NE(out.find("nvme->dram 384 MiB"), std::string::npos) << out;
+  std::ifstream in(trace);
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* name : {"\"act-0\"", "\"act-5\""})
+    EXPECT_NE(json.find(name), std::string::npos) << name << " not in " << json;
 }
 
 TEST(Probe, BadSettingExitsNonZeroNamingIt) {

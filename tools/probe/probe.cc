@@ -285,6 +285,9 @@ int Main(int argc, char** argv) {
   // setting as configured.
   Config measured = *cfg;
   measured.dram_inclusive = false;
+  // TIERMEM_TRACE is the demo's (its runtime reads the environment again): two runtimes of one
+  // process writing one path leave the last one's trace, which would be this one's.
+  if (o.demo && !o.tune && !o.config_only) measured.trace = std::string();
   auto rt = Runtime::Create(measured);
   if (!rt.ok()) return Fail(rt.status());
   if (o.config_only) {
