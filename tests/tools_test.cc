@@ -5,6 +5,7 @@
 
 #include "tools/plan/probe_reading.h"
 #include "tools/probe/probe_dram.h"
+#include "tools/probe/tune.h"
 #include "tools/shared/json.h"
 
 namespace tiermem {
@@ -142,6 +143,29 @@ TEST(DramAdam, MeasuresAndIsThePlannersFigure) {
   EXPECT_NEAR(b->dram_bytes_per_s, m->adam_gbps * 1e9, 1e5);
   EXPECT_NE(b->dram_source.find("CPU Adam step, kernel " + m->adam_isa), std::string::npos)
       << b->dram_source;
+}
+
+// A search's pick that lost the final check is written down beside the defaults kept, with its
+// figures, not lost behind "nothing beat the defaults".
+TEST(TuneEnvFile, NamesThePickThatLostTheFinalCheck) {
+  TuneResult r;
+  r.engine = "io_uring";
+  r.io_default = IoPoint{1u << 20, 32, 1, 2.0, 3.0};
+  r.io_tuned = r.io_default;
+  r.io_kept_default = true;
+  r.depth_tuned = r.depth_default = 2;
+  const std::string plain = EnvFileText(r, Config{}, "/x/tiermem.env");
+  EXPECT_NE(plain.find("(nothing beat the defaults)"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("lost the final check"), std::string::npos) << plain;
+
+  r.io_rejected = IoPoint{4u << 20, 64, 2, 1.9, 3.05};
+  const std::string text = EnvFileText(r, Config{}, "/x/tiermem.env");
+  EXPECT_EQ(text.find("(nothing beat the defaults)"), std::string::npos) << text;
+  EXPECT_NE(text.find("the search's pick (block 4MiB, queue depth 64, 2 threads: 1.90 / 3.05 "
+                      "GB/s) lost the final check against the defaults: defaults kept"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("export TIERMEM_IO_BLOCK_SIZE=1MiB\n"), std::string::npos) << text;
 }
 
 TEST(ReadProbeJson, RejectsOtherDocuments) {

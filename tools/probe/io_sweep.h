@@ -23,6 +23,10 @@ struct IoPoint {
   double combined_gbps() const {
     return write_gbps > 0 && read_gbps > 0 ? 2 / (1 / write_gbps + 1 / read_gbps) : 0;
   }
+  // The same settings (whatever was measured).
+  bool SameSettings(const IoPoint& o) const {
+    return block_size == o.block_size && queue_depth == o.queue_depth && threads == o.threads;
+  }
 };
 
 class IoSweep {

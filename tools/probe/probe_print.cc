@@ -91,6 +91,16 @@ void PrintTune(const TuneResult& r, const std::string& file) {
                   ? r.io_tuned.combined_gbps() / r.io_default.combined_gbps()
                   : 0.0,
               r.io_kept_default ? ", defaults kept" : "");
+  if (r.io_rejected.has_value()) {
+    const IoPoint& p = *r.io_rejected;
+    std::printf("  I/O       search's pick block %s qd %u threads %u: %.2f / %.2f GB/s (%.2fx): "
+                "lost the final check\n",
+                HumanBytes(p.block_size).c_str(), p.queue_depth, p.threads, p.write_gbps,
+                p.read_gbps,
+                r.io_default.combined_gbps() > 0
+                    ? p.combined_gbps() / r.io_default.combined_gbps()
+                    : 0.0);
+  }
   std::printf("  prefetch  step workload, %.2f ms compute per forward layer:", r.compute_ms);
   for (const auto& [d, sec] : r.depth_tried) std::printf(" depth %u %.1f ms;", d, sec * 1e3);
   std::printf(" chosen %u (default %u)\n", r.depth_tuned, r.depth_default);
@@ -231,11 +241,13 @@ void PrintJson(Runtime& rt, const Findings& f) {
     std::printf(
         ",\n  \"tune\": {\"file\": \"%s\", \"seconds\": %.3f, \"budget_exhausted\": %s, "
         "\"engine\": \"%s\",\n    \"io_default\": %s,\n    \"io_tuned\": %s,\n"
-        "    \"io_kept_default\": %s, \"compute_ms\": %.4f, \"prefetch_depth_default\": %u, "
-        "\"prefetch_depth\": %u, \"prefetch_depth_rejected\": %u,\n    \"io_tried\": [",
+        "    \"io_kept_default\": %s, \"io_rejected\": %s,\n    \"compute_ms\": %.4f, "
+        "\"prefetch_depth_default\": %u, \"prefetch_depth\": %u, \"prefetch_depth_rejected\": %u,\n"
+        "    \"io_tried\": [",
         JsonEscape(f.tune_file).c_str(), r.seconds, r.budget_exhausted ? "true" : "false",
         r.engine.c_str(), JsonPoint(r.io_default).c_str(), JsonPoint(r.io_tuned).c_str(),
-        r.io_kept_default ? "true" : "false", r.compute_ms, r.depth_default, r.depth_tuned,
+        r.io_kept_default ? "true" : "false",
+        r.io_rejected.has_value() ? JsonPoint(*r.io_rejected).c_str() : "null", r.compute_ms, r.depth_default, r.depth_tuned,
         r.depth_rejected);
     for (size_t i = 0; i < r.io_tried.size(); ++i) {
       std::printf("%s\n      %s", i ? "," : "", JsonPoint(r.io_tried[i]).c_str());

@@ -197,11 +197,18 @@ absl::StatusOr<TuneResult> Tune(const Config& base, const TuneOptions& options,
   r.io_default = median(def);
   r.io_tuned = median(tuned);
   if (r.io_tuned.combined_gbps() <= r.io_default.combined_gbps()) {
+    if (!r.io_tuned.SameSettings(r.io_default)) r.io_rejected = r.io_tuned;
     r.io_tuned = r.io_default;
     r.io_kept_default = true;
   }
   r.seconds = budget.elapsed();
   return r;
+}
+
+std::string PointText(const IoPoint& p) {
+  return absl::StrFormat("block %s, queue depth %u, %u thread%s: %.2f / %.2f GB/s",
+                         SizeSetting{p.block_size, 0}.ToString(), p.queue_depth, p.threads,
+                         p.threads == 1 ? "" : "s", p.write_gbps, p.read_gbps);
 }
 
 std::string EnvFileText(const TuneResult& r, const Config& base, const std::string& path) {
@@ -224,7 +231,13 @@ std::string EnvFileText(const TuneResult& r, const Config& base, const std::stri
   absl::StrAppendFormat(
       &out, "# DRAM <-> NVMe, write / read GB/s: tuned %.2f / %.2f, defaults %.2f / %.2f%s\n",
       r.io_tuned.write_gbps, r.io_tuned.read_gbps, r.io_default.write_gbps, r.io_default.read_gbps,
-      r.io_kept_default ? " (nothing beat the defaults)" : "");
+      r.io_kept_default && !r.io_rejected ? " (nothing beat the defaults)" : "");
+  if (r.io_rejected.has_value()) {
+    absl::StrAppendFormat(&out,
+                          "# the search's pick (%s) lost the final check against the defaults: "
+                          "defaults kept\n",
+                          PointText(*r.io_rejected));
+  }
   for (const auto& [d, sec] : r.depth_tried) {
     absl::StrAppendFormat(&out, "# step workload, prefetch depth %u: %.1f ms\n", d, sec * 1e3);
   }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct TuneResult {
   IoPoint io_default, io_tuned;   // final side-by-side check, medians of interleaved runs
   std::vector<IoPoint> io_tried;  // every point of the search, in order
   bool io_kept_default = false;   // the search found nothing better than the defaults
+  // The search's pick when it lost the final check against the defaults (io_kept_default):
+  // its settings and its figures in that check. Empty when it won, or was the defaults.
+  std::optional<IoPoint> io_rejected;
   uint32_t depth_default = 0, depth_tuned = 0;
   uint32_t depth_rejected = 0;  // a depth that looked faster but lost the recheck; 0: none
   double compute_ms = 0;        // per forward layer of the step workload
