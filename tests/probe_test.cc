@@ -261,6 +261,22 @@ TEST(Probe, DemoReadsEveryTensorBackFromNvme) {
     EXPECT_NE(json.find(name), std::string::npos) << name << " not in " << json;
 }
 
+// --config shows what each budget resolved to, HBM, DRAM and NVMe alike, beside the percentage
+// given (DRAM and NVMe used to show the percentage and HBM the bytes).
+TEST(Probe, ConfigShowsResolvedBudgetsBesideWhatWasGiven) {
+  testing::TempDir dir;
+  const std::string out = Capture("TIERMEM_DEVICE=emulated TIERMEM_HBM_BYTES=1% "
+                                  "TIERMEM_DRAM_BYTES=1% TIERMEM_NVME_BYTES=1% TIERMEM_NVME_PATHS=" +
+                                  dir.path() + " " + TIERMEM_PROBE + " --config 2>&1");
+  for (const char* name : {"TIERMEM_HBM_BYTES", "TIERMEM_DRAM_BYTES", "TIERMEM_NVME_BYTES"}) {
+    const size_t at = out.find(name);
+    ASSERT_NE(at, std::string::npos) << out;
+    const std::string line = out.substr(at, out.find('\n', at) - at);
+    EXPECT_NE(line.find("(environment: 1%)"), std::string::npos) << line;
+    EXPECT_NE(line.find("iB "), std::string::npos) << line;  // bytes, in a binary unit
+  }
+}
+
 TEST(Probe, BadSettingExitsNonZeroNamingIt) {
   const std::string out = Capture(std::string("TIERMEM_IO_ENGINE=aio ") + TIERMEM_PROBE +
                                   " --json 2>&1; echo \"exit=$?\"");

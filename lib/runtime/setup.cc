@@ -311,6 +311,11 @@ absl::Status Runtime::InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm)
     dram = std::move(unbound);
   }
   if (!dram.ok()) return dram.status();
+  // A percentage's effective value is the bytes it resolved to, as for HBM (InitHbm).
+  if (core_.config().dram_bytes.percent > 0)
+    SetEntry(core_.mutable_config(), "TIERMEM_DRAM_BYTES", SizeSetting{dram_bytes, 0}.ToString());
+  if (core_.config().nvme_bytes.percent > 0)
+    SetEntry(core_.mutable_config(), "TIERMEM_NVME_BYTES", SizeSetting{nvme_bytes, 0}.ToString());
   core_.set_tiers(std::make_unique<Tiers>(std::move(hbm), std::move(*dram), std::move(*nvme)));
   core_.mutable_info().numa_node = st.node;
   core_.mutable_info().tier_bytes[TM_TIER_HBM] = core_.tiers()->space(TM_TIER_HBM).capacity();

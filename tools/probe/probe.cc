@@ -291,8 +291,16 @@ int Main(int argc, char** argv) {
   auto rt = Runtime::Create(measured);
   if (!rt.ok()) return Fail(rt.status());
   if (o.config_only) {
+    // What the runtime made of a setting (a percentage's bytes, `auto`'s choice) beside what
+    // was given.
     for (const auto& e : (*rt)->config().entries) {
-      std::printf("%-24s %-16s (%s)\n", e.name.c_str(), e.value.c_str(), e.source.c_str());
+      const std::optional<std::string> given = cfg->Value(e.name);
+      if (given.has_value() && *given != e.value) {
+        std::printf("%-24s %-16s (%s: %s)\n", e.name.c_str(), e.value.c_str(), e.source.c_str(),
+                    given->c_str());
+      } else {
+        std::printf("%-24s %-16s (%s)\n", e.name.c_str(), e.value.c_str(), e.source.c_str());
+      }
     }
     return 0;
   }
