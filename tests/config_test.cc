@@ -57,6 +57,16 @@ TEST(ParseSize, RejectsGarbageNamingIt) {
   }
 }
 
+// A fraction is refused as one, not as a unit it does not lack ("1.5M" used to be "unknown unit").
+TEST(ParseSize, SaysAFractionIsNotASize) {
+  for (const char* bad : {"1.5M", "1.5GiB", "2,5G", "0.5"}) {
+    auto s = ParseSize("TIERMEM_DRAM_BYTES", bad);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.status().message().find("no decimal point"), absl::string_view::npos)
+        << s.status().message();
+  }
+}
+
 TEST(LoadConfig, DefaultsWhenNothingIsSet) {
   auto c = LoadConfig({}, FakeEnv({}), {});
   ASSERT_TRUE(c.ok()) << c.status();

@@ -265,9 +265,10 @@ TEST(Probe, DemoReadsEveryTensorBackFromNvme) {
 // given (DRAM and NVMe used to show the percentage and HBM the bytes).
 TEST(Probe, ConfigShowsResolvedBudgetsBesideWhatWasGiven) {
   testing::TempDir dir;
-  const std::string out = Capture("TIERMEM_DEVICE=emulated TIERMEM_HBM_BYTES=1% "
-                                  "TIERMEM_DRAM_BYTES=1% TIERMEM_NVME_BYTES=1% TIERMEM_NVME_PATHS=" +
-                                  dir.path() + " " + TIERMEM_PROBE + " --config 2>&1");
+  const std::string out = Capture(
+      "TIERMEM_DEVICE=emulated TIERMEM_HBM_BYTES=1% "
+      "TIERMEM_DRAM_BYTES=1% TIERMEM_NVME_BYTES=1% TIERMEM_NVME_PATHS=" +
+      dir.path() + " " + TIERMEM_PROBE + " --config 2>&1");
   for (const char* name : {"TIERMEM_HBM_BYTES", "TIERMEM_DRAM_BYTES", "TIERMEM_NVME_BYTES"}) {
     const size_t at = out.find(name);
     ASSERT_NE(at, std::string::npos) << out;

@@ -84,6 +84,11 @@ absl::StatusOr<SizeSetting> ParseSize(absl::string_view what, absl::string_view 
   if (digits == 0) {
     return Bad(what, text, "expected a size such as 4096, 512KiB, 64MiB, 2GiB or 50%");
   }
+  if (digits < t.size() && (t[digits] == '.' || t[digits] == ',')) {
+    return Bad(what, text,
+               "a size is a whole number of bytes or of a unit (no decimal point: 1536MiB, not "
+               "1.5GiB)");
+  }
   uint64_t n = 0;
   if (!absl::SimpleAtoi(t.substr(0, digits), &n)) return Bad(what, text, "number too large");
   std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(t.substr(digits)));
