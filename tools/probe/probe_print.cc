@@ -93,13 +93,11 @@ void PrintTune(const TuneResult& r, const std::string& file) {
               r.io_kept_default ? ", defaults kept" : "");
   if (r.io_rejected.has_value()) {
     const IoPoint& p = *r.io_rejected;
-    std::printf("  I/O       search's pick block %s qd %u threads %u: %.2f / %.2f GB/s (%.2fx): "
-                "lost the final check\n",
-                HumanBytes(p.block_size).c_str(), p.queue_depth, p.threads, p.write_gbps,
-                p.read_gbps,
-                r.io_default.combined_gbps() > 0
-                    ? p.combined_gbps() / r.io_default.combined_gbps()
-                    : 0.0);
+    std::printf(
+        "  I/O       search's pick block %s qd %u threads %u: %.2f / %.2f GB/s (%.2fx): "
+        "lost the final check\n",
+        HumanBytes(p.block_size).c_str(), p.queue_depth, p.threads, p.write_gbps, p.read_gbps,
+        r.io_default.combined_gbps() > 0 ? p.combined_gbps() / r.io_default.combined_gbps() : 0.0);
   }
   std::printf("  prefetch  step workload, %.2f ms compute per forward layer:", r.compute_ms);
   for (const auto& [d, sec] : r.depth_tried) std::printf(" depth %u %.1f ms;", d, sec * 1e3);
@@ -247,8 +245,8 @@ void PrintJson(Runtime& rt, const Findings& f) {
         JsonEscape(f.tune_file).c_str(), r.seconds, r.budget_exhausted ? "true" : "false",
         r.engine.c_str(), JsonPoint(r.io_default).c_str(), JsonPoint(r.io_tuned).c_str(),
         r.io_kept_default ? "true" : "false",
-        r.io_rejected.has_value() ? JsonPoint(*r.io_rejected).c_str() : "null", r.compute_ms, r.depth_default, r.depth_tuned,
-        r.depth_rejected);
+        r.io_rejected.has_value() ? JsonPoint(*r.io_rejected).c_str() : "null", r.compute_ms,
+        r.depth_default, r.depth_tuned, r.depth_rejected);
     for (size_t i = 0; i < r.io_tried.size(); ++i) {
       std::printf("%s\n      %s", i ? "," : "", JsonPoint(r.io_tried[i]).c_str());
     }
