@@ -19,7 +19,7 @@ absl::StatusOr<Extent> Moves::Allocate(Tensor& t, tm_tier tier, Want want, DropR
     std::optional<absl::StatusOr<Extent>> done = room_.Allocate(req);
     if (done.has_value()) return *std::move(done);
     // Room chose a window of victims: each dropped by Room, or written down here first.
-    for (const uint64_t handle : std::vector<uint64_t>(req.victims)) {
+    for (const uint64_t handle : std::vector<uint64_t>(req.victims())) {
       Tensor* v = core_.Lookup(handle);
       if (v == nullptr) continue;
       const std::optional<Room::WriteDown> w = room_.Evict(req, *v);

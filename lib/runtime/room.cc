@@ -195,46 +195,46 @@ absl::Status Room::OutOfRoom(const absl::Status& failed, EvictionPlan& plan, con
 }
 
 std::optional<absl::StatusOr<Extent>> Room::Allocate(Request& req) {
-  const uint64_t need = core_.tiers()->space(req.tier).Rounded(req.t.bytes);
-  if (!req.admitted) {
-    if (auto s = AdmitPrefetch(req.t, req.tier, req.want, need, req.why); !s.ok()) return s;
-    req.admitted = true;
-    if (core_.trace()->enabled()) req.for_whom = req.t.name;
+  const uint64_t need = core_.tiers()->space(req.tier_).Rounded(req.t_.bytes);
+  if (!req.admitted_) {
+    if (auto s = AdmitPrefetch(req.t_, req.tier_, req.want_, need, req.why_); !s.ok()) return s;
+    req.admitted_ = true;
+    if (core_.trace()->enabled()) req.for_whom_ = req.t_.name;
   }
-  req.victims.clear();
+  req.victims_.clear();
   std::optional<absl::StatusOr<Extent>> result = MakeRoom(req, need);
-  if (!result.has_value()) return std::nullopt;  // the caller evicts req.victims first
+  if (!result.has_value()) return std::nullopt;  // the caller evicts req.victims() first
   return Finish(req, *std::move(result));
 }
 
 absl::StatusOr<Extent> Room::Finish(Request& req, absl::StatusOr<Extent> result) {
-  TierSpace& space = core_.tiers()->space(req.tier);
-  Tensor& t = req.t;
-  if (req.wanting) core_.UnwantRoom(req.tier);
-  req.wanting = false;
-  if (req.made_room != nullptr) *req.made_room = req.room_made;
-  if (result.ok() && req.want.kind == Want::kPrefetch && req.tier != TM_TIER_NVME &&
-      !space.counted() && !LeavesHoles(t, req.tier, req.want)) {
+  TierSpace& space = core_.tiers()->space(req.tier_);
+  Tensor& t = req.t_;
+  if (req.wanting_) core_.UnwantRoom(req.tier_);
+  req.wanting_ = false;
+  if (req.made_room_ != nullptr) *req.made_room_ = req.room_made_;
+  if (result.ok() && req.want_.kind == Want::kPrefetch && req.tier_ != TM_TIER_NVME &&
+      !space.counted() && !LeavesHoles(t, req.tier_, req.want_)) {
     space.Free(*result);
-    return DroppedPrefetch(t, req.tier, DropReason::kNoRoom, kLeavesNoHole, req.why);
+    return DroppedPrefetch(t, req.tier_, DropReason::kNoRoom, kLeavesNoHole, req.why_);
   }
   if (result.ok()) {
     // Memory a copy down is still reading (Vacate): the caller writes after its fences, or
     // this waits for them (t is busy: nothing else touches it meanwhile).
-    std::vector<RangeFence> fences = BehindFences(req.tier, result->offset, result->size);
-    if (req.behind != nullptr) {
-      *req.behind = std::move(fences);
+    std::vector<RangeFence> fences = BehindFences(req.tier_, result->offset, result->size);
+    if (req.behind_ != nullptr) {
+      *req.behind_ = std::move(fences);
     } else if (!fences.empty()) {
-      req.waited = true;
+      req.waited_ = true;
       core_.Unlock();
       for (const RangeFence& r : fences) (void)r.fence->Wait();  // a failure is the copy's
       core_.Lock();
     }
   }
-  if (req.waited) {
+  if (req.waited_) {
     ++counters_.demand_waits;
     counters_.demand_wait_ns += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Trace::Clock::now() - req.start)
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Trace::Clock::now() - req.start_)
             .count());
   }
   return result;
@@ -262,10 +262,10 @@ absl::StatusOr<Extent> Room::TryAllocate(Tensor& t, tm_tier tier) {
 }
 
 std::optional<absl::StatusOr<Extent>> Room::MakeRoom(Request& req, uint64_t need) {
-  Tensor& t = req.t;
-  const tm_tier tier = req.tier;
-  const Want want = req.want;
-  DropReason* const why = req.why;
+  Tensor& t = req.t_;
+  const tm_tier tier = req.tier_;
+  const Want want = req.want_;
+  DropReason* const why = req.why_;
   TierSpace& space = core_.tiers()->space(tier);
   for (;;) {
     if (want.kind != Want::kDemand && core_.RoomWanted(tier)) {
@@ -276,7 +276,7 @@ std::optional<absl::StatusOr<Extent>> Room::MakeRoom(Request& req, uint64_t need
     // it may be short because tiermem holds its memory, so a demand gives back copies of
     // `need` bytes, once, and asks again; a prefetch is dropped.
     const bool backing_short = !e.ok() && IsBackingShort(e.status());
-    if (backing_short && (want.kind != Want::kDemand || req.backing_retried)) {
+    if (backing_short && (want.kind != Want::kDemand || req.backing_retried_)) {
       if (want.kind != Want::kDemand && why != nullptr) *why = DropReason::kNoRoom;
       return e;
     }
@@ -285,11 +285,11 @@ std::optional<absl::StatusOr<Extent>> Room::MakeRoom(Request& req, uint64_t need
       return e;
     }
     if (need == 0) return NeverFits(e.status(), t, tier);
-    req.room_made = true;
+    req.room_made_ = true;
     if (!want.evicts)
       return DroppedPrefetch(t, tier, DropReason::kNoRoom, "it takes only free room", why);
-    if (want.kind == Want::kDemand && !req.wanting) {
-      req.wanting = true;
+    if (want.kind == Want::kDemand && !req.wanting_) {
+      req.wanting_ = true;
       core_.WantRoom(tier);
     }
     // Backing short: the budget's free bytes count in a window but free nothing in the
@@ -298,7 +298,7 @@ std::optional<absl::StatusOr<Extent>> Room::MakeRoom(Request& req, uint64_t need
         PlanEviction(t, tier, want, backing_short ? need + space.free_bytes() : need);
     const bool victims = plan.window.has_value() && plan.window->victims > 0;
     if (backing_short) {
-      req.backing_retried = true;
+      req.backing_retried_ = true;
       if (!victims) return e;
     }
     if (victims) {
@@ -311,14 +311,14 @@ std::optional<absl::StatusOr<Extent>> Room::MakeRoom(Request& req, uint64_t need
         return DroppedPrefetch(t, tier, DropReason::kNoRoom, kLeavesNoHole, why);
       }
       // The caller evicts them (writing down what must be), then asks again.
-      req.fragmented = fragmented;
-      req.victims = Victims(plan);
+      req.fragmented_ = fragmented;
+      req.victims_ = Victims(plan);
       return std::nullopt;
     }
     // No window: the free bytes may still be there, split by copies nobody holds. Slide those
     // together (once per request) and look again.
-    if (!req.compacted && plan.free_bytes >= need) {
-      req.compacted = true;
+    if (!req.compacted_ && plan.free_bytes >= need) {
+      req.compacted_ = true;
       if (Compact(tier, need)) continue;
     }
     if (want.kind != Want::kDemand) {
@@ -333,7 +333,7 @@ std::optional<absl::StatusOr<Extent>> Room::MakeRoom(Request& req, uint64_t need
     // flight and the pinned copies leave no hole is the request beyond help.
     counters_.cancelled += jobs_.CancelPrefetches(tier);
     if (plan.in_flight || plan.window.has_value()) {
-      req.waited = true;
+      req.waited_ = true;
       core_.WaitForChange(absl::Milliseconds(20));
       continue;
     }
@@ -346,14 +346,14 @@ bool Room::SlidRatherThanEvict(const EvictionPlan& plan, tm_tier tier, uint64_t 
   // The window evicts copies used again, which would cross the link twice to come back (once,
   // a clean one): sliding copies together at device speed (once per request) is cheaper when
   // it moves no more bytes than the window would evict.
-  if (req.compacted || !UsedAgain(*plan.window)) return false;
-  req.compacted = true;
+  if (req.compacted_ || !UsedAgain(*plan.window)) return false;
+  req.compacted_ = true;
   const std::optional<uint64_t> slide = CompactionBytes(tier, need);
   return slide.has_value() && *slide <= plan.window->evicted_bytes && Compact(tier, need);
 }
 
 std::optional<Room::WriteDown> Room::Evict(Request& req, Tensor& v) {
-  const tm_tier tier = req.tier;
+  const tm_tier tier = req.tier_;
   // Evictions release the lock (a write-down, a landing waited for): skip a victim that
   // changed since the window was planned.
   if (v.busy() || v.copies[tier].pins > 0 || !v.copies[tier].valid() ||
@@ -364,7 +364,7 @@ std::optional<Room::WriteDown> Room::Evict(Request& req, Tensor& v) {
   if (v.landing.has_value() && v.landing_tier == tier) {
     core_.WaitLanded(v);  // its stream-ordered copy must be done before its memory is reused
     if (!v.copy(tier).valid()) {
-      if (req.fragmented) ++counters_.fragmentation_evictions;
+      if (req.fragmented_) ++counters_.fragmentation_evictions;
       return std::nullopt;
     }
   }
@@ -372,7 +372,7 @@ std::optional<Room::WriteDown> Room::Evict(Request& req, Tensor& v) {
   if (!clean && recompute_.DropsForRecompute(v, tier)) {
     recompute_.DropForRecompute(v, tier, start);  // rebuilt by its callback: cheaper than the
                                                   // round trip
-    if (req.fragmented) ++counters_.fragmentation_evictions;
+    if (req.fragmented_) ++counters_.fragmentation_evictions;
     return std::nullopt;
   }
   if (clean) {
@@ -381,7 +381,7 @@ std::optional<Room::WriteDown> Room::Evict(Request& req, Tensor& v) {
   }
   // The only copy: written one tier down first (which may evict there in turn). From HBM,
   // when DRAM cannot take it, straight to NVMe through the staging slots.
-  WriteDown w{tier, static_cast<tm_tier>(tier + 1), req.want, start};
+  WriteDown w{tier, static_cast<tm_tier>(tier + 1), req.want_, start};
   w.want.release_room = false;  // part of making room: the token stays
   // HBM's copy goes once DRAM has it: hand it on, and let the move making room follow.
   w.want.vacates = w.want.lands = tier == TM_TIER_HBM;
@@ -390,7 +390,7 @@ std::optional<Room::WriteDown> Room::Evict(Request& req, Tensor& v) {
 
 absl::Status Room::WrittenDown(Request& req, Tensor& v, const WriteDown& w, absl::Status s) {
   if (!s.ok()) {
-    if (req.want.kind != Want::kDemand && req.why != nullptr) *req.why = DropReason::kNoRoom;
+    if (req.want_.kind != Want::kDemand && req.why_ != nullptr) *req.why_ = DropReason::kNoRoom;
     return Finish(req, WithContext(s, absl::StrFormat("evicting \"%s\" to make room", v.name)))
         .status();
   }
@@ -398,7 +398,7 @@ absl::Status Room::WrittenDown(Request& req, Tensor& v, const WriteDown& w, absl
   // copy down ran, see vacate.cc.)
   const CopyState state = v.copy(w.from).state;
   if (v.copy(w.from).pins > 0 || (state != CopyState::kValid && state != CopyState::kAbsent)) {
-    if (req.fragmented) ++counters_.fragmentation_evictions;
+    if (req.fragmented_) ++counters_.fragmentation_evictions;
     return absl::OkStatus();
   }
   Evicted(req, v, false, w.start);
@@ -407,10 +407,10 @@ absl::Status Room::WrittenDown(Request& req, Tensor& v, const WriteDown& w, absl
 
 void Room::Evicted(Request& req, Tensor& v, bool clean, Trace::Clock::time_point start) {
   const uint64_t bytes = v.bytes;
-  core_.FreeCopy(v, req.tier);
+  core_.FreeCopy(v, req.tier_);
   ++counters_.evictions;
   counters_.eviction_bytes += bytes;
-  if (req.fragmented) ++counters_.fragmentation_evictions;
+  if (req.fragmented_) ++counters_.fragmentation_evictions;
   if (clean) {
     ++counters_.clean_drops;
     counters_.clean_drop_bytes += bytes;
@@ -421,8 +421,8 @@ void Room::Evicted(Request& req, Tensor& v, bool clean, Trace::Clock::time_point
                                            "a scheduled prefetch"};
     core_.trace()->Add(clean ? Trace::kCleanDrop : Trace::kEviction, v.name, start,
                        Trace::Clock::now(), bytes,
-                       absl::StrFormat("room in %s for tensor \"%s\", %s", tm_tier_name(req.tier),
-                                       req.for_whom, kFor[req.want.kind]));
+                       absl::StrFormat("room in %s for tensor \"%s\", %s", tm_tier_name(req.tier_),
+                                       req.for_whom_, kFor[req.want_.kind]));
   }
 }
 

@@ -22,33 +22,39 @@ class Room {
   Room& operator=(const Room&) = delete;
 
   // One request for space: its arguments and Room's bookkeeping of it, carried by the caller
-  // from one Allocate to the next across the write-downs Allocate asks for (the caller reads
-  // `victims` and writes nothing).
-  struct Request {
+  // from one Allocate to the next across the write-downs Allocate asks for. The caller makes it
+  // and reads victims(); the rest is Room's.
+  class Request {
+   public:
     Request(Tensor& tensor, tm_tier in, Want w, DropReason* why_out, bool* made_room_out,
             std::vector<RangeFence>* behind_out)
-        : t(tensor),
-          tier(in),
-          want(w),
-          why(why_out),
-          made_room(made_room_out),
-          behind(behind_out) {}
-    Tensor& t;
-    const tm_tier tier;
-    const Want want;
-    DropReason* const why;
-    bool* const made_room;
-    std::vector<RangeFence>* const behind;
-    bool admitted = false;         // the do-no-harm admission passed
-    bool wanting = false;          // registered as a demand wanting room (Core::WantRoom)
-    bool waited = false;           // waited for moves in flight or for copies down
-    bool backing_retried = false;  // the framework's allocator was asked again after evicting
-    bool compacted = false;        // HBM compaction was tried
-    bool room_made = false;        // the first try found no hole
-    bool fragmented = false;       // the victims clear contiguity, not bytes
-    std::string for_whom;          // t's name, for the trace of evictions
-    Trace::Clock::time_point start = Trace::Clock::now();
-    std::vector<uint64_t> victims;  // the window to evict before asking again, in order
+        : t_(tensor),
+          tier_(in),
+          want_(w),
+          why_(why_out),
+          made_room_(made_room_out),
+          behind_(behind_out) {}
+    // The window to evict before asking again, in order (after Allocate returned nullopt).
+    const std::vector<uint64_t>& victims() const { return victims_; }
+
+   private:
+    friend class Room;
+    Tensor& t_;
+    const tm_tier tier_;
+    const Want want_;
+    DropReason* const why_;
+    bool* const made_room_;
+    std::vector<RangeFence>* const behind_;
+    bool admitted_ = false;         // the do-no-harm admission passed
+    bool wanting_ = false;          // registered as a demand wanting room (Core::WantRoom)
+    bool waited_ = false;           // waited for moves in flight or for copies down
+    bool backing_retried_ = false;  // the framework's allocator was asked again after evicting
+    bool compacted_ = false;        // HBM compaction was tried
+    bool room_made_ = false;        // the first try found no hole
+    bool fragmented_ = false;       // the victims clear contiguity, not bytes
+    std::string for_whom_;          // t's name, for the trace of evictions
+    Trace::Clock::time_point start_ = Trace::Clock::now();
+    std::vector<uint64_t> victims_;
   };
   // A victim's copy to write one tier down before its memory is free: the caller moves it
   // (to `to` with `want`; from HBM, when DRAM has no room for it, to NVMe) and says how that
@@ -59,16 +65,16 @@ class Room {
     Trace::Clock::time_point start;
   };
 
-  // Space for req.t in req.tier: evicts the cheapest window of copies when the tier is full,
+  // Space for the request's tensor in its tier: evicts the cheapest window of copies when the tier is full,
   // waits for moves in flight when a demand finds nothing to evict. nullopt: evict
-  // req.victims first (each through Evict, and WrittenDown where Evict asks for a write-down),
+  // req.victims() first (each through Evict, and WrittenDown where Evict asks for a write-down),
   // then call again with the same req. *made_room (when given) is set when the first try found
   // no hole: copies were evicted or slid, or the call waited. In HBM where copies down still
   // read (Vacate): their fences go to *behind, for the caller to write after; without
   // `behind`, Allocate waits for them.
   std::optional<absl::StatusOr<Extent>> Allocate(Request& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
-  // One victim of req.victims: its copy in req.tier dropped (clean, or rebuilt by its
+  // One victim of req.victims(): its copy in the request's tier dropped (clean, or rebuilt by its
   // recompute callback) or left (changed since the window was planned); or the write-down it
   // needs first (then WrittenDown).
   std::optional<WriteDown> Evict(Request& req, Tensor& v)
@@ -89,7 +95,7 @@ class Room {
 
  private:
   struct EvictionPlan;
-  // Allocate's loop: allocates, else plans a window to evict (nullopt: req.victims set),
+  // Allocate's loop: allocates, else plans a window to evict (nullopt: req.victims() set),
   // waits (a demand) or gives up.
   std::optional<absl::StatusOr<Extent>> MakeRoom(Request& req, uint64_t need)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
