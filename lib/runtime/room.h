@@ -65,8 +65,8 @@ class Room {
     Trace::Clock::time_point start;
   };
 
-  // Space for the request's tensor in its tier: evicts the cheapest window of copies when the tier is full,
-  // waits for moves in flight when a demand finds nothing to evict. nullopt: evict
+  // Space for the request's tensor in its tier: evicts the cheapest window of copies when the tier
+  // is full, waits for moves in flight when a demand finds nothing to evict. nullopt: evict
   // req.victims() first (each through Evict, and WrittenDown where Evict asks for a write-down),
   // then call again with the same req. *made_room (when given) is set when the first try found
   // no hole: copies were evicted or slid, or the call waited. In HBM where copies down still
