@@ -104,10 +104,14 @@ def main():
             print("step %d  loss %.4f  %6.1f ms  saved %3d tensors (%s)  prefetches so far %d" %
                   (i + 1, loss.item(), 1e3 * (time.perf_counter() - t0), saved.packed,
                    mib(saved.packed_bytes), s["prefetches"]))
+        held = (len(params.records), sum(len(v) for v in state.records.values()))
+        # Handed back to the model and the optimizer before the figures are read, so that they
+        # are the whole run's, as a TIERMEM_TRACE of it (written when the runtime closes) sums.
+        params.remove()
+        state.remove()
         s = rt.stats()
-        print("\nheld by tiermem: %d parameters, %d optimizer state tensors" %
-              (len(params.records), sum(len(v) for v in state.records.values())))
-        print("moved (all steps):")
+        print("\nheld by tiermem: %d parameters, %d optimizer state tensors" % held)
+        print("moved (all steps, and the parameters and state handed back):")
         for a in tiermem._capi.TIER_NAMES:
             for b in tiermem._capi.TIER_NAMES:
                 if s["bytes_moved"][a][b]:
@@ -117,8 +121,6 @@ def main():
         print("scheduled prefetches %d (dropped %d), evictions %d (%s), schedule of %d uses" %
               (s["prefetches"], s["prefetches_dropped"], s["evictions"],
                mib(s["eviction_bytes"]), s["schedule_length"]))
-        params.remove()
-        state.remove()
 
 
 if __name__ == "__main__":
