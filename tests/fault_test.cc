@@ -128,6 +128,12 @@ TEST_P(Faults, EioOnOffloadKeepsTheTensorWhereItWas) {
   EXPECT_NE(s.message().find("Input/output error"), absl::string_view::npos) << s;
   EXPECT_NE(s.message().find("victim"), absl::string_view::npos) << s;
   EXPECT_NE(s.message().find(dir_.path()), absl::string_view::npos) << s;
+  // It says that it lost nothing, and counts as a failure that lost nothing.
+  EXPECT_NE(s.message().find("left its tensor valid where it was: nothing was lost"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_EQ(rt_->Stats().moves_failed, 1u);
+  EXPECT_EQ(rt_->Stats().moves_failed_lost, 0u);
   EXPECT_EQ(*rt_->Residency(h), TM_TIER_BIT(TM_TIER_HBM));
   EXPECT_TRUE(rt_->Sync(h).ok()) << "an error is reported once";
   EXPECT_EQ(rt_->Stats().tiers[TM_TIER_NVME].used, 0u) << "the failed destination was freed";

@@ -311,12 +311,18 @@ typedef struct tm_stats {
                                      reading: written piece by piece, each after the piece down
                                      it follows (or after all of them) */
   uint64_t moves_behind_bytes;  /**< bytes of those moves */
+  /* Appended in 0.9: which asynchronous failures lost something. */
+  uint64_t moves_failed_lost; /**< of moves_failed, those that lost bytes: callers'
+                                   asynchronous copies (copy_in_async, create_copy_in_async,
+                                   copy_out on a stream) whose bytes did not land, and copies down
+                                   whose HBM memory was handed on (TIERMEM_HBM_HAND_ON); the
+                                   others left their tensors valid where they were */
 } tm_stats;
 
 #define TM_STATS_INIT                                                                              \
   {                                                                                                \
     sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                 \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                              \
   }
 
 /** What a runtime resolved when it was created. Fill with TM_INFO_INIT. */

@@ -401,6 +401,7 @@ void CallerCopies::ReapCallerCopies(uint64_t handle, bool wait) {
     if (!c.ticket.fence->Passed()) return false;
     if (absl::Status s = c.ticket.fence->Wait(); !s.ok()) {
       ++counters_.moves_failed;
+      ++counters_.moves_failed_lost;
       core_.RecordFailure(c.handle, c.tensor,
                           WithContext(Retag(s, TM_ERR_DEVICE),
                                       absl::StrFormat("%s of tensor \"%s\"", c.what, c.tensor)));

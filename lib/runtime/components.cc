@@ -12,15 +12,21 @@ namespace tiermem {
 absl::Status FailureLog::Take(uint64_t handle) {
   absl::Status first;
   int failed = 0;
+  bool kept = true;
   std::erase_if(failures_, [&](Failure& f) {
     if (handle != 0 && f.handle != handle) return false;
     if (failed++ == 0) first = std::move(f.status);
+    kept = kept && f.kept;
     return true;
   });
+  if (failed == 0) return first;
   if (failed > 1) {
-    return WithContext(first, absl::StrFormat("%d asynchronous moves failed; the first", failed));
+    first = WithContext(first, absl::StrFormat("%d asynchronous moves failed; the first", failed));
   }
-  return first;
+  if (!kept) return first;
+  return Error(ToTmStatus(first),
+               absl::StrCat(first.message(), failed > 1 ? " (each of these moves" : " (the move",
+                            " left its tensor valid where it was: nothing was lost)"));
 }
 
 bool DeferredFrees::Reap(Tiers& tiers, tm_tier tier) {

@@ -116,7 +116,8 @@ void Core::FreeCopy(Tensor& t, tm_tier tier) {
 
 void Core::RecordFailure(const Tensor& t, absl::Status s) {
   ++counters_.moves_failed;
-  failures_.Record(t.handle, t.name, std::move(s));
+  if (t.lost) ++counters_.moves_failed_lost;
+  failures_.Record(t.handle, t.name, std::move(s), /*kept=*/!t.lost);
 }
 
 absl::Status Core::CheckOthersUnpinned(const Tensor& t, int keep) const {

@@ -260,9 +260,10 @@ class Core {
   }
 
   // ---- failures kept for a sync ----
+  // A callers' copy's failure (its bytes did not land): not kept.
   void RecordFailure(uint64_t handle, std::string tensor, absl::Status s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
-    failures_.Record(handle, std::move(tensor), std::move(s));
+    failures_.Record(handle, std::move(tensor), std::move(s), /*kept=*/false);
   }
   // The first failure kept for `handle` (0: any), forgotten.
   absl::Status TakeFailure(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {

@@ -27,6 +27,8 @@ struct Counters {
   uint64_t move_waits = 0;
   // HBM memory handed on behind copies down (lib/runtime/vacate.cc).
   uint64_t handed_on = 0, handed_on_bytes = 0, moves_behind = 0, moves_behind_bytes = 0;
+  // Of moves_failed, those that lost bytes: callers' copies, copies down from HBM handed on.
+  uint64_t moves_failed_lost = 0;
   // Inclusive DRAM (lib/runtime/write_through.cc).
   uint64_t write_throughs = 0, write_through_bytes = 0, clean_reads = 0, clean_read_bytes = 0,
            clean_drops = 0, clean_drop_bytes = 0;
@@ -61,6 +63,7 @@ struct Counters {
     handed_on_bytes += o.handed_on_bytes;
     moves_behind += o.moves_behind;
     moves_behind_bytes += o.moves_behind_bytes;
+    moves_failed_lost += o.moves_failed_lost;
     write_throughs += o.write_throughs;
     write_through_bytes += o.write_through_bytes;
     clean_reads += o.clean_reads;
@@ -125,9 +128,10 @@ struct Counters {
     s.hbm_handed_on_bytes = handed_on_bytes;
     s.moves_behind = moves_behind;
     s.moves_behind_bytes = moves_behind_bytes;
+    s.moves_failed_lost = moves_failed_lost;
   }
 };
 // operator+= names every field: a field added above must be added there too.
-static_assert(sizeof(Counters) == 36 * sizeof(uint64_t), "Counters::operator+= misses a field");
+static_assert(sizeof(Counters) == 37 * sizeof(uint64_t), "Counters::operator+= misses a field");
 
 }  // namespace tiermem

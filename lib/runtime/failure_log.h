@@ -13,11 +13,13 @@ namespace tiermem {
 
 class FailureLog {
  public:
-  void Record(uint64_t handle, std::string tensor, absl::Status status) {
-    failures_.push_back(Failure{handle, std::move(tensor), std::move(status)});
+  // `kept`: the tensor is valid where it was (a move between tiers failed), not short of bytes
+  // a caller's copy was to bring.
+  void Record(uint64_t handle, std::string tensor, absl::Status status, bool kept) {
+    failures_.push_back(Failure{handle, std::move(tensor), std::move(status), kept});
   }
   // Reports (and forgets) the failures of `handle` (0: of every tensor): the first, with how
-  // many there were.
+  // many there were, and, when every one of them kept its tensor, that they lost nothing.
   absl::Status Take(uint64_t handle);
 
  private:
@@ -25,6 +27,7 @@ class FailureLog {
     uint64_t handle;
     std::string tensor;
     absl::Status status;
+    bool kept;
   };
   std::vector<Failure> failures_;
 };

@@ -14,10 +14,11 @@ import ctypes
 import itertools
 import os
 import threading
+import warnings
 import weakref
 
 from . import _capi
-from ._errors import _ACCESS, _CLASSES, TiermemError, _check, _choice, _ptr, _tier
+from ._errors import _ACCESS, _CLASSES, TiermemError, TiermemWarning, _check, _choice, _ptr, _tier
 from ._errors import _name as _tensor_name
 from ._loaded import lib as _lib
 from ._loaded import version as _version
@@ -27,8 +28,10 @@ from ._sizes import config_field as _config_field
 from ._sizes import parse_size
 from ._sizes import u64 as _u64
 
-__all__ = ["Runtime", "Tensor", "TiermemError", "parse_size", "version", "library_path"]
+__all__ = ["Runtime", "Tensor", "TiermemError", "TiermemWarning", "parse_size", "version",
+           "library_path"]
 TiermemError.__module__ = __name__  # tiermem.TiermemError, where users catch it
+TiermemWarning.__module__ = __name__
 
 
 def version():
@@ -401,7 +404,13 @@ class Runtime:
         """One training step: the first step's order of uses becomes the schedule that later
         steps prefetch by. Steps do not nest, and a runtime has one at a time, shared by all
         its threads: a step() inside another raises (TM_ERR_INVALID_ARGUMENT), the outer one
-        going on."""
+        going on.
+
+        Its end reports the asynchronous failures of the step (tm_step_end). Moves between tiers
+        that failed (an offload to a full NVMe tier) left their tensors valid where they were:
+        the step's work stands, so they come as a TiermemWarning (repeating the step would apply
+        it twice). A callers' copy that failed in the step (copy_in_async: its bytes did not
+        land) raises the TiermemError."""
         with self._lock:
             nested = self._in_step
         if nested:
@@ -411,6 +420,7 @@ class Runtime:
                 "runtime has one step at a time, shared by all its threads (the schedule is one "
                 "order of uses)")
         self.step_begin()
+        moves_failed_lost = self._moves_failed_lost()
         try:
             yield self
         except BaseException:
@@ -422,7 +432,18 @@ class Runtime:
                 # (an except clause naming None is a TypeError, printed as "Exception ignored").
                 pass
             raise
-        self.step_end()
+        try:
+            self.step_end()
+        except TiermemError as e:
+            if self._moves_failed_lost() != moves_failed_lost:
+                raise
+            warnings.warn(TiermemWarning(e), stacklevel=3)
+
+    def _moves_failed_lost(self):
+        """tm_stats.moves_failed_lost: callers' asynchronous copies that failed, so far."""
+        s = _capi.Stats()
+        _check(_lib.tm_runtime_stats(self._handle(), ctypes.byref(s)), "tm_runtime_stats")
+        return s.moves_failed_lost
 
     def stats(self):
         """The runtime's counters as a dict (tm_stats): tiers[name] = {capacity, used, peak},

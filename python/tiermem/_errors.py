@@ -20,6 +20,15 @@ class TiermemError(RuntimeError):
         super().__init__("%s%s: %s" % (where, self.status_name, message))
 
 
+class TiermemWarning(UserWarning):
+    """Something failed that lost nothing: a move between tiers at the end of a step (the tensor
+    stayed valid where it was). .error is the TiermemError the library reported."""
+
+    def __init__(self, error):
+        self.error = error
+        super().__init__(str(error))
+
+
 def _status_name(status):
     s = _lib.tm_status_string(int(status))
     return s.decode() if s else "TM_STATUS_UNKNOWN"

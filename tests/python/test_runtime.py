@@ -121,6 +121,37 @@ def test_step_and_close(make_runtime):
         rt.stats()
 
 
+def test_a_failed_move_at_the_step_end_warns_not_raises(make_runtime):
+    """A move between tiers that failed in the step (an offload to a full NVMe tier) left its
+    tensor valid where it was: the step's work stands, and its end warns (tiermem.TiermemWarning)
+    rather than raising an error that would have the step repeated. Found by an outside client:
+    a saved-tensor offload to a full NVMe tier made `with rt.step():` raise after opt.step()."""
+    import time
+    import warnings
+    rt = make_runtime(nvme_bytes="1MiB", dram_bytes="4MiB", dram_inclusive="off")
+    data = bytes(range(256)) * (2 << 12)  # 2 MiB: more than the NVMe tier
+    t = rt.tensor(len(data), "activation", "dram", "big")
+    t.write(data)
+    failed = rt.stats()["moves_failed"]
+    with pytest.warns(tiermem.TiermemWarning) as w:
+        with rt.step():
+            t.offload("nvme")  # queued; it fails on a mover
+            deadline = time.monotonic() + 30
+            while rt.stats()["moves_failed"] == failed and time.monotonic() < deadline:
+                time.sleep(0.001)
+    assert rt.stats()["moves_failed"] == failed + 1
+    assert rt.stats()["moves_failed_lost"] == 0
+    err = w[0].message.error
+    assert err.status == tiermem.TM_ERR_NO_SPACE and "big" in err.message
+    assert "left its tensor valid where it was: nothing was lost" in err.message
+    assert t.read() == data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with rt.step():  # reported once: the next step ends quietly
+            t.read(4096)
+    t.destroy()
+
+
 def test_steps_do_not_nest(make_runtime):
     rt = make_runtime()
     t = rt.tensor(4096, "activation", "dram", "t")
