@@ -58,10 +58,10 @@ absl::StatusOr<int> OpenUnnamed(const std::string& dir, bool* direct) {
 }
 
 // Reserves `bytes` of the file's blocks ahead (or only sizes it, where fallocate is not
-// supported). Whatever errno the file system picks for "that much will not fit" (ENOSPC,
-// EDQUOT; EFBIG beyond its largest file; EINVAL from some for sizes near 2^63), the caller
-// hears one thing: the space cannot be reserved.
-absl::Status Reserve(int fd, uint64_t bytes, const std::string& dir) {
+// supported: *reserved false). Whatever errno the file system picks for "that much will not
+// fit" (ENOSPC, EDQUOT; EFBIG beyond its largest file; EINVAL from some for sizes near 2^63),
+// the caller hears one thing: the space cannot be reserved.
+absl::Status Reserve(int fd, uint64_t bytes, const std::string& dir, bool* reserved) {
   auto cannot_reserve = [&](int err, const char* how) {
     absl::Status s =
         ErrnoStatus(err, absl::StrFormat("cannot %s %llu bytes for the swap file in \"%s\"", how,
@@ -71,11 +71,18 @@ absl::Status Reserve(int fd, uint64_t bytes, const std::string& dir) {
     }
     return s;
   };
+  *reserved = true;
   if (fallocate(fd, 0, 0, static_cast<off_t>(bytes)) == 0) return absl::OkStatus();
   const int err = errno;
   if (err != EOPNOTSUPP) return cannot_reserve(err, "reserve");
-  Log(LogSeverity::kInfo, "%s does not support fallocate; space is not reserved ahead",
-      dir.c_str());
+  // A warning, not a note: what creating the tier promises elsewhere (a full file system fails
+  // here, not in the middle of training) does not hold on this one.
+  *reserved = false;
+  Log(LogSeverity::kWarn,
+      "the file system of \"%s\" does not support fallocate: the swap file's %llu bytes are not "
+      "reserved ahead, and a file system that fills up fails moves to NVMe later "
+      "(TM_ERR_NO_SPACE) rather than this runtime's creation",
+      dir.c_str(), static_cast<unsigned long long>(bytes));
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return cannot_reserve(errno, "size");
   return absl::OkStatus();
 }
@@ -107,7 +114,7 @@ absl::StatusOr<std::unique_ptr<SwapFile>> SwapFile::Create(const std::string& di
   f->fd_ = *fd;
 
   if (bytes > 0) {
-    if (absl::Status s = Reserve(*fd, bytes, dir); !s.ok()) return s;
+    if (absl::Status s = Reserve(*fd, bytes, dir, &f->reserved_); !s.ok()) return s;
   }
 
   if (direct) {

@@ -29,6 +29,9 @@ class SwapFile {
   uint32_t alignment() const { return alignment_; }
   // Where the alignment came from: "statx", "block device", "default" or "buffered".
   const std::string& alignment_source() const { return alignment_source_; }
+  // Whether its blocks were reserved up front (fallocate); false where the file system does not
+  // support it and the file was only sized (its blocks are allocated as it is written).
+  bool reserved() const { return reserved_; }
 
  private:
   SwapFile() = default;
@@ -38,6 +41,7 @@ class SwapFile {
   bool direct_ = false;
   uint32_t alignment_ = 1;
   std::string alignment_source_;
+  bool reserved_ = true;
 };
 
 // O_DIRECT alignment of an open file: statx(STATX_DIOALIGN), then the block device's logical

@@ -38,6 +38,7 @@ TEST(SwapFile, UnnamedPrivateReservedAligned) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_EQ(st.st_size, 8 << 20);
   EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, 8u << 20) << "space was not reserved";
+  EXPECT_TRUE((*f)->reserved());
   EXPECT_TRUE((*f)->direct()) << "ext4 under /var/tmp accepts O_DIRECT";
   EXPECT_GE((*f)->alignment(), 512u);
   EXPECT_EQ((*f)->alignment() & ((*f)->alignment() - 1), 0u);
@@ -141,6 +142,11 @@ TEST_P(Engines, BufferedWhereODirectIsRefused) {
     EXPECT_EQ((*f)->alignment(), 1u);
     EXPECT_EQ((*f)->alignment_source(), "buffered");
     EXPECT_EQ(fcntl((*f)->fd(), F_GETFL) & O_DIRECT, 0);
+    // ramfs has no fallocate either: the file is sized, not reserved, and says so.
+    EXPECT_FALSE((*f)->reserved());
+    struct stat st = {};
+    ASSERT_EQ(fstat((*f)->fd(), &st), 0);
+    EXPECT_EQ(static_cast<uint64_t>(st.st_size), 4u << 20);
     const uint64_t n = (1 << 20) + 7;
     auto data = RandomBytes(n, 9);
     std::vector<char> back(n + 3);

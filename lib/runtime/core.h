@@ -67,6 +67,7 @@ struct RuntimeInfo {
     uint32_t alignment = 1;
     std::string alignment_source;
     uint64_t bytes = 0;
+    bool reserved = true;  // its blocks reserved up front (false: no fallocate there)
   };
   std::vector<Path> nvme;
 };

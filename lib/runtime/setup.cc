@@ -359,7 +359,7 @@ absl::Status Runtime::InitEngines(Setup& st) {
   }
   for (const auto& f : core_.tiers()->nvme().files()) {
     core_.mutable_info().nvme.push_back(
-        {f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size()});
+        {f->dir(), f->direct(), f->alignment(), f->alignment_source(), f->size(), f->reserved()});
   }
   core_.set_mover(
       std::make_unique<Mover>(*core_.tiers(), *core_.device(), *core_.io(), *core_.staging()));

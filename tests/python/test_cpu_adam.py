@@ -227,6 +227,14 @@ def test_hyperparameters_of_the_wrong_kind_are_named():
     for name in ("lr", "eps", "weight_decay"):
         with pytest.raises(TypeError, match="^%s='x': want a number" % name):
             CPUAdam([p], **{name: "x"})
+        with pytest.raises(TypeError, match="^%s='1': want a number" % name):
+            CPUAdam([p], **{name: "1"})  # a string, even of a number
+    # Named (an outside client met "'>' not supported between 'str' and 'int'"), and a string
+    # amsgrad refused rather than taken as true.
+    with pytest.raises(TypeError, match="^CPUAdam: max_grad_norm='1': want a number"):
+        CPUAdam([p], max_grad_norm="1")
+    with pytest.raises(TypeError, match="^CPUAdam: amsgrad='yes': want True or False"):
+        CPUAdam([p], amsgrad="yes")
     opt = CPUAdam([p], lr=torch.tensor(1e-2))  # a tensor lr, as AdamW takes it
     p.grad = torch.ones(4)
     opt.step()

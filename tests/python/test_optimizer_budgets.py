@@ -206,6 +206,17 @@ def test_a_full_nvme_tier_at_the_first_step_changes_nothing(make_runtime, budget
                 opt.step()
             assert e.value.status_name == "TM_ERR_NO_SPACE"
             assert _same(before, [p.detach() for p in m.parameters()])
+            # Its checkpoint loads into torch.optim.AdamW, which then steps: the parameters
+            # whose state was made (zeros) have it whole, the others none, as AdamW before its
+            # first step; a step counter alone made AdamW's step fail with KeyError 'exp_avg'
+            # (an outside client found it).
+            sd = opt.state_dict()
+            assert all("exp_avg" in entry for entry in sd["state"].values()), sd["state"]
+            m2 = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(6)])
+            adamw = torch.optim.AdamW(m2.parameters())
+            adamw.load_state_dict(sd)
+            m2(torch.randn(4, 128, generator=torch.Generator().manual_seed(2))).sum().backward()
+            adamw.step()
             filler.destroy()
         opt.step()
         opt.zero_grad()

@@ -33,9 +33,10 @@ void PrintInfo(const Runtime& rt) {
   std::printf("staging     %u slots of %s in the DRAM pool (HBM <-> NVMe moves)\n",
               info.staging_slots, HumanBytes(info.staging_chunk).c_str());
   for (const auto& p : info.nvme) {
-    std::printf("nvme path   %s: %s, alignment %u (%s), %s reserved\n", p.dir.c_str(),
+    std::printf("nvme path   %s: %s, alignment %u (%s), %s %s\n", p.dir.c_str(),
                 p.direct ? "O_DIRECT" : "buffered (O_DIRECT refused)", p.alignment,
-                p.alignment_source.c_str(), HumanBytes(p.bytes).c_str());
+                p.alignment_source.c_str(), HumanBytes(p.bytes).c_str(),
+                p.reserved ? "reserved" : "sized, not reserved (the file system has no fallocate)");
   }
 }
 
@@ -191,9 +192,10 @@ void PrintJson(Runtime& rt, const Findings& f) {
     const auto& p = info.nvme[i];
     std::printf(
         "%s\n    {\"path\": \"%s\", \"direct\": %s, \"alignment\": %u, "
-        "\"alignment_source\": \"%s\", \"bytes\": %llu}",
+        "\"alignment_source\": \"%s\", \"bytes\": %llu, \"reserved\": %s}",
         i ? "," : "", JsonEscape(p.dir).c_str(), p.direct ? "true" : "false", p.alignment,
-        p.alignment_source.c_str(), static_cast<unsigned long long>(p.bytes));
+        p.alignment_source.c_str(), static_cast<unsigned long long>(p.bytes),
+        p.reserved ? "true" : "false");
   }
   std::printf("],\n  \"copies\": [");
   for (size_t i = 0; i < f.copies.size(); ++i) {

@@ -247,7 +247,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         self._closed = False
         self._names = names = _check_module(module)
         self._offload = None
-        _check_hyper(lr, betas, eps, weight_decay)
+        _check_hyper(lr, betas, eps, weight_decay, amsgrad, max_grad_norm, "FSDPCPUAdam")
         try:  # an int, numpy's too; not a bool, a float or None
             if isinstance(shard_prefetch_depth, bool):
                 raise TypeError

@@ -157,12 +157,9 @@ class CPUAdam(torch.optim.Optimizer):
                  amsgrad=False, *, adamw=True, max_grad_norm=None, runtime=None,
                  state_tier="dram", threads=0, overlap=None, slice_bytes=None):
         self._closed, self._home = False, False  # close() called; the runtime's close() was
-        _check_hyper(lr, betas, eps, weight_decay)
+        _check_hyper(lr, betas, eps, weight_decay, amsgrad, max_grad_norm, "CPUAdam")
         if state_tier not in ("dram", "nvme"):
             raise ValueError("CPUAdam: state_tier=%r, want 'dram' or 'nvme'" % (state_tier,))
-        if max_grad_norm is not None and not max_grad_norm > 0:
-            raise ValueError("CPUAdam: max_grad_norm=%r, want a positive number or None" %
-                             (max_grad_norm,))
         if runtime is not None:
             _check_runtime(runtime)
         # AdamW's keys (foreach, maximize, capturable, differentiable, fused, ...), so that a
@@ -770,8 +767,13 @@ class CPUAdam(torch.optim.Optimizer):
             # copied too. torch >= 2.x's load_state_dict keeps a CPU `step` tensor as it is
             # given (no deep copy), so an AdamW loading a live counter would share it with this
             # optimizer, and each would advance the other's step (its bias correction).
-            entry = {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
             slot = self._slots.get(p)
+            if slot is None and p.numel() > 0:
+                # No moments yet (a first step that failed left its counter only): as AdamW,
+                # which has no entry for a parameter it never stepped, so that the checkpoint
+                # loads there too.
+                continue
+            entry = {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
             if slot is None and p.numel() == 0 and "step" in st:
                 # As torch.optim.AdamW keeps it, so that the checkpoint loads there too.
                 entry["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32)
@@ -811,8 +813,8 @@ class CPUAdam(torch.optim.Optimizer):
             step = entry.get("step", 0)
             self.state[p]["step"] = torch.tensor(float(step.item() if torch.is_tensor(step)
                                                        else step))
-            if p.numel() == 0:
-                continue  # no state in tiermem: nothing to hold
+            if p.numel() == 0 or "exp_avg" not in entry:
+                continue  # no state in tiermem: nothing to hold (or, never stepped, nothing yet)
             fresh = p not in self._slots
             slot = self._slot(p, group, init=False)
             master = entry.get("master_param", p.detach())
