@@ -213,7 +213,9 @@ TEST_F(ApiArgs, NvmeBudgetOfNothingNamesTheFields) {
   const std::string error = tm_last_error();
   EXPECT_NE(error.find("tm_config.nvme_bytes=4KiB resolves to 0 bytes"), std::string::npos)
       << error;
-  EXPECT_NE(error.find("file systems of tm_config.nvme_paths"), std::string::npos) << error;
+  EXPECT_NE(error.find("(in whole stripes of 1048576 bytes: "), std::string::npos) << error;
+  // A size is this rank's own: nothing about the file systems' size or ranks sharing it.
+  EXPECT_EQ(error.find("shared by"), std::string::npos) << error;
 }
 
 TEST_F(ApiArgs, Stats) {

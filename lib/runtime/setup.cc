@@ -266,18 +266,22 @@ absl::Status Runtime::InitLowerTiers(Setup& st, std::unique_ptr<MemoryTier> hbm)
   const std::string nvme_budget = core_.config().SettingName("TIERMEM_NVME_BYTES");
   const std::string dram_budget = core_.config().SettingName("TIERMEM_DRAM_BYTES");
   if (nvme_bytes == 0) {
-    return Error(
-        TM_ERR_CONFIG,
-        absl::StrFormat("%s=%s resolves to 0 bytes (the file systems of "
-                        "%s hold %llu bytes, shared by %d rank(s), in "
-                        "whole stripes of %llu bytes: %s times the "
-                        "paths); the least budget is %llu bytes",
-                        nvme_budget, core_.config().nvme_bytes.ToString(),
-                        core_.config().SettingName("TIERMEM_NVME_PATHS"),
-                        static_cast<unsigned long long>(NvmeNodeBytes(core_.config().nvme_paths)),
-                        world, static_cast<unsigned long long>(stripes),
-                        core_.config().SettingName("TIERMEM_IO_BLOCK_SIZE"),
-                        static_cast<unsigned long long>(stripes)));
+    // A percentage is of the file systems' size, shared by the node's ranks; a size is this
+    // rank's own (an outside client read "shared by 2 rank(s)" as its 256KiB being split).
+    const std::string share =
+        core_.config().nvme_bytes.percent > 0
+            ? absl::StrFormat(
+                  "the file systems of %s hold %llu bytes, shared by %d rank(s), ",
+                  core_.config().SettingName("TIERMEM_NVME_PATHS"),
+                  static_cast<unsigned long long>(NvmeNodeBytes(core_.config().nvme_paths)), world)
+            : std::string();
+    return Error(TM_ERR_CONFIG,
+                 absl::StrFormat("%s=%s resolves to 0 bytes (%sin whole stripes of %llu bytes: %s "
+                                 "times the paths); the least budget is %llu bytes",
+                                 nvme_budget, core_.config().nvme_bytes.ToString(), share,
+                                 static_cast<unsigned long long>(stripes),
+                                 core_.config().SettingName("TIERMEM_IO_BLOCK_SIZE"),
+                                 static_cast<unsigned long long>(stripes)));
   }
   auto nvme = NvmeTier::Create(core_.config().nvme_paths, given, core_.config().io_block_size,
                                {nvme_budget, core_.config().SettingName("TIERMEM_NVME_PATHS"),
