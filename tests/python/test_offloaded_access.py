@@ -263,3 +263,34 @@ def test_a_deepcopy_made_inside_gathered_is_a_plain_model(make_runtime, tier):
     assert OFFLOADED in repr(m[0][0].weight)  # the original stayed out throughout
     assert step(m, opt, 1) == step(ref, ref_opt, 1)
     assert removed_equal(po, m, ref)
+
+
+def test_a_step_that_fills_nvme_part_way_says_which_parameters_it_updated(make_runtime):
+    """The bucketed step of offload_optimizer_state is taken bucket by bucket: when NVMe fills
+    part way (the first step's state for the later buckets finds no room), the error says which
+    parameters were updated and which were not (an outside client had only the one tensor the
+    error named), and those updated are exactly those."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(64, 64, bias=False) for _ in range(8)])
+    opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+    rt = make_runtime(dram_bytes="160KiB", nvme_bytes="1MiB", dram_inclusive="off")
+    filler = rt.tensor((1 << 20) - (160 << 10), cls="other", home="nvme", name="filler")
+    filler.write(bytearray(filler.nbytes))  # written: a tensor never written takes no room
+    filler.offload("nvme")
+    filler.sync()
+    state = tt.offload_optimizer_state(opt, rt, "nvme", min_bytes=0, bucket_bytes=16 << 10)
+    before = [p.detach().clone() for p in m.parameters()]
+    m(torch.randn(4, 64)).sum().backward()
+    with pytest.raises(tiermem.TiermemError) as e:
+        state.step()
+    assert e.value.status_name == "TM_ERR_NO_SPACE", e.value
+    changed = [not torch.equal(b, p.detach()) for b, p in zip(before, m.parameters())]
+    k = changed.index(False) if False in changed else len(changed)
+    assert 0 < k < len(changed) and not any(changed[k:]), changed
+    want = "parameters %s of 8 (their index in param_groups, in order) updated, the others not" % (
+        "0" if k == 1 else "0-%d" % (k - 1))
+    assert want in e.value.message, e.value.message
+    filler.destroy()
+    with pytest.raises(tiermem.TiermemError, match="nothing was lost"):
+        rt.sync()  # the failed offloads of that bucket's state, reported once
+    state.remove()

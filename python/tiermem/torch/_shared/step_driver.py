@@ -5,6 +5,8 @@ import weakref
 
 import torch
 
+import tiermem
+
 
 def _chunks(optimizer, bucket_bytes):
     """(group, params) pieces of at most bucket_bytes of parameters (one parameter at least)."""
@@ -23,6 +25,27 @@ def _chunks(optimizer, bucket_bytes):
 
 def _all_params(optimizer):
     return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _which_stepped(optimizer, stepped):
+    """Which of the optimizer's parameters (by their index in its param_groups, in order) a step
+    that failed part way updated, as ranges: "parameters 0-14 of 24 updated, the others not"."""
+    done = {id(p) for p in stepped}
+    params = _all_params(optimizer)
+    marks = [id(p) in done for p in params]
+    ranges, i = [], 0
+    while i < len(marks):
+        if marks[i]:
+            j = i
+            while j + 1 < len(marks) and marks[j + 1]:
+                j += 1
+            ranges.append(str(i) if i == j else "%d-%d" % (i, j))
+            i = j + 1
+        else:
+            i += 1
+    return ("parameters %s of %d (their index in param_groups, in order) updated, the others "
+            "not; the state of those updated is as the step left it" % (", ".join(ranges),
+                                                                        len(params)))
 
 
 # optimizer -> its _StepDriver. The driver holds the optimizer weakly, so that this table keeps
@@ -155,6 +178,7 @@ class _StepDriver:
         for _, s in swapped[0] if swapped else ():
             s.prefetch()
         self._bucketing = True
+        stepped = []  # the parameters whose update this step made, bucket by bucket
         try:
             for i, (group, ps) in enumerate(pieces):
                 if i + 1 < len(pieces):
@@ -174,9 +198,15 @@ class _StepDriver:
                 finally:
                     group["params"] = all_params
                     groups[:] = every_group
+                stepped.extend(ps)
                 if self.state is not None:
                     self.state._adopt(ps)
                 self._let_go(swapped[i])
+        except tiermem.TiermemError as e:
+            if not stepped:
+                raise
+            raise tiermem.TiermemError(e.status, "%s (the step is taken in part: %s)" % (
+                e.message, _which_stepped(opt, stepped)), e.call) from e
         finally:
             self._bucketing = False
         return loss
