@@ -282,6 +282,7 @@ class Runtime:
         self._step_index = 0
         self._in_step = False
         self._names = {}
+        self._lost_seen = 0  # tm_stats.moves_failed_lost when _lost_nothing last looked
         # Offloads whose tensors hold a framework's only copy (tiermem.torch's parameters and
         # optimizer state): close() brings them home first.
         self._homecoming = weakref.WeakSet()
@@ -420,7 +421,6 @@ class Runtime:
                 "runtime has one step at a time, shared by all its threads (the schedule is one "
                 "order of uses)")
         self.step_begin()
-        moves_failed_lost = self._moves_failed_lost()
         try:
             yield self
         except BaseException:
@@ -435,15 +435,21 @@ class Runtime:
         try:
             self.step_end()
         except TiermemError as e:
-            if self._moves_failed_lost() != moves_failed_lost:
+            if not self._lost_nothing(e):
                 raise
             warnings.warn(TiermemWarning(e), stacklevel=3)
 
-    def _moves_failed_lost(self):
-        """tm_stats.moves_failed_lost: callers' asynchronous copies that failed, so far."""
+    def _lost_nothing(self, error):
+        """Whether `error`, the asynchronous failures a sync or step end reported, lost nothing:
+        each was a move between tiers that left its tensor valid where it was (the library's
+        message says so), and no failure that lost bytes (tm_stats.moves_failed_lost) came since
+        this was last asked: conservative, a loss reported anywhere meanwhile counts. Costs a
+        stats call on failures only."""
         s = _capi.Stats()
-        _check(_lib.tm_runtime_stats(self._handle(), ctypes.byref(s)), "tm_runtime_stats")
-        return s.moves_failed_lost
+        if _lib.tm_runtime_stats(self._handle(), ctypes.byref(s)) != _capi.OK:
+            return False
+        seen, self._lost_seen = self._lost_seen, s.moves_failed_lost
+        return s.moves_failed_lost == seen and error.message.endswith("nothing was lost)")
 
     def stats(self):
         """The runtime's counters as a dict (tm_stats): tiers[name] = {capacity, used, peak},

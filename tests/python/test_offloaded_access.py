@@ -290,7 +290,12 @@ def test_a_step_that_fills_nvme_part_way_says_which_parameters_it_updated(make_r
     want = "parameters %s of 8 (their index in param_groups, in order) updated, the others not" % (
         "0" if k == 1 else "0-%d" % (k - 1))
     assert want in e.value.message, e.value.message
+    # NVMe still full: a checkpoint can be taken. The failed offloads of that bucket's state
+    # left it whole in DRAM; reported when state_dict reads it, they are warnings (they made
+    # state_dict raise, so that no checkpoint could be taken until NVMe had room).
+    with pytest.warns(tiermem.TiermemWarning, match="nothing was lost"):
+        sd = state.state_dict()
+    assert len(sd["state"]) == k
     filler.destroy()
-    with pytest.raises(tiermem.TiermemError, match="nothing was lost"):
-        rt.sync()  # the failed offloads of that bucket's state, reported once
+    rt.sync()
     state.remove()

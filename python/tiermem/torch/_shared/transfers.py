@@ -1,9 +1,11 @@
 """Bytes between torch tensors and tiermem tensors: which stream a copy is ordered on, and a
 tensor's storage freed and refilled in place."""
 
+import warnings
+
 import torch
 
-from ... import Runtime, TiermemError, _capi, _tier, parse_size
+from ... import Runtime, TiermemError, TiermemWarning, _capi, _tier, parse_size
 
 _TIER_HOME = {"dram": "dram", "nvme": "dram"}  # NVMe tensors are written to DRAM, then offloaded
 
@@ -144,7 +146,7 @@ def _send(tm, t, nbytes, tier):
     stream = _stream(t, tm._rt)
     tm.copy_in(t.data_ptr(), nbytes, 0, stream)
     if stream is None:
-        tm.sync()
+        _sync_copy(tm)
     if tier == "nvme":
         tm.offload("nvme")
 
@@ -155,7 +157,20 @@ def _fetch(tm, t, nbytes):
     stream = _stream(t, tm._rt)
     tm.copy_out(t.data_ptr(), nbytes, 0, stream)
     if stream is None:
+        _sync_copy(tm)
+
+
+def _sync_copy(tm):
+    """Waits for a copy between tm and a caller's memory. A failure it reports that lost
+    nothing is an earlier move of the tensor that left it valid where it was (an offload to a
+    full NVMe tier): the copy is whole, so it is a TiermemWarning, not an error (an outside
+    client could not take a state_dict while NVMe was full)."""
+    try:
         tm.sync()
+    except TiermemError as e:
+        if not tm._rt._lost_nothing(e):
+            raise
+        warnings.warn(TiermemWarning(e), stacklevel=3)
 
 
 def _destroy_quietly(tm):
