@@ -91,6 +91,7 @@ int main(void) {
   FIELD(tm_stats, hbm_handed_on_bytes);
   FIELD(tm_stats, moves_behind);
   FIELD(tm_stats, moves_behind_bytes);
+  FIELD(tm_stats, moves_failed_lost);
   END();
   BEGIN(tm_info);
   FIELD(tm_info, struct_size);
