@@ -225,9 +225,9 @@ def test_hyperparameters_of_the_wrong_kind_are_named():
         with pytest.raises(ValueError, match=r"Invalid betas: .*want a pair"):
             CPUAdam([p], betas=bad)
     for name in ("lr", "eps", "weight_decay"):
-        with pytest.raises(TypeError, match="^%s='x': want a number" % name):
+        with pytest.raises(TypeError, match="^CPUAdam: %s='x': want a number" % name):
             CPUAdam([p], **{name: "x"})
-        with pytest.raises(TypeError, match="^%s='1': want a number" % name):
+        with pytest.raises(TypeError, match="^CPUAdam: %s='1': want a number" % name):
             CPUAdam([p], **{name: "1"})  # a string, even of a number
     # Named (an outside client met "'>' not supported between 'str' and 'int'"), and a string
     # amsgrad refused rather than taken as true.

@@ -287,8 +287,8 @@ def test_a_step_that_fills_nvme_part_way_says_which_parameters_it_updated(make_r
     changed = [not torch.equal(b, p.detach()) for b, p in zip(before, m.parameters())]
     k = changed.index(False) if False in changed else len(changed)
     assert 0 < k < len(changed) and not any(changed[k:]), changed
-    want = "parameters %s of 8 (their index in param_groups, in order) updated, the others not" % (
-        "0" if k == 1 else "0-%d" % (k - 1))
+    want = "%s of 8 (their index in param_groups, in order) updated, the others not" % (
+        "parameter 0" if k == 1 else "parameters 0-%d" % (k - 1))
     assert want in e.value.message, e.value.message
     # NVMe still full: a checkpoint can be taken. The failed offloads of that bucket's state
     # left it whole in DRAM; reported when state_dict reads it, they are warnings (they made

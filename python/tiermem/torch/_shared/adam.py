@@ -23,14 +23,16 @@ def _check_hyper(lr, betas, eps, weight_decay, amsgrad=False, max_grad_norm=None
     checks them again each step, as a scheduler or the user may change param_groups); and
     amsgrad (a bool: a string such as "no" would turn it on) and max_grad_norm (a positive
     number or None), naming the argument."""
+    prefix = "%s: " % who if who else ""
+
     def number(name, v):
         # A number (a 0-dim tensor too, as AdamW takes for lr); a string is not one, even "1".
         if isinstance(v, (str, bytes)) or (torch.is_tensor(v) and v.numel() != 1):
-            raise TypeError("%s=%r: want a number" % (name, v))
+            raise TypeError("%s%s=%r: want a number" % (prefix, name, v))
         try:
             return float(v)
         except (TypeError, ValueError):
-            raise TypeError("%s=%r: want a number" % (name, v)) from None
+            raise TypeError("%s%s=%r: want a number" % (prefix, name, v)) from None
 
     if not 0.0 <= number("lr", lr):
         raise ValueError("Invalid learning rate: %s" % (lr,))
@@ -45,10 +47,9 @@ def _check_hyper(lr, betas, eps, weight_decay, amsgrad=False, max_grad_norm=None
             raise ValueError("Invalid beta parameter at index %d: %s" % (i, beta))
     if not 0.0 <= number("weight_decay", weight_decay):
         raise ValueError("Invalid weight_decay value: %s" % (weight_decay,))
-    prefix = "%s: " % who if who else ""
     if not isinstance(amsgrad, bool):
         raise TypeError("%samsgrad=%r: want True or False" % (prefix, amsgrad))
-    if max_grad_norm is not None and not number(prefix + "max_grad_norm", max_grad_norm) > 0:
+    if max_grad_norm is not None and not number("max_grad_norm", max_grad_norm) > 0:
         raise ValueError("%smax_grad_norm=%r, want a positive number or None" %
                          (prefix, max_grad_norm))
 

@@ -43,9 +43,11 @@ def _which_stepped(optimizer, stepped):
             i = j + 1
         else:
             i += 1
-    return ("parameters %s of %d (their index in param_groups, in order) updated, the others "
-            "not; the state of those updated is as the step left it" % (", ".join(ranges),
-                                                                        len(params)))
+    one = sum(marks) == 1
+    return ("%s %s of %d (their index in param_groups, in order) updated, the others not; the "
+            "state of %s is as the step left it" % (
+                "parameter" if one else "parameters", ", ".join(ranges), len(params),
+                "that one" if one else "those updated"))
 
 
 # optimizer -> its _StepDriver. The driver holds the optimizer weakly, so that this table keeps
