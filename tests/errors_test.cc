@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "json_check.h"
@@ -160,6 +161,42 @@ TEST_F(Errors, NvmeBudgetExhausted) {
   tm_stats s = TM_STATS_INIT;
   TM_ASSERT_OK(tm_runtime_stats(rt_, &s));
   EXPECT_EQ(s.tiers[TM_TIER_DRAM].used, 0u) << "the staging copy of the failed move leaked";
+}
+
+// A move that fails on a mover is reported by the next sync or step end; when each such move
+// left its tensor valid where it was, tm_last_error_flags says so (TM_ERROR_NOTHING_LOST), so
+// that a framework tells a step whose work stands from one that lost bytes without reading the
+// message. The flags belong to the last failure: the next one of another kind clears them.
+TEST_F(Errors, AReportThatLostNothingSaysSoInItsFlags) {
+  std::vector<tm_tensor> ts;
+  for (int i = 0; i < 4; ++i) {
+    ts.push_back(Make(kBig, "fill", 10 + i));
+    TM_ASSERT_OK(OffloadNow(rt_, ts.back(), TM_TIER_NVME));
+  }
+  tm_tensor last = Make(kBig, "one-too-many", 20);
+  TM_ASSERT_OK(tm_step_begin(rt_));
+  TM_ASSERT_OK(tm_tensor_offload(rt_, last, TM_TIER_NVME));  // queued: fails on a mover
+  EXPECT_EQ(tm_runtime_sync(rt_), TM_ERR_NO_SPACE);
+  EXPECT_NE(std::string(tm_last_error()).find("nothing was lost"), std::string::npos)
+      << tm_last_error();
+  EXPECT_EQ(tm_last_error_flags(), TM_ERROR_NOTHING_LOST) << tm_last_error();
+  TM_ASSERT_OK(tm_step_end(rt_));  // reported once
+  ExpectContent(last, kBig, 20);
+  tm_tensor none{};
+  EXPECT_EQ(tm_tensor_create(rt_, nullptr, &none), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(tm_last_error_flags(), 0u) << "a later failure clears the flags";
+  // Queued again and reported by the step end this time, once the mover has failed it.
+  tm_stats before = TM_STATS_INIT;
+  TM_ASSERT_OK(tm_runtime_stats(rt_, &before));
+  TM_ASSERT_OK(tm_step_begin(rt_));
+  TM_ASSERT_OK(tm_tensor_offload(rt_, last, TM_TIER_NVME));
+  for (tm_stats now = before; now.moves_failed == before.moves_failed;) {
+    TM_ASSERT_OK(tm_runtime_stats(rt_, &now));
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(tm_step_end(rt_), TM_ERR_NO_SPACE) << tm_last_error();
+  EXPECT_EQ(tm_last_error_flags(), TM_ERROR_NOTHING_LOST) << tm_last_error();
+  ExpectContent(last, kBig, 20);
 }
 
 TEST_F(Errors, PinnedTensorsCannotMoveOrDie) {

@@ -23,6 +23,9 @@ TEST(FailureLog, MovesThatKeptTheirTensorsSaySo) {
                              "was lost)"),
             absl::string_view::npos)
       << s;
+  EXPECT_EQ(ErrorFlags(s), TM_ERROR_NOTHING_LOST) << "the C boundary's flag, beside the text";
+  EXPECT_EQ(ErrorFlags(WithContext(s, "tm_step_end")), TM_ERROR_NOTHING_LOST)
+      << "kept on the way up";
   EXPECT_TRUE(log.Take(0).ok()) << "reported once";
 
   log.Record(3, "c", Error(TM_ERR_IO, "read failed: tensor \"c\""), true);
@@ -38,12 +41,14 @@ TEST(FailureLog, ALossAmongThemIsNotCalledHarmless) {
   absl::Status s = log.Take(0);
   EXPECT_EQ(ToTmStatus(s), TM_ERR_NO_SPACE) << s;
   EXPECT_EQ(s.message().find(kNothingLost), absl::string_view::npos) << s;
+  EXPECT_EQ(ErrorFlags(s), 0u) << s;
 
   log.Record(2, "b", Error(TM_ERR_DEVICE, "copy_in of tensor \"b\""), false);
   log.Record(1, "a", Error(TM_ERR_IO, "offload of tensor \"a\""), true);
   s = log.Take(2);  // only b's
   EXPECT_EQ(ToTmStatus(s), TM_ERR_DEVICE) << s;
   EXPECT_EQ(s.message().find(kNothingLost), absl::string_view::npos) << s;
+  EXPECT_EQ(ErrorFlags(s), 0u) << s;
   s = log.Take(0);  // a's, left behind
   EXPECT_EQ(ToTmStatus(s), TM_ERR_IO) << s;
   EXPECT_NE(s.message().find(kNothingLost), absl::string_view::npos) << s;

@@ -371,6 +371,15 @@ TM_API const char* tm_status_string(tm_status status);
 /** Detail of the most recent failure on the calling thread ("" when none). */
 TM_API const char* tm_last_error(void);
 
+/** tm_last_error_flags: the failure was the report of asynchronous failures (by a sync or
+ *  tm_step_end) each of which was a move between tiers that left its tensor valid where it was.
+ *  Nothing was lost: the caller's work stands (repeating a step would apply it twice). */
+#define TM_ERROR_NOTHING_LOST 0x1u
+
+/** TM_ERROR_* flags of the most recent failure on the calling thread (0 when none applies,
+ *  or no failure yet). Set by the same call as tm_last_error. */
+TM_API uint32_t tm_last_error_flags(void);
+
 /** Version of the library loaded at run time. Any pointer may be NULL. */
 TM_API tm_status tm_get_version(int* major, int* minor, int* patch);
 

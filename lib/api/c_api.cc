@@ -15,6 +15,8 @@ extern "C" {
 
 TM_API const char* tm_last_error(void) { return LastError(); }
 
+TM_API uint32_t tm_last_error_flags(void) { return LastErrorFlags(); }
+
 TM_API tm_status tm_runtime_create(const tm_config* config, tm_runtime* out) {
   if (out == nullptr) return NullArgument("tm_runtime_create", "out");
   out->bits = 0;

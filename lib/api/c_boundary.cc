@@ -6,12 +6,15 @@
 namespace tiermem {
 tm_status Fail(tm_status code, absl::string_view message) {
   LastErrorSlot().assign(message.data(), message.size());
+  LastErrorFlagsSlot() = 0;
   return code;
 }
 
 tm_status Report(const absl::Status& s) {
   if (s.ok()) return TM_OK;
-  return Fail(ToTmStatus(s), s.message());
+  const tm_status code = Fail(ToTmStatus(s), s.message());
+  LastErrorFlagsSlot() = ErrorFlags(s);
+  return code;
 }
 
 tm_status NullArgument(const char* function, const char* argument) {
@@ -19,6 +22,8 @@ tm_status NullArgument(const char* function, const char* argument) {
 }
 
 const char* LastError() { return LastErrorSlot().c_str(); }
+
+uint32_t LastErrorFlags() { return LastErrorFlagsSlot(); }
 
 RuntimeRegistry& Registry() {
   static RuntimeRegistry* r = new RuntimeRegistry();  // never destroyed: safe at exit

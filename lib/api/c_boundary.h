@@ -27,6 +27,8 @@ tm_status Report(const absl::Status& s);
 tm_status NullArgument(const char* function, const char* argument);
 // The thread's last error, for tm_last_error.
 const char* LastError();
+// Its TM_ERROR_* flags, for tm_last_error_flags.
+uint32_t LastErrorFlags();
 
 // Runs `body` (returning tm_status), turning an exception into a status.
 template <typename Body>

@@ -8,4 +8,9 @@ std::string& LastErrorSlot() {
   return message;
 }
 
+uint32_t& LastErrorFlagsSlot() {
+  thread_local uint32_t flags = 0;
+  return flags;
+}
+
 }  // namespace tiermem

@@ -18,6 +18,7 @@ namespace tiermem {
 namespace {
 
 constexpr absl::string_view kPayload = "tiermem.tm_status";
+constexpr absl::string_view kNothingLost = "tiermem.nothing_lost";
 
 absl::StatusCode CanonicalFor(tm_status code) {
   switch (code) {
@@ -83,6 +84,16 @@ absl::Status WithContext(const absl::Status& s, absl::string_view context) {
   s.ForEachPayload(
       [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
   return out;
+}
+
+absl::Status MarkNothingLost(absl::Status s) {
+  if (!s.ok()) s.SetPayload(kNothingLost, absl::Cord("1"));
+  return s;
+}
+
+uint32_t ErrorFlags(const absl::Status& s) {
+  if (s.ok()) return 0;
+  return s.GetPayload(kNothingLost).has_value() ? TM_ERROR_NOTHING_LOST : 0u;
 }
 
 absl::Status Retag(const absl::Status& s, tm_status code) {

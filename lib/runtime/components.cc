@@ -24,9 +24,10 @@ absl::Status FailureLog::Take(uint64_t handle) {
     first = WithContext(first, absl::StrFormat("%d asynchronous moves failed; the first", failed));
   }
   if (!kept) return first;
-  return Error(ToTmStatus(first),
-               absl::StrCat(first.message(), failed > 1 ? " (each of these moves" : " (the move",
-                            " left its tensor valid where it was: nothing was lost)"));
+  return MarkNothingLost(
+      Error(ToTmStatus(first),
+            absl::StrCat(first.message(), failed > 1 ? " (each of these moves" : " (the move",
+                         " left its tensor valid where it was: nothing was lost)")));
 }
 
 bool DeferredFrees::Reap(Tiers& tiers, tm_tier tier) {

@@ -282,7 +282,6 @@ class Runtime:
         self._step_index = 0
         self._in_step = False
         self._names = {}
-        self._lost_seen = 0  # tm_stats.moves_failed_lost when _lost_nothing last looked
         # Offloads whose tensors hold a framework's only copy (tiermem.torch's parameters and
         # optimizer state): close() brings them home first.
         self._homecoming = weakref.WeakSet()
@@ -435,21 +434,9 @@ class Runtime:
         try:
             self.step_end()
         except TiermemError as e:
-            if not self._lost_nothing(e):
+            if not e.nothing_lost:
                 raise
             warnings.warn(TiermemWarning(e), stacklevel=3)
-
-    def _lost_nothing(self, error):
-        """Whether `error`, the asynchronous failures a sync or step end reported, lost nothing:
-        each was a move between tiers that left its tensor valid where it was (the library's
-        message says so), and no failure that lost bytes (tm_stats.moves_failed_lost) came since
-        this was last asked: conservative, a loss reported anywhere meanwhile counts. Costs a
-        stats call on failures only."""
-        s = _capi.Stats()
-        if _lib.tm_runtime_stats(self._handle(), ctypes.byref(s)) != _capi.OK:
-            return False
-        seen, self._lost_seen = self._lost_seen, s.moves_failed_lost
-        return s.moves_failed_lost == seen and error.message.endswith("nothing was lost)")
 
     def stats(self):
         """The runtime's counters as a dict (tm_stats): tiers[name] = {capacity, used, peak},

@@ -10,6 +10,7 @@ API_MINOR = 1
 SONAME = "libtiermem.so.%d.%d" % (API_MAJOR, API_MINOR)
 
 OK = 0
+ERROR_NOTHING_LOST = 0x1  # tm_last_error_flags: TM_ERROR_NOTHING_LOST
 STATUS_NAMES = (
     "TM_OK", "TM_ERR_INVALID_ARGUMENT", "TM_ERR_INVALID_HANDLE", "TM_ERR_OUT_OF_MEMORY",
     "TM_ERR_NO_SPACE", "TM_ERR_IO", "TM_ERR_DEVICE", "TM_ERR_CONFIG", "TM_ERR_BUSY",
@@ -217,6 +218,7 @@ def _prototypes(lib):
     sig = {
         "tm_status_string": (ctypes.c_char_p, [st]),
         "tm_last_error": (ctypes.c_char_p, []),
+        "tm_last_error_flags": (ctypes.c_uint32, []),
         "tm_get_version": (st, [p(ctypes.c_int), p(ctypes.c_int), p(ctypes.c_int)]),
         "tm_version_string": (ctypes.c_char_p, []),
         "tm_runtime_create": (st, [p(Config), p(Runtime)]),

@@ -9,13 +9,16 @@ from ._sizes import u64
 
 class TiermemError(RuntimeError):
     """A tiermem call failed. .status is the tm_status code, .status_name its name ("TM_ERR_IO"),
-    .message the library's detail (tm_last_error)."""
+    .message the library's detail (tm_last_error), .nothing_lost whether it was the report of
+    asynchronous moves that each left their tensor valid where it was (TM_ERROR_NOTHING_LOST in
+    tm_last_error_flags): the work around them stands."""
 
-    def __init__(self, status, message, call=None):
+    def __init__(self, status, message, call=None, nothing_lost=False):
         self.status = int(status)
         self.status_name = _status_name(status)
         self.message = message
         self.call = call
+        self.nothing_lost = bool(nothing_lost)
         where = "%s: " % call if call else ""
         super().__init__("%s%s: %s" % (where, self.status_name, message))
 
@@ -37,7 +40,9 @@ def _status_name(status):
 def _check(status, call):
     if status != _capi.OK:
         msg = _lib.tm_last_error()
-        raise TiermemError(status, msg.decode(errors="replace") if msg else "", call)
+        lost_nothing = _lib.tm_last_error_flags() & _capi.ERROR_NOTHING_LOST
+        raise TiermemError(status, msg.decode(errors="replace") if msg else "", call,
+                           lost_nothing)
 
 
 def _tier(tier):

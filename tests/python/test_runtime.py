@@ -144,7 +144,11 @@ def test_a_failed_move_at_the_step_end_warns_not_raises(make_runtime):
     err = w[0].message.error
     assert err.status == tiermem.TM_ERR_NO_SPACE and "big" in err.message
     assert "left its tensor valid where it was: nothing was lost" in err.message
+    assert err.nothing_lost  # tm_last_error_flags: TM_ERROR_NOTHING_LOST
     assert t.read() == data
+    with pytest.raises(tiermem.TiermemError) as other:
+        t.read(1, offset=len(data))  # out of range: a failure of another kind
+    assert not other.value.nothing_lost
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with rt.step():  # reported once: the next step ends quietly

@@ -168,7 +168,7 @@ def _sync_copy(tm):
     try:
         tm.sync()
     except TiermemError as e:
-        if not tm._rt._lost_nothing(e):
+        if not e.nothing_lost:
             raise
         warnings.warn(TiermemWarning(e), stacklevel=3)
 
