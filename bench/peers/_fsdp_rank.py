@@ -100,8 +100,13 @@ class Rank:
         # What CPUAdam holds per parameter: fp32 master | exp_avg | exp_avg_sq (12 B), or the
         # moments alone (8 B) where this CPUAdam steps an fp32 host shard in place as its own
         # master (state in DRAM only).
+        try:  # a build before in-place steps (older commits, for comparisons) steps a master
+            from tiermem.torch.optim._state_store import in_place_ok  # noqa: F401
+            steps_in_place = True
+        except ImportError:
+            steps_in_place = hasattr(CPUAdam, "_in_place_ok")
         in_place = (mode == "tiermem" and local[0].device.type == "cpu" and
-                    local[0].dtype == torch.float32 and hasattr(CPUAdam, "_in_place_ok"))
+                    local[0].dtype == torch.float32 and steps_in_place)
         state = (8 if in_place else 12) * numel
         settings = dict(device="emulated", hbm_bytes="2MiB", log_level="error")
         if mode == "tiermem":

@@ -475,7 +475,7 @@ class Cases(ShardCases, GuardCases):
             opt = FSDPCPUAdam(model, runtime=rt, state_tier="nvme", max_grad_norm=CLIP,
                               threads=1, **shards, **HYPER)
             losses = train(model, opt, 2)
-            for slot in opt._adam._slots.values():  # on NVMe only, where the fault strikes
+            for slot in opt._adam._store.values():  # on NVMe only, where the fault strikes
                 for t in slot.tensors:
                     t.offload("nvme")
                     t.sync()
@@ -562,7 +562,7 @@ class Cases(ShardCases, GuardCases):
             model = build()
             opt = FSDPCPUAdam(model, runtime=rt, state_tier="nvme", threads=1, **HYPER)
             want_losses = train(model, opt, 2)
-            for slot in opt._adam._slots.values():  # on NVMe only, where the fault strikes
+            for slot in opt._adam._store.values():  # on NVMe only, where the fault strikes
                 for t in slot.tensors:
                     t.offload("nvme")
                     t.sync()
@@ -651,7 +651,7 @@ class Cases(ShardCases, GuardCases):
                 # Left as a step leaves it: every state tensor on NVMe (a DRAM copy beside it
                 # is clean, evictable), none only in DRAM, where the step would pin it whole.
                 self.loaded_on_nvme = all("nvme" in t.residency()
-                                          for slot in opt._adam._slots.values()
+                                          for slot in opt._adam._store.values()
                                           for t in slot.tensors)
             first = steps if save is None else save[1]
             losses = train(model, opt, first, start=start)

@@ -321,7 +321,7 @@ def test_runtime_close_refused_when_the_state_cannot_come_home(make_runtime):
     opt = CPUAdam([p], runtime=rt, state_tier="nvme")
     opt.step()
     want = opt.state_dict()
-    slot = opt._slots[p]
+    slot = opt._store[p]
     handle, slot.handles = slot.handles, [tiermem._capi.Tensor()]  # the zero handle: reads fail
     with pytest.raises(tiermem.TiermemError, match="CPUAdam could not bring") as e:
         rt.close()
@@ -397,12 +397,12 @@ def test_failed_nvme_read_leaves_the_parameters_untouched(make_runtime, nvme_dir
 
     step(opt, ps, grads[0])
     step(twin, twins, grads[0])
-    for slot in opt._slots.values():  # every state on NVMe only, where the fault strikes
+    for slot in opt._store.values():  # every state on NVMe only, where the fault strikes
         [t.offload("nvme") for t in slot.tensors]
         [t.sync() for t in slot.tensors]
         assert all(t.residency() == {"nvme"} for t in slot.tensors)
     # The first parameter's state reads from a DRAM copy: it steps before the second one fails.
-    first = opt._slots[ps[0]].tensors[0]
+    first = opt._store[ps[0]].tensors[0]
     first.prefetch("dram")
     first.sync()
     assert first.residency() == {"dram", "nvme"}
@@ -452,11 +452,11 @@ def test_failure_in_one_group_leaves_every_group_untouched(make_runtime, nvme_di
 
     step(opt, ps, grads[0])
     step(twin, twins, grads[0])
-    for slot in opt._slots.values():  # every state on NVMe only, where the fault strikes
+    for slot in opt._store.values():  # every state on NVMe only, where the fault strikes
         [t.offload("nvme") for t in slot.tensors]
         [t.sync() for t in slot.tensors]
     # The first group's state reads from a DRAM copy: alone, its step would succeed.
-    first = opt._slots[ps[0]].tensors[0]
+    first = opt._store[ps[0]].tensors[0]
     first.prefetch("dram")
     first.sync()
     assert first.residency() == {"dram", "nvme"}
@@ -536,7 +536,7 @@ def test_fp32_cpu_parameters_are_their_own_master():
 
     for i in range(2):
         both()
-    slot = opt._slots[p]
+    slot = opt._store[p]
     assert slot.in_place and slot.tensors[0].nbytes == 8 * p.numel(), "the moments only"
     torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
     with torch.no_grad():  # an edit between steps (a weight tied, a re-initialization)

@@ -103,7 +103,7 @@ def test_cpu_adam_slices_big_tensors(make_runtime):
     opt = tt.CPUAdam([p], runtime=rt, state_tier="nvme", slice_bytes="16KiB")
     p.grad = torch.randn(10000)
     opt.step()
-    slot = opt._slots[p]
+    slot = opt._store[p]
     assert len(slot.tensors) == 8 and slot.bounds[-1] == 10000
     assert all(b % 64 == 0 for b in slot.bounds[:-1])
     assert all(t.nbytes <= 16 << 10 for t in slot.tensors)
@@ -130,7 +130,7 @@ def test_cpu_adam_load_leaves_the_state_as_a_step_does(make_runtime):
     fresh.step()
     fresh.zero_grad()
     fresh.load_state_dict(saved)
-    where = [t.residency() for slot in fresh._slots.values() for t in slot.tensors]
+    where = [t.residency() for slot in fresh._store.values() for t in slot.tensors]
     assert where and all("nvme" in r for r in where), where
     opt.close()
     fresh.close()

@@ -102,7 +102,7 @@ class _BehindBackward:
     # ---- backward's side ----
 
     def _budget(self):
-        largest = max((t.nbytes for slot in self.adam._slots.values()
+        largest = max((t.nbytes for slot in self.adam._store.values()
                        for t, _, _, _ in slot.slices()), default=0)
         return max(0, self.capacity // 2 - 2 * largest - self.reserve)
 
@@ -116,7 +116,7 @@ class _BehindBackward:
         self.order[a] = None
         if not self.step_early:  # (stepping early reads it right away)
             self._read_ahead(a)
-        elif self.offload is None and p.grad is not None and self.adam._slots.get(a) is not None:
+        elif self.offload is None and p.grad is not None and self.adam._store.get(a) is not None:
             # (A state is made at step(), on this thread: made on the worker, its transient
             # zeros stayed in the worker's malloc arena, resident, 12-16 MiB at the bench's
             # sizes; made here they are reused.)
@@ -159,7 +159,7 @@ class _BehindBackward:
             self.worker.start()
 
     def _read_ahead(self, a):
-        slot = self.adam._slots.get(a)
+        slot = self.adam._store.get(a)
         if slot is None or self.full or slot.home is not None:
             return
         budget = self._budget()
@@ -202,7 +202,7 @@ class _BehindBackward:
         is not prepared here: step() prepares it, or falls back to the whole step)."""
         try:
             if (not self.again and self.failure is None and not u.resident and take and
-                    all(self.adam._slots.get(a) is not None for a, _, _ in take)):
+                    all(self.adam._store.get(a) is not None for a, _, _ in take)):
                 self._prepare(take, u)
         except Exception as e:  # noqa: BLE001: the step's failure, raised by step()
             self.failure = self.failure or e

@@ -479,7 +479,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
             rank = {a: i for i, a in enumerate(adam._behind.take())}
             units.sort(key=lambda u: min((rank.get(self._shards.get(p), len(rank))
                                           for p in u.params), default=len(rank)))
-        if adam.state_tier == "nvme" and not adam._home:
+        if adam.state_tier == "nvme" and not adam._store.home:
             self._step_units_in_parts(units, grads, scale)
             return
         offload.prefetch_all()

@@ -22,6 +22,8 @@ import tiermem
 from tiermem import _capi, _optim_capi
 from tiermem.torch._shared.adam import _adamw_defaults, _check_hyper, _closed_error
 from tiermem.torch._shared.transfers import _check_runtime, _size_arg
+from tiermem.torch.optim._state_store import (SLICE_ALIGN, StateStore, in_place_ok,
+                                               words_per_element)
 
 __all__ = ["CPUAdam", "isa", "set_isa_limit"]
 
@@ -69,67 +71,6 @@ def _on_nvme(rt, handle):
     return bool(mask.value & (1 << _capi.TIER_NVME))
 
 
-class _Slot:
-    """One parameter's state in tiermem and, for a parameter on a GPU, pinned buffers for its
-    gradient and its updated value. The state is [master | exp_avg | exp_avg_sq |
-    max_exp_avg_sq] in fp32, or without the master (`in_place`) for an fp32 CPU parameter with
-    its state in DRAM: that parameter is its own master, stepped in place as AdamW and DeepSpeed
-    step it (28 bytes a parameter moved instead of 36 with a master beside it).
-
-    The state is cut into slices of the parameter's elements, one tiermem tensor each in that
-    layout: elements [bounds[i], bounds[i + 1]) in tensors[i], each slice a bucket of the step.
-    The step reads, steps and writes a slice at a time, so a tensor bigger than the DRAM tier
-    steps through it; Adam is elementwise and the bounds are multiples of the kernel's vector
-    width, so the result is bit for bit that of the whole tensor. Once the runtime closed
-    (CPUAdam._runtime_closing), the whole layout in `home`, one flat fp32 torch tensor, and no
-    tiermem tensor."""
-
-    __slots__ = ("tensors", "handles", "bounds", "count", "amsgrad", "in_place", "grad_host",
-                 "out_host", "ready", "home")
-
-    def __init__(self, tensors, bounds, count, amsgrad, in_place, home=None):
-        self.count, self.amsgrad, self.in_place = count, amsgrad, in_place
-        self.tensors, self.bounds = tensors, bounds
-        # The C handles (the tensors are destroyed only by close(), or by the runtime's).
-        self.handles = [t._handle() for t in tensors]
-        self.home = home
-        self.grad_host = self.out_host = self.ready = None
-
-    @property
-    def parts(self):
-        """fp32 words a parameter: the moments, the master but for a parameter stepped in
-        place, the maximum with amsgrad."""
-        return (3 if self.amsgrad else 2) + (not self.in_place)
-
-    def slices(self):
-        """(tiermem tensor, its handle, first element, elements) of each slice."""
-        b = self.bounds
-        return [(t, h, b[i], b[i + 1] - b[i])
-                for i, (t, h) in enumerate(zip(self.tensors, self.handles))]
-
-
-# A slice's elements are a multiple of this: 64 floats, four AVX-512 vectors (the kernel's
-# vector loop and its tiles start at a slice's first element, and end at the tensor's last
-# only where a slice ends it, so every element takes the same path as in the whole tensor).
-_SLICE_ALIGN = 64
-# The largest slice of state, in bytes: beyond it a bigger slice saves no time (the disk runs at
-# its speed from a few MiB a request) and costs DRAM the pipeline could read ahead with.
-_SLICE_MAX = 64 << 20
-# The least slice chosen for the caller: the NVMe tier's allocation block (4 KiB). A smaller one
-# wastes the rest of its block on NVMe (a 1.4 MB state took 6.5 MiB in 2 KiB slices) and, in a
-# DRAM tier of a few dozen KiB, was read twice a step; 4 KiB slices read it once, in 2.7 MiB.
-_SLICE_MIN = 4 << 10
-# The DRAM tier holds this many slices: the one stepping and its new version, the slices read
-# ahead and the new versions written behind, with room to spare for other tensors and for the
-# holes between pinned copies (every copy needs one hole of its size).
-_SLICES_IN_DRAM = 16
-
-
-def _slice_bounds(count, per):
-    """Element bounds [0, ..., count] of slices of at most `per` elements."""
-    return list(range(0, count, per)) + [count] if count > 0 else [0, 0]
-
-
 class CPUAdam(torch.optim.Optimizer):
     """Adam / AdamW stepped on the CPU over state held in tiermem.
 
@@ -156,7 +97,7 @@ class CPUAdam(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, adamw=True, max_grad_norm=None, runtime=None,
                  state_tier="dram", threads=0, overlap=None, slice_bytes=None):
-        self._closed, self._home = False, False  # close() called; the runtime's close() was
+        self._closed = False  # close() called
         _check_hyper(lr, betas, eps, weight_decay, amsgrad, max_grad_norm, "CPUAdam")
         if state_tier not in ("dram", "nvme"):
             raise ValueError("CPUAdam: state_tier=%r, want 'dram' or 'nvme'" % (state_tier,))
@@ -174,16 +115,16 @@ class CPUAdam(torch.optim.Optimizer):
         self.adamw, self.max_grad_norm, self.state_tier = bool(adamw), max_grad_norm, state_tier
         if slice_bytes is not None:
             slice_bytes = _size_arg(slice_bytes, "CPUAdam: slice_bytes")
-            if slice_bytes < 16 * _SLICE_ALIGN:
+            if slice_bytes < 16 * SLICE_ALIGN:
                 raise ValueError("CPUAdam: slice_bytes=%r, want at least %d (the smallest slice: "
                                  "%d parameters of up to 16 bytes of state) or None" %
-                                 (slice_bytes, 16 * _SLICE_ALIGN, _SLICE_ALIGN))
+                                 (slice_bytes, 16 * SLICE_ALIGN, SLICE_ALIGN))
         if runtime is None:
             if state_tier == "nvme":
                 raise ValueError("CPUAdam: state_tier='nvme' needs a runtime with nvme_paths")
             # The state as _slot lays it out (8 bytes a parameter stepped in place, 12 with a
             # master, 4 more with amsgrad), and room for the largest to get a master later.
-            need = sum(((3 if g["amsgrad"] else 2) + (not self._in_place_ok(p))) * 4 * p.numel()
+            need = sum(words_per_element(g["amsgrad"], in_place_ok(p, state_tier)) * 4 * p.numel()
                        for g in self.param_groups for p in g["params"])
             need += max((16 * p.numel() for p in self._params()), default=0)
             runtime = tiermem.Runtime(device="emulated", hbm_bytes="16MiB",
@@ -192,13 +133,13 @@ class CPUAdam(torch.optim.Optimizer):
         else:
             self._own_runtime = None
         self.runtime = runtime
-        self.slice_bytes = self._slice_bytes(slice_bytes)
+        self._store = StateStore(runtime, state_tier, slice_bytes)
+        self.slice_bytes = self._store.slice_bytes
         cfg = _optim_capi.AdamConfig()
         cfg.threads = int(threads)
         self._adam = _optim_capi.Adam()
         _check(_lib.tm_adam_create(runtime._handle(), ctypes.byref(cfg), ctypes.byref(self._adam)),
                "tm_adam_create")
-        self._slots = {}
         self._counters = {}  # param -> (its step tensor, a ctypes view of its float)
         self._stepped, self._unfinished = set(), None
         self._lock = threading.Lock()  # one C step at a time (the worker and step())
@@ -215,172 +156,22 @@ class CPUAdam(torch.optim.Optimizer):
 
     def _runtime_closing(self):
         """The runtime is closing (Runtime.close, before it destroys its tensors): every slot's
-        state comes home into a torch tensor of the same layout, all read before any tiermem
-        tensor goes (a failed read refuses the close, nothing changed), and from then on the
-        optimizer steps them with the same kernel (tm_adam_step over host memory needs no
-        runtime). Without this the close destroyed the moments and the masters, silently."""
-        if self._closed or self._home:
+        state comes home into torch tensors (StateStore.bring_home; a failed read refuses the
+        close, nothing changed), and from then on the optimizer steps them with the same kernel.
+        Without this the close destroyed the moments and the masters, silently."""
+        if self._closed or self._store.home:
             return
         if self._overlap is not None:
             self._overlap.drain()  # the steps backward queued, over the state still in tiermem
         with self._lock:
-            rt = self.runtime._handle()
-            homes = {}
-            for p, slot in self._slots.items():
-                homes[p] = torch.cat(self._read(slot, p, rt)[slot.in_place:])
-            for p, slot in self._slots.items():
-                old = slot.tensors
-                slot.tensors, slot.handles, slot.home = [], [], homes[p]
-                slot.bounds = [0, slot.count]
-                for t in old:
-                    try:
-                        t.destroy()
-                    except tiermem.TiermemError:
-                        pass  # the runtime destroys it next anyway
-            self._home = True
+            self._store.bring_home()
 
     def _check_open(self, what):
         if self._closed:
             raise _closed_error("%s.%s" % (type(self).__name__, what))
 
-    # ---- state in tiermem ----
-
     def _params(self):
         return chain.from_iterable(g["params"] for g in self.param_groups)
-
-    def _in_place_ok(self, p):
-        """The parameter can be its own master: fp32, contiguous, in host memory, state in DRAM."""
-        return (self.state_tier == "dram" and p.dtype == torch.float32 and p.is_cpu and
-                p.is_contiguous())
-
-    def _slot(self, p, group, init=True):
-        slot = self._slots.get(p)
-        amsgrad = bool(group["amsgrad"])
-        if slot is not None and slot.amsgrad != amsgrad and amsgrad:
-            raise ValueError("CPUAdam: amsgrad was turned on after the state was made")
-        if slot is None:
-            n = p.numel()
-            in_place = self._in_place_ok(p)
-            slot = self._new_slot(n, amsgrad, in_place)
-            if init:
-                zeros = torch.zeros(n, dtype=torch.float32)
-                self._written(slot, p.detach().reshape(-1), zeros, zeros,
-                              zeros if amsgrad else None, p)
-            self._slots[p] = slot  # only once its state is whole
-        elif slot.in_place and not self._in_place_ok(p):
-            self._add_master(p, slot)
-        return slot
-
-    def _written(self, slot, master, m, v, vmax, p):
-        """_write into a new slot: when it fails (the NVMe tier full, ...) the slot's tensors
-        go, and the error says that nothing changed. A slot kept with half its state written
-        would be stepped from zeros at the next step() (the parameters then +-lr)."""
-        try:
-            self._write(slot, master, m, v, vmax, p)
-        except BaseException as e:
-            for t in slot.tensors:
-                try:
-                    t.destroy()
-                except tiermem.TiermemError:
-                    pass
-            if isinstance(e, tiermem.TiermemError):
-                raise tiermem.TiermemError(
-                    e.status, "CPUAdam: making the state of a parameter of %d elements: %s (the "
-                    "step was not taken: every state and parameter is as before)" % (
-                        slot.count, e.message), e.call) from e
-            raise
-
-    def _add_master(self, p, slot):
-        """A parameter stepped in place that no longer can be (made bf16, moved, made a strided
-        view): its state gets a master again, the parameter's value widened to fp32."""
-        _, m, v, *vmax = self._read(slot, p)
-        new = self._new_slot(slot.count, slot.amsgrad, False)
-        self._written(new, p.detach().reshape(-1), m, v, vmax[0] if vmax else None, p)
-        old = slot.tensors
-        slot.tensors, slot.handles, slot.bounds = new.tensors, new.handles, new.bounds
-        slot.home, slot.in_place = new.home, False
-        for t in old:
-            t.destroy()
-
-    def _slice_bytes(self, asked):
-        """The bytes of state a slice holds at most: `asked`, or with state on NVMe a sixteenth
-        of the DRAM tier (4 KiB to 64 MiB); with state in DRAM, none (one slice a parameter: it is
-        all in DRAM anyway, and stepped in place there)."""
-        if asked is not None:
-            return asked
-        if self.state_tier != "nvme":
-            return None
-        dram = self.runtime.stats()["tiers"]["dram"]["capacity"]
-        return max(_SLICE_MIN, min(_SLICE_MAX, dram // _SLICES_IN_DRAM))
-
-    def _new_slot(self, n, amsgrad, in_place):
-        """A slot of n elements: its slices' tiermem tensors, or once the runtime closed its
-        state at home (zeros, one slice)."""
-        words = ((3 if amsgrad else 2) + (not in_place))
-        if self._home:
-            return _Slot([], [0, n], n, amsgrad, in_place,
-                         torch.zeros(words * n, dtype=torch.float32))
-        per = n
-        if self.slice_bytes is not None and not in_place:  # in place: in DRAM, pinned whole
-            per = max(_SLICE_ALIGN, self.slice_bytes // (4 * words) // _SLICE_ALIGN * _SLICE_ALIGN)
-        bounds = _slice_bounds(n, per)
-        tensors = []
-        try:
-            for i in range(len(bounds) - 1):
-                tensors.append(self.runtime.tensor(
-                    4 * words * (bounds[i + 1] - bounds[i]), cls="optimizer_state",
-                    home=self.state_tier, name=self.runtime.next_name("cpu_adam")))
-        except BaseException:
-            for t in tensors:
-                t.destroy()
-            raise
-        return _Slot(tensors, bounds, n, amsgrad, in_place)
-
-    def _write(self, slot, master, m, v, vmax, p):
-        parts = [m, v] + ([vmax if vmax is not None else torch.zeros_like(v)]
-                          if slot.amsgrad else [])
-        if slot.in_place:  # the parameter is the master
-            if master.data_ptr() != p.data_ptr():
-                p.detach().view(-1).copy_(master.to(torch.float32).reshape(-1))
-        else:
-            parts.insert(0, master)
-        parts = [t.detach().to("cpu", torch.float32).reshape(-1) for t in parts]
-        if slot.home is not None:
-            # A new tensor (cat): the old one may still be read by the caller.
-            slot.home = torch.cat(parts)
-            return
-        rt = self.runtime._handle()
-        for _, h, first, n in slot.slices():
-            flat = torch.cat([t[first:first + n] for t in parts])
-            _check(_lib.tm_tensor_write(rt, h, 0, flat.data_ptr(), flat.numel() * 4),
-                   "tm_tensor_write")
-            if self.state_tier == "nvme":
-                # Written down, as a step leaves it: a write lands in a DRAM copy when there is
-                # one, and state found only in DRAM is pinned whole through the next step (the
-                # step of state in DRAM), which a budget below the state cannot hold.
-                _check(_lib.tm_tensor_offload(rt, h, _capi.TIER_NVME), "tm_tensor_offload")
-        if self.state_tier == "nvme":
-            for _, h, _, _ in slot.slices():
-                _check(_lib.tm_tensor_sync(rt, h), "tm_tensor_sync")
-
-    def _read(self, slot, p, rt=None):
-        """[master, exp_avg, exp_avg_sq(, max_exp_avg_sq)] as flat fp32 tensors (the master of a
-        parameter stepped in place is the parameter itself)."""
-        parts = slot.parts
-        if slot.home is not None:
-            out = list(slot.home.split(slot.count))  # views: callers that keep them clone them
-        else:
-            rt = self.runtime._handle() if rt is None else rt
-            out = [torch.empty(slot.count, dtype=torch.float32) for _ in range(parts)]
-            for _, h, first, n in slot.slices():
-                flat = torch.empty(parts * n, dtype=torch.float32)
-                _check(_lib.tm_tensor_read(rt, h, 0, flat.data_ptr(), flat.numel() * 4),
-                       "tm_tensor_read")
-                for whole, piece in zip(out, flat.split(n)):
-                    whole[first:first + n] = piece
-        if slot.in_place:
-            out.insert(0, p.detach().reshape(-1))
-        return out
 
     # ---- the step ----
 
@@ -540,7 +331,7 @@ class CPUAdam(torch.optim.Optimizer):
         for group, step, pairs in runs:
             there = []
             for p, grad, c in pairs:
-                slot = self._slot(p, group)
+                slot = self._store.slot(p, group["amsgrad"])
                 if slot.in_place or slot.home is not None:
                     raise RuntimeError("CPUAdam: a step in parts is for state stepped through "
                                        "tiermem, not in place (a %d-element parameter)" %
@@ -577,7 +368,7 @@ class CPUAdam(torch.optim.Optimizer):
         keep = []  # the gradients, arrays and configs the C calls read
         bucket_runs, in_place_runs = [], []
         acquired = []
-        rt = None if self._home else self.runtime._handle()
+        rt = None if self._store.home else self.runtime._handle()
         prepared = False  # a prepared step not yet committed: aborted on the way out
         try:
             failure = None
@@ -585,7 +376,7 @@ class CPUAdam(torch.optim.Optimizer):
                 for group, step, pairs in runs:
                     here, there = [], []
                     for p, grad, c in pairs:
-                        slot = self._slot(p, group)
+                        slot = self._store.slot(p, group["amsgrad"])
                         g = self._grad(slot, grad)
                         keep.append(g)
                         (here if slot.in_place or slot.home is not None else there).append(
@@ -767,7 +558,7 @@ class CPUAdam(torch.optim.Optimizer):
             # copied too. torch >= 2.x's load_state_dict keeps a CPU `step` tensor as it is
             # given (no deep copy), so an AdamW loading a live counter would share it with this
             # optimizer, and each would advance the other's step (its bias correction).
-            slot = self._slots.get(p)
+            slot = self._store.get(p)
             if slot is None and p.numel() > 0:
                 # No moments yet (a first step that failed left its counter only): as AdamW,
                 # which has no entry for a parameter it never stepped, so that the checkpoint
@@ -781,7 +572,7 @@ class CPUAdam(torch.optim.Optimizer):
                 if any(p is q and g["amsgrad"] for g in self.param_groups for q in g["params"]):
                     entry["max_exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
             if slot is not None:
-                parts = self._read(slot, p)
+                parts = self._store.read(slot, p)
                 entry["exp_avg"] = parts[1].clone().view_as(p)
                 entry["exp_avg_sq"] = parts[2].clone().view_as(p)
                 if slot.amsgrad:
@@ -815,16 +606,8 @@ class CPUAdam(torch.optim.Optimizer):
                                                        else step))
             if p.numel() == 0 or "exp_avg" not in entry:
                 continue  # no state in tiermem: nothing to hold (or, never stepped, nothing yet)
-            fresh = p not in self._slots
-            slot = self._slot(p, group, init=False)
-            master = entry.get("master_param", p.detach())
-            vmax = entry.get("max_exp_avg_sq")
-            if fresh:  # a failed write takes the new slot away: none left half written
-                del self._slots[p]
-                self._written(slot, master, entry["exp_avg"], entry["exp_avg_sq"], vmax, p)
-                self._slots[p] = slot
-            else:
-                self._write(slot, master, entry["exp_avg"], entry["exp_avg_sq"], vmax, p)
+            self._store.load(p, group["amsgrad"], entry.get("master_param", p.detach()),
+                             entry["exp_avg"], entry["exp_avg_sq"], entry.get("max_exp_avg_sq"))
 
     def close(self):
         """Frees the state in tiermem (or brought home by the runtime's close) and the workers
@@ -836,11 +619,9 @@ class CPUAdam(torch.optim.Optimizer):
         if getattr(self, "_adam", None) is not None and self._adam.bits:
             _lib.tm_adam_destroy(self._adam)
             self._adam = _optim_capi.Adam()
-        for slot in self._slots.values():
-            if not self.runtime.closed:
-                for t in slot.tensors:
-                    t.destroy()
-        self._slots, self._counters = {}, {}
+        if getattr(self, "_store", None) is not None:
+            self._store.close()
+        self._counters = {}
         if self._own_runtime is not None:
             self._own_runtime.close()
             self._own_runtime = None

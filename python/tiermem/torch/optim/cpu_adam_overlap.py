@@ -45,7 +45,7 @@ class Overlap:
 
     def _on_grad(self, p):
         group = self.group_of[p]
-        slot = self.opt._slot(p, group)
+        slot = self.opt._store.slot(p, group["amsgrad"])
         g = p.grad.detach()
         self.side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.side):
