@@ -252,14 +252,21 @@ class ShardCases:
         after backward (every one raises, on every rank: backward returned once the worker had
         sent them all down) and calling clip_grad_norm_ (raises, nothing changed)."""
         def fail_once(adam):
-            real = adam._prepare_part
+            # The first part added to the next step fails, once its C step was begun.
+            real = adam.begin_parts
 
-            def failing(*args, **kwargs):
-                adam._prepare_part = real
-                raise tiermem.TiermemError(_capi.STATUS_NAMES.index("TM_ERR_IO"),
-                                           "injected: a unit's state unreadable",
-                                           "tm_adam_step_groups_extend")
-            adam._prepare_part = failing
+            def begin(*args, **kwargs):
+                adam.begin_parts = real
+                step = real(*args, **kwargs)
+
+                def failing(*a, **k):
+                    del step._prepare_part
+                    raise tiermem.TiermemError(_capi.STATUS_NAMES.index("TM_ERR_IO"),
+                                               "injected: a unit's state unreadable",
+                                               "tm_adam_step_groups_extend")
+                step._prepare_part = failing
+                return step
+            adam.begin_parts = begin
 
         def run(overlap, grad_tier="nvme", micro=1, halve=False, lr=False, fail=False, steps=4,
                 read=False):

@@ -12,8 +12,8 @@ and then runs the parameter's post-accumulate-grad hooks. From there:
   stepped first. A read the runtime cannot start (no room, the tensor busy) is a hint dropped:
   the step reads it itself.
 - step early (overlap): without clipping, the step itself is prepared part by part behind
-  backward: a worker thread adds the parameters whose gradients came to the optimizer's
-  prepared step (CPUAdam._prepare_part: each one's state read, stepped into its new version and
+  backward: a worker thread adds the parameters whose gradients came to a step prepared part
+  by part (CPUAdam.begin_parts: each one's state read, stepped into its new version and
   written down, nothing changed yet; the C call releases the GIL), and step() only agrees across
   the ranks and commits. With shard_tier (by_unit) the worker takes a unit at a time, once
   FSDP2 has set all its gradients (_shards' hook hands it over): its shard storages made, not
@@ -36,7 +36,6 @@ import warnings
 import torch
 
 import tiermem
-from tiermem import _lib
 
 from ._guard import local
 
@@ -79,7 +78,7 @@ class _BehindBackward:
         # alias -> (the local gradient, the DTensor gradient, _mark of them) when prepared
         self.prepared = {}
         self.hyper = {}  # id(param group) -> its hyperparameters when a part used it
-        self.parts = None  # (keep, empties, runs) of the step prepared in the C optimizer
+        self.parts = None  # the step prepared part by part (CPUAdam.begin_parts)
         self.units = []  # by_unit: the units prepared, their new shard versions written
         self.failure = None
         self.again = False  # a gradient set twice before the step
@@ -226,25 +225,19 @@ class _BehindBackward:
         marks = [_mark(g, dt) for _, g, dt in take]  # before: a change from here on is seen
         for _, group, _ in items:
             self.hyper.setdefault(id(group), _hyper(group))
-        with adam._lock:
-            if self.parts is None:
-                tiermem._check(_lib.tm_adam_step_groups_prepare(adam._adam, 1.0, None, 0),
-                               "tm_adam_step_groups_prepare")
-                self.parts = ([], [], [])
-            keep, empties, runs = self.parts
-            if unit is None:
-                adam._prepare_part(items, 1.0, adam.runtime._handle(), keep, empties, runs,
-                                   False)
-            else:
-                self.offload.make_new(unit)
-                try:
-                    adam._prepare_part(items, 1.0, adam.runtime._handle(), keep, empties, runs,
-                                       True)
-                except BaseException:
-                    self.offload.unmake(unit)
-                    raise
-                self.units.append(unit)  # (its new versions dropped if sending them fails)
-                self.offload.send_new(unit)
+        if self.parts is None:
+            self.parts = adam.begin_parts()
+        if unit is None:
+            self.parts.add(items)
+        else:
+            self.offload.make_new(unit)
+            try:
+                self.parts.add(items, scratch=True)
+            except BaseException:
+                self.offload.unmake(unit)
+                raise
+            self.units.append(unit)  # (its new versions dropped if sending them fails)
+            self.offload.send_new(unit)
         for (a, g, dt), m in zip(take, marks):
             self.prepared[a] = (g, dt, m)
 
@@ -282,34 +275,25 @@ class _BehindBackward:
                               stacklevel=5)
             return False
         self.take()
-        failure, prepared = self.failure, self.parts is not None
+        failure = self.failure
         units = self.units
+        if self.parts is None:
+            self.parts = adam.begin_parts()
         try:
             if failure is None:
                 try:
-                    if self.parts is None:
-                        with adam._lock:
-                            tiermem._check(_lib.tm_adam_step_groups_prepare(
-                                adam._adam, 1.0, None, 0), "tm_adam_step_groups_prepare")
-                            self.parts, prepared = ([], [], []), True
                     self._prepare_rest(grads, group_of)
                     if self.offload is not None:
                         self.offload.sync_new(units)
-                except Exception as e:  # noqa: BLE001: through _agree
+                except Exception as e:  # noqa: BLE001: through the agreement
                     failure = e
-            with adam._lock:
-                adam._agree(failure)
-                prepared = False
-                _, empties, runs = self.parts
-                adam._commit_buckets(runs, copy_out=self.offload is None)
-                adam._count(empties)
+            self.parts.commit(failure, copy_out=self.offload is None)
         except BaseException:
             if self.offload is not None:
                 self.offload.drop_new(units)
             raise
         finally:
-            if prepared:
-                _lib.tm_adam_step_abort(adam._adam)
+            self.parts.abort()  # unless committed
             self._reset_parts()
         if self.offload is not None:
             self.offload.adopt_new(units)
@@ -324,10 +308,7 @@ class _BehindBackward:
             rest = [(a, group_of[id(a)], g) for a, g in grads.items()
                     if a not in self.prepared and id(a) in group_of]
             if rest:
-                with adam._lock:
-                    keep, empties, runs = self.parts
-                    adam._prepare_part(rest, 1.0, adam.runtime._handle(), keep, empties,
-                                       runs, False)
+                self.parts.add(rest)
             return
         off = self.offload
         for u in off.units:
@@ -374,8 +355,7 @@ class _BehindBackward:
         dropped): the step comes whole at step()."""
         self._idle()
         if self.parts is not None:
-            with self.adam._lock:
-                _lib.tm_adam_step_abort(self.adam._adam)
+            self.parts.abort()
         if self.offload is not None:
             self.offload.drop_new(self.units)
         self._reset_parts()

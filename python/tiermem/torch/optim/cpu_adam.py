@@ -142,7 +142,9 @@ class CPUAdam(torch.optim.Optimizer):
                "tm_adam_create")
         self._counters = {}  # param -> (its step tensor, a ctypes view of its float)
         self._stepped, self._unfinished = set(), None
-        self._lock = threading.Lock()  # one C step at a time (the worker and step())
+        # One C step at a time (the overlap's worker, FSDPCPUAdam's, and step()); reentrant for
+        # a step in parts, which holds it across its parts' calls.
+        self._lock = threading.RLock()
         self._overlap = None
         cuda = any(p.is_cuda for p in self._params())
         if overlap is None:
@@ -272,36 +274,36 @@ class CPUAdam(torch.optim.Optimizer):
                 self._step_groups(runs, grad_scale)
             self._count(empty)  # once the others have stepped: all or nothing
 
+    def begin_parts(self, grad_scale=1.0):
+        """A step to prepare part by part (_PartStep): FSDPCPUAdam's units, behind backward or
+        in step()."""
+        return _PartStep(self, grad_scale)
+
     def _step_in_parts(self, parts, grad_scale, scratch=False, before_agree=None):
         """One step, all or nothing, of parameters brought into memory part by part (a sharded
-        model's units): parts is [(items, enter, leave)], items as _step_params'. An empty step
-        is prepared, then for each part in turn: enter() (its gradients in, its param_out
-        memory made), its buckets added to the step (tm_adam_step_groups_extend), leave() (its
-        gradients may go: NVMe state has read them by then). A part with state only in DRAM
-        reads its gradients at the commit: its leave() waits for it. Then before_agree() (what
-        else can fail), _agree, and the commit (or the abort).
+        model's units): parts is [(items, enter, leave)], items as _step_params'. For each part
+        in turn: enter() (its gradients in, its param_out memory made), its buckets added to
+        the step (_PartStep.add), leave() (its gradients may go: NVMe state has read them by
+        then). A part with state only in DRAM reads its gradients at the commit: its leave()
+        waits for it. Then before_agree() (what else can fail), and the commit (the outcome
+        agreed, or the abort).
 
         scratch: the parameters' memory is not the live copy (the caller keeps that elsewhere
         and adopts the new values only once the step is taken): each part's updated parameters
         are written as it is prepared (TM_ADAM_OUT_SCRATCH), for leave() to take away. A state
         slice only in DRAM is written to NVMe first, so that none waits for the commit. For
         state not stepped in place."""
-        keep, empties, all_runs, deferred = [], [], [], []
-        rt = self.runtime._handle()
-        prepared = False
-        with self._lock:
+        deferred = []
+        step = self.begin_parts(grad_scale)
+        with self._lock:  # one step at a time: the parts' calls take it again (an RLock)
             try:
                 failure = None
                 try:
-                    _check(_lib.tm_adam_step_groups_prepare(self._adam, grad_scale, None, 0),
-                           "tm_adam_step_groups_prepare")
-                    prepared = True
                     for items, enter, leave in parts:
                         enter()
                         late = False  # until prepared: nothing of the part waits
                         try:
-                            late = self._prepare_part(items, grad_scale, rt, keep, empties,
-                                                      all_runs, scratch)
+                            late = step.add(items, scratch)
                         finally:
                             if late:
                                 deferred.append(leave)
@@ -311,51 +313,11 @@ class CPUAdam(torch.optim.Optimizer):
                         before_agree()
                 except Exception as e:  # noqa: BLE001: every failure goes through _agree
                     failure = e
-                self._agree(failure)
-                prepared = False
-                self._commit_buckets(all_runs, copy_out=not scratch)
-                self._count(empties)
+                step.commit(failure, copy_out=not scratch)
             finally:
-                if prepared:  # the ranks did not agree (or an interrupt): every state as before
-                    _lib.tm_adam_step_abort(self._adam)
+                step.abort()  # unless committed: the ranks did not agree (or an interrupt)
                 for leave in deferred:
                     leave()
-
-    def _prepare_part(self, items, grad_scale, rt, keep, empties, all_runs, scratch):
-        """One part of _step_in_parts added to the step prepared; returns whether its
-        gradients are read at the commit (state only in DRAM)."""
-        runs, empty = self._runs(items)
-        empties += empty
-        bucket_runs = []
-        late = False
-        for group, step, pairs in runs:
-            there = []
-            for p, grad, c in pairs:
-                slot = self._store.slot(p, group["amsgrad"])
-                if slot.in_place or slot.home is not None:
-                    raise RuntimeError("CPUAdam: a step in parts is for state stepped through "
-                                       "tiermem, not in place (a %d-element parameter)" %
-                                       p.numel())
-                for t, h, _, _ in slot.slices():
-                    if not _on_nvme(rt, h):
-                        if not scratch:
-                            late = True
-                            break
-                        t.offload("nvme")
-                        t.sync()
-                g = self._grad(slot, grad)
-                keep.append(g)
-                there.append((p, slot, g, c))
-            bucket_runs.append((group, step, there))
-        if bucket_runs:
-            self._prepare_buckets(bucket_runs, grad_scale, keep, extend=True, scratch=scratch)
-            all_runs += bucket_runs
-            if scratch:  # the updated values where the caller's leave() takes them from
-                for _, _, pairs in bucket_runs:
-                    for p, slot, _, _ in pairs:
-                        if slot.out_host is not None:
-                            p.data.copy_(slot.out_host.view(p.shape))
-        return late
 
     def _step_groups(self, runs, grad_scale):
         """Parameters stepped in place (their own master, state in DRAM: one tm_adam_step per
@@ -631,3 +593,88 @@ class CPUAdam(torch.optim.Optimizer):
             self.close()
         except Exception:  # noqa: BLE001: interpreter shutdown
             pass
+
+
+class _PartStep:
+    """One all-or-nothing step of a CPUAdam prepared part by part (a sharded model's units):
+    begun empty (tm_adam_step_groups_prepare with no groups) at the first add(), each part's
+    buckets added (tm_adam_step_groups_extend: its state read, stepped into new versions and
+    written down beside the old; nothing changes yet), then commit(): the outcome agreed
+    (CPUAdam._agree: across FSDPCPUAdam's ranks) and the new versions taken, or abort(): every
+    state as before. It holds what the C step reads until then (the gradients, the bucket
+    arrays, the configs) and which parameters it steps."""
+
+    def __init__(self, adam, grad_scale):
+        self._adam, self._scale = adam, grad_scale
+        self._keep, self._empties, self._runs = [], [], []
+        self._begun = False  # a C step prepared and not yet committed or aborted
+
+    def add(self, items, scratch=False):
+        """items: (param, group, grad) in order, added to the step (raises: the step is
+        aborted by the caller, nothing changed). scratch: as CPUAdam._step_in_parts. Returns
+        whether the part's gradients are read at the commit (state only in DRAM): the caller
+        keeps them until then."""
+        adam = self._adam
+        with adam._lock:
+            if not self._begun:
+                _check(_lib.tm_adam_step_groups_prepare(adam._adam, self._scale, None, 0),
+                       "tm_adam_step_groups_prepare")
+                self._begun = True
+            return self._prepare_part(items, scratch)
+
+    def commit(self, failure=None, copy_out=True):
+        """Agrees on the outcome with `failure` (this process's, or None) and commits: raises
+        when it (or, for FSDPCPUAdam, another rank) failed, the caller then aborts. copy_out:
+        the updated values of parameters on a GPU or strided copied back (False: the caller
+        takes them from scratch memory)."""
+        adam = self._adam
+        with adam._lock:
+            adam._agree(failure)
+            if self._begun:
+                self._begun = False
+                adam._commit_buckets(self._runs, copy_out=copy_out)
+            adam._count(self._empties)
+
+    def abort(self):
+        """Every state as before, unless committed (then nothing)."""
+        if self._begun:
+            self._begun = False
+            with self._adam._lock:
+                _lib.tm_adam_step_abort(self._adam._adam)
+
+    def _prepare_part(self, items, scratch):
+        """The part's buckets added to the step begun; returns whether its gradients are read
+        at the commit (state only in DRAM)."""
+        adam, rt, keep = self._adam, self._adam.runtime._handle(), self._keep
+        runs, empty = adam._runs(items)
+        self._empties += empty
+        bucket_runs = []
+        late = False
+        for group, step, pairs in runs:
+            there = []
+            for p, grad, c in pairs:
+                slot = adam._store.slot(p, group["amsgrad"])
+                if slot.in_place or slot.home is not None:
+                    raise RuntimeError("CPUAdam: a step in parts is for state stepped through "
+                                       "tiermem, not in place (a %d-element parameter)" %
+                                       p.numel())
+                for t, h, _, _ in slot.slices():
+                    if not _on_nvme(rt, h):
+                        if not scratch:
+                            late = True
+                            break
+                        t.offload("nvme")
+                        t.sync()
+                g = adam._grad(slot, grad)
+                keep.append(g)
+                there.append((p, slot, g, c))
+            bucket_runs.append((group, step, there))
+        if bucket_runs:
+            adam._prepare_buckets(bucket_runs, self._scale, keep, extend=True, scratch=scratch)
+            self._runs += bucket_runs
+            if scratch:  # the updated values where the caller's leave() takes them from
+                for _, _, pairs in bucket_runs:
+                    for p, slot, _, _ in pairs:
+                        if slot.out_host is not None:
+                            p.data.copy_(slot.out_host.view(p.shape))
+        return late
