@@ -52,6 +52,15 @@ class Errors : public ::testing::Test {
     EXPECT_EQ(tm_tensor_write(rt_, t, 0, data.data(), bytes), TM_OK) << tm_last_error();
     return t;
   }
+  // The NVMe tier filled: four tensors of kBig ("fill", seeds 10 to 13) offloaded there.
+  std::vector<tm_tensor> FillNvme() {
+    std::vector<tm_tensor> ts;
+    for (int i = 0; i < 4; ++i) {
+      ts.push_back(Make(kBig, "fill", 10 + i));
+      EXPECT_EQ(OffloadNow(rt_, ts.back(), TM_TIER_NVME), TM_OK) << tm_last_error();
+    }
+    return ts;
+  }
   void ExpectContent(tm_tensor t, uint64_t bytes, uint64_t seed) {
     std::vector<uint8_t> back(bytes);
     ASSERT_EQ(tm_tensor_read(rt_, t, 0, back.data(), bytes), TM_OK) << tm_last_error();
@@ -145,11 +154,7 @@ TEST_F(Errors, DramBudgetExhaustedOnOffload) {
 }
 
 TEST_F(Errors, NvmeBudgetExhausted) {
-  std::vector<tm_tensor> ts;
-  for (int i = 0; i < 4; ++i) {
-    ts.push_back(Make(kBig, "fill", 10 + i));
-    TM_ASSERT_OK(OffloadNow(rt_, ts.back(), TM_TIER_NVME));
-  }
+  const std::vector<tm_tensor> ts = FillNvme();
   tm_tensor last = Make(kBig, "one-too-many", 20);
   EXPECT_EQ(OffloadNow(rt_, last, TM_TIER_NVME), TM_ERR_NO_SPACE);
   std::string msg = tm_last_error();
@@ -168,11 +173,7 @@ TEST_F(Errors, NvmeBudgetExhausted) {
 // that a framework tells a step whose work stands from one that lost bytes without reading the
 // message. The flags belong to the last failure: the next one of another kind clears them.
 TEST_F(Errors, AReportThatLostNothingSaysSoInItsFlags) {
-  std::vector<tm_tensor> ts;
-  for (int i = 0; i < 4; ++i) {
-    ts.push_back(Make(kBig, "fill", 10 + i));
-    TM_ASSERT_OK(OffloadNow(rt_, ts.back(), TM_TIER_NVME));
-  }
+  FillNvme();
   tm_tensor last = Make(kBig, "one-too-many", 20);
   TM_ASSERT_OK(tm_step_begin(rt_));
   TM_ASSERT_OK(tm_tensor_offload(rt_, last, TM_TIER_NVME));  // queued: fails on a mover
