@@ -37,13 +37,11 @@ TM_API tm_status tm_runtime_create(const tm_config* config, tm_runtime* out) {
 }
 
 TM_API tm_status tm_runtime_destroy(tm_runtime runtime) {
-  std::shared_ptr<Runtime> r = Registry().Remove(runtime.bits);
-  if (r == nullptr) {
-    return Fail(
-        TM_ERR_INVALID_HANDLE,
-        absl::StrFormat("runtime handle 0x%016x is zero, destroyed or invalid", runtime.bits));
-  }
-  return TM_OK;  // freed when the last call using it returns
+  bool inherited = false;
+  std::shared_ptr<Runtime> r = Registry().Remove(runtime.bits, &inherited);
+  if (r == nullptr) return RuntimeRegistry::BadHandle("runtime", runtime.bits);
+  // Freed when the last call using it returns; made before a fork, kept whole (a child's).
+  return TM_OK;
 }
 
 TM_API tm_status tm_runtime_stats(tm_runtime runtime, tm_stats* out) {

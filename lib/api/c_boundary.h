@@ -40,40 +40,76 @@ tm_status Guarded(Body&& body) {
   }
 }
 
+// How many times this process is a fork()ed child of the one before (0 in the process that
+// started): an object made in a parent has no threads in the child (fork copies the calling
+// thread only), so its handle is told apart there by the generation it was made in.
+uint64_t ForkGeneration();
+// Keeps `mu` held by the thread calling fork() across it (pthread_atfork), so that a child
+// never inherits it locked by a thread that did not follow; registered once, never removed.
+void HoldAcrossFork(Mutex* mu);
+
 // Objects behind C handles of one kind, in a process-wide table of generation-checked slots
 // (lib/base/slot_table.h). Calls hold a shared_ptr, so a destroy racing with a call frees the
-// object only after that call returns.
+// object only after that call returns. In a fork()ed child, the objects made before the fork are
+// refused by name (their threads stayed in the parent) and their destroy frees nothing.
 template <typename T, HandleKind kKind>
 class HandleRegistry {
  public:
+  HandleRegistry() { HoldAcrossFork(&mu_); }
   uint64_t Add(std::shared_ptr<T> v) {
     MutexLock lock(&mu_);
-    return slots_.Insert(std::move(v));
+    return slots_.Insert(Entry{std::move(v), ForkGeneration()});
   }
-  std::shared_ptr<T> Get(uint64_t bits) {
+  // The object of `bits` (nullptr: none); *inherited: made before this process forked.
+  std::shared_ptr<T> Get(uint64_t bits, bool* inherited) {
     MutexLock lock(&mu_);
-    std::shared_ptr<T>* v = slots_.Find(bits);
-    return v != nullptr ? *v : nullptr;
+    Entry* e = slots_.Find(bits);
+    if (e == nullptr) return nullptr;
+    *inherited = e->generation != ForkGeneration();
+    return e->object;
   }
-  std::shared_ptr<T> Remove(uint64_t bits) {
+  // Takes the object out of the table; *inherited: made before this process forked, it is kept
+  // whole here (never destroyed: joining its threads, which stayed in the parent, would hang).
+  std::shared_ptr<T> Remove(uint64_t bits, bool* inherited) {
     MutexLock lock(&mu_);
-    return slots_.Remove(bits);
+    Entry e = slots_.Remove(bits);
+    *inherited = e.object != nullptr && e.generation != ForkGeneration();
+    if (*inherited) inherited_.push_back(e.object);
+    return std::move(e.object);
   }
-  // Runs `body(T&)`, which returns a tm_status, with the object of `bits`: a bad handle is
-  // TM_ERR_INVALID_HANDLE naming `what`, an exception a status.
+  // Runs `body(T&)`, which returns a tm_status, with the object of `bits`: a bad handle (or one
+  // made before this process forked) is TM_ERR_INVALID_HANDLE naming `what`, an exception a
+  // status.
   template <typename Body>
   tm_status With(uint64_t bits, const char* what, Body&& body) {
-    std::shared_ptr<T> v = Get(bits);
-    if (v == nullptr) {
-      return Fail(TM_ERR_INVALID_HANDLE,
-                  absl::StrFormat("%s handle 0x%016x is zero, destroyed or invalid", what, bits));
-    }
+    bool inherited = false;
+    std::shared_ptr<T> v = Get(bits, &inherited);
+    if (v == nullptr) return BadHandle(what, bits);
+    if (inherited) return Inherited(what, bits);
     return Guarded([&] { return body(*v); });
   }
 
+  static tm_status BadHandle(const char* what, uint64_t bits) {
+    return Fail(TM_ERR_INVALID_HANDLE,
+                absl::StrFormat("%s handle 0x%016x is zero, destroyed or invalid", what, bits));
+  }
+  static tm_status Inherited(const char* what, uint64_t bits) {
+    return Fail(TM_ERR_INVALID_HANDLE,
+                absl::StrFormat("%s handle 0x%016x was made before this process was forked from "
+                                "the one that made it: its threads stayed there, so it cannot be "
+                                "used here (destroying it frees nothing here); make a new one in "
+                                "this process",
+                                what, bits));
+  }
+
  private:
+  struct Entry {
+    std::shared_ptr<T> object;
+    uint64_t generation = 0;  // ForkGeneration() when it was made
+  };
   Mutex mu_;
-  SlotTable<std::shared_ptr<T>, kKind> slots_ ABSL_GUARDED_BY(mu_);
+  SlotTable<Entry, kKind> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<T>> inherited_ ABSL_GUARDED_BY(mu_);  // destroyed in a child
 };
 
 using RuntimeRegistry = HandleRegistry<Runtime, HandleKind::kRuntime>;

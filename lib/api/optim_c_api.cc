@@ -267,11 +267,10 @@ TM_API tm_status tm_adam_create(tm_runtime runtime, const tm_adam_config* config
 }
 
 TM_API tm_status tm_adam_destroy(tm_adam adam) {
-  std::shared_ptr<AdamHandle> h = Adams().Remove(adam.bits);
-  if (h == nullptr) {
-    return Fail(TM_ERR_INVALID_HANDLE,
-                absl::StrFormat("adam handle 0x%016x is zero, destroyed or invalid", adam.bits));
-  }
+  bool inherited = false;
+  std::shared_ptr<AdamHandle> h = Adams().Remove(adam.bits, &inherited);
+  if (h == nullptr) return AdamRegistry::BadHandle("adam", adam.bits);
+  if (inherited) return TM_OK;  // made before this process forked: kept whole, not touched
   return Guarded([&] {
     MutexLock lock(&h->mu);
     h->pending.reset();  // a prepared step not taken: aborted, nothing changed
