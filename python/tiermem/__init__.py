@@ -278,6 +278,7 @@ class Runtime:
         rt = _capi.Runtime()
         _check(_lib.tm_runtime_create(ctypes.byref(cfg), ctypes.byref(rt)), "tm_runtime_create")
         self._rt = rt
+        self._pid = os.getpid()  # a fork()ed child cannot use it (its threads stayed here)
         self._lock = threading.Lock()
         self._step_index = 0
         self._in_step = False
@@ -311,6 +312,13 @@ class Runtime:
         the runtime stays open."""
         if self._rt is None:
             return
+        if os.getpid() != self._pid:
+            # A fork()ed child's copy: the library refuses it here and its destroy frees
+            # nothing (the parent's threads, files and tensors are the parent's); nothing to
+            # bring home either, the child's memory being a copy.
+            rt, self._rt = self._rt, None
+            _lib.tm_runtime_destroy(rt)
+            return
         for offload in list(getattr(self, "_homecoming", ())):
             try:
                 home = getattr(offload, "_runtime_closing", None) or offload.remove
@@ -325,6 +333,7 @@ class Runtime:
         _check(_lib.tm_runtime_destroy(rt), "tm_runtime_destroy")
 
     def __enter__(self):
+        self._handle()  # a closed runtime is refused here, not by the first call in the block
         return self
 
     def __exit__(self, *exc):

@@ -199,6 +199,60 @@ def test_exit_with_a_step_open_is_quiet(tmp_path):
     assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+def test_a_forked_child_refuses_the_runtime_and_exits_cleanly(tmp_path):
+    """A fork()ed child (a DataLoader worker, multiprocessing's fork) cannot use the parent's
+    runtime, whose threads stayed in the parent: a read there raises TiermemError naming the
+    fork (it hung forever in the I/O queue), and the child's normal exit, whose finalizers
+    destroy the inherited runtime, is clean (it crashed in pthread_join, or hung). A runtime
+    the child makes works; the parent's goes on. Found by an outside client."""
+    code = """
+import os, sys
+import tiermem
+def make(path):
+    return tiermem.Runtime(device="emulated", hbm_bytes="8MiB", dram_bytes="8MiB",
+                           nvme_paths=path, nvme_bytes="16MiB", log_level="error")
+rt = make(%r)
+t = rt.tensor(1 << 20, "activation", "dram", "cached")
+t.write(bytes(range(256)) * 4096)
+t.offload("nvme")
+t.sync()
+pid = os.fork()
+if pid == 0:
+    code = 0
+    try:
+        t.read(16)
+        code = 3
+    except tiermem.TiermemError as e:
+        if e.status != tiermem.TM_ERR_INVALID_HANDLE or "forked" not in e.message:
+            code = 4
+    with make(%r) as mine:
+        x = mine.tensor(4096, "activation", "dram", "x")
+        x.write(b"y" * 4096)
+        if x.read() != b"y" * 4096:
+            code = 5
+    sys.exit(code)  # a normal exit: the finalizers destroy the inherited runtime
+_, status = os.waitpid(pid, 0)
+assert t.read(16) == bytes(range(16))
+rt.close()
+print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+""" % (str(tmp_path / "parent"), str(tmp_path / "child"))
+    (tmp_path / "parent").mkdir()
+    (tmp_path / "child").mkdir()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "child exit 0\n", (out.stdout, out.stderr)
+    assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_closed_runtime_is_refused_entering_a_with_block(make_runtime):
+    rt = make_runtime()
+    rt.close()
+    with pytest.raises(tiermem.TiermemError, match="closed"):
+        with rt:
+            pass
+
+
 def _configured_source(build):
     """The source tree the CMake build folder was configured from."""
     with open(os.path.join(build, "CMakeCache.txt")) as f:
