@@ -426,6 +426,48 @@ def test_failed_nvme_read_leaves_the_parameters_untouched(make_runtime, nvme_dir
     twin.close()
 
 
+def test_an_interrupt_as_the_step_is_prepared_leaves_the_next_step_free(make_runtime):
+    """A KeyboardInterrupt taken just as the C step returns prepared (Ctrl-C during a step of
+    state on NVMe) aborts that step: nothing changes, and the next step() is taken, equal to a
+    clean one (an outside client's every later step was refused: "a prepared step waits for
+    tm_adam_step_commit or tm_adam_step_abort")."""
+    torch.manual_seed(6)
+    shapes = [(300, 7), (64, 64)]
+    ps = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    rt = make_runtime(dram_bytes="1MiB")
+    opt = CPUAdam(ps, runtime=rt, state_tier="nvme", threads=1, **HYPER)
+    twin = CPUAdam(twins, threads=1, **HYPER)
+    for p, q in zip(ps, twins):
+        p.grad = torch.randn(p.shape)
+        q.grad = p.grad.clone()
+    lib = tiermem._lib
+    real = lib.tm_adam_step_groups_prepare
+    calls = []
+
+    def interrupted(*args):
+        status = real(*args)
+        calls.append(status)
+        raise KeyboardInterrupt  # as the call returns: the step is prepared in C
+
+    lib.tm_adam_step_groups_prepare = interrupted
+    try:
+        before = [p.detach().clone() for p in ps]
+        with pytest.raises(KeyboardInterrupt):
+            opt.step()
+    finally:
+        lib.tm_adam_step_groups_prepare = real
+    assert calls == [tiermem._capi.OK], "the C step was prepared before the interrupt"
+    for p, b in zip(ps, before):
+        assert torch.equal(p.detach(), b), "an interrupted step changed a parameter"
+    opt.step()
+    twin.step()
+    for p, q in zip(ps, twins):
+        assert torch.equal(p.detach(), q.detach()), "the step after the interrupt is a clean one"
+    opt.close()
+    twin.close()
+
+
 def test_failure_in_one_group_leaves_every_group_untouched(make_runtime, nvme_dir):
     """Parameter groups with their own lr and weight decay step in one all-or-nothing call: when
     the second group's state cannot be read, the first group (whose state reads from DRAM) is

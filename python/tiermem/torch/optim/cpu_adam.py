@@ -353,8 +353,14 @@ class CPUAdam(torch.optim.Optimizer):
                     _check(_lib.tm_adam_set_hyper(self._adam, ctypes.byref(cfg)),
                            "tm_adam_set_hyper")
                 if bucket_runs:
-                    self._prepare_buckets(bucket_runs, grad_scale, keep)
+                    # Set before the call: a KeyboardInterrupt taken as it returns still aborts
+                    # the step it prepared (left prepared, every later step was refused).
                     prepared = True
+                    try:
+                        self._prepare_buckets(bucket_runs, grad_scale, keep)
+                    except tiermem.TiermemError:
+                        prepared = False  # it prepared nothing
+                        raise
             except Exception as e:  # noqa: BLE001: every failure goes through _agree
                 failure = e
             self._agree(failure)
@@ -617,9 +623,13 @@ class _PartStep:
         adam = self._adam
         with adam._lock:
             if not self._begun:
-                _check(_lib.tm_adam_step_groups_prepare(adam._adam, self._scale, None, 0),
-                       "tm_adam_step_groups_prepare")
-                self._begun = True
+                self._begun = True  # before the call, as in CPUAdam._step_groups
+                try:
+                    _check(_lib.tm_adam_step_groups_prepare(adam._adam, self._scale, None, 0),
+                           "tm_adam_step_groups_prepare")
+                except tiermem.TiermemError:
+                    self._begun = False
+                    raise
             return self._prepare_part(items, scratch)
 
     def commit(self, failure=None, copy_out=True):
