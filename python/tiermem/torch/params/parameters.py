@@ -36,6 +36,10 @@ class _PreBackward(torch.autograd.Function):
         return (None, None) + grads
 
 
+# In a unit's pending set: the gradients of its inputs are still to come (_watch_inputs).
+_INPUTS = "inputs"
+
+
 class _Unit:
     """A module subtree whose parameters come and go together."""
 
@@ -266,11 +270,33 @@ class ParameterOffload:
                 unit.index = len(self._order)
                 self._order.append(unit)
             self._prefetch(unit, +1)
+            if self.optimizer_aware and torch.is_grad_enabled():
+                self._watch_inputs(unit, inputs)
             if unit in self._kept:
                 self._kept.discard(unit)  # held since its backward: that hold is this forward's
                 return
             self._hold_unit(unit, +1)
         return hook
+
+    def _watch_inputs(self, unit, inputs):
+        """A unit with frozen parameters (a LoRA's base weights, a frozen norm) gets no gradient
+        for them, yet its backward may read them after its last gradient came (a norm at its
+        start): it is let go once the gradients of its inputs are computed too (autograd runs
+        every op between the unit's outputs and its inputs before), or after the backward when
+        no positional input wants a gradient."""
+        if all(s.tensor.requires_grad for s in unit.records):
+            return
+        tensors = [t for t in inputs if torch.is_tensor(t) and t.requires_grad]
+        if tensors:
+            torch.autograd.graph.register_multi_grad_hook(
+                tensors, lambda grads: self._inputs_done(unit))
+
+    def _inputs_done(self, unit):
+        pending = self._pending.get(unit)
+        if pending is not None and _INPUTS in pending:
+            pending.discard(_INPUTS)
+            if not pending:
+                self._release_unit(unit)
 
     def _post_forward_of(self, unit):
         def hook(module, inputs, output):
@@ -307,9 +333,13 @@ class ParameterOffload:
             return  # a unit whose outputs get gradients twice is brought in once
         self._hold_unit(unit, -1)
         if self.optimizer_aware:
-            # Let go when its last gradient came; a unit with none (frozen) still computes
-            # the gradient of its input with its parameters: let go after the backward.
-            self._pending[unit] = {id(s.tensor) for s in unit.records if s.tensor.requires_grad}
+            # Let go when its last gradient came; a unit with frozen parameters, once its
+            # inputs' gradients came too (_watch_inputs), or after the backward (the mark
+            # _INPUTS stays: no input wanted a gradient).
+            pending = {id(s.tensor) for s in unit.records if s.tensor.requires_grad}
+            if len(pending) < len(unit.records):
+                pending.add(_INPUTS)
+            self._pending[unit] = pending
         else:
             self._kept.add(unit)  # let go by its next forward, which writes back a change
 
