@@ -468,6 +468,64 @@ def test_an_interrupt_as_the_step_is_prepared_leaves_the_next_step_free(make_run
     twin.close()
 
 
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_checkpoints_and_close_while_offload_parameters_holds_the_parameters(make_runtime, tier):
+    """CPUAdam's state_dict(), load_state_dict() and the runtime's close() read no parameter
+    while offload_parameters holds them (an outside client's raised "this tensor's memory is
+    offloaded by tiermem", and close() refused with TM_ERR_BUSY when it brought CPUAdam's state
+    home before the parameters). A checkpoint of fp32 parameters has no master weights: loaded
+    while the parameters are out, the masters are taken from them at the next step. The
+    resumed run equals the one that never stopped, bit for bit."""
+    import tiermem.torch as tt
+
+    def build(rt):
+        m = model()
+        opt = CPUAdam(m.parameters(), runtime=rt, state_tier=tier, threads=1, **HYPER)
+        return m, opt, tt.offload_parameters(m, rt, tier="dram", optimizer=opt)
+
+    def steps(rt, m, params, opt, first, last):
+        losses = []
+        for i, (x, y) in enumerate(batches(last, BATCH, SEQ, VOCAB)):
+            if i < first:
+                continue
+            torch.manual_seed(1000 + i)
+            with rt.step():
+                loss = m(x, y)
+                loss.backward()
+                params.step()
+                opt.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+    budget = dict(dram_bytes="4MiB" if tier == "dram" else "1MiB")
+    rt = make_runtime(**budget)
+    m, opt, params = build(rt)
+    whole = steps(rt, m, params, opt, 0, 2)
+    checkpoint = {"model": {k: v.clone() for k, v in m.state_dict().items()},
+                  "opt": opt.state_dict()}  # the parameters are out: nothing reads them
+    assert all(not r.resident for r in params.records.values())
+    assert len(checkpoint["opt"]["state"]) == len(list(m.parameters()))
+    whole += steps(rt, m, params, opt, 2, 4)
+    rt.close()  # CPUAdam's state and the parameters come home, in whichever order
+    want = [p.detach().clone() for p in m.parameters()]
+    params.remove()
+    opt.close()
+
+    rt2 = make_runtime(**budget)
+    m2, opt2, params2 = build(rt2)
+    m2.load_state_dict(checkpoint["model"])
+    opt2.load_state_dict(checkpoint["opt"])  # the parameters are out
+    resumed = steps(rt2, m2, params2, opt2, 2, 4)
+    assert resumed == whole[2:]
+    sd = opt2.state_dict()
+    rt2.close()
+    for p, q in zip(m2.parameters(), want):
+        assert torch.equal(p.detach(), q), "the resumed run differs"
+    assert sd["state"][0]["step"] == 4
+    params2.remove()
+    opt2.close()
+
+
 def test_failure_in_one_group_leaves_every_group_untouched(make_runtime, nvme_dir):
     """Parameter groups with their own lr and weight decay step in one all-or-nothing call: when
     the second group's state cannot be read, the first group (whose state reads from DRAM) is

@@ -7,6 +7,7 @@ import torch
 
 import tiermem
 from tiermem import _capi
+from tiermem.torch._shared.offloaded import _Offloaded
 
 _lib = tiermem._lib
 _check = tiermem._check
@@ -30,7 +31,7 @@ _SLICES_IN_DRAM = 16
 
 def in_place_ok(p, state_tier):
     """The parameter can be its own master: fp32, contiguous, in host memory, state in DRAM."""
-    return (state_tier == "dram" and p.dtype == torch.float32 and p.is_cpu and
+    return (state_tier == "dram" and p.dtype == torch.float32 and p.device.type == "cpu" and
             p.is_contiguous())
 
 
@@ -62,7 +63,7 @@ class Slot:
     keeps its own buffers here (grad_host, out_host)."""
 
     __slots__ = ("tensors", "handles", "bounds", "count", "amsgrad", "in_place", "grad_host",
-                 "out_host", "ready", "home")
+                 "out_host", "ready", "home", "seed")
 
     def __init__(self, tensors, bounds, count, amsgrad, in_place, home=None):
         self.count, self.amsgrad, self.in_place = count, amsgrad, in_place
@@ -71,6 +72,9 @@ class Slot:
         self.handles = [t._handle() for t in tensors]
         self.home = home
         self.grad_host = self.out_host = self.ready = None
+        # The master is to be the parameter's value, taken when the parameter is next in (a
+        # checkpoint without masters loaded while offload_parameters held the parameters).
+        self.seed = False
 
     @property
     def parts(self):
@@ -133,17 +137,28 @@ class StateStore:
             self._slots[p] = slot  # only once its state is whole
         elif slot.in_place and not in_place_ok(p, self.state_tier):
             self._add_master(p, slot)
+        elif slot.seed and not isinstance(p, _Offloaded):
+            self._seed(slot, p)
         return slot
 
     def load(self, p, amsgrad, master, m, v, vmax):
         """p's state replaced by a checkpoint's: into a new slot written whole before it joins
-        the store (a failed write leaves no slot half written), or over p's slot."""
+        the store (a failed write leaves no slot half written), or over p's slot. master None:
+        the parameter's value (a checkpoint of fp32 parameters has none), taken when p is next
+        in if offload_parameters holds it now."""
+        seed = master is None and isinstance(p, _Offloaded)
+        if master is None and not seed:
+            master = p.detach()
+        elif seed:
+            master = torch.zeros(p.shape, dtype=torch.float32)  # replaced at the seed
         if p in self._slots:
-            self.write(self.slot(p, amsgrad, init=False), master, m, v, vmax, p)
-            return
-        slot = self._new_slot(p.numel(), bool(amsgrad), in_place_ok(p, self.state_tier))
-        self._written(slot, master, m, v, vmax, p)
-        self._slots[p] = slot
+            slot = self._slots[p] if seed else self.slot(p, amsgrad, init=False)
+            self.write(slot, master, m, v, vmax, p)
+        else:
+            slot = self._new_slot(p.numel(), bool(amsgrad), in_place_ok(p, self.state_tier))
+            self._written(slot, master, m, v, vmax, p)
+            self._slots[p] = slot
+        slot.seed = seed and not slot.in_place
 
     def write(self, slot, master, m, v, vmax, p):
         """The slot's state set to these (flat or shaped, any dtype and device); a parameter
@@ -151,7 +166,8 @@ class StateStore:
         parts = [m, v] + ([vmax if vmax is not None else torch.zeros_like(v)]
                           if slot.amsgrad else [])
         if slot.in_place:  # the parameter is the master
-            if master.data_ptr() != p.data_ptr():
+            if not isinstance(master, _Offloaded) and not isinstance(p, _Offloaded) and \
+                    master.data_ptr() != p.data_ptr():
                 p.detach().view(-1).copy_(master.to(torch.float32).reshape(-1))
         else:
             parts.insert(0, master)
@@ -174,9 +190,10 @@ class StateStore:
             for _, h, _, _ in slot.slices():
                 _check(_lib.tm_tensor_sync(rt, h), "tm_tensor_sync")
 
-    def read(self, slot, p, rt=None):
+    def read(self, slot, p, rt=None, master=True):
         """[master, exp_avg, exp_avg_sq(, max_exp_avg_sq)] as flat fp32 tensors (the master of a
-        parameter stepped in place is the parameter itself)."""
+        parameter stepped in place is the parameter itself); without the master when master is
+        False (then p is not read: offload_parameters may hold it)."""
         parts = slot.parts
         if slot.home is not None:
             out = list(slot.home.split(slot.count))  # views: callers that keep them clone them
@@ -189,6 +206,8 @@ class StateStore:
                        "tm_tensor_read")
                 for whole, piece in zip(out, flat.split(n)):
                     whole[first:first + n] = piece
+        if not master:
+            return out if slot.in_place else out[1:]
         if slot.in_place:
             out.insert(0, p.detach().reshape(-1))
         return out
@@ -201,8 +220,13 @@ class StateStore:
         if self.home:
             return
         rt = self.runtime._handle()
-        homes = {p: torch.cat(self.read(slot, p, rt)[slot.in_place:])
-                 for p, slot in self._slots.items()}
+        homes = {}
+        for p, slot in self._slots.items():
+            if slot.seed and not isinstance(p, _Offloaded):
+                self._seed(slot, p)
+            # The layout as it is in tiermem: a parameter stepped in place is not read (it is
+            # its own master, and offload_parameters may hold it now).
+            homes[p] = torch.cat(self.read(slot, p, rt, master=not slot.in_place))
         for p, slot in self._slots.items():
             old = slot.tensors
             slot.tensors, slot.handles, slot.home = [], [], homes[p]
@@ -232,6 +256,24 @@ class StateStore:
                     "step was not taken: every state and parameter is as before)" % (
                         slot.count, e.message), e.call) from e
             raise
+
+    def _seed(self, slot, p):
+        """The master of each slice set to the parameter's value (see Slot.seed)."""
+        value = p.detach().to("cpu", torch.float32).reshape(-1)
+        if slot.home is not None:
+            slot.home[:slot.count] = value
+        else:
+            rt = self.runtime._handle()
+            for _, h, first, n in slot.slices():
+                piece = value[first:first + n].contiguous()
+                _check(_lib.tm_tensor_write(rt, h, 0, piece.data_ptr(), 4 * n),
+                       "tm_tensor_write")
+                if self.state_tier == "nvme":
+                    _check(_lib.tm_tensor_offload(rt, h, _capi.TIER_NVME), "tm_tensor_offload")
+            if self.state_tier == "nvme":
+                for _, h, _, _ in slot.slices():
+                    _check(_lib.tm_tensor_sync(rt, h), "tm_tensor_sync")
+        slot.seed = False
 
     def _add_master(self, p, slot):
         """A parameter stepped in place that no longer can be (made bf16, moved, made a strided

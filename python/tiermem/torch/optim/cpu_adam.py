@@ -540,13 +540,17 @@ class CPUAdam(torch.optim.Optimizer):
                 if any(p is q and g["amsgrad"] for g in self.param_groups for q in g["params"]):
                     entry["max_exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
             if slot is not None:
-                parts = self._store.read(slot, p)
-                entry["exp_avg"] = parts[1].clone().view_as(p)
-                entry["exp_avg_sq"] = parts[2].clone().view_as(p)
+                # The master weights are more than the parameter only when it is not fp32 (and
+                # known once taken from it: see Slot.seed). The parameter itself is not read:
+                # offload_parameters may hold it.
+                master = p.dtype != torch.float32 and not slot.seed
+                parts = self._store.read(slot, p, master=master)
+                if master:
+                    entry["master_param"] = parts.pop(0).clone().view(p.shape)
+                entry["exp_avg"] = parts[0].clone().view(p.shape)
+                entry["exp_avg_sq"] = parts[1].clone().view(p.shape)
                 if slot.amsgrad:
-                    entry["max_exp_avg_sq"] = parts[3].clone().view_as(p)
-                if p.dtype != torch.float32:  # the master weights are more than the parameter
-                    entry["master_param"] = parts[0].clone().view_as(p)
+                    entry["max_exp_avg_sq"] = parts[2].clone().view(p.shape)
             state[i] = entry
         sd["state"] = state
         return sd
@@ -574,8 +578,8 @@ class CPUAdam(torch.optim.Optimizer):
                                                        else step))
             if p.numel() == 0 or "exp_avg" not in entry:
                 continue  # no state in tiermem: nothing to hold (or, never stepped, nothing yet)
-            self._store.load(p, group["amsgrad"], entry.get("master_param", p.detach()),
-                             entry["exp_avg"], entry["exp_avg_sq"], entry.get("max_exp_avg_sq"))
+            self._store.load(p, group["amsgrad"], entry.get("master_param"), entry["exp_avg"],
+                             entry["exp_avg_sq"], entry.get("max_exp_avg_sq"))
 
     def close(self):
         """Frees the state in tiermem (or brought home by the runtime's close) and the workers
