@@ -265,6 +265,58 @@ def test_a_deepcopy_made_inside_gathered_is_a_plain_model(make_runtime, tier):
     assert removed_equal(po, m, ref)
 
 
+def test_any_error_part_way_through_the_bucketed_step_notes_which_parameters_it_updated(
+        make_runtime):
+    """An exception not tiermem's (the optimizer's own, a KeyboardInterrupt) in a bucket of the
+    step still says which parameters the buckets before it updated: in a note (an outside
+    client's Ctrl-C came back bare, and its step, repeated, updated parameter 0 twice)."""
+    class Failing(torch.optim.AdamW):
+        calls = 0
+
+        def step(self, closure=None):
+            Failing.calls += 1
+            if Failing.calls == 3:
+                raise KeyboardInterrupt
+            return super().step(closure)
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(32, 32, bias=False) for _ in range(4)])
+    opt = Failing(m.parameters(), lr=0.01)
+    rt = make_runtime(dram_bytes="1MiB")
+    state = tt.offload_optimizer_state(opt, rt, "dram", min_bytes=0, bucket_bytes=0)
+    m(torch.randn(4, 32)).sum().backward()
+    with pytest.raises(KeyboardInterrupt) as e:
+        state.step()
+    notes = getattr(e.value, "__notes__", None)
+    if hasattr(e.value, "add_note"):  # Python 3.11 and later
+        assert notes == ["tiermem: the step is taken in part: parameters 0-1 of 4 (their index "
+                         "in param_groups, in order) updated, the others not; the state of "
+                         "those updated is as the step left it"], notes
+    state.remove()
+
+
+def test_both_offloads_step_in_the_smaller_bucket(make_runtime):
+    """offload_optimizer_state and offload_parameters share one step driver: its buckets are
+    the smaller of the two bucket_bytes (an outside client's bucket_bytes=0 on the state was
+    ignored beside offload_parameters' 64 MiB default: one bucket of everything)."""
+    torch.manual_seed(0)
+    m = model()
+    opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
+    params = tt.offload_parameters(m, rt, "dram", optimizer=opt, units=units(m))
+    state = tt.offload_optimizer_state(opt, rt, "dram", min_bytes=0, bucket_bytes=0)
+    buckets = []
+    hook = opt.register_step_pre_hook(lambda o, a, k: buckets.append(
+        sum(len(g["params"]) for g in o.param_groups)))
+    with rt.step():
+        m(torch.randn(4, 16)).sum().backward()
+        params.step()
+    assert buckets == [1] * 6, buckets  # one parameter a bucket: 3 weights and 3 biases
+    hook.remove()
+    params.remove()
+    state.remove()
+
+
 def test_a_step_that_fills_nvme_part_way_says_which_parameters_it_updated(make_runtime):
     """The bucketed step of offload_optimizer_state is taken bucket by bucket: when NVMe fills
     part way (the first step's state for the later buckets finds no room), the error says which

@@ -96,6 +96,8 @@ class _StepDriver:
         if driver is None:
             driver = _StepDriver(optimizer, bucket_bytes)
             _drivers[optimizer] = driver
+        else:  # shared by both offloads: the smaller bucket, the bound one of them asked for
+            driver.bucket_bytes = min(driver.bucket_bytes, bucket_bytes)
         return driver
 
     @staticmethod
@@ -209,6 +211,12 @@ class _StepDriver:
                 raise
             raise tiermem.TiermemError(e.status, "%s (the step is taken in part: %s)" % (
                 e.message, _which_stepped(opt, stepped)), e.call) from e
+        except BaseException as e:
+            # Anything else (the optimizer's own error, a KeyboardInterrupt) says it in a note,
+            # as tracebacks show them: a step repeated would update those parameters twice.
+            if stepped and hasattr(e, "add_note"):  # Python 3.11 and later
+                e.add_note("tiermem: the step is taken in part: %s" % _which_stepped(opt, stepped))
+            raise
         finally:
             self._bucketing = False
         return loss
