@@ -304,3 +304,44 @@ def test_fit_refuses_a_kv_cache(make_runtime, kind):
     assert all("forward" not in b.__dict__ for b in blocks_of(model))
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_fit_under_torch_compile(make_runtime):
+    """A fitted GPT-2 compiled after fit (aot_eager): fit's hooks run eagerly, so its blocks'
+    saved tensors still go to DRAM every step (traced by dynamo, they routed nothing, and an
+    outside client's compiled model kept every activation in HBM, over the budget), and
+    training is bit-identical to the plain model compiled the same way."""
+    torch.use_deterministic_algorithms(True)
+    torch._dynamo.reset()
+    data = batches()
+
+    def run(model, call, rt=None, plan=None):
+        losses = []
+        for x in data:
+            if plan is None:
+                losses.append(call(input_ids=x, labels=x, use_cache=False).loss)
+                losses[-1].backward()
+                continue
+            before = rt.stats()["copied_in_bytes"]  # saved tensors copied into DRAM
+            with rt.step(), plan:
+                losses.append(call(input_ids=x, labels=x, use_cache=False).loss)
+                losses[-1].backward()
+            assert rt.stats()["copied_in_bytes"] > before, "no saved tensor was offloaded"
+        return [loss.detach() for loss in losses], [p.grad.clone() for p in model.parameters()]
+
+    plain = build("gpt2", "no-ckpt")
+    want = run(plain, torch.compile(plain, backend="aot_eager"))
+    torch._dynamo.reset()
+    rt = make_runtime(hbm_bytes="32MiB", dram_bytes="64MiB")
+    model = build("gpt2", "no-ckpt")
+    model.config.use_cache = False
+    plan = tt.fit(model, rt, 1 << 40, (data[0],), loss_fn=next_token_loss(data[0]),
+                  min_bytes=1024, profile_steps=1, check_steps=1, max_replans=0,
+                  log=lambda line: None)
+    plan.apply([DRAM, DRAM])
+    got = run(model, torch.compile(model, backend="aot_eager"), rt, plan)
+    plan.remove()
+    torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(got[0], want[0]))
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+

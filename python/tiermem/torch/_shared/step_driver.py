@@ -7,6 +7,8 @@ import torch
 
 import tiermem
 
+from .tensors import _eager
+
 
 def _chunks(optimizer, bucket_bytes):
     """(group, params) pieces of at most bucket_bytes of parameters (one parameter at least)."""
@@ -72,8 +74,10 @@ class _StepDriver:
         self._bucketing = False  # the bucketed step is calling optimizer.step() per bucket
         self._held = None  # what the step pre-hook brought in, until the post-hook
         self._state_dict_held = None
-        step_pre = optimizer.register_step_pre_hook(self._before_step)
-        self._step_post = optimizer.register_step_post_hook(self._after_step)
+        # Eager under torch.compile (a compiled function calling opt.step()): dynamo traced into
+        # them and failed on the offloaded tensors they bring in.
+        step_pre = optimizer.register_step_pre_hook(_eager(self._before_step))
+        self._step_post = optimizer.register_step_post_hook(_eager(self._after_step))
         self._hooks = [
             step_pre, self._step_post,
             optimizer.register_state_dict_pre_hook(self._before_state_dict, prepend=True),

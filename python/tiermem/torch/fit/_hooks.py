@@ -9,7 +9,7 @@ import torch
 from torch.utils import _pytree
 from torch.utils import checkpoint as _checkpoint
 
-from .._shared.tensors import _is_parameter
+from .._shared.tensors import _eager, _is_parameter
 from .._shared.transfers import _storage_nbytes
 from ..activations import SavedTensorOffload
 from ._cost import DRAM, NVME
@@ -112,7 +112,7 @@ class Router(torch.autograd.graph.saved_tensors_hooks):
             if tier in choices:
                 self.offload[tier] = SavedTensorOffload(runtime, tier, min_bytes,
                                                         stash_bytes=stash_bytes)
-        super().__init__(self._pack, self._unpack)
+        super().__init__(_eager(self._pack), _eager(self._unpack))
 
     def __exit__(self, exc_type, exc, tb):
         super().__exit__(exc_type, exc, tb)
@@ -243,7 +243,9 @@ def wrap_recompute(block, index, state):
 
         return _checkpoint.checkpoint(run_flat, *leaves, use_reentrant=True)
 
-    block.forward = forward
+    # Eager under torch.compile: the recompute's bookkeeping (which block, replaying or not) is
+    # Python state that a traced forward would not set when it runs.
+    block.forward = forward = _eager(forward)
 
     def undo():
         if block.__dict__.get("forward") is forward:
@@ -262,7 +264,9 @@ def track_blocks(blocks, state):
         def post(module, args, out):
             state.current = None
 
-        handles.append(b.register_forward_pre_hook(pre))
-        handles.append(b.register_forward_hook(post))
+        # Eager under torch.compile: traced, they set nothing when the block ran, and no saved
+        # tensor was routed (an outside client's compiled model kept every activation in HBM).
+        handles.append(b.register_forward_pre_hook(_eager(pre)))
+        handles.append(b.register_forward_hook(_eager(post)))
     return handles
 

@@ -19,14 +19,11 @@ from ... import TM_ERR_BUSY, TM_ERR_OUT_OF_MEMORY, TiermemError
 from .._shared import views as _views
 from .._shared.offloaded import mark_in, mark_out
 from .._shared.swapped import _Swapped
+from .._shared.tensors import _eager
 from .._shared.transfers import (_CUDA_STREAM_LEGACY, _destroy_quietly, _is_cuda_runtime,
                                  _resize_storage)
 
 
-# The hooks run eagerly under torch.compile: they move parameters' data in and out, which dynamo
-# cannot trace (it fails on them, or recompiles them at every call); disabled, it graph-breaks
-# around them and compiles the modules' own code between. About 0.3 us a call in eager mode.
-_eager = getattr(getattr(torch, "compiler", None), "disable", None) or (lambda f: f)
 
 
 def _compute_stream(t):
