@@ -279,9 +279,11 @@ class Runtime:
         _check(_lib.tm_runtime_create(ctypes.byref(cfg), ctypes.byref(rt)), "tm_runtime_create")
         self._rt = rt
         self._pid = os.getpid()  # a fork()ed child cannot use it (its threads stayed here)
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # signalled when a step ends
         self._step_index = 0
         self._in_step = False
+        self._step_thread = None  # the thread that began the step in progress
+        self._closing = False
         self._names = {}
         # Offloads whose tensors hold a framework's only copy (tiermem.torch's parameters and
         # optimizer state): close() brings them home first.
@@ -312,6 +314,7 @@ class Runtime:
         the runtime stays open."""
         if self._rt is None:
             return
+        self._wait_for_the_step()
         if os.getpid() != self._pid:
             # A fork()ed child's copy: the library refuses it here and its destroy frees
             # nothing (the parent's threads, files and tensors are the parent's); nothing to
@@ -324,6 +327,7 @@ class Runtime:
                 home = getattr(offload, "_runtime_closing", None) or offload.remove
                 home()
             except Exception as e:
+                self._closing = False  # open still: steps may go on
                 raise TiermemError(
                     _capi.STATUS_NAMES.index("TM_ERR_BUSY"),
                     "close: %s could not bring its tensors home (%s): the runtime stays open, "
@@ -331,6 +335,27 @@ class Runtime:
             self._homecoming.discard(offload)
         rt, self._rt = self._rt, None
         _check(_lib.tm_runtime_destroy(rt), "tm_runtime_destroy")
+
+    def _wait_for_the_step(self):
+        """close() waits for a step in progress on another thread to end (a watchdog closing
+        the runtime of a training thread: the tensors that step uses stay until it ends), and
+        no step begins after; inside a step on this thread (a signal handler's close()) it
+        raises instead, the step unchanged: raise from the handler, and the with blocks end
+        the step, then close."""
+        me = threading.get_ident()
+        with self._lock:
+            while self._in_step and self._step_thread not in (None, me):
+                if not any(t.ident == self._step_thread for t in threading.enumerate()):
+                    break  # its thread ended without ending it (step_begin alone)
+                self._lock.wait(0.1)
+            if self._in_step and self._step_thread == me:
+                raise TiermemError(
+                    _capi.STATUS_NAMES.index("TM_ERR_BUSY"),
+                    "close: a step is in progress on this thread (close() from a signal "
+                    "handler?): end the step first; from a handler, raise an exception and "
+                    "let `with rt.step():` and `with tiermem.Runtime(...)` end the step, "
+                    "then close")
+            self._closing = True
 
     def __enter__(self):
         self._handle()  # a closed runtime is refused here, not by the first call in the block
@@ -340,6 +365,8 @@ class Runtime:
         self.close()
 
     def __del__(self):
+        # Collected with a step open (interpreter exit): nothing else can use it any more.
+        self._in_step = False
         try:
             self.close()
         except Exception:
@@ -397,15 +424,21 @@ class Runtime:
         _check(_lib.tm_runtime_sync(self._handle()), "tm_runtime_sync")
 
     def step_begin(self):
-        _check(_lib.tm_step_begin(self._handle()), "tm_step_begin")
         with self._lock:
+            if self._closing:
+                raise TiermemError(_capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE"),
+                                   "step: the runtime was closed (or is closing)")
+            _check(_lib.tm_step_begin(self._handle()), "tm_step_begin")
             self._step_index += 1
             self._in_step = True
+            self._step_thread = threading.get_ident()
             self._names = {}  # prefix -> itertools.count, for next_name
 
     def step_end(self):
         with self._lock:
             self._in_step = False
+            self._step_thread = None
+            self._lock.notify_all()  # a close() from another thread waits for this
         _check(_lib.tm_step_end(self._handle()), "tm_step_end")
 
     @contextlib.contextmanager
