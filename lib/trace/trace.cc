@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -140,6 +142,36 @@ std::string ExpandTracePath(absl::string_view path, int64_t pid, int local_rank)
 
 Trace::Trace() : origin_(Clock::now()) {}
 
+namespace {
+
+// The traces open in this process, written by WriteOpenTraces at its exit when their runtimes
+// were never destroyed (a Python process ending on an uncaught exception keeps the runtime alive
+// through the traceback and the autograd graph). Never destroyed: safe at exit.
+Mutex& OpenTracesMutex() {
+  static Mutex* mu = new Mutex();
+  return *mu;
+}
+std::vector<Trace*>& OpenTraces() {
+  static auto* traces = new std::vector<Trace*>();
+  return *traces;
+}
+
+}  // namespace
+
+void WriteOpenTraces() {
+  MutexLock lock(&OpenTracesMutex());
+  for (Trace* t : OpenTraces()) {
+    if (auto s = t->WriteAtExit(); !s.ok()) {
+      std::fprintf(stderr, "tiermem: warn: at exit: %s\n", std::string(s.message()).c_str());
+    }
+  }
+}
+
+absl::Status Trace::WriteAtExit() {
+  if (pid_ != getpid()) return absl::OkStatus();  // a fork()ed child: the parent's to write
+  return Write();
+}
+
 absl::StatusOr<std::unique_ptr<Trace>> Trace::Open(const std::string& path, int local_rank,
                                                    absl::string_view setting) {
   std::unique_ptr<Trace> t(new Trace());
@@ -176,10 +208,19 @@ absl::StatusOr<std::unique_ptr<Trace>> Trace::Open(const std::string& path, int 
   if (fstat(t->fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
     return bad("the file created for it is not a regular file");
   }
+  t->pid_ = getpid();
+  static const bool at_exit = std::atexit(WriteOpenTraces) == 0;
+  (void)at_exit;  // without it (no room for the handler) a process that exits leaves its .tmp
+  MutexLock lock(&OpenTracesMutex());
+  OpenTraces().push_back(t.get());
   return t;
 }
 
 Trace::~Trace() {
+  if (pid_ != 0) {
+    MutexLock lock(&OpenTracesMutex());
+    std::erase(OpenTraces(), this);
+  }
   if (fd_ >= 0) {
     close(fd_);
     unlink(temp_path_.c_str());
@@ -206,6 +247,7 @@ void Trace::Add(Track track, std::string name, Clock::time_point start, Clock::t
 }
 
 absl::Status Trace::Write() {
+  MutexLock write_lock(&write_mu_);
   if (!enabled()) return absl::OkStatus();
   std::string text;
   {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,9 @@ class Trace {
   // nothing at `path` is ever opened: a regular file or symlink there is replaced (the link,
   // not its target), a directory, FIFO or device refused; and no reader sees half a trace.
   // `setting` names the path in messages (where it was set: Config::SettingName). A process
-  // killed before Write leaves its hidden file (.NAME.PID-N.tmp) behind.
+  // that exits (exit(), the end of main, an interpreter's exit after an uncaught exception)
+  // with the runtime never destroyed writes it then (an atexit handler, in the process that
+  // opened it only); one killed, or ended by _exit, leaves its hidden file (.NAME.PID-N.tmp).
   static absl::StatusOr<std::unique_ptr<Trace>> Open(const std::string& path, int local_rank,
                                                      absl::string_view setting = "TIERMEM_TRACE");
   // Removes the unfinished file when Write never ran.
@@ -65,7 +68,7 @@ class Trace {
   Trace(const Trace&) = delete;
   Trace& operator=(const Trace&) = delete;
 
-  bool enabled() const { return fd_ >= 0; }
+  bool enabled() const { return fd_.load(std::memory_order_relaxed) >= 0; }
   // The expanded path the trace is written to.
   const std::string& path() const { return path_; }
   void Add(Track track, std::string name, Clock::time_point start, Clock::time_point end,
@@ -73,8 +76,11 @@ class Trace {
   // The same, with a `reason` in the event's args (a dropped prefetch: why).
   void Add(Track track, std::string name, Clock::time_point start, Clock::time_point end,
            uint64_t bytes, std::string reason);
-  // Writes the JSON and renames it into place. Called once, at runtime destruction.
+  // Writes the JSON and renames it into place: at runtime destruction, or at the process's
+  // exit; once (a second call does nothing).
   absl::Status Write();
+  // Write, in the process that opened it (at exit: see Open).
+  absl::Status WriteAtExit();
 
  private:
   struct Event {
@@ -88,7 +94,9 @@ class Trace {
   std::string setting_;    // how messages name the path
   std::string path_;       // where the trace ends up
   std::string temp_path_;  // where it is written until then
-  int fd_ = -1;            // temp_path_, open for writing
+  std::atomic<int> fd_{-1};  // temp_path_, open for writing; -1 once written
+  int pid_ = 0;              // the process that opened it (a fork()ed child's exit writes nothing)
+  Mutex write_mu_;           // one Write at a time (the runtime's destroy, the exit handler)
   Clock::time_point origin_;
   mutable Mutex mu_;
   std::vector<Event> events_ ABSL_GUARDED_BY(mu_);
