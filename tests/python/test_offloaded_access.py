@@ -317,6 +317,37 @@ def test_both_offloads_step_in_the_smaller_bucket(make_runtime):
     state.remove()
 
 
+def test_grad_scaler_steps_through_the_parameters_handle(make_runtime):
+    """torch.amp.GradScaler.step(params) (the handle of offload_parameters(optimizer=)) unscales
+    the optimizer's gradients and takes the bucketed step: bit-identical to scaler.step(opt) on
+    the plain model (an outside client's raised: no param_groups), an overflowing step skipped
+    alike. The handle's zero_grad() is the optimizer's."""
+    def run(offload):
+        rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB") if offload else None
+        m = model()
+        opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+        stepper = tt.offload_parameters(m, rt, "dram", optimizer=opt, units=units(m)) \
+            if offload else opt
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1)
+        g = torch.Generator().manual_seed(3)
+        for i in range(4):
+            x = torch.randn(8, 16, generator=g) * (1e36 if i == 2 else 1)  # step 2 overflows
+            loss = m(x).square().mean()
+            scaler.scale(loss).backward()
+            scaler.step(stepper)
+            scaler.update()
+            stepper.zero_grad()
+        assert all(p.grad is None for p in m.parameters())
+        if offload:
+            stepper.remove()
+        return [p.detach().clone() for p in m.parameters()], scaler.get_scale()
+
+    want, want_scale = run(False)
+    got, got_scale = run(True)
+    assert got_scale == want_scale
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 def test_a_step_that_fills_nvme_part_way_says_which_parameters_it_updated(make_runtime):
     """The bucketed step of offload_optimizer_state is taken bucket by bucket: when NVMe fills
     part way (the first step's state for the later buckets finds no room), the error says which

@@ -385,6 +385,23 @@ class ParameterOffload:
             return state.step(closure)
         return self._driver.step(closure)
 
+    def _optimizer(self, what):
+        opt = self._driver._optimizer() if self._driver is not None else None
+        if opt is None:
+            raise ValueError("ParameterOffload.%s: offload_parameters was not given the "
+                             "optimizer (optimizer=...), or remove() was called" % what)
+        return opt
+
+    @property
+    def param_groups(self):
+        """The optimizer's (given as optimizer=): torch.amp.GradScaler.step(params) unscales
+        their gradients, then steps through params.step()."""
+        return self._optimizer("param_groups").param_groups
+
+    def zero_grad(self, set_to_none=True):
+        """The optimizer's zero_grad (given as optimizer=)."""
+        self._optimizer("zero_grad").zero_grad(set_to_none=set_to_none)
+
     def gathered(self):
         """Context manager: every parameter in (to read or change them); written back and
         freed after."""
