@@ -294,8 +294,16 @@ TEST_P(Corruption, EveryReadPathRefusesTheBadCopy) {
                 "victim");
   TM_ASSERT_OK(tm_tensor_prefetch(rt_, t, TM_TIER_DRAM));
   ExpectCorrupt(tm_tensor_sync(rt_, t), "victim");
+  // Its only valid copy is bad: a report of it is not one that lost nothing (an outside client
+  // found it flagged TM_ERROR_NOTHING_LOST, so a caller would not resume from a checkpoint).
+  EXPECT_EQ(tm_last_error_flags(), 0u) << tm_last_error();
+  EXPECT_FALSE(Contains(tm_last_error(), "nothing was lost")) << tm_last_error();
   TM_ASSERT_OK(tm_tensor_prefetch(rt_, t, TM_TIER_HBM));
   ExpectCorrupt(tm_tensor_sync(rt_, t), "victim");
+  EXPECT_EQ(tm_last_error_flags(), 0u) << tm_last_error();
+  tm_stats st = TM_STATS_INIT;
+  TM_ASSERT_OK(tm_runtime_stats(rt_, &st));
+  EXPECT_EQ(st.moves_failed_lost, 2u) << "the two failed prefetches, their bytes gone";
   EXPECT_EQ(Residency(rt_, t), TM_TIER_BIT(TM_TIER_NVME));
   EXPECT_EQ(Used(rt_, TM_TIER_HBM), 0u);
   EXPECT_EQ(Used(rt_, TM_TIER_DRAM), 0u);

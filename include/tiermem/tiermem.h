@@ -315,8 +315,10 @@ typedef struct tm_stats {
   uint64_t moves_failed_lost; /**< of moves_failed, those that lost bytes: callers'
                                    asynchronous copies (copy_in_async, create_copy_in_async,
                                    copy_out on a stream) whose bytes did not land, and copies down
-                                   whose HBM memory was handed on (TIERMEM_HBM_HAND_ON); the
-                                   others left their tensors valid where they were */
+                                   whose HBM memory was handed on (TIERMEM_HBM_HAND_ON), and
+                                   moves whose source, the last valid copy, failed its
+                                   checksum (TM_ERR_CORRUPT); the others left their tensors
+                                   valid where they were */
 } tm_stats;
 
 #define TM_STATS_INIT                                                                              \

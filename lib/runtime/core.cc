@@ -116,8 +116,11 @@ void Core::FreeCopy(Tensor& t, tm_tier tier) {
 
 void Core::RecordFailure(const Tensor& t, absl::Status s) {
   ++counters_.moves_failed;
-  if (t.lost) ++counters_.moves_failed_lost;
-  failures_.Record(t.handle, t.name, std::move(s), /*kept=*/!t.lost);
+  // A copy that failed its checksum was the tensor's last valid one (a move reads another
+  // copy when there is one): its bytes are gone, though nothing was moved.
+  const bool lost = t.lost || ToTmStatus(s) == TM_ERR_CORRUPT;
+  if (lost) ++counters_.moves_failed_lost;
+  failures_.Record(t.handle, t.name, std::move(s), /*kept=*/!lost);
 }
 
 absl::Status Core::CheckOthersUnpinned(const Tensor& t, int keep) const {

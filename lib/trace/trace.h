@@ -2,10 +2,10 @@
 // track per engine direction), for Perfetto and chrome://tracing. Thread-safe; bounded.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <atomic>
 #include <string>
 #include <vector>
 
@@ -91,9 +91,9 @@ class Trace {
     std::string reason;  // empty: none
   };
   static constexpr size_t kMaxEvents = 1 << 20;
-  std::string setting_;    // how messages name the path
-  std::string path_;       // where the trace ends up
-  std::string temp_path_;  // where it is written until then
+  std::string setting_;      // how messages name the path
+  std::string path_;         // where the trace ends up
+  std::string temp_path_;    // where it is written until then
   std::atomic<int> fd_{-1};  // temp_path_, open for writing; -1 once written
   int pid_ = 0;              // the process that opened it (a fork()ed child's exit writes nothing)
   Mutex write_mu_;           // one Write at a time (the runtime's destroy, the exit handler)

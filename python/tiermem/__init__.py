@@ -344,18 +344,19 @@ class Runtime:
         the step, then close."""
         me = threading.get_ident()
         with self._lock:
-            while self._in_step and self._step_thread not in (None, me):
-                if not any(t.ident == self._step_thread for t in threading.enumerate()):
-                    break  # its thread ended without ending it (step_begin alone)
-                self._lock.wait(0.1)
             if self._in_step and self._step_thread == me:
                 raise TiermemError(
                     _capi.STATUS_NAMES.index("TM_ERR_BUSY"),
                     "close: a step is in progress on this thread (close() from a signal "
-                    "handler?): end the step first; from a handler, raise an exception and "
-                    "let `with rt.step():` and `with tiermem.Runtime(...)` end the step, "
-                    "then close")
+                    "handler?): end the step first; from a handler, set a flag that the "
+                    "training loop checks between steps, and close after the loop")
+            # Before waiting: the step in progress is the last (a loop stepping on would
+            # otherwise begin the next one before this wait saw the end of this one).
             self._closing = True
+            while self._in_step and self._step_thread not in (None, me):
+                if not any(t.ident == self._step_thread for t in threading.enumerate()):
+                    break  # its thread ended without ending it (step_begin alone)
+                self._lock.wait(0.1)
 
     def __enter__(self):
         self._handle()  # a closed runtime is refused here, not by the first call in the block
@@ -436,10 +437,13 @@ class Runtime:
 
     def step_end(self):
         with self._lock:
-            self._in_step = False
-            self._step_thread = None
-            self._lock.notify_all()  # a close() from another thread waits for this
-        _check(_lib.tm_step_end(self._handle()), "tm_step_end")
+            try:
+                status = _lib.tm_step_end(self._handle())  # before a waiting close() goes on
+            finally:
+                self._in_step = False
+                self._step_thread = None
+                self._lock.notify_all()  # a close() from another thread waits for this
+        _check(status, "tm_step_end")  # the message is this thread's (tm_last_error)
 
     @contextlib.contextmanager
     def step(self):

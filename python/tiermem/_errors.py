@@ -1,6 +1,7 @@
 """Errors and argument checks of the Python API: TiermemError, tiers, choices, addresses."""
 
 import ctypes
+import re
 
 from . import _capi
 from ._loaded import lib as _lib
@@ -13,14 +14,23 @@ class TiermemError(RuntimeError):
     asynchronous moves that each left their tensor valid where it was (TM_ERROR_NOTHING_LOST in
     tm_last_error_flags): the work around them stands."""
 
-    def __init__(self, status, message, call=None, nothing_lost=False):
+    def __init__(self, status, message=None, call=None, nothing_lost=False):
+        if message is None and isinstance(status, str):
+            # TiermemError(text): as code re-raising an exception by its type and text builds
+            # it (a DataLoader worker's error in the main process); the status named in it.
+            message, status = status, _status_in(status)
         self.status = int(status)
         self.status_name = _status_name(status)
-        self.message = message
+        self.message = message if message is not None else ""
         self.call = call
         self.nothing_lost = bool(nothing_lost)
         where = "%s: " % call if call else ""
-        super().__init__("%s%s: %s" % (where, self.status_name, message))
+        super().__init__("%s%s: %s" % (where, self.status_name, self.message))
+
+    def __reduce__(self):
+        # Pickled whole (multiprocessing sends a worker's exception to its parent: without this
+        # the parent's unpickling failed, and a Pool's result thread died, hanging map()).
+        return (type(self), (self.status, self.message, self.call, self.nothing_lost))
 
 
 class TiermemWarning(UserWarning):
@@ -30,6 +40,12 @@ class TiermemWarning(UserWarning):
     def __init__(self, error):
         self.error = error
         super().__init__(str(error))
+
+
+def _status_in(text):
+    """The last tm_status name in text (TM_ERR_INTERNAL when none)."""
+    names = [n for n in re.findall(r"TM_(?:OK|ERR_[A-Z_]+)", text) if n in _capi.STATUS_NAMES]
+    return _capi.STATUS_NAMES.index(names[-1] if names else "TM_ERR_INTERNAL")
 
 
 def _status_name(status):

@@ -280,6 +280,37 @@ def test_close_from_another_thread_waits_for_the_step(make_runtime):
     params.remove()
 
 
+def test_close_from_another_thread_stops_a_loop_that_steps_on(make_runtime):
+    """A loop stepping on while a watchdog closes: the step in progress is the last one (an
+    outside client's close() waited while 17 more steps began, until the loop stopped by
+    itself); the loop's next step raises "closed", and close() returns."""
+    import threading
+    import time
+    rt = make_runtime()
+    t = rt.tensor(4096, "activation", "dram", "t")
+    t.write(b"x" * 4096)
+    in_step, begun, outcome = threading.Event(), [], []
+
+    def loop():
+        try:
+            for _ in range(100000):
+                with rt.step():
+                    begun.append(time.monotonic())
+                    in_step.set()
+                    t.read(4)
+        except tiermem.TiermemError as e:
+            outcome.append(e)
+
+    looper = threading.Thread(target=loop)
+    looper.start()
+    in_step.wait()
+    called = time.monotonic()
+    rt.close()
+    looper.join(60)
+    assert not looper.is_alive() and outcome and "closed" in outcome[0].message, outcome
+    assert len([b for b in begun if b > called]) <= 1, "steps began after close() was called"
+
+
 def test_close_inside_a_step_on_its_thread_is_refused(make_runtime):
     """close() inside a step on the same thread (a signal handler's) raises TM_ERR_BUSY and
     changes nothing: the step goes on, and close() after it works."""
@@ -293,6 +324,42 @@ def test_close_inside_a_step_on_its_thread_is_refused(make_runtime):
         assert t.read() == b"x" * 4096
     rt.close()
     assert rt.closed
+
+
+def test_a_tiermem_error_crosses_processes(tmp_path):
+    """multiprocessing sends a worker's exception to its parent pickled, and a DataLoader
+    re-raises its worker's by type and text: a TiermemError survives both, status and all (an
+    outside client's fork Pool hung, its result thread dead on unpickling, and its DataLoader
+    raised a RuntimeError that `except TiermemError` missed)."""
+    import pickle
+    e = tiermem.TiermemError(tiermem.TM_ERR_IO, "the disk said no", "tm_tensor_read", True)
+    back = pickle.loads(pickle.dumps(e))
+    assert (type(back), back.status, back.message, back.call, back.nothing_lost, str(back)) == (
+        tiermem.TiermemError, e.status, e.message, e.call, True, str(e))
+    text = tiermem.TiermemError("Caught TiermemError in DataLoader worker process 0.\n"
+                                "tiermem.TiermemError: tm_tensor_read: TM_ERR_INVALID_HANDLE: "
+                                "made before this process was forked")
+    assert text.status == tiermem.TM_ERR_INVALID_HANDLE and "forked" in text.message
+    code = """
+import multiprocessing, sys
+import tiermem
+rt = tiermem.Runtime(device="emulated", hbm_bytes="8MiB", dram_bytes="8MiB",
+                     nvme_paths=%r, nvme_bytes="16MiB", log_level="error")
+t = rt.tensor(4096, "activation", "dram", "cached")
+t.write(b"z" * 4096)
+def work(i):
+    return t.read(4)
+with multiprocessing.get_context("fork").Pool(2) as pool:
+    try:
+        pool.map(work, range(4))
+    except tiermem.TiermemError as e:
+        print("caught", e.status_name, "forked" in e.message, flush=True)
+rt.close()
+""" % str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "caught TM_ERR_INVALID_HANDLE True\n", (out.stdout, out.stderr)
 
 
 def test_a_closed_runtime_is_refused_entering_a_with_block(make_runtime):
