@@ -176,15 +176,19 @@ class StateStore:
             # A new tensor (cat): the old one may still be read by the caller.
             slot.home = torch.cat(parts)
             return
+        self._write_slices(slot, lambda first, n: torch.cat([t[first:first + n] for t in parts]))
+
+    def _write_slices(self, slot, piece):
+        """Writes piece(first, n) (contiguous fp32) at the start of each slice's tensor; with
+        state on NVMe, written down, as a step leaves it: a write lands in a DRAM copy when
+        there is one, and state found only in DRAM is pinned whole through the next step (the
+        step of state in DRAM), which a budget below the state cannot hold."""
         rt = self.runtime._handle()
         for _, h, first, n in slot.slices():
-            flat = torch.cat([t[first:first + n] for t in parts])
+            flat = piece(first, n)
             _check(_lib.tm_tensor_write(rt, h, 0, flat.data_ptr(), flat.numel() * 4),
                    "tm_tensor_write")
             if self.state_tier == "nvme":
-                # Written down, as a step leaves it: a write lands in a DRAM copy when there is
-                # one, and state found only in DRAM is pinned whole through the next step (the
-                # step of state in DRAM), which a budget below the state cannot hold.
                 _check(_lib.tm_tensor_offload(rt, h, _capi.TIER_NVME), "tm_tensor_offload")
         if self.state_tier == "nvme":
             for _, h, _, _ in slot.slices():
@@ -262,17 +266,8 @@ class StateStore:
         value = p.detach().to("cpu", torch.float32).reshape(-1)
         if slot.home is not None:
             slot.home[:slot.count] = value
-        else:
-            rt = self.runtime._handle()
-            for _, h, first, n in slot.slices():
-                piece = value[first:first + n].contiguous()
-                _check(_lib.tm_tensor_write(rt, h, 0, piece.data_ptr(), 4 * n),
-                       "tm_tensor_write")
-                if self.state_tier == "nvme":
-                    _check(_lib.tm_tensor_offload(rt, h, _capi.TIER_NVME), "tm_tensor_offload")
-            if self.state_tier == "nvme":
-                for _, h, _, _ in slot.slices():
-                    _check(_lib.tm_tensor_sync(rt, h), "tm_tensor_sync")
+        else:  # the master is the first part of each slice's layout
+            self._write_slices(slot, lambda first, n: value[first:first + n].contiguous())
         slot.seed = False
 
     def _add_master(self, p, slot):
