@@ -426,7 +426,11 @@ TM_API tm_status tm_runtime_config_value(tm_runtime runtime, const char* name, c
  */
 TM_API tm_status tm_tensor_create(tm_runtime runtime, const tm_tensor_desc* desc, tm_tensor* out);
 
-/** Destroys a tensor and frees its copies. TM_ERR_BUSY while it is acquired. */
+/**
+ * Destroys a tensor and frees its copies. TM_ERR_BUSY while it is acquired, unless every acquire
+ * out is a DLPack export (tm_tensor_acquire_dlpack): then the handle is invalid at once and the
+ * memory is freed by the last export's deleter.
+ */
 TM_API tm_status tm_tensor_destroy(tm_runtime runtime, tm_tensor tensor);
 
 /** Size in bytes of a tensor. */
@@ -476,6 +480,40 @@ TM_API tm_status tm_tensor_release(tm_runtime runtime, tm_tensor tensor, tm_tier
  */
 TM_API tm_status tm_tensor_release_on_stream(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
                                              void* stream);
+
+/** The element type and layout of a DLPack export (tm_tensor_acquire_dlpack). Fill with
+ * TM_DLPACK_LAYOUT_INIT. */
+typedef struct tm_dlpack_layout {
+  size_t struct_size;     /**< sizeof(tm_dlpack_layout), set by TM_DLPACK_LAYOUT_INIT */
+  uint8_t dtype_code;     /**< DLPack's DLDataTypeCode: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool */
+  uint8_t dtype_bits;     /**< bits of one lane, a multiple of 8 */
+  uint16_t dtype_lanes;   /**< 1 for scalars */
+  int32_t ndim;           /**< 0 to 64 dimensions */
+  const int64_t* shape;   /**< ndim sizes, each >= 0; copied */
+  const int64_t* strides; /**< ndim strides in elements, each >= 0; NULL: compact row-major */
+  uint64_t byte_offset;   /**< where element 0 lies in the tensor's bytes */
+} tm_dlpack_layout;
+
+#define TM_DLPACK_LAYOUT_INIT \
+  { sizeof(tm_dlpack_layout), 2, 32, 1, 0, NULL, NULL, 0 }
+
+/**
+ * tm_tensor_acquire, handed over as a DLPack tensor: *managed is a DLManagedTensor (DLPack's
+ * unversioned struct, the one frameworks take in a "dltensor" capsule: torch.from_dlpack,
+ * jax.dlpack, cupy.from_dlpack) viewing the acquired copy with `layout`, on device kDLCUDA (the
+ * runtime's GPU) for HBM of a CUDA runtime and kDLCPU otherwise (the emulated device's HBM, and
+ * DRAM, are host memory). Its deleter releases the acquire, on `stream` when one was given (as
+ * tm_tensor_release_on_stream), from any thread, and never fails the caller (with the runtime
+ * destroyed meanwhile it only frees the struct). The tensor lives until then: tm_tensor_destroy
+ * while only exports pin it succeeds at once (the handle is invalid from then on) and the
+ * tensor's memory goes with the last export's deleter. A consumer that does not take *managed
+ * calls its deleter. As with tm_tensor_acquire, tm_runtime_destroy frees the memory whatever
+ * exports are out. TM_ERR_INVALID_ARGUMENT, with *managed NULL and nothing acquired, when the
+ * layout reaches outside the tensor's bytes or is not one DLPack can describe.
+ */
+TM_API tm_status tm_tensor_acquire_dlpack(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
+                                          tm_access access, void* stream,
+                                          const tm_dlpack_layout* layout, void** managed);
 
 /**
  * Copies bytes [offset, offset + bytes) from the caller's memory src into the tensor and returns

@@ -13,7 +13,7 @@ namespace tiermem {
 
 absl::StatusOr<Tensor*> Core::Find(uint64_t handle) {
   Tensor* t = tensors_.Find(handle);
-  if (t == nullptr) {
+  if (t == nullptr || t->orphaned) {  // orphaned: destroyed, its DLPack exports still out
     return Error(
         TM_ERR_INVALID_HANDLE,
         absl::StrFormat("tensor handle 0x%016x is zero, destroyed or of another runtime", handle));

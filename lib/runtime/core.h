@@ -195,7 +195,8 @@ class Core {
   void set_trace(std::unique_ptr<Trace> p) { trace_ = std::move(p); }
 
   // ---- the tensor table ----
-  // The tensor of `handle`, nullptr when there is none (Find says why, Claim waits for it).
+  // The tensor of `handle`, nullptr when there is none (Find says why, Claim waits for it). An
+  // orphaned one (destroyed while DLPack exports pin it, Tensor::orphaned) is found here only.
   Tensor* Lookup(uint64_t handle) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
     return tensors_.Find(handle);
   }

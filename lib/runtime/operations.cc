@@ -63,19 +63,34 @@ absl::Status Runtime::DestroyTensor(uint64_t handle) {
   // (a deferred free, as for callers' streams), and its outcome no longer matters.
   auto t = core_.Claim(handle, /*land=*/false);
   if (!t.ok()) return t.status();
-  if (auto s = core_.CheckOthersUnpinned(**t, -1); !s.ok()) return WithContext(s, "cannot destroy");
-  if (auto s = core_.CheckNotHeld(**t, "destroy it"); !s.ok()) return s;
-  if ((*t)->landing.has_value()) {
-    (*t)->copy((*t)->landing_tier).uses.push_back((*t)->landing->fence);
-    (*t)->landing.reset();
+  Tensor& x = **t;
+  bool exported = false, only_exports = true;
+  for (const TensorCopy& c : x.copies) {
+    exported = exported || c.exports > 0;
+    only_exports = only_exports && c.pins == c.exports;
   }
-  for (int i = 0; i < TM_TIER_COUNT; ++i) core_.FreeCopy(**t, static_cast<tm_tier>(i));
-  prefetcher_.Forget((*t)->key, handle);
+  if (exported && only_exports && x.held_by_step == std::thread::id{}) {
+    Orphan(x);  // its DLPack exports' deleters free it
+    return absl::OkStatus();
+  }
+  if (auto s = core_.CheckOthersUnpinned(x, -1); !s.ok()) return WithContext(s, "cannot destroy");
+  if (auto s = core_.CheckNotHeld(x, "destroy it"); !s.ok()) return s;
+  Free(x);
+  return absl::OkStatus();
+}
+
+void Runtime::Free(Tensor& t) {
+  if (t.landing.has_value()) {
+    t.copy(t.landing_tier).uses.push_back(t.landing->fence);
+    t.landing.reset();
+  }
+  for (int i = 0; i < TM_TIER_COUNT; ++i) core_.FreeCopy(t, static_cast<tm_tier>(i));
+  const uint64_t handle = t.handle;
+  if (!t.orphaned) prefetcher_.Forget(t.key, handle);  // an orphan's key went before
   // Its queued moves find no tensor and are dropped; its kept failures stay until reported.
   core_.RemoveTensor(handle);
   movers_.Forget(handle);
   core_.NotifyChanged();
-  return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> Runtime::TensorBytes(uint64_t handle) {
@@ -147,7 +162,7 @@ absl::StatusOr<Tensor*> ClaimForAcquire(Core& core, uint64_t handle, tm_tier tie
 }  // namespace
 
 absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access access,
-                                       void* stream) {
+                                       void* stream, bool for_export) {
   if (auto s = CheckAcquireArguments(tier, access); !s.ok()) return s;
   // Recorded before anything else: the move below is ordered after the caller's work so far.
   CallerStream caller{stream, nullptr};
@@ -202,6 +217,7 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
     t.PinWrite(tier);
   }
   ++t.copy(tier).pins;
+  if (for_export) ++t.copy(tier).exports;
   ++counters_.acquires;
   if (access == TM_ACCESS_WRITE ? !made_room : hit) {  // a write moves nothing in: no room made
     ++counters_.hits;
@@ -251,14 +267,25 @@ absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* strea
     return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("tensor \"%s\" is not acquired in %s",
                                                           t.name, tm_tier_name(tier)));
   }
-  if (*fence != nullptr) c.uses.push_back(*std::move(fence));
+  if (c.pins == c.exports) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("tensor \"%s\" is acquired in %s only by DLPack exports: their "
+                                 "deleters release them",
+                                 t.name, tm_tier_name(tier)));
+  }
+  Unpin(t, tier, *std::move(fence));
+  return absl::OkStatus();
+}
+
+void Runtime::Unpin(Tensor& t, tm_tier tier, io::FencePtr use) {
+  TensorCopy& c = t.copy(tier);
+  if (use != nullptr) c.uses.push_back(std::move(use));
   if (--c.pins == 0) {
     prefetcher_.NoteRelease(t);
     if (c.state == CopyState::kWriting) t.UnpinWrite(tier);
     movers_.RequeueParkedOffloads(tier);  // room there may help them
     core_.NotifyChanged();                // a demand waiting for room may now evict it
   }
-  return absl::OkStatus();
 }
 
 absl::Status Runtime::Sync(uint64_t handle) {

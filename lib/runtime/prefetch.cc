@@ -166,6 +166,10 @@ void Prefetcher::NoteRelease(const Tensor& t) {
   if (FindKey(t.key) == &t) schedule_.OnRelease(t.key);
 }
 
+void Prefetcher::NoteOrphanRelease(const Tensor& t) {
+  if (!keyed_.contains(t.key)) schedule_.OnRelease(t.key);
+}
+
 void Prefetcher::BeginStep() {
   schedule_.BeginStep();
   created_in_step_ = 0;

@@ -55,6 +55,9 @@ class Prefetcher {
   void Forget(uint64_t key, uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // The last pin of t's copy went: the schedule notes the release when t is its key's tensor.
   void NoteRelease(const Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  // The last pin of an orphaned tensor went (Forget ran when it was destroyed): the schedule
+  // notes the release unless a newer tensor has taken its key meanwhile.
+  void NoteOrphanRelease(const Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // A step begins (and its first tensors are prefetched), or ends; false: none had begun.
   void BeginStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   bool EndStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);

@@ -40,10 +40,16 @@ class Runtime {
   // Copies host memory into the tensor; a use for the schedule (the tier it lands in).
   absl::Status Write(uint64_t handle, uint64_t offset, const void* src, uint64_t bytes);
   absl::Status Read(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes);
-  absl::StatusOr<void*> Acquire(uint64_t handle, tm_tier tier, tm_access access, void* stream);
+  // for_export: the pin is a DLPack export's (tm_tensor_acquire_dlpack), released by
+  // ReleaseExport only.
+  absl::StatusOr<void*> Acquire(uint64_t handle, tm_tier tier, tm_access access, void* stream,
+                                bool for_export = false);
   absl::Status Release(uint64_t handle, tm_tier tier);
   // Release once the work queued on `stream` so far has passed (an event; the host does not wait).
   absl::Status ReleaseOnStream(uint64_t handle, tm_tier tier, void* stream);
+  // A DLPack export's deleter: its pin released (on `stream`, as ReleaseOnStream); an orphaned
+  // tensor (destroyed while exports pinned it) is found too, and freed at its last export.
+  absl::Status ReleaseExport(uint64_t handle, tm_tier tier, void* stream);
   // The caller's host or device memory into / out of the tensor, enqueued and ordered on
   // `stream` (see tm_tensor_copy_in / tm_tensor_copy_out).
   // stream_waits == false: tm_tensor_copy_in_async (the stream's later work does not wait).
@@ -132,6 +138,14 @@ class Runtime {
   // this thread (Moves::StartPrefetch), the rest queued for the movers.
   void NoteUseAndStart(Tensor& t, tm_tier tier, bool fill)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  // One pin of t in tier dropped; `use`: the caller's stream's fence (or null), which tiermem
+  // waits for before it touches the memory.
+  void Unpin(Tensor& t, tm_tier tier, io::FencePtr use) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  // tm_tensor_destroy while only DLPack exports pin t (exports.cc): the handle is gone for
+  // callers, the unpinned copies are freed, the pinned ones wait for the exports' deleters.
+  void Orphan(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  // Every copy of t freed (a landing copy's memory once it has landed) and t taken out.
+  void Free(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
   // The core first: the parts refer to it, and are destroyed before it.
   Core core_;

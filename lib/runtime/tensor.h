@@ -62,6 +62,7 @@ struct TensorCopy {
   Extent extent;
   CopyState state = CopyState::kAbsent;
   uint32_t pins = 0;               // outstanding acquires
+  uint32_t exports = 0;            // of those, DLPack exports' (tm_tensor_acquire_dlpack)
   std::vector<io::FencePtr> uses;  // must pass before tiermem touches the memory (see above)
   // A DRAM copy kept by an offload to NVMe, or by a prefetch that read through DRAM (inclusive
   // DRAM): a read of it while NVMe holds the same bytes is a read of NVMe saved
@@ -123,6 +124,9 @@ struct Tensor {
   // Dropped because its bytes were lost: a device error failed its copy down after its HBM
   // memory was handed on (lib/runtime/vacate.cc). Only a rebuild or a whole overwrite ends it.
   bool lost = false;
+  // tm_tensor_destroy ran while only DLPack exports pinned it (TensorCopy::exports): the handle
+  // is gone for callers (Core::Find) and the last export's release frees it (exports.cc).
+  bool orphaned = false;
 
   TensorCopy& copy(tm_tier t) { return copies[t]; }
   const TensorCopy& copy(tm_tier t) const { return copies[t]; }

@@ -100,6 +100,24 @@ class TensorDesc(ctypes.Structure):
         self.home_tier = TIER_BY_PLACEMENT
 
 
+class DlpackLayout(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", _size_t),
+        ("dtype_code", ctypes.c_uint8),
+        ("dtype_bits", ctypes.c_uint8),
+        ("dtype_lanes", ctypes.c_uint16),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+    def __init__(self):
+        super().__init__()
+        self.struct_size = ctypes.sizeof(DlpackLayout)
+        self.dtype_code, self.dtype_bits, self.dtype_lanes = 2, 32, 1
+
+
 class TierStats(ctypes.Structure):
     _fields_ = [("capacity", ctypes.c_uint64), ("used", ctypes.c_uint64),
                 ("peak", ctypes.c_uint64)]
@@ -235,6 +253,8 @@ def _prototypes(lib):
         "tm_tensor_acquire": (st, [Runtime, Tensor, i32, i32, vp, p(vp)]),
         "tm_tensor_release": (st, [Runtime, Tensor, i32]),
         "tm_tensor_release_on_stream": (st, [Runtime, Tensor, i32, vp]),
+        "tm_tensor_acquire_dlpack": (st, [Runtime, Tensor, i32, i32, vp, p(DlpackLayout),
+                                          p(vp)]),
         "tm_tensor_copy_in": (st, [Runtime, Tensor, u64, vp, u64, vp]),
         "tm_tensor_copy_out": (st, [Runtime, Tensor, u64, vp, u64, vp]),
         "tm_tensor_copy_in_async": (st, [Runtime, Tensor, u64, vp, u64, vp]),

@@ -29,6 +29,8 @@ def _bind(name, argtypes):
 create_copy_in_async = _bind("tm_tensor_create_copy_in_async", [_u64, _vp, _vp, _vp, _vp, _vp])
 # (runtime, tensor, tier, access, stream, ptr*)
 acquire = _bind("tm_tensor_acquire", [_u64, _u64, _i32, _i32, _vp, _vp])
+# (runtime, tensor, tier, access, stream, layout*, managed*)
+acquire_dlpack = _bind("tm_tensor_acquire_dlpack", [_u64, _u64, _i32, _i32, _vp, _vp, _vp])
 # (runtime, tensor, tier, stream): tm_tensor_release when stream is NULL
 release_on_stream = _bind("tm_tensor_release_on_stream", [_u64, _u64, _i32, _vp])
 destroy = _bind("tm_tensor_destroy", [_u64, _u64])

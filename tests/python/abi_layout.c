@@ -48,6 +48,16 @@ int main(void) {
   FIELD(tm_tensor_desc, home_tier);
   FIELD(tm_tensor_desc, name);
   END();
+  BEGIN(tm_dlpack_layout);
+  FIELD(tm_dlpack_layout, struct_size);
+  FIELD(tm_dlpack_layout, dtype_code);
+  FIELD(tm_dlpack_layout, dtype_bits);
+  FIELD(tm_dlpack_layout, dtype_lanes);
+  FIELD(tm_dlpack_layout, ndim);
+  FIELD(tm_dlpack_layout, shape);
+  FIELD(tm_dlpack_layout, strides);
+  FIELD(tm_dlpack_layout, byte_offset);
+  END();
   BEGIN(tm_stats);
   FIELD(tm_stats, struct_size);
   FIELD(tm_stats, tiers);

@@ -17,7 +17,8 @@ def test_struct_layouts_match_the_header():
         pytest.skip("TIERMEM_ABI_LAYOUT is not set (ctest sets it to the python_abi_layout program)")
     c = json.loads(subprocess.check_output([exe]))
     mirror = {"tm_config": _capi.Config, "tm_tensor_desc": _capi.TensorDesc,
-              "tm_stats": _capi.Stats, "tm_info": _capi.Info}
+              "tm_stats": _capi.Stats, "tm_info": _capi.Info,
+              "tm_dlpack_layout": _capi.DlpackLayout}
     for cname, cls in mirror.items():
         fields = dict(c[cname])
         assert ctypes.sizeof(cls) == fields.pop("__size__"), cname

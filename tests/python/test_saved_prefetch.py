@@ -209,11 +209,14 @@ def test_views_are_released_when_pytorch_frees_them(make_runtime):
     assert hooks.unpacked_views == 1
     view = seen.pop()
     assert torch.equal(view, t)
-    # The graph is gone, but the view still holds the acquired HBM copy (and its tensor).
+    # The graph is gone, but the view still holds the acquired HBM copy (and its tensor, which
+    # was destroyed: its DRAM copy, which nothing views, is freed at once).
     del y
     gc.collect()
     assert rt.stats()["tensors"] == base + 1
     assert rt.stats()["tiers"]["hbm"]["used"] > 0
+    assert rt.stats()["tiers"]["dram"]["used"] == 0
+    assert torch.equal(view, t)
     del view
     gc.collect()
     assert rt.stats()["tensors"] == base

@@ -76,3 +76,80 @@ def view_acquired(owner, ptr, nbytes, dtype, device, stream):
     # Emulated device: no stream (the host's order is the order).
     holder._tm_release = weakref.ref(holder, owner._view_freed)
     return raw
+
+
+# DLPack: tm_tensor_acquire_dlpack hands the acquired copy over as a DLManagedTensor whose deleter
+# (in the library) releases it when PyTorch frees the tensor: no Python runs at the release, and
+# the tensor comes with its shape and strides. The capsule is made with the C API's own
+# PyCapsule_New (a function object of our own: argtypes set here touch no one else's).
+_capsule_new = ctypes.pythonapi["PyCapsule_New"]
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_capsule_is_valid = ctypes.pythonapi["PyCapsule_IsValid"]
+_capsule_is_valid.restype = ctypes.c_int
+_capsule_is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_pointer = ctypes.pythonapi["PyCapsule_GetPointer"]
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_DLTENSOR = b"dltensor"  # lives as long as the module: a capsule keeps a pointer to its name
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_DELETER_OFFSET = 56  # DLManagedTensor: DLTensor (48 bytes), manager_ctx, deleter
+_from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+_dl_dtypes = {}
+layouts = {}  # (dtype, size, stride) -> dlpack_layout's pair; read by the hot path
+_LAYOUTS_KEPT = 4096
+
+
+def _dl_dtype(dtype):
+    """(code, bits, lanes) of dtype as this PyTorch writes it in DLPack (read off a tensor it
+    exports), or None when it exports no such dtype."""
+    try:
+        return _dl_dtypes[dtype]
+    except KeyError:
+        pass
+    try:
+        capsule = torch.utils.dlpack.to_dlpack(torch.empty(1, dtype=dtype))
+        raw = (ctypes.c_uint8 * 4).from_address(_capsule_pointer(capsule, _DLTENSOR) + 20)
+        got = (raw[0], raw[1], raw[2] | raw[3] << 8)
+    except Exception:  # noqa: BLE001 - a dtype DLPack (or this PyTorch) cannot carry
+        got = None
+    _dl_dtypes[dtype] = got
+    return got
+
+
+def dlpack_layout(dtype, size, stride):
+    """(tm_dlpack_layout, its address) for a view of that dtype, size and stride, made once per
+    layout (the same layouts come back step after step); None when PyTorch takes no such dtype
+    as DLPack. The caller keeps the pair as long as it passes the address."""
+    key = (dtype, size, stride)
+    got = layouts.get(key)
+    if got is not None:
+        return got
+    dl = _dl_dtype(dtype)
+    if dl is None:
+        return None
+    lay = _capi.DlpackLayout()
+    lay.dtype_code, lay.dtype_bits, lay.dtype_lanes = dl
+    n = len(size)
+    dims = (ctypes.c_int64 * (2 * n + 1))(*size, *stride)
+    lay.ndim = n
+    lay.shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64))
+    lay.strides = ctypes.cast(ctypes.addressof(dims) + 8 * n, ctypes.POINTER(ctypes.c_int64))
+    lay._dims = dims  # kept with the struct
+    got = (lay, ctypes.addressof(lay))
+    if len(layouts) >= _LAYOUTS_KEPT:
+        layouts.clear()  # a model whose shapes never repeat: holders keep theirs
+    layouts[key] = got
+    return got
+
+
+def from_dlpack(managed):
+    """The tensor of a DLManagedTensor at address managed (tm_tensor_acquire_dlpack's); when
+    PyTorch does not take it, its deleter runs (releasing the acquire) before the error goes on."""
+    capsule = _capsule_new(managed, _DLTENSOR, None)
+    try:
+        return _from_dlpack(capsule)
+    except BaseException:
+        if _capsule_is_valid(capsule, _DLTENSOR):  # not consumed ("used_dltensor" once it is)
+            _DELETER(ctypes.c_void_p.from_address(managed + _DELETER_OFFSET).value)(managed)
+        raise

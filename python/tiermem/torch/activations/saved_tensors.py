@@ -8,13 +8,13 @@ step) and returns a tensor viewing it, released when PyTorch frees it; when the 
 hold it (or the layout is not dense) it is copied out instead."""
 
 import collections
+import itertools
 import weakref
 
 import torch
 
 from ... import TM_ERR_OUT_OF_MEMORY, Tensor, TiermemError, _capi, _hot
 from .._shared import views as _views
-from .._shared.tensors import _is_parameter
 from .._shared.transfers import (_CUDA_STREAM_LEGACY, _check_runtime, _check_tier, _fetch,
                                  _is_cuda_runtime, _size_arg, _stream)
 from ._stash import CopyStash
@@ -23,22 +23,30 @@ _HBM, _DRAM = _capi.TIER_HBM, _capi.TIER_DRAM
 _ACTIVATION, _READ = _capi.CLASS_ACTIVATION, _capi.ACCESS_READ
 _INVALID_HANDLE = _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE")
 _STRIDED = torch.strided
+_CPU = torch.device("cpu")
+_Parameter = torch.nn.Parameter
 
 
 class _Packed:
     """A saved tensor held by tiermem: the handle of its tiermem tensor (h, made and filled by
-    one tm_tensor_create_copy_in_async) and how to rebuild its layout. The tiermem tensor lives
-    as long as autograd keeps this object (until the backward that used it, or until the graph
-    is freed without one) and every view of its HBM copy (each view's release keeps it)."""
+    one tm_tensor_create_copy_in_async) in the runtime of handle bits `bits`, and how to rebuild
+    its layout. The tiermem tensor lives as long as autograd keeps this object (until the backward
+    that used it, or until the graph is freed without one), and as long as any view of its HBM
+    copy (a DLPack export, which the library frees with it; a view made otherwise keeps this
+    object)."""
 
-    __slots__ = ("rt", "h", "nbytes", "name", "dtype", "device", "size", "stride", "span",
-                 "dense", "flat", "compact_size", "viewable", "__weakref__")
+    __slots__ = ("rt", "bits", "h", "index", "nbytes", "dtype", "device", "size", "stride",
+                 "span", "dense", "flat", "compact_size", "viewable", "layout", "__weakref__")
 
     def __del__(self):
         h = getattr(self, "h", None)  # None: never filled, or destroyed
         if h is not None and self.rt._rt is not None:  # a closed runtime took its tensors
             self.h = None
-            _hot.destroy(self.rt._rt.bits, h)  # its status: nothing to tell anyone this late
+            _hot.destroy(self.bits, h)  # its status: nothing to tell anyone this late
+
+    @property
+    def name(self):
+        return "saved.%d" % self.index
 
     @property
     def tm(self):
@@ -128,25 +136,37 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
             raise self.error from exc
         return False
 
-    def _keep(self, t, device_type, numel):
-        """True when t stays with autograd as it is."""
-        if (t.layout != _STRIDED or t.is_quantized or device_type not in ("cpu", "cuda")
-                or numel == 0):
+    def _keep(self, t, numel):
+        """True when t stays with autograd as it is (the cheapest questions first: most tensors
+        kept are small, or parameters)."""
+        if numel == 0 or numel * t.element_size() < self.min_bytes:
             return True
-        if _is_parameter(t):
-            return True  # parameters (and views of them) are the model's, not activations
-        return numel * t.element_size() < self.min_bytes
+        if t.layout != _STRIDED or t.is_quantized or not (t.is_cuda or t.is_cpu):
+            return True
+        # Parameters (and views of them) are the model's, not activations. Parameter's
+        # isinstance runs Python code (its metaclass): asked only of leaves and views' bases.
+        if t.is_leaf:
+            return isinstance(t, _Parameter)
+        base = t._base
+        return base is not None and isinstance(base, _Parameter)
 
+    # The hot path: pack and unpack run once per saved tensor between the model's operations, so
+    # their code and data are cold each time (bench/saved_tensors.py); what they do is inlined
+    # and each tensor attribute is asked once.
     def _pack(self, t):
-        device = t.device
-        device_type, numel = device.type, t.numel()
-        if self.error is not None or self._keep(t, device_type, numel):
+        numel = t.numel()
+        if self.error is not None or self._keep(t, numel):
             self.skipped += 1
             return t
         p = _Packed()
-        p.rt, p.h, p.dtype, p.device = self.runtime, None, t.dtype, device
-        size = p.size = t.size()
-        p.stride = t.stride()
+        p.h = None
+        p.bits = self._rt_bits
+        p.rt = self.runtime
+        p.dtype = dtype = t.dtype
+        cuda = t.is_cuda
+        p.device = t.device if cuda else _CPU
+        p.size = size = t.size()
+        p.stride = stride = t.stride()
         if t.is_contiguous():
             p.dense, src, p.span = True, t, numel
             p.flat = len(size) == 1
@@ -156,23 +176,33 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
             src = t if p.dense else self._compact(p, t)
         nbytes = p.nbytes = p.span * t.element_size()
         # A dense CPU tensor views HBM on the emulated device (host memory), a dense CUDA tensor
-        # on the CUDA device; anything else is copied out.
-        cuda = device_type == "cuda"
-        p.viewable = self.views and p.dense and cuda == self._cuda_runtime
+        # on the CUDA device, as DLPack (layout None: a dtype this PyTorch takes no DLPack of);
+        # anything else is copied out.
+        p.viewable = viewable = self.views and p.dense and cuda == self._cuda_runtime
+        if viewable:
+            layout = _views.layouts.get((dtype, size, stride))
+            p.layout = layout if layout is not None else _views.dlpack_layout(dtype, size, stride)
+        else:
+            p.layout = None
         if cuda:
             if not self._cuda_runtime:
                 _stream(src, self.runtime)  # raises: the emulated device cannot read it
-            stream = torch.cuda.current_stream(device).cuda_stream or _CUDA_STREAM_LEGACY
+            stream = torch.cuda.current_stream(p.device).cuda_stream or _CUDA_STREAM_LEGACY
         else:
             stream = None
         # Made, filled (the copy starts after the stream's work so far; the stream does not
-        # wait for it) and asked whether the copy has landed, in one call.
-        name = p.name = self.runtime.next_name("saved")
+        # wait for it) and asked whether the copy has landed, in one call. Its name, "saved.N"
+        # counted from each rt.step(), is rt.next_name's (inlined).
+        names = self.runtime._names
+        counter = names.get("saved")
+        if counter is None:
+            counter = names.setdefault("saved", itertools.count())
+        p.index = next(counter)
         sc = _hot.scratch()
         desc = sc.desc
         desc.bytes, desc.cls, desc.home_tier, desc.name = nbytes, _ACTIVATION, _DRAM, \
-            name.encode()
-        status = _hot.create_copy_in_async(self._rt_bits, sc.desc_addr, src.data_ptr(), stream,
+            b"saved.%d" % p.index
+        status = _hot.create_copy_in_async(p.bits, sc.desc_addr, src.data_ptr(), stream,
                                            sc.out_addr, sc.flag_addr)
         if status != _hot.OK:
             try:
@@ -181,7 +211,11 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
                 self.error = e  # no tensor was left; this one stays with autograd
             return t
         p.h = sc.words[0]
-        self._note_recent(p)
+        # The last packs (weak references), which the backward unpacks first.
+        recent = self._recent
+        recent.append(weakref.ref(p))
+        if len(recent) > self._recent_limit:
+            self._note_older(recent.popleft()())
         if not sc.flag.value:
             # The source stays alive until the copy has read it (the compute stream goes on).
             try:
@@ -230,31 +264,61 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
                 except TiermemError:
                     pass  # acquired already (unpacked): nothing to prefetch
 
-    def _note_recent(self, p):
-        recent = self._recent
-        recent.append(weakref.ref(p))
-        if len(recent) > self._recent_limit:
-            older = recent.popleft()()
-            if self.tier == "nvme" and older is not None and older.h is not None:
-                try:
-                    older.tm.offload("nvme")  # queued: written once its copy has landed
-                except TiermemError:
-                    pass  # busy: already unpacked (acquired), so it is needed in DRAM anyway
+    def _note_older(self, older):
+        """A pack left the last ones (twice the prefetch depth). Tier "nvme": it is written down
+        (the last ones stay in DRAM: their write to NVMe and the read back could not be done
+        before the backward needs them)."""
+        if self.tier == "nvme" and older is not None and older.h is not None:
+            try:
+                older.tm.offload("nvme")  # queued: written once its copy has landed
+            except TiermemError:
+                pass  # busy: already unpacked (acquired), so it is needed in DRAM anyway
 
     def _unpack(self, p):
-        if isinstance(p, torch.Tensor):
-            return p
-        if p.h is None:
+        if type(p) is not _Packed:
+            return p  # kept as it was
+        h = p.h
+        if h is None:
             raise TiermemError(_INVALID_HANDLE, "saved tensor %r was already released" % p.name)
         if self.stash._entries:
             self.stash.drain()
+        layout = p.layout
+        if layout is not None:
+            # A view of the HBM copy (a hit when the schedule prefetched it), handed over as
+            # DLPack: the library releases it when PyTorch frees the tensor.
+            stream = (torch.cuda.current_stream(p.device).cuda_stream or _CUDA_STREAM_LEGACY
+                      if self._cuda_runtime else None)
+            sc = _hot.scratch()
+            status = _hot.acquire_dlpack(self._rt_bits, h, _HBM, _READ, stream, layout[1],
+                                         sc.ptr_addr)
+            if status == _hot.OK:
+                self.unpacked_views += 1
+                return _views.from_dlpack(sc.words[1])
+            self._refused(p, status)  # raises, unless the HBM tier has no room: copied out
+        elif p.viewable:
+            out = self._view(p)
+            if out is not None:
+                self.unpacked_views += 1
+                return out
+        return self._copy_out(p)
+
+    def _refused(self, p, status):
+        """An acquire of p's HBM copy failed with status: a TiermemError (kept as .error), unless
+        the tier has no room for it (the caller copies out instead)."""
+        if status == TM_ERR_OUT_OF_MEMORY:
+            return
         try:
-            if p.viewable:
-                out = self._view(p)
-                if out is not None:
-                    self.unpacked_views += 1
-                    return out
-            self.unpacked_copies += 1
+            if self.runtime.closed:  # (its handle is gone: say so, not that it is invalid)
+                raise TiermemError(_INVALID_HANDLE, "saved tensor %r: the runtime was closed "
+                                   "before the backward that needs it" % p.name)
+            _hot.check(status, "tm_tensor_acquire")
+        except TiermemError as e:
+            self.error = e
+            raise
+
+    def _copy_out(self, p):
+        self.unpacked_copies += 1
+        try:
             tm = p.tm
             if p.dense:
                 buf = torch.empty(p.span, dtype=p.dtype, device=p.device)
@@ -269,20 +333,16 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         return out.copy_(compact).expand(p.size)
 
     def _view(self, p):
-        """A tensor viewing p's HBM copy (a hit when the schedule prefetched it), or None when
-        the HBM tier has no room for it."""
+        """A tensor viewing p's HBM copy, made without DLPack (a dtype this PyTorch exports no
+        DLPack of), or None when the HBM tier has no room for it."""
         device = p.device  # viewable: on the runtime's device (CUDA, or the emulated host)
         stream = (torch.cuda.current_stream(device).cuda_stream or _CUDA_STREAM_LEGACY
                   if self._cuda_runtime else None)
         sc = _hot.scratch()
         status = _hot.acquire(self._rt_bits, p.h, _HBM, _READ, stream, sc.ptr_addr)
         if status != _hot.OK:
-            if status == TM_ERR_OUT_OF_MEMORY:
-                return None
-            if self.runtime.closed:  # (its handle is gone: say so, not that it is invalid)
-                raise TiermemError(_INVALID_HANDLE, "saved tensor %r: the runtime was closed "
-                                   "before the backward that needs it" % p.name)
-            _hot.check(status, "tm_tensor_acquire")
+            self._refused(p, status)
+            return None
         ptr = sc.words[1]
         try:
             flat = _views.view_acquired(p, ptr, p.nbytes, p.dtype, device, stream)
