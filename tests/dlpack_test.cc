@@ -209,9 +209,9 @@ TEST_F(Dlpack, BadLayoutsAreRefusedAndAcquireNothing) {
   void* m = nullptr;
   EXPECT_EQ(tm_tensor_acquire_dlpack(rt_, t_, TM_TIER_HBM, TM_ACCESS_READ, nullptr, nullptr, &m),
             TM_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(tm_tensor_acquire_dlpack(rt_, t_, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &layout,
-                                     nullptr),
-            TM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(
+      tm_tensor_acquire_dlpack(rt_, t_, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &layout, nullptr),
+      TM_ERR_INVALID_ARGUMENT);
   layout.struct_size = 8;
   EXPECT_EQ(tm_tensor_acquire_dlpack(rt_, t_, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &layout, &m),
             TM_ERR_INVALID_ARGUMENT);

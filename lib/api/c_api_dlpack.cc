@@ -71,8 +71,7 @@ void DeleteExport(DLManagedTensor* managed) {
 
 // The export of `layout` over a tensor of `bytes` bytes, its shape and strides copied; an error
 // naming what DLPack cannot describe or what reaches past the tensor.
-absl::StatusOr<std::unique_ptr<Export>> MakeExport(const tm_dlpack_layout& layout,
-                                                    uint64_t bytes) {
+absl::StatusOr<std::unique_ptr<Export>> MakeExport(const tm_dlpack_layout& layout, uint64_t bytes) {
   const int32_t ndim = layout.ndim;
   if (ndim < 0 || ndim > kMaxDims) {
     return Error(TM_ERR_INVALID_ARGUMENT,
@@ -118,13 +117,13 @@ absl::StatusOr<std::unique_ptr<Export>> MakeExport(const tm_dlpack_layout& layou
   const unsigned __int128 reach =
       layout.byte_offset + (empty ? 0 : (last + 1) * static_cast<unsigned __int128>(element));
   if (reach > bytes) {
-    return Error(TM_ERR_INVALID_ARGUMENT,
-                 absl::StrFormat("tm_dlpack_layout reaches byte %llu of a tensor of %llu bytes",
-                                 static_cast<unsigned long long>(
-                                     reach > std::numeric_limits<uint64_t>::max()
-                                         ? std::numeric_limits<uint64_t>::max()
-                                         : static_cast<uint64_t>(reach)),
-                                 static_cast<unsigned long long>(bytes)));
+    return Error(
+        TM_ERR_INVALID_ARGUMENT,
+        absl::StrFormat("tm_dlpack_layout reaches byte %llu of a tensor of %llu bytes",
+                        static_cast<unsigned long long>(reach > std::numeric_limits<uint64_t>::max()
+                                                            ? std::numeric_limits<uint64_t>::max()
+                                                            : static_cast<uint64_t>(reach)),
+                        static_cast<unsigned long long>(bytes)));
   }
   DLTensor& t = e->managed.dl_tensor;
   t.ndim = ndim;

@@ -26,8 +26,9 @@ absl::Status Runtime::ReleaseExport(uint64_t handle, tm_tier tier, void* stream)
   if (!fence.ok()) {
     // The stream's work may still use the memory and cannot be waited for: the pin stays (the
     // memory goes with the runtime) rather than hand the memory on under it.
-    io::Log(io::LogSeverity::kWarn, "tensor \"%s\": a DLPack export's deleter keeps its %s copy pinned: %s",
-        t->name.c_str(), tm_tier_name(tier), std::string(fence.status().message()).c_str());
+    io::Log(io::LogSeverity::kWarn,
+            "tensor \"%s\": a DLPack export's deleter keeps its %s copy pinned: %s",
+            t->name.c_str(), tm_tier_name(tier), std::string(fence.status().message()).c_str());
     return fence.status();
   }
   --t->copy(tier).exports;

@@ -8,7 +8,7 @@ import weakref
 
 import torch
 
-from ... import TiermemError, _capi, _hot
+from ... import TiermemError, _capi, _dlpack, _hot
 
 class _DeviceBytes:
     """nbytes of device memory at ptr, as __cuda_array_interface__ describes it (uint8, 1-D; no
@@ -80,20 +80,7 @@ def view_acquired(owner, ptr, nbytes, dtype, device, stream):
 
 # DLPack: tm_tensor_acquire_dlpack hands the acquired copy over as a DLManagedTensor whose deleter
 # (in the library) releases it when PyTorch frees the tensor: no Python runs at the release, and
-# the tensor comes with its shape and strides. The capsule is made with the C API's own
-# PyCapsule_New (a function object of our own: argtypes set here touch no one else's).
-_capsule_new = ctypes.pythonapi["PyCapsule_New"]
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_capsule_is_valid = ctypes.pythonapi["PyCapsule_IsValid"]
-_capsule_is_valid.restype = ctypes.c_int
-_capsule_is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_capsule_pointer = ctypes.pythonapi["PyCapsule_GetPointer"]
-_capsule_pointer.restype = ctypes.c_void_p
-_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_DLTENSOR = b"dltensor"  # lives as long as the module: a capsule keeps a pointer to its name
-_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_DELETER_OFFSET = 56  # DLManagedTensor: DLTensor (48 bytes), manager_ctx, deleter
+# the tensor comes with its shape and strides (tiermem/_dlpack.py makes the capsule).
 _from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
 _dl_dtypes = {}
 layouts = {}  # (dtype, size, stride) -> dlpack_layout's pair; read by the hot path
@@ -109,7 +96,7 @@ def _dl_dtype(dtype):
         pass
     try:
         capsule = torch.utils.dlpack.to_dlpack(torch.empty(1, dtype=dtype))
-        raw = (ctypes.c_uint8 * 4).from_address(_capsule_pointer(capsule, _DLTENSOR) + 20)
+        raw = (ctypes.c_uint8 * 4).from_address(_dlpack.pointer(capsule) + 20)
         got = (raw[0], raw[1], raw[2] | raw[3] << 8)
     except Exception:  # noqa: BLE001 - a dtype DLPack (or this PyTorch) cannot carry
         got = None
@@ -146,10 +133,10 @@ def dlpack_layout(dtype, size, stride):
 def from_dlpack(managed):
     """The tensor of a DLManagedTensor at address managed (tm_tensor_acquire_dlpack's); when
     PyTorch does not take it, its deleter runs (releasing the acquire) before the error goes on."""
-    capsule = _capsule_new(managed, _DLTENSOR, None)
+    capsule = _dlpack.capsule(managed, owned=False)  # no destructor: taken at once, or deleted
     try:
         return _from_dlpack(capsule)
     except BaseException:
-        if _capsule_is_valid(capsule, _DLTENSOR):  # not consumed ("used_dltensor" once it is)
-            _DELETER(ctypes.c_void_p.from_address(managed + _DELETER_OFFSET).value)(managed)
+        if _dlpack.untaken(capsule):
+            _dlpack.delete(managed)
         raise
