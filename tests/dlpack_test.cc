@@ -181,6 +181,7 @@ TEST_F(Dlpack, BadLayoutsAreRefusedAndAcquireNothing) {
     uint8_t bits;
     uint64_t byte_offset;
     const char* says;
+    uint8_t code = 2;
   } cases[] = {
       {"past the end", 2, too_big, nullptr, 32, 0, "reaches byte"},
       {"offset past the end", 2, shape_, nullptr, 32, 4, "reaches byte"},
@@ -189,6 +190,7 @@ TEST_F(Dlpack, BadLayoutsAreRefusedAndAcquireNothing) {
       {"bits not whole bytes", 2, shape_, nullptr, 12, 0, "multiple of 8"},
       {"too many dimensions", 65, shape_, nullptr, 32, 0, "ndim"},
       {"no shape", 2, nullptr, nullptr, 32, 0, "shape"},
+      {"a type code DLPack has not", 2, shape_, nullptr, 32, 0, "DLDataTypeCode", 18},
   };
   for (const Case& c : cases) {
     tm_dlpack_layout layout = TM_DLPACK_LAYOUT_INIT;
@@ -197,6 +199,7 @@ TEST_F(Dlpack, BadLayoutsAreRefusedAndAcquireNothing) {
     layout.strides = c.strides;
     layout.dtype_bits = c.bits;
     layout.byte_offset = c.byte_offset;
+    layout.dtype_code = c.code;
     void* m = &layout;  // not NULL: the call must clear it
     EXPECT_EQ(tm_tensor_acquire_dlpack(rt_, t_, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &layout, &m),
               TM_ERR_INVALID_ARGUMENT)

@@ -485,7 +485,7 @@ TM_API tm_status tm_tensor_release_on_stream(tm_runtime runtime, tm_tensor tenso
  * TM_DLPACK_LAYOUT_INIT. */
 typedef struct tm_dlpack_layout {
   size_t struct_size;     /**< sizeof(tm_dlpack_layout), set by TM_DLPACK_LAYOUT_INIT */
-  uint8_t dtype_code;     /**< DLPack's DLDataTypeCode: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool */
+  uint8_t dtype_code;     /**< DLPack's DLDataTypeCode, 0 to 17: 0 int, 1 uint, 2 float, ... */
   uint8_t dtype_bits;     /**< bits of one lane, a multiple of 8 */
   uint16_t dtype_lanes;   /**< 1 for scalars */
   int32_t ndim;           /**< 0 to 64 dimensions */

@@ -44,6 +44,9 @@ static_assert(sizeof(DLManagedTensor) == 64 && offsetof(DLManagedTensor, deleter
 constexpr int32_t kDLCPU = 1;
 constexpr int32_t kDLCUDA = 2;
 constexpr int32_t kMaxDims = 64;
+// DLPack 1.1's last DLDataTypeCode (kDLFloat4_e2m1fn; 0 kDLInt ... 6 kDLBool, 7-17 the float8,
+// float6 and float4 kinds).
+constexpr unsigned kLastTypeCode = 17;
 
 // One export: the struct the consumer holds, and what its deleter releases.
 struct Export {
@@ -79,6 +82,12 @@ absl::StatusOr<std::unique_ptr<Export>> MakeExport(const tm_dlpack_layout& layou
   }
   if (ndim > 0 && layout.shape == nullptr) {
     return Error(TM_ERR_INVALID_ARGUMENT, "tm_dlpack_layout.shape is NULL with ndim > 0");
+  }
+  if (layout.dtype_code > kLastTypeCode) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("tm_dlpack_layout.dtype_code %u is not one of DLPack's "
+                                 "DLDataTypeCode values (0 to %u)",
+                                 layout.dtype_code, kLastTypeCode));
   }
   if (layout.dtype_bits == 0 || layout.dtype_bits % 8 != 0 || layout.dtype_lanes == 0) {
     return Error(TM_ERR_INVALID_ARGUMENT,

@@ -89,6 +89,32 @@ def test_layouts_keep_values_and_strides(make_runtime, layout, tier):
     assert rt.stats()["tensors"] == 0
 
 
+@pytest.mark.parametrize("views", [True, False])
+def test_conjugate_and_negated_views_keep_their_values(make_runtime, views):
+    # A conjugate view (a.conj()) and a negated one (a.conj().imag) hold their values as a flag
+    # over a's bytes: what comes back holds the same values, and the gradients are plain torch's.
+    rt = make_runtime(dram_bytes="8MiB")
+    a = random_tensor((32, 32), torch.complex64)
+    for t in (a.conj(), a.conj().imag, a.conj().t()):
+        x = torch.ones(3, requires_grad=True)
+        seen = []
+        with tt.offload_saved_tensors(rt, "dram", min_bytes=0, views=views):
+            y = Save.apply(x, t, seen)
+        y.sum().backward()
+        assert torch.equal(seen[0], t)
+    a = a.clone().requires_grad_()
+    b = random_tensor((32, 32), torch.complex64).requires_grad_()
+    for f in (lambda: (a.conj() * b).real.sum(), lambda: (a.conj().imag * b.real).sum()):
+        f().backward()
+        plain = b.grad.clone()
+        b.grad = None
+        with tt.offload_saved_tensors(rt, "dram", min_bytes=0, views=views):
+            loss = f()
+        loss.backward()
+        assert torch.equal(b.grad, plain)
+        a.grad = b.grad = None
+
+
 def test_retain_graph_unpacks_twice(make_runtime):
     rt = make_runtime()
     t = random_tensor((64, 64), torch.float32)

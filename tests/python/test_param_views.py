@@ -281,3 +281,28 @@ def test_saved_tensor_offload_around_viewed_parameters(make_runtime, monkeypatch
     assert same(model, ref)
     gc.collect()
     assert rt.stats()["tensors"] == 0
+
+
+class _ConjWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(32, 32, dtype=torch.complex64))
+
+    def forward(self, x):  # mul saves w.conj(), a conjugate view, and w.conj().imag, a negated one
+        return (x * self.w.conj()).real.sum() + (x.real * self.w.conj().imag).sum()
+
+
+def test_conjugate_views_of_a_parameter_keep_their_values(make_runtime):
+    # A saved view of a parameter is kept by its place, unless it is a conjugate or negated view
+    # (its flag is not in its place): the gradients are plain torch's.
+    torch.manual_seed(0)
+    model = _ConjWeight()
+    x = torch.randn(32, 32, dtype=torch.complex64, requires_grad=True)
+    model(x).backward()
+    plain, x.grad = x.grad.clone(), None
+    rt = make_runtime(hbm_bytes="8MiB", dram_bytes="8MiB")
+    params = tt.offload_parameters(model, rt)
+    with rt.step():
+        model(x).backward()
+    assert torch.equal(x.grad, plain)
+    params.remove()

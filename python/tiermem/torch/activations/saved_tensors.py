@@ -36,7 +36,8 @@ class _Packed:
     object)."""
 
     __slots__ = ("rt", "bits", "h", "index", "nbytes", "dtype", "device", "size", "stride",
-                 "span", "dense", "flat", "compact_size", "viewable", "layout", "__weakref__")
+                 "span", "dense", "flat", "compact_size", "viewable", "layout", "conj",
+                 "__weakref__")
 
     def __del__(self):
         h = getattr(self, "h", None)  # None: never filled, or destroyed
@@ -158,8 +159,13 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         if self.error is not None or self._keep(t, numel):
             self.skipped += 1
             return t
+        # A conjugate or negated view holds its values as a flag over other bytes: the bytes go,
+        # the conjugation comes back at unpack, a negation is resolved here (a copy; rare).
+        if t.is_neg():
+            t = t.resolve_neg()
         p = _Packed()
         p.h = None
+        p.conj = t.is_conj()
         p.bits = self._rt_bits
         p.rt = self.runtime
         p.dtype = dtype = t.dtype
@@ -293,14 +299,16 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
                                          sc.ptr_addr)
             if status == _hot.OK:
                 self.unpacked_views += 1
-                return _views.from_dlpack(sc.words[1])
+                out = _views.from_dlpack(sc.words[1])
+                return out.conj() if p.conj else out
             self._refused(p, status)  # raises, unless the HBM tier has no room: copied out
         elif p.viewable:
             out = self._view(p)
             if out is not None:
                 self.unpacked_views += 1
-                return out
-        return self._copy_out(p)
+                return out.conj() if p.conj else out
+        out = self._copy_out(p)
+        return out.conj() if p.conj else out
 
     def _refused(self, p, status):
         """An acquire of p's HBM copy failed with status: a TiermemError (kept as .error), unless

@@ -279,7 +279,9 @@ class SavedAliases(torch.autograd.graph.saved_tensors_hooks):
         resident = self.resident
         if resident:
             record = resident.get(_storage_ptr(t))
-            if record is not None and t.dtype == record.tensor.dtype:
+            # (Not a conjugate or negated view: its place alone would lose the flag.)
+            if record is not None and t.dtype == record.tensor.dtype and not (
+                    t.is_conj() or t.is_neg()):
                 return _Alias(record, t)
         if self.outer is not None:
             return _Outer(self.outer[1], self.outer[0](t))
