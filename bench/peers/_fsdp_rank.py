@@ -134,7 +134,8 @@ class Rank:
         opt = FSDPCPUAdam(model, runtime=rt, state_tier=tier, threads=self.spec["threads"],
                           shard_tier="nvme" if mode == "tiermem_shards" else None,
                           grad_tier="nvme" if mode == "tiermem_shards" else None,
-                          overlap=False if mode == "tiermem_nvme_at_step" else None, **HYPER)
+                          overlap=False if mode == "tiermem_nvme_at_step" else None,
+                          max_grad_norm=self.spec.get("clip"), **HYPER)
         info = rt.info()
         return opt, rt, dict(
             impl="tiermem FSDPCPUAdam, kernel %s, state %s, %s" % (
@@ -188,6 +189,9 @@ class Rank:
         loss.backward()
         self.sync()
         t1 = time.perf_counter()
+        clip = self.spec.get("clip")
+        if clip is not None and isinstance(opt, torch.optim.AdamW):  # FSDPCPUAdam's own
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         self.sync()

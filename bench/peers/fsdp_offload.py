@@ -31,9 +31,13 @@ root), --nproc ranks (default 2 on the CPU with gloo, 1 on CUDA with NCCL, one G
   tiermem_nvme        as tiermem with state_tier="nvme": the runtime's DRAM budget is
                       --nvme-dram-fraction of the rank's state (both printed, `info nvme_state`),
                       so every step streams the state from NVMe (--nvme-dir) and writes it back.
-                      No clipping here, so FSDPCPUAdam's overlap (its default) prepares the step
-                      behind backward: each parameter's state read, stepped into its new version
-                      and written down as FSDP2 sets its gradient; step() agrees and commits.
+                      FSDPCPUAdam's overlap (its default) prepares the step behind backward:
+                      each parameter's state read, stepped into its new version and written
+                      down as FSDP2 sets its gradient; step() agrees and commits. With --clip
+                      (max_grad_norm; the AdamW modes call clip_grad_norm_ before their step)
+                      it is prepared unclipped and committed in the steps that do not clip; a
+                      step that clips is taken whole at step(), and the next backward reads
+                      ahead instead.
   tiermem_nvme_at_step  the same with overlap=False: the state read ahead behind backward (half
                       the DRAM tier), the step taken at step().
   tiermem_shards      as tiermem_nvme, and FSDPCPUAdam(shard_tier="nvme", grad_tier="nvme"):
@@ -165,6 +169,9 @@ def parse_args(argv=None):
                     help="fail when a mode's loss differs from no_offload's by more (relative; "
                          "default 1e-4 in fp32, 3e-3 with --bf16, where a last-bit difference "
                          "of a weight can flip its bf16 rounding)")
+    ap.add_argument("--clip", type=float, default=None,
+                    help="max_grad_norm: clip_grad_norm_ before AdamW's step, FSDPCPUAdam's "
+                         "max_grad_norm (default: no clipping)")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per process group")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # a JSON spec: this process is a rank
     return ap.parse_args(argv)
@@ -187,7 +194,7 @@ def run_group(args, phase, modes, model, tmp):
     spec = dict(phase=phase, modes=modes, device=args.device, model=model, warmup=args.warmup,
                 steps=args.steps, rounds=args.rounds, mem_steps=args.mem_steps,
                 threads=args.threads, nvme_dir=nvme_dir, out=out,
-                nvme_dram_fraction=args.nvme_dram_fraction)
+                nvme_dram_fraction=args.nvme_dram_fraction, clip=args.clip)
     port = free_port()
     procs = []
     try:

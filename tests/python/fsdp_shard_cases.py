@@ -269,7 +269,7 @@ class ShardCases:
             adam.begin_parts = begin
 
         def run(overlap, grad_tier="nvme", micro=1, halve=False, lr=False, fail=False, steps=4,
-                read=False):
+                read=False, clip=None, scales=None):
             out = {}
             with self.runtime(dram_bytes=1 << 20, nvme_paths=self.nvme_dir,
                               nvme_bytes="32MiB") as rt, \
@@ -278,7 +278,7 @@ class ShardCases:
                 model = w.build()
                 opt = FSDPCPUAdam(model, runtime=rt, threads=1, state_tier="nvme",
                                   shard_tier="nvme", grad_tier=grad_tier, overlap=overlap,
-                                  **w.HYPER)
+                                  max_grad_norm=clip, **w.HYPER)
                 behind = opt._adam._behind
                 losses, early = [], []
                 for i in range(steps):
@@ -286,7 +286,7 @@ class ShardCases:
                         fail_once(opt._adam)
                     for k in range(micro):
                         loss = w.loss_of(model, *w.batch(micro * i + k))
-                        loss.backward()
+                        (loss if scales is None else loss * scales[i]).backward()
                     behind._idle()
                     early.append(len(behind.units))  # the units prepared behind backward
                     if halve:  # as clip_grad_norm_ would
@@ -335,6 +335,7 @@ class ShardCases:
         for name, kw in (("plain", {}), ("micro", dict(micro=2)), ("lr", dict(lr=True)),
                          ("halve", dict(halve=True, grad_tier=None)),
                          ("no_grad_tier", dict(grad_tier=None)), ("fault", dict(fail=True)),
+                         ("clip", dict(clip=1.0, steps=5, scales=w.CLIP_SCALES)),
                          ("reads", dict(read=True))):
             want = run(False, **{k: v for k, v in kw.items() if k not in ("fail", "read")})
             got = run(None, **kw)

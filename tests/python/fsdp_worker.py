@@ -36,6 +36,9 @@ torch.set_num_threads(1)  # two ranks on a shared 2-core machine
 HYPER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 STEPS, BATCH, SEQ, VOCAB = 20, 4, 16, 128
 CLIP = 0.05
+# Loss scales that put the gradients' norm far below max_grad_norm=1 (not clipped) or far above
+# it (clipped): step by step, not clipped, clipped, clipped, not, not.
+CLIP_SCALES = (1e-2, 1e4, 1e4, 1e-2, 1e-2)
 
 
 class Net(nn.Module):
@@ -516,18 +519,20 @@ class Cases(ShardCases, GuardCases):
             return self.runtime(dram_bytes=1 << 20, nvme_paths=self.nvme_dir,
                                 nvme_bytes="32MiB", checksum="xxh3")
 
-        def run(overlap, micro=1, halve=False, lr=False, swap=False, steps=3):
+        def run(overlap, micro=1, halve=False, lr=False, swap=False, steps=3, clip=None,
+                scales=None):
             with runtime() as rt, warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 model = build()
                 opt = FSDPCPUAdam(model, runtime=rt, state_tier="nvme", threads=1,
-                                  overlap=overlap, **HYPER)
+                                  overlap=overlap, max_grad_norm=clip, **HYPER)
                 losses, moved = [], []
                 for i in range(steps):
                     for k in range(micro):
                         loss = loss_of(model, *batch(micro * i + k))
                         before = rt.stats()["bytes_moved"]["dram"]["nvme"]
-                        loss.backward()
+                        # scales: the gradients' norm far above max_grad_norm or far below
+                        (loss if scales is None else loss * scales[i]).backward()
                         # What the worker wrote before step() (it may still be at it when
                         # backward returns: waited for here, so the count does not race it).
                         opt._adam._behind._idle()
@@ -552,7 +557,8 @@ class Cases(ShardCases, GuardCases):
 
         out = dict(rank=dist.get_rank())
         for name, kw in (("plain", {}), ("micro", dict(micro=2)), ("halve", dict(halve=True)),
-                         ("lr", dict(lr=True)), ("swap", dict(swap=True))):
+                         ("lr", dict(lr=True)), ("swap", dict(swap=True)),
+                         ("clip", dict(clip=1.0, steps=5, scales=CLIP_SCALES))):
             want = run(False, **kw)
             got = run(None, **kw)
             out[name] = dict(same=compare(got[0], got[1], want[0], want[1])["bit_identical"],

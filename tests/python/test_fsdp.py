@@ -161,8 +161,9 @@ def check_fault(got, case):
 
 
 def test_the_step_prepared_behind_backward(single_node):
-    """overlap (auto with the state on NVMe and no clipping): the step prepared while backward
-    runs, bit-identical to overlap=False; a learning rate changed between steps is followed;
+    """overlap (auto with the state on NVMe): the step prepared while backward runs,
+    bit-identical to overlap=False, with clipping too (prepared unclipped, taken whole where a
+    step clips); a learning rate changed between steps is followed;
     accumulation and a change of the gradients (a foreach mul, as clip_grad_norm_ makes; two
     elements swapped through to_local(), which keeps the sum) fall back to the whole step at
     step(), with a warning; a fault on one rank's NVMe before
@@ -182,6 +183,16 @@ def test_the_step_prepared_behind_backward(single_node):
         assert any("gradient changed" in w for w in r["halve"]["warnings"]), r["halve"]
         # Two elements swapped through to_local(): the sum kept, the version counter not.
         assert any("gradient changed" in w for w in r["swap"]["warnings"]), r["swap"]
+        # With clipping the parts are prepared unclipped and committed only where the step
+        # does not clip. Steps not clipped, clipped, clipped, not, not: the first makes the
+        # state; the second's parts are dropped when it clips, so the third and fourth (after a
+        # step that clipped) read ahead instead; the fourth does not clip, so the fifth is
+        # prepared again.
+        clip = r["clip"]
+        assert clip["same"], "rank %d: clipping differs from overlap=False" % rank
+        assert [m > 0 for m in clip["written_before_step"]] == [False, True, False, False,
+                                                                 True], clip
+        assert clip["early_after"] and not clip["warnings"], clip
         e = r["fault_error"]
         assert e is not None and e[0] == "TM_ERR_CORRUPT", e
         assert "rank 1 failed its step" in e[1], e
@@ -190,9 +201,9 @@ def test_the_step_prepared_behind_backward(single_node):
 
 
 def test_the_step_prepared_behind_backward_with_shards_on_nvme(single_node):
-    """shard_tier and grad_tier with the state on NVMe, no clipping: each unit's part of the
-    step prepared as FSDP2 sets its gradients (none read back from NVMe), bit-identical to
-    overlap=False; accumulation, and gradients changed in place, fall back with a warning; a
+    """shard_tier and grad_tier with the state on NVMe: each unit's part of the step prepared
+    as FSDP2 sets its gradients (none read back from NVMe), bit-identical to overlap=False, with
+    clipping too; accumulation, and gradients changed in place, fall back with a warning; a
     failure of one rank's part behind backward: every rank raises it, no shard changes, and
     step() again goes on bit-identically."""
     for rank, r in results(single_node, "shards_overlap").items():
@@ -205,6 +216,10 @@ def test_the_step_prepared_behind_backward_with_shards_on_nvme(single_node):
             # unit's part prepared behind backward.
             assert r[name]["early"][1:] == [3] * 3, (rank, name, r[name]["early"])
             assert r[name]["early_after"], (rank, name)
+        # With clipping: prepared unclipped, dropped where the step clips (steps not clipped,
+        # clipped, clipped, not, not), the backward after a step that clipped not prepared.
+        assert r["clip"]["early"] == [0, 3, 0, 0, 3], (rank, r["clip"]["early"])
+        assert r["clip"]["early_after"] and not r["clip"]["warnings"], r["clip"]
         # And again after the failed step (rank 1's worker stopped at its failure).
         assert r["fault"]["early"][3] == 3 and r["fault"]["early_after"], r["fault"]
         assert r["plain"]["grad_bytes_in"] == 0, r["plain"]  # read by the step in backward

@@ -11,9 +11,9 @@ and then runs the parameter's post-accumulate-grad hooks. From there:
   step takes the parameters in that same order, so that what was read behind backward is
   stepped first. A read the runtime cannot start (no room, the tensor busy) is a hint dropped:
   the step reads it itself.
-- step early (overlap): without clipping, the step itself is prepared part by part behind
-  backward: a worker thread adds the parameters whose gradients came to a step prepared part
-  by part (CPUAdam.begin_parts: each one's state read, stepped into its new version and
+- step early (overlap): the step itself is prepared part by part behind backward: a worker
+  thread adds the parameters whose gradients came to a step prepared part by part
+  (CPUAdam.begin_parts: each one's state read, stepped into its new version and
   written down, nothing changed yet; the C call releases the GIL), and step() only agrees across
   the ranks and commits. With shard_tier (by_unit) the worker takes a unit at a time, once
   FSDP2 has set all its gradients (_shards' hook hands it over): its shard storages made, not
@@ -28,7 +28,12 @@ and then runs the parameter's post-accumulate-grad hooks. From there:
   sum is not seen), a hyperparameter changed (a learning rate set before
   step()), a state_dict() or load_state_dict() or zero_grad() in between. After such a fallback
   the optimizer steps at step() from then on, and says why once (a warning). A failure in a part
-  is that rank's failure of the step: step() raises it on every rank."""
+  is that rank's failure of the step: step() raises it on every rank.
+- with clipping (max_grad_norm) the parts are prepared as if the coefficient were 1; step()
+  computes it (one all_reduce: every rank the same) and commits them when it is 1, exactly what
+  clipping would have done, or drops them and takes the step whole with it. The backward after
+  a step that clipped reads ahead instead of preparing (norms move slowly from step to step),
+  until a step does not clip."""
 
 import threading
 import warnings
@@ -53,6 +58,10 @@ class _BehindBackward:
         # gradients coming in and going down), left out of the read-ahead's share.
         self.reserve = 0
         self.step_early = step_early
+        # With clipping the parts are prepared as if the coefficient were 1 (the gradients
+        # unscaled), which step() checks: the last step's coefficient below 1 (clipped) makes
+        # this backward read ahead instead, as overlap=False does.
+        self.clipped = False
         self.sync_hyper = sync_hyper  # the user's hyperparameters (a scheduler's) into adam's
         self.order = {}  # alias -> None, in the order the gradients were set (a dict: ordered)
         self.started = 0  # state bytes started up this step
@@ -93,6 +102,11 @@ class _BehindBackward:
         offload.grads_ready = self._unit_ready
         offload.wait_unit = self._wait_unit
 
+    @property
+    def preparing(self):
+        """Whether this backward prepares the step (else its state is read ahead)."""
+        return self.step_early and not self.clipped
+
     def _stop_early(self):
         self.step_early = False
         if self.offload is not None:
@@ -113,7 +127,7 @@ class _BehindBackward:
             self.again = True
             return
         self.order[a] = None
-        if not self.step_early:  # (stepping early reads it right away)
+        if not self.preparing:  # (stepping early reads it right away)
             self._read_ahead(a)
         elif self.offload is None and p.grad is not None and self.adam._store.get(a) is not None:
             # (A state is made at step(), on this thread: made on the worker, its transient
@@ -200,7 +214,8 @@ class _BehindBackward:
         """On the worker: u's part of the step, then its gradients down (also when the part
         is not prepared here: step() prepares it, or falls back to the whole step)."""
         try:
-            if (not self.again and self.failure is None and not u.resident and take and
+            if (self.preparing and not self.again and self.failure is None and
+                    not u.resident and take and
                     all(self.adam._store.get(a) is not None for a, _, _ in take)):
                 self._prepare(take, u)
         except Exception as e:  # noqa: BLE001: the step's failure, raised by step()
@@ -255,11 +270,20 @@ class _BehindBackward:
         self.order, self.started, self.full = {}, 0, False
         return order
 
-    def finish(self, grads):
+    def finish(self, grads, scale=None):
         """The step prepared behind backward, taken: grads {alias: local gradient} of this
-        step. Returns False where it falls back (the parts aborted: step the usual way), True
-        once taken; raises as CPUAdam's step raises (on every rank)."""
+        step, scale the clipping coefficient (None: no clipping). Returns False where it falls
+        back (the parts aborted: step the usual way), True once taken; raises as CPUAdam's step
+        raises (on every rank)."""
         self._idle()
+        if scale is not None:
+            # The parts assumed 1 (no clipping): below it they are dropped and the step is
+            # taken whole with the coefficient, and the next backward reads ahead instead.
+            # Every rank has the same coefficient, so every rank decides alike.
+            self.clipped = scale != 1.0
+            if self.clipped:
+                self.discard()
+                return False
         if self.parts is None and self.failure is None:
             return False
         adam = self.adam

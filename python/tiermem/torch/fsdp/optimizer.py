@@ -24,8 +24,9 @@ returns torch.optim.AdamW's layout with each state tensor a DTensor sharded as i
 torch.distributed.checkpoint's get/set_optimizer_state_dict treat it as they treat AdamW's, and
 checkpoints move between the two. Nothing of the model is changed (no wrapper). With the state
 on NVMe, post-accumulate-grad hooks on the parameters start each one's state up into DRAM as
-backward sets its gradient, and the step takes them in that order; without clipping the step
-itself is prepared there, part by part, and step() commits it (_prefetch.py). With
+backward sets its gradient, and the step takes them in that order; the step itself is prepared
+there, part by part, and step() commits it (_prefetch.py; with clipping, as if the coefficient
+were 1, which step() checks: a clipped step is taken whole instead). With
 shard_tier / grad_tier the parameter and gradient shards live in tiermem too (_shards.py:
 hooks on the model). close() removes the hooks and brings every shard back; the runtime's
 close() does too, with the state, if it comes first.
@@ -81,8 +82,12 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     With state_tier="nvme" the state's I/O runs behind backward (module _prefetch):
     overlap (None: where it can be; True: insist; False: off) prepares the step itself there,
     part by part as FSDP2 sets the gradients (with shard_tier unit by unit, the new shards
-    written down beside the old), for step() to agree on and commit; it needs no
-    max_grad_norm and a CPU mesh. A gradient set twice (accumulation), changed
+    written down beside the old), for step() to agree on and commit; it needs a CPU
+    mesh. With max_grad_norm the parts are prepared unclipped, and step() commits them when the
+    coefficient is 1 (the norm within max_grad_norm: clipping changes nothing); a step that
+    clips drops them and is taken whole with its coefficient, and the backward after it reads
+    ahead instead of preparing (until a step does not clip). A gradient set twice
+    (accumulation), changed
     (clip_grad_norm_) or a hyperparameter changed between backward and step() makes step() take
     the step whole, and turns overlap off with a warning. Without overlap each parameter's state
     is read ahead into DRAM as its gradient comes, within half the DRAM tier.
@@ -169,14 +174,12 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         if overlap not in (None, True, False):
             raise TypeError("FSDPCPUAdam: overlap=%r; want None (auto), True or False" %
                             (overlap,))
-        early = state_tier == "nvme" and max_grad_norm is None and device.type == "cpu"
+        early = state_tier == "nvme" and device.type == "cpu"
         if overlap and not early:
             raise ValueError(
                 "FSDPCPUAdam: overlap=True steps behind backward, which needs state_tier="
-                "\"nvme\", no max_grad_norm (the coefficient needs every gradient) and a CPU "
-                "mesh (on CUDA the gradient's copy down is not ordered yet); this has "
-                "state_tier=%r, max_grad_norm=%r, a %s mesh" %
-                (state_tier, max_grad_norm, device.type))
+                "\"nvme\" and a CPU mesh (on CUDA the gradient's copy down is not ordered "
+                "yet); this has state_tier=%r, a %s mesh" % (state_tier, device.type))
         if state_tier == "nvme":  # read behind backward (hooks on the parameters)
             self._adam._behind = _BehindBackward(
                 self._adam, self._shards, self.runtime.stats()["tiers"]["dram"]["capacity"],
@@ -284,17 +287,26 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         self._sync()
         for p, a in self._shards.items():
             a.grad = None if p.grad is None else local(p.grad)
+        adam = self._adam
         try:
-            behind = self._adam._behind
+            behind = adam._behind
+            scale = None
+            if behind is not None and behind.step_early and adam.max_grad_norm is not None:
+                # The step prepared behind backward assumed no clipping: the coefficient, every
+                # rank's same (one all_reduce), says whether it holds (the fallback reuses it).
+                behind._idle()
+                scale = adam._coefficient(self._squares())
             taken = behind is not None and behind.finish(
-                {a: a.grad for a in self._shards.values() if a.grad is not None})
+                {a: a.grad for a in self._shards.values() if a.grad is not None}, scale)
+            adam._scale = scale
             if taken:
                 pass
             elif self._offload is None or not self._offload.offloaded:
-                self._adam.step()
+                adam.step()
             else:
                 self._step_by_unit()
         finally:
+            adam._scale = None
             for a in self._shards.values():
                 a.grad = None
             self._mirror_state()
@@ -316,16 +328,12 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         grads = {a: a.grad for a in self._shards.values()}
         adam = self._adam
         offload = self._offload
-        if adam.max_grad_norm is None:
+        if adam._scale is not None:  # the coefficient step() took already
+            scale = adam._scale
+        elif adam.max_grad_norm is None:
             scale = 1.0
-        else:  # a gradient in tiermem gives the squared norm taken before it went down
-            squares = []
-            for p, a in self._shards.items():
-                if a.grad is not None:
-                    u = offload.unit_of.get(p)
-                    held = u is not None and u.grads and p in u.grad_sq
-                    squares.append(u.grad_sq[p] if held else _square_norm(a.grad))
-            scale = adam._coefficient(squares)
+        else:
+            scale = adam._coefficient(self._squares())
         units = [u for u in offload.units
                  if any(grads.get(self._shards.get(p)) is not None for p in u.params)]
         if adam._behind is not None:  # the units whose state was read behind backward first
@@ -349,6 +357,18 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                 offload.grads_out(u)
         finally:
             adam._scale = None
+
+    def _squares(self):
+        """This rank's gradients' squared 2-norms, in the parameters' order, for the clipping
+        coefficient: a gradient in tiermem (grad_tier) gives the one taken before it went down."""
+        offload = self._offload
+        squares = []
+        for p, a in self._shards.items():
+            if a.grad is not None:
+                u = None if offload is None else offload.unit_of.get(p)
+                held = u is not None and u.grads and p in u.grad_sq
+                squares.append(u.grad_sq[p] if held else _square_norm(a.grad))
+        return squares
 
     def _step_units_in_parts(self, units, grads, scale):
         """The step with the state on NVMe: one step of every unit, all or nothing across the
