@@ -43,7 +43,7 @@ def time_worker(r, spec):
         model = r.model(mode)
         opt, rt, figures = r.optimizer(mode, model)
         runs[mode] = dict(model=model, opt=opt, rt=rt, figures=figures, losses=[], opt_times=[],
-                          cpu_times=[], times=[[] for _ in range(spec["rounds"])])
+                          cpu_times=[], norms=[], times=[[] for _ in range(spec["rounds"])])
     for i in range(spec["warmup"]):
         for mode in modes:
             runs[mode]["losses"].append(r.step(runs[mode]["model"], runs[mode]["opt"], i)[2])
@@ -59,6 +59,7 @@ def time_worker(r, spec):
                 run["opt_times"].append(dt_opt)
                 run["cpu_times"].append(cpu)
                 run["losses"].append(loss)
+                run["norms"].append(r.last_norm)
         if r.rank == 0:
             print("round %d: %s" % (rnd, "  ".join(
                 "%s %.1f ms" % (m, 1000 * statistics.median(runs[m]["times"][rnd]))
@@ -67,7 +68,7 @@ def time_worker(r, spec):
     for mode, run in runs.items():
         model = run["model"]
         res = dict(run["figures"], times=run["times"], opt_times=run["opt_times"],
-                   cpu_times=run["cpu_times"],
+                   cpu_times=run["cpu_times"], norms=run["norms"],
                    losses=run["losses"],
                    link=r.link_bytes(mode, model),
                    params_total=sum(p.numel() for p in model.parameters()),

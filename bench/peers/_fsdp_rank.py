@@ -190,8 +190,10 @@ class Rank:
         self.sync()
         t1 = time.perf_counter()
         clip = self.spec.get("clip")
+        self.last_norm = None  # the gradient's total norm, where clip_grad_norm_ gave it
         if clip is not None and isinstance(opt, torch.optim.AdamW):  # FSDPCPUAdam's own
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            self.last_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
         self.sync()

@@ -88,6 +88,13 @@ def report(args, modes, timing, memory, wall):
               "expected)" % (other, diff))
         bad = bad or diff > 0
     print("info losses %s: %s" % (modes[0], " ".join("%.4f" % x for x in t0[modes[0]]["losses"])))
+    for mode in modes:
+        norms = [n for n in t0[mode].get("norms", []) if n is not None]
+        if args.clip is not None and norms:  # the timed steps' total norms, clip_grad_norm_'s
+            print("info clipped %s: %d of %d timed steps clipped at max_grad_norm %g (total norm "
+                  "%.3g-%.3g; the other modes train on the same gradients within AdamW's "
+                  "tolerance)" % (mode, sum(n + 1e-6 > args.clip for n in norms), len(norms),
+                                  args.clip, min(norms), max(norms)))
 
     ref = "cpu_offload_policy" if "cpu_offload_policy" in modes else modes[0]
     print("# ratio X_over_%s = X's step / %s's (the median over rounds of the round's medians' "
