@@ -187,6 +187,55 @@ TEST(RoundTrip, AcquireModes) {
   TM_ASSERT_OK(tm_runtime_destroy(rt));
 }
 
+// A read acquire released as written (tm_tensor_release_written): the copy becomes the only one
+// in that one call, and what was written through the pointer is what goes down; refused, with
+// the pin and every copy left as they were, where it cannot be.
+TEST(RoundTrip, ReleaseWrittenMakesTheCopyTheOnlyOne) {
+  TempDir dir;
+  tm_config cfg = SmallConfig(dir.path());
+  tm_runtime rt;
+  TM_ASSERT_OK(tm_runtime_create(&cfg, &rt));
+  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+  d.bytes = 1 << 16;
+  tm_tensor t;
+  TM_ASSERT_OK(tm_tensor_create(rt, &d, &t));
+  const auto data = RandomBytes(d.bytes, 7);
+  TM_ASSERT_OK(tm_tensor_write(rt, t, 0, data.data(), d.bytes));
+  TM_ASSERT_OK(OffloadNow(rt, t, TM_TIER_NVME));
+  EXPECT_EQ(tm_tensor_release_written(rt, t, TM_TIER_DRAM, nullptr), TM_ERR_INVALID_ARGUMENT)
+      << "not acquired";
+  void* p = nullptr;
+  void* q = nullptr;
+  TM_ASSERT_OK(tm_tensor_acquire(rt, t, TM_TIER_DRAM, TM_ACCESS_READ, nullptr, &p));
+  TM_ASSERT_OK(tm_tensor_acquire(rt, t, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &q));
+  const uint32_t all =
+      TM_TIER_BIT(TM_TIER_HBM) | TM_TIER_BIT(TM_TIER_DRAM) | TM_TIER_BIT(TM_TIER_NVME);
+  EXPECT_EQ(Residency(rt, t), all);
+  static_cast<uint8_t*>(q)[0] = static_cast<uint8_t>(data[0] + 1);
+  // DRAM's copy is pinned too, so HBM's cannot become the only one: nothing changes.
+  EXPECT_EQ(tm_tensor_release_written(rt, t, TM_TIER_HBM, nullptr), TM_ERR_BUSY);
+  EXPECT_NE(std::string(tm_last_error()).find("release it as written"), std::string::npos)
+      << tm_last_error();
+  EXPECT_EQ(Residency(rt, t), all);
+  TM_ASSERT_OK(tm_tensor_release(rt, t, TM_TIER_DRAM));
+  TM_ASSERT_OK(tm_tensor_release_written(rt, t, TM_TIER_HBM, nullptr));
+  EXPECT_EQ(Residency(rt, t), TM_TIER_BIT(TM_TIER_HBM)) << "the other copies went stale";
+  EXPECT_EQ(tm_tensor_release(rt, t, TM_TIER_HBM), TM_ERR_INVALID_ARGUMENT)
+      << "one call dropped the one pin";
+  TM_ASSERT_OK(OffloadNow(rt, t, TM_TIER_NVME));  // written down: the new bytes
+  std::vector<uint8_t> back(d.bytes);
+  TM_ASSERT_OK(tm_tensor_read(rt, t, 0, back.data(), d.bytes));
+  EXPECT_EQ(back[0], static_cast<uint8_t>(data[0] + 1));
+  EXPECT_EQ(std::memcmp(back.data() + 1, data.data() + 1, d.bytes - 1), 0);
+  // Acquired for writing as well: the only copy already, the pin dropped all the same.
+  TM_ASSERT_OK(tm_tensor_acquire(rt, t, TM_TIER_DRAM, TM_ACCESS_READ_WRITE, nullptr, &p));
+  TM_ASSERT_OK(tm_tensor_release_written(rt, t, TM_TIER_DRAM, nullptr));
+  EXPECT_EQ(tm_tensor_release(rt, t, TM_TIER_DRAM), TM_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(tm_tensor_release_written(rt, t, static_cast<tm_tier>(7), nullptr),
+            TM_ERR_INVALID_ARGUMENT);
+  TM_ASSERT_OK(tm_runtime_destroy(rt));
+}
+
 // Several NVMe paths: extents are striped over all of them and still come back whole.
 TEST(RoundTrip, StripedOverTwoPaths) {
   TempDir a, b;

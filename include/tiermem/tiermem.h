@@ -481,6 +481,20 @@ TM_API tm_status tm_tensor_release(tm_runtime runtime, tm_tensor tensor, tm_tier
 TM_API tm_status tm_tensor_release_on_stream(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
                                              void* stream);
 
+/**
+ * tm_tensor_release_on_stream (stream NULL: tm_tensor_release) of an acquire made for reading
+ * whose memory was written through its pointer after all: in the same call, the copy in tier
+ * becomes the tensor's only valid copy, as an acquire for writing makes it (the other tiers'
+ * copies are freed; evicting it writes it down), then the pin is dropped. One call, so that a
+ * caller interrupted between calls (a signal in a language runtime's finalizer) never leaves a
+ * second pin behind, as an acquire for writing and two releases could. Errors, each leaving the
+ * pin and every copy as they were: TM_ERR_INVALID_ARGUMENT when the tensor is not acquired in
+ * tier (or only by DLPack exports); TM_ERR_BUSY when another tier's copy is pinned, or a step
+ * holds the tensor. Appended in 0.1.10.
+ */
+TM_API tm_status tm_tensor_release_written(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
+                                           void* stream);
+
 /** The element type and layout of a DLPack export (tm_tensor_acquire_dlpack). Fill with
  * TM_DLPACK_LAYOUT_INIT. */
 typedef struct tm_dlpack_layout {

@@ -135,6 +135,12 @@ TM_API tm_status tm_tensor_release_on_stream(tm_runtime runtime, tm_tensor tenso
                      [&](Runtime& rt) { return rt.ReleaseOnStream(tensor.bits, tier, stream); });
 }
 
+TM_API tm_status tm_tensor_release_written(tm_runtime runtime, tm_tensor tensor, tm_tier tier,
+                                           void* stream) {
+  return WithRuntime(runtime,
+                     [&](Runtime& rt) { return rt.ReleaseWritten(tensor.bits, tier, stream); });
+}
+
 TM_API tm_status tm_tensor_copy_in(tm_runtime runtime, tm_tensor tensor, uint64_t offset,
                                    const void* src, uint64_t bytes, void* stream) {
   if (src == nullptr && bytes > 0) return NullArgument("tm_tensor_copy_in", "src");

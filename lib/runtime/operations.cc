@@ -277,6 +277,36 @@ absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* strea
   return absl::OkStatus();
 }
 
+absl::Status Runtime::ReleaseWritten(uint64_t handle, tm_tier tier, void* stream) {
+  if (!ValidTier(tier)) {
+    return Error(TM_ERR_INVALID_ARGUMENT,
+                 absl::StrFormat("tier %d is out of range", static_cast<int>(tier)));
+  }
+  auto fence = copies_.StreamFence(stream, "tm_tensor_release_written");
+  if (!fence.ok()) return fence.status();
+  CoreLock lock(core_);
+  auto found = core_.Find(handle);
+  if (!found.ok()) return found.status();
+  Tensor& t = **found;
+  TensorCopy& c = t.copy(tier);
+  if (c.pins == 0 || c.pins == c.exports) {
+    return Error(
+        TM_ERR_INVALID_ARGUMENT,
+        absl::StrFormat("tensor \"%s\" is not acquired in %s%s", t.name, tm_tier_name(tier),
+                        c.pins == 0 ? "" : " but by DLPack exports (their deleters release them)"));
+  }
+  if (c.state != CopyState::kWriting) {  // (acquired for writing too: the only copy already)
+    if (auto s = core_.CheckNotHeld(t, "release it as written"); !s.ok()) return s;
+    if (auto s = core_.CheckOthersUnpinned(t, tier); !s.ok())
+      return WithContext(s, "cannot release it as written");
+    // A copy read on the caller's stream may still be landing: the other copies go once it has.
+    if (auto s = moves_.MakeValid(t, tier, CallerStream{}, Demand()); !s.ok()) return s;
+    core_.DropOthers(t, tier);
+  }
+  Unpin(t, tier, *std::move(fence));
+  return absl::OkStatus();
+}
+
 void Runtime::Unpin(Tensor& t, tm_tier tier, io::FencePtr use) {
   TensorCopy& c = t.copy(tier);
   if (use != nullptr) c.uses.push_back(std::move(use));

@@ -47,6 +47,10 @@ class Runtime {
   absl::Status Release(uint64_t handle, tm_tier tier);
   // Release once the work queued on `stream` so far has passed (an event; the host does not wait).
   absl::Status ReleaseOnStream(uint64_t handle, tm_tier tier, void* stream);
+  // ReleaseOnStream of an acquire made for reading whose memory was written through its pointer:
+  // in the same step, the copy becomes the tensor's only one, as an acquire for writing makes it
+  // (tm_tensor_release_written).
+  absl::Status ReleaseWritten(uint64_t handle, tm_tier tier, void* stream);
   // A DLPack export's deleter: its pin released (on `stream`, as ReleaseOnStream); an orphaned
   // tensor (destroyed while exports pinned it) is found too, and freed at its last export.
   absl::Status ReleaseExport(uint64_t handle, tm_tier tier, void* stream);

@@ -253,6 +253,7 @@ def _prototypes(lib):
         "tm_tensor_acquire": (st, [Runtime, Tensor, i32, i32, vp, p(vp)]),
         "tm_tensor_release": (st, [Runtime, Tensor, i32]),
         "tm_tensor_release_on_stream": (st, [Runtime, Tensor, i32, vp]),
+        "tm_tensor_release_written": (st, [Runtime, Tensor, i32, vp]),
         "tm_tensor_acquire_dlpack": (st, [Runtime, Tensor, i32, i32, vp, p(DlpackLayout),
                                           p(vp)]),
         "tm_tensor_copy_in": (st, [Runtime, Tensor, u64, vp, u64, vp]),

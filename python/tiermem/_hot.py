@@ -33,6 +33,10 @@ acquire = _bind("tm_tensor_acquire", [_u64, _u64, _i32, _i32, _vp, _vp])
 acquire_dlpack = _bind("tm_tensor_acquire_dlpack", [_u64, _u64, _i32, _i32, _vp, _vp, _vp])
 # (runtime, tensor, tier, stream): tm_tensor_release when stream is NULL
 release_on_stream = _bind("tm_tensor_release_on_stream", [_u64, _u64, _i32, _vp])
+# (runtime, tensor, tier, stream): an acquire for reading released as written, in one call
+release_written = _bind("tm_tensor_release_written", [_u64, _u64, _i32, _vp])
+# (runtime, tensor, tier)
+offload = _bind("tm_tensor_offload", [_u64, _u64, _i32])
 destroy = _bind("tm_tensor_destroy", [_u64, _u64])
 # (runtime, tensor, done*)
 copy_done = _bind("tm_tensor_copy_done", [_u64, _u64, _vp])

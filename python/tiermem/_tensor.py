@@ -134,10 +134,14 @@ class Tensor:
                    _ptr(stream), ctypes.byref(layout), ctypes.byref(out))
         return _dlpack.capsule(out.value)
 
-    def release(self, tier, stream=None):
+    def release(self, tier, stream=None, written=False):
         """Unpins one acquire in tier; with a stream, once the stream's work so far has passed
-        (tm_tensor_release_on_stream)."""
-        if stream is None:
+        (tm_tensor_release_on_stream). written: an acquire for reading whose memory was written
+        through its address after all; the copy becomes the tensor's only one in the same call
+        (tm_tensor_release_written), as an acquire for writing makes it."""
+        if written:
+            self._call("tm_tensor_release_written", _tier(tier), _ptr(stream))
+        elif stream is None:
             self._call("tm_tensor_release", _tier(tier))
         else:
             self._call("tm_tensor_release_on_stream", _tier(tier), _ptr(stream))

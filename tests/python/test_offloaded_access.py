@@ -348,6 +348,29 @@ def test_grad_scaler_steps_through_the_parameters_handle(make_runtime):
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+def test_a_step_whose_state_finds_no_room_after_its_last_update_says_it_is_whole(make_runtime):
+    """Neither NVMe nor DRAM can hold the state: the step raises after its last bucket's update
+    (sending the state back), and says the step was taken whole and must not be repeated (an
+    outside client read "taken in part", stepped again and updated every parameter twice)."""
+    torch.manual_seed(0)
+    m, ref = torch.nn.Linear(512, 512), torch.nn.Linear(512, 512)
+    ref.load_state_dict(m.state_dict())
+    rt = make_runtime(dram_bytes="1MiB", nvme_bytes="1MiB")
+    state = tt.offload_optimizer_state(torch.optim.Adam(m.parameters(), lr=1e-2), rt, "nvme")
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    x = torch.randn(2, 512)
+    m(x).sum().backward()
+    ref(x).sum().backward()
+    ref_opt.step()
+    with pytest.raises(tiermem.TiermemError) as e:
+        state.step()
+    assert "the step was taken whole: all 2 parameters updated, so do not repeat it" in \
+        e.value.message, e.value.message
+    assert "the others not" not in e.value.message
+    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), ref.parameters()))
+    state.remove()
+
+
 def test_a_step_that_fills_nvme_part_way_says_which_parameters_it_updated(make_runtime):
     """The bucketed step of offload_optimizer_state is taken bucket by bucket: when NVMe fills
     part way (the first step's state for the later buckets finds no room), the error says which

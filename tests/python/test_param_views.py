@@ -306,3 +306,61 @@ def test_conjugate_views_of_a_parameter_keep_their_values(make_runtime):
         model(x).backward()
     assert torch.equal(x.grad, plain)
     params.remove()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_a_ctrl_c_in_a_release_is_neither_lost_nor_leaves_a_pin(make_runtime, monkeypatch, tier):
+    """A KeyboardInterrupt that lands in a view's release (a finalizer: Python would print it and
+    drop it) right after its C call: the release is finished, nothing stays acquired, and the
+    interrupt reaches the training loop (raised by the parameter's let-go). One that lands before the release's first step: the
+    next remove() finishes it. Either way the model comes home with the values it was stepped
+    to, and the runtime closes."""
+    from tiermem import _hot
+    ref, ref_opt = make_model()
+    run(ref, ref_opt, steps=1)
+    rt = make_runtime(hbm_bytes="8MiB", dram_bytes="1MiB")
+    model, opt = make_model()
+    h = tt.offload_parameters(model, rt, tier=tier, optimizer=opt)
+    real, calls = _hot.release_written, []
+
+    def interrupted_after(*args):
+        status = real(*args)
+        calls.append(status)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # where Python raises a Ctrl-C: after the call returned
+        return status
+
+    monkeypatch.setattr(_hot, "release_written", interrupted_after)
+    with pytest.raises(KeyboardInterrupt, match="held while tiermem released"):
+        run(model, opt, rt, steps=1)
+    assert calls and calls[0] == 0, calls
+    monkeypatch.undo()
+    h.remove()
+    assert same(model, ref)  # the step's writes kept (the copy released as written)
+    gc.collect()
+    assert rt.stats()["tensors"] == 0
+
+    # A release stopped before its first step (the Ctrl-C at the finalizer's entry).
+    model, opt = make_model()
+    h = tt.offload_parameters(model, rt, tier=tier, optimizer=opt)
+    from tiermem.torch.params import _views
+    real_released = _views._ViewState.released
+    stopped = []
+
+    def stopped_at_entry(self):
+        if not stopped:
+            stopped.append(self)
+            raise KeyboardInterrupt  # lost in the finalizer, as Python loses it
+        real_released(self)
+
+    monkeypatch.setattr(_views._ViewState, "released", stopped_at_entry)
+    run(model, opt, rt, steps=1)
+    monkeypatch.undo()
+    assert stopped and stopped[0].made == 0
+    h.remove()  # finishes it (settle)
+    assert stopped[0].made > 0
+    assert same(model, ref)
+    gc.collect()
+    assert rt.stats()["tensors"] == 0
+    rt.close()

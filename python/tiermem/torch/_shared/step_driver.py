@@ -45,9 +45,15 @@ def _which_stepped(optimizer, stepped):
             i = j + 1
         else:
             i += 1
+    if all(marks):
+        # It failed after the last bucket's update (sending its state back): the step is
+        # whole, and a step() again would update every parameter twice.
+        return ("the step was taken whole: all %d parameters updated, so do not repeat it; the "
+                "state is as the step left it, what could not go back to tiermem in torch "
+                "memory" % len(params))
     one = sum(marks) == 1
-    return ("%s %s of %d (their index in param_groups, in order) updated, the others not; the "
-            "state of %s is as the step left it" % (
+    return ("the step is taken in part: %s %s of %d (their index in param_groups, in order) "
+            "updated, the others not; the state of %s is as the step left it" % (
                 "parameter" if one else "parameters", ", ".join(ranges), len(params),
                 "that one" if one else "those updated"))
 
@@ -213,13 +219,13 @@ class _StepDriver:
         except tiermem.TiermemError as e:
             if not stepped:
                 raise
-            raise tiermem.TiermemError(e.status, "%s (the step is taken in part: %s)" % (
+            raise tiermem.TiermemError(e.status, "%s (%s)" % (
                 e.message, _which_stepped(opt, stepped)), e.call) from e
         except BaseException as e:
             # Anything else (the optimizer's own error, a KeyboardInterrupt) says it in a note,
             # as tracebacks show them: a step repeated would update those parameters twice.
             if stepped and hasattr(e, "add_note"):  # Python 3.11 and later
-                e.add_note("tiermem: the step is taken in part: %s" % _which_stepped(opt, stepped))
+                e.add_note("tiermem: %s" % _which_stepped(opt, stepped))
             raise
         finally:
             self._bucketing = False

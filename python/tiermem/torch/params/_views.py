@@ -10,12 +10,13 @@ parameter instead, and rebuild it from the parameter's data of the moment in bac
 or a copy: a parameter copied in for its forward may view in its backward, and the reverse)."""
 
 import ctypes
+import threading
 import weakref
 
 import torch
 from torch._C import DisableTorchFunction
 
-from ... import TM_ERR_BUSY, TM_ERR_OUT_OF_MEMORY, TiermemError
+from ... import TM_ERR_BUSY, TM_ERR_OUT_OF_MEMORY, TiermemError, _capi, _hot
 from .._shared import views as _views
 from .._shared.offloaded import mark_in, mark_out
 from .._shared.swapped import _Swapped
@@ -53,37 +54,95 @@ class _Views:
         self.live, self.destroy = 0, False
 
 
-class _ViewState:
-    """One view's acquire: released when PyTorch frees the view's memory, marked changed first
-    when the parameter was written while it viewed it."""
+# The views' releases begun and not finished (see _ViewState), and the lock their steps take.
+_pending = set()
+_lock = threading.RLock()
+# A Ctrl-C a release on the main thread caught (a finalizer cannot raise it: Python would print
+# it and drop it), raised again by the next parameter let go or brought in.
+_held_interrupt = False
 
-    __slots__ = ("tm", "stream", "tier", "dirty", "views")
+
+def raise_held_interrupt():
+    global _held_interrupt
+    if _held_interrupt:
+        _held_interrupt = False
+        raise KeyboardInterrupt("held while tiermem released a parameter's view")
+
+
+def settle():
+    """Finishes the releases of views whose memory PyTorch freed but whose finalizer a
+    KeyboardInterrupt stopped before its first step (remove() and the runtime's close() call
+    this first, so that no pin is left behind)."""
+    with _lock:
+        for state in list(_pending):
+            holder = state.holder
+            if holder is not None and holder() is None:
+                state.finish()
+
+
+class _ViewState:
+    """One view's acquire: released when PyTorch frees the view's memory, as written (the HBM
+    copy then the only one, written down when evicted) when the parameter was written while it
+    viewed it.
+
+    A KeyboardInterrupt can land between any two of the release's steps (Python raises it
+    after a call returns, never inside one), and an exception in a finalizer is lost. So each
+    step is one C call, counted before it is made: released() finishes what an interrupt left
+    (each call made once, never twice: the next view's pin is not this one's) and then hands
+    the interrupt on (raised by the next parameter let go or brought in); one stopped before its
+    first step is finished by settle()."""
+
+    __slots__ = ("tm", "stream", "tier", "dirty", "views", "holder", "calls", "made")
 
     def __init__(self, tm, stream, tier, views_):
         self.tm, self.stream, self.tier, self.dirty = tm, stream, tier, False
         self.views = views_  # counted live by _view_of once the view exists
+        self.holder = None  # a weak reference to what holds the view's memory, once it exists
+        self.calls = None  # the release's C calls, once planned
+        self.made = 0  # how many of them were made (each counted before it is made)
 
     def released(self):
-        tm, stream = self.tm, self.stream
-        self.views.live -= 1
-        try:
-            if tm._h is None or tm._rt.closed:
-                return  # destroyed, or the runtime went first: its tensors went with it
-            if self.views.destroy:
-                if self.views.live == 0:
-                    tm.release("hbm", stream)
-                    tm.destroy()  # remove() came while this view was held elsewhere
-                    return
-            if self.dirty:
-                # A write acquire frees the stale copies below: the HBM copy is then the only
-                # one, written down when evicted. An unchanged copy stays clean.
-                tm.acquire("hbm", "read_write", stream)
-                tm.release("hbm", stream)
-            tm.release("hbm", stream)
-            if self.dirty and self.tier == "nvme":
-                tm.offload("nvme")
-        except TiermemError:
-            pass  # nothing to do about it in a finalizer: the tensor was being destroyed
+        """PyTorch freed the view's memory (the holder's finalizer)."""
+        global _held_interrupt
+        while True:
+            try:
+                self.finish()
+                return
+            except KeyboardInterrupt:  # between two steps: the rest made, then handed on
+                if threading.current_thread() is threading.main_thread():
+                    _held_interrupt = True
+
+    def finish(self):
+        with _lock:
+            if self.calls is None:
+                calls = self._plan()
+                self.calls = calls  # (no instruction that can raise it between these two)
+                self.views.live -= 1
+            calls = self.calls
+            while self.made < len(calls):
+                fn, args = calls[self.made]
+                self.made += 1
+                fn(*args)  # its status: nothing to do about a failure in a finalizer
+            _pending.discard(self)
+            if calls and calls[-1][0] is _hot.destroy:
+                self.tm._h = None
+
+    def _plan(self):
+        """The release's C calls (none when the tensor or the runtime went first)."""
+        tm = self.tm
+        h, rt = tm._h, tm._rt._rt
+        if h is None or rt is None:
+            return ()  # destroyed, or the runtime went first: its tensors went with it
+        args = (rt.bits, h.bits, _capi.TIER_HBM, self.stream)
+        if self.views.destroy and self.views.live == 1:
+            # remove() came while this view was held elsewhere: the last one destroys it
+            return ((_hot.release_on_stream, args), (_hot.destroy, args[:2]))
+        if not self.dirty:
+            return ((_hot.release_on_stream, args),)  # unchanged: the copy stays clean
+        calls = [(_hot.release_written, args)]
+        if self.tier == "nvme":
+            calls.append((_hot.offload, (rt.bits, h.bits, _capi.TIER_NVME)))
+        return calls
 
 
 def _view_of(state, ptr, nbytes, dtype, device):
@@ -98,6 +157,8 @@ def _view_of(state, ptr, nbytes, dtype, device):
     typed = raw if dtype == torch.uint8 else raw.view(dtype)
     # Only now: a failure above leaves the release to the caller.
     state.views.live += 1
+    state.holder = weakref.ref(holder)
+    _pending.add(state)
     weakref.finalize(holder, state.released)
     return typed
 
@@ -124,6 +185,7 @@ class _ViewedParam(_Swapped):
     def bring_in(self, view=True):
         """In: a view of the HBM copy (view, when it can be), else a copy. Returns True when
         it views."""
+        raise_held_interrupt()
         if self.resident or self.home:
             return self.view_ptr is not None
         if view and self.viewable:
@@ -179,6 +241,7 @@ class _ViewedParam(_Swapped):
         self.resident = False
         self.tensor.data = self.placeholder  # frees the view: released here, as a rule
         mark_out(self.tensor)
+        raise_held_interrupt()
 
     def _restore(self):
         """Back to an ordinary tensor (its own memory, the current bytes); tiermem's copy

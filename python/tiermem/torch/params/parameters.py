@@ -13,7 +13,7 @@ from .._shared.transfers import (_check_runtime, _check_tier, _owns_storage, _re
                                  _size_arg, _storage_key)
 from .._shared.units import _unit_modules
 from . import _state_dict as _param_state_dict
-from ._views import SavedAliases, _eager, _outer_hooks, _ViewedParam
+from ._views import SavedAliases, _eager, _outer_hooks, _ViewedParam, settle
 
 # Modules and parameters held by a ParameterOffload (until its remove()): a second
 # offload_parameters of them is refused.
@@ -421,6 +421,7 @@ class ParameterOffload:
 
     def remove(self):
         """Parameters back in ordinary tensors; hooks removed; tiermem's copies destroyed."""
+        settle()  # a view's release a Ctrl-C stopped before it began
         if self._saving_unit is not None:
             self._stop_saving()  # a forward that raised left its hooks set
         for h in self._hooks + self._grad_hooks:
