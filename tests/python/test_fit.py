@@ -191,12 +191,17 @@ def test_bad_arguments(rt):
     with pytest.raises(ValueError, match="hbm_budget"):
         tt.fit(_model(), rt, "lots", (x, y))
     model = _model()
+    with pytest.raises(TypeError, match=r"not a scalar loss tensor.*loss_fn="):
+        tt.fit(_model(), rt, "1GiB", (x, y), loss_fn=lambda out: out.expand(2))
     with pytest.raises(tt.FitError, match="no plan fits; the least this model needs"):
         tt.fit(model, rt, 4096, (x, y), profile_steps=1, log=lambda s: None)
     assert all("forward" not in b.__dict__ for b in model.blocks)  # nothing left applied
     _, plan, _ = _fit(rt, 1 << 40)
     with pytest.raises(ValueError, match="choices"):
         plan.apply([KEEP, "gpu", KEEP])
+    with pytest.raises(TypeError, match="not the string 'keep'"):  # not ['k', 'e', 'e', 'p']
+        plan.apply("keep")
+    plan.apply([c.upper() for c in plan.choices])  # any case, as tier= arguments
     plan.remove()
     with pytest.raises(RuntimeError, match="removed"):
         with plan:

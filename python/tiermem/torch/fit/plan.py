@@ -71,7 +71,14 @@ class FittedPlan:
 
     def _loss(self):
         out = self.model(*self.inputs)
-        return self.loss_fn(out) if self.loss_fn is not None else out
+        loss = self.loss_fn(out) if self.loss_fn is not None else out
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError("fit: %s gave %s, not a scalar loss tensor: the profile's steps "
+                            "call backward() on it (give loss_fn= to reduce the output)" % (
+                                "loss_fn(model(*inputs))" if self.loss_fn is not None else
+                                "model(*inputs)", "a tensor of shape %s" % tuple(loss.shape)
+                                if isinstance(loss, torch.Tensor) else type(loss).__name__))
+        return loss
 
     def _run_step(self, choices=None, timer=None):
         """One forward and backward under choices (default: the plan's), inside rt.step();
@@ -252,7 +259,11 @@ class FittedPlan:
         """Applies choices of your own (one of "keep", "dram", "nvme", "recompute" per block)
         instead of the chosen ones, priced by the same model (its prediction may exceed the
         budget: that is then the caller's choice); .peak starts afresh."""
-        choices = list(choices)
+        if isinstance(choices, str):  # one word, not a list of its letters
+            raise TypeError("choices: a list of %d choices (one per block), each one of %s, "
+                            "not the string %r" % (len(self.blocks), "/".join(CHOICES), choices))
+        # Any case, as tier= arguments elsewhere ("NVMe").
+        choices = [c.lower() if isinstance(c, str) else c for c in choices]
         if len(choices) != len(self.blocks) or any(c not in CHOICES for c in choices):
             raise ValueError("choices: expected %d of %s, got %r" %
                              (len(self.blocks), "/".join(CHOICES), choices))
