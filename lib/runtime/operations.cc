@@ -250,13 +250,22 @@ absl::Status Runtime::Release(uint64_t handle, tm_tier tier) {
 }
 
 absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* stream) {
+  return ReleaseCaller(handle, tier, stream, /*written=*/false);
+}
+
+absl::Status Runtime::ReleaseWritten(uint64_t handle, tm_tier tier, void* stream) {
+  return ReleaseCaller(handle, tier, stream, /*written=*/true);
+}
+
+absl::Status Runtime::ReleaseCaller(uint64_t handle, tm_tier tier, void* stream, bool written) {
   if (!ValidTier(tier)) {
     return Error(TM_ERR_INVALID_ARGUMENT,
                  absl::StrFormat("tier %d is out of range", static_cast<int>(tier)));
   }
   // With a stream: whatever it still does with the memory, tiermem waits for before touching
   // it (a fence recorded now, before the lock; the host does not wait).
-  auto fence = copies_.StreamFence(stream, "tm_tensor_release_on_stream");
+  auto fence = copies_.StreamFence(
+      stream, written ? "tm_tensor_release_written" : "tm_tensor_release_on_stream");
   if (!fence.ok()) return fence.status();
   CoreLock lock(core_);
   auto found = core_.Find(handle);
@@ -273,29 +282,9 @@ absl::Status Runtime::ReleaseOnStream(uint64_t handle, tm_tier tier, void* strea
                                  "deleters release them",
                                  t.name, tm_tier_name(tier)));
   }
-  Unpin(t, tier, *std::move(fence));
-  return absl::OkStatus();
-}
-
-absl::Status Runtime::ReleaseWritten(uint64_t handle, tm_tier tier, void* stream) {
-  if (!ValidTier(tier)) {
-    return Error(TM_ERR_INVALID_ARGUMENT,
-                 absl::StrFormat("tier %d is out of range", static_cast<int>(tier)));
-  }
-  auto fence = copies_.StreamFence(stream, "tm_tensor_release_written");
-  if (!fence.ok()) return fence.status();
-  CoreLock lock(core_);
-  auto found = core_.Find(handle);
-  if (!found.ok()) return found.status();
-  Tensor& t = **found;
-  TensorCopy& c = t.copy(tier);
-  if (c.pins == 0 || c.pins == c.exports) {
-    return Error(
-        TM_ERR_INVALID_ARGUMENT,
-        absl::StrFormat("tensor \"%s\" is not acquired in %s%s", t.name, tm_tier_name(tier),
-                        c.pins == 0 ? "" : " but by DLPack exports (their deleters release them)"));
-  }
-  if (c.state != CopyState::kWriting) {  // (acquired for writing too: the only copy already)
+  // Written: the copy becomes the only one, as an acquire for writing makes it (one acquired
+  // for writing too is so already).
+  if (written && c.state != CopyState::kWriting) {
     if (auto s = core_.CheckNotHeld(t, "release it as written"); !s.ok()) return s;
     if (auto s = core_.CheckOthersUnpinned(t, tier); !s.ok())
       return WithContext(s, "cannot release it as written");

@@ -142,6 +142,8 @@ class Runtime {
   // this thread (Moves::StartPrefetch), the rest queued for the movers.
   void NoteUseAndStart(Tensor& t, tm_tier tier, bool fill)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  // ReleaseOnStream, and with `written` ReleaseWritten: one pin of the caller's dropped.
+  absl::Status ReleaseCaller(uint64_t handle, tm_tier tier, void* stream, bool written);
   // One pin of t in tier dropped; `use`: the caller's stream's fence (or null), which tiermem
   // waits for before it touches the memory.
   void Unpin(Tensor& t, tm_tier tier, io::FencePtr use) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
