@@ -373,7 +373,8 @@ def report(args, modes, link, nvme, pbytes):
     for m in modes:
         if m.check is not None and m.check != same:
             print("  NOTE %s packed %.1f MiB a step, the like-for-like rows %.1f MiB: tiermem "
-                  "copies a view's whole span, save_on_cpu its elements" %
+                  "copies a tensor saved twice once and a view's whole span, save_on_cpu each "
+                  "save's elements" %
                   (m.name, m.check / MIB, same / MIB))
     for m in modes:
         if m.check is not None and m.per_step()[0] < m.check:

@@ -94,7 +94,10 @@ def main():
         for _ in range(3):  # the first step learns the schedule
             for _, hooks in variants:
                 step(rt, net, x, hooks)
-        packed = counts["hooks"].packed
+        # Per saved tensor: each save autograd hands the hooks (and does not keep), whether it
+        # made a copy or shared an earlier one of the same tensor.
+        packed = counts["hooks"].packed + counts["hooks"].shared
+        copies = counts["hooks"].packed
         # Steps alternate one by one (the order of each pair rotated), so that a drift of the
         # machine's speed, which on a VM moves step times by more than the hooks cost, falls on
         # both alike: a round's figure is the median of its pairs' differences.
@@ -123,8 +126,8 @@ def main():
         rt.close()
     print("torch %s, %d x (Linear(%d, %d) + ReLU), activations %d KiB, tier %s" % (
         torch.__version__, args.layers, args.width, args.width, act >> 10, args.tier))
-    print("saved tensors offloaded a step: %d; %d rounds of %d step pairs, order rotated" % (
-        packed, args.rounds, args.steps))
+    print("saved tensors offloaded a step: %d (%d copies: a tensor saved twice is copied once); "
+          "%d rounds of %d step pairs, order rotated" % (packed, copies, args.rounds, args.steps))
     print("step ms, plain hooks: %s" % spread(wall["plain"], 1e3))
     print("step ms, offload:     %s" % spread(wall["tiermem"], 1e3))
     print("pack + unpack per saved tensor, us: wall %s; training thread CPU %s" % (

@@ -187,3 +187,53 @@ def test_library_error_surfaces_and_training_state_is_intact(nvme_dir):
         assert all(p.grad is not None for p in model.parameters())
     finally:
         rt.close()
+
+
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_a_tensor_saved_twice_is_copied_once(make_runtime, tier):
+    """A ReLU's output is saved by the ReLU and by the next Linear (its input), and y * y saves y
+    twice: one copy each, shared by both saves, and the gradients are plain torch's, bit for bit."""
+    rt = make_runtime()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    x = torch.randn(32, 64, requires_grad=True)
+
+    def loss():
+        h = net(x)
+        return (h * h).mean()
+
+    loss().backward()
+    plain = [t.grad.clone() for t in (x, *net.parameters())]
+    for t in (x, *net.parameters()):
+        t.grad = None
+    hooks = tt.offload_saved_tensors(rt, tier, min_bytes=0)
+    with rt.step():
+        with hooks:
+            out = loss()
+        # x, the ReLU's output (saved twice), the last Linear's output h (saved twice by h * h)
+        assert (hooks.packed, hooks.shared, hooks.skipped) == (3, 2, 2)
+        out.backward()
+    assert all(torch.equal(t.grad, g) for t, g in zip((x, *net.parameters()), plain))
+    assert hooks.unpacked_views + hooks.unpacked_copies == 5
+    del out
+    gc.collect()
+    assert rt.stats()["tensors"] == 0
+
+
+def test_a_tensor_changed_in_place_between_saves_is_copied_again(make_runtime):
+    """A save after an in-place change (its version moved on) is not the earlier save's bytes:
+    sin's backward reads y as it was, cos's as it is (plain torch refuses this graph; under the
+    hooks each save keeps the bytes it was handed, as documented)."""
+    rt = make_runtime()
+    a = torch.randn(64, 64, dtype=torch.float64, requires_grad=True)
+    hooks = tt.offload_saved_tensors(rt, "dram", min_bytes=0)
+    with hooks:
+        y = a * 1
+        u = y.sin()
+        y.add_(1)
+        w = y.cos()
+    assert (hooks.packed, hooks.shared) == (2, 0)
+    (u.sum() + w.sum()).backward()
+    with torch.no_grad():
+        expected = a.cos() - (a + 1).sin()
+    assert torch.equal(a.grad, expected)

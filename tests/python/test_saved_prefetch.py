@@ -68,10 +68,16 @@ def test_backward_unpacks_hit_prefetched_hbm_views(make_runtime, tier):
     # what step one hits without prefetches to NVMe (14-16 of 39, 36-41%: the packs not yet
     # written down), which is what tells prefetching from none; the hit rate itself is a
     # benchmark's (bench/saved_tensors.py).
-    later = [d for _, d, _ in steps[1:]]
-    for d in later:
-        assert d["prefetches"] == d["acquires"], d
+    # A tensor saved twice (log_softmax's output, saved by it and by nll_loss) is one copy that
+    # two unpacks acquire: prefetched once, for the first. The context's exit starts the last
+    # packs into HBM itself (a hint, which the schedule's count leaves out): here it takes one
+    # copy that the schedule would have started at the next use, so one fewer may be counted.
+    later = [(h, d) for h, d, _ in steps[1:]]
+    for h, d in later:
+        assert h.shared > 0 and d["acquires"] == h.packed + h.shared, (h.packed, h.shared, d)
+        assert h.packed - 1 <= d["prefetches"] <= h.packed, (h.packed, d)
         assert d["dropped"] == 0, d
+    later = [d for _, d in later]
     hits, acquires = sum(d["hits"] for d in later), sum(d["acquires"] for d in later)
     assert hits >= 0.6 * acquires, "%d of %d unpacks hit" % (hits, acquires)
     if tier == "nvme":
@@ -79,8 +85,9 @@ def test_backward_unpacks_hit_prefetched_hbm_views(make_runtime, tier):
     for i, (hooks, d, after) in enumerate(steps):
         assert hooks.packed > 20
         # Every unpack views the acquired HBM copy; nothing is copied out.
-        assert hooks.unpacked_views == hooks.packed and hooks.unpacked_copies == 0
-        assert d["acquires"] == hooks.packed
+        saves = hooks.packed + hooks.shared
+        assert hooks.unpacked_views == saves and hooks.unpacked_copies == 0
+        assert d["acquires"] == saves
         # Views were released when PyTorch freed them: the saved tensors were all destroyed
         # (a pinned one cannot be), and no HBM copy is left.
         assert after["tensors"] == 0

@@ -25,6 +25,9 @@ _INVALID_HANDLE = _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE")
 _STRIDED = torch.strided
 _CPU = torch.device("cpu")
 _Parameter = torch.nn.Parameter
+# How many of the last packs a save of the same tensor may share: the repeats come within a few
+# saves (one layer's output saved by the next layer and its own backward, or by 3 projections).
+_SEEN = 16
 
 
 class _Packed:
@@ -86,7 +89,8 @@ def _stash_of(runtime, max_bytes):
 
 
 class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
-    """Context manager (see offload_saved_tensors). Counters: .packed, .packed_bytes, .skipped,
+    """Context manager (see offload_saved_tensors). Counters: .packed, .packed_bytes, .shared
+    (saves that shared an earlier pack of the same tensor), .skipped,
     .unpacked_views (served by a view of the HBM copy), .unpacked_copies (copied out); .error:
     the TiermemError that stopped offloading, if any.
 
@@ -108,6 +112,7 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         self._rt_bits = runtime._handle().bits  # packs made after close fail as a bad handle
         self.packed = 0
         self.packed_bytes = 0
+        self.shared = 0
         self.skipped = 0
         self.unpacked_views = 0
         self.unpacked_copies = 0
@@ -116,6 +121,7 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         # stay in DRAM (their write to NVMe and the read back could not be done before they are
         # needed); each older one is written down.
         self._recent = collections.deque()
+        self._seen = {}  # id(saved tensor) -> (its weakref, its _version then, the pack's weakref)
         depth = getattr(runtime, "_tiermem_prefetch_depth", None)
         if depth is None:
             depth = runtime._tiermem_prefetch_depth = int(runtime.info()["prefetch_depth"])
@@ -125,11 +131,13 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
 
     def __enter__(self):
         self.error = None
+        self._seen.clear()
         super().__enter__()
         return self  # `with offload_saved_tensors(...) as hooks:` reads .packed, .skipped
 
     def __exit__(self, exc_type, exc, tb):
         super().__exit__(exc_type, exc, tb)
+        self._seen.clear()  # saves of one forward share copies, never those of the next
         if exc is None:
             self._prefetch_last()
         if self.error is not None and not isinstance(exc, TiermemError) and (
@@ -155,10 +163,19 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
     # their code and data are cold each time (bench/saved_tensors.py); what they do is inlined
     # and each tensor attribute is asked once.
     def _pack(self, t):
+        # The same tensor saved again, unchanged since (a ReLU's output is the next Linear's
+        # input; one input feeds the q, k and v projections): it shares the first save's copy.
+        seen = self._seen.get(id(t))
+        if seen is not None and seen[0]() is t and seen[1] == t._version:
+            p = seen[2]()
+            if p is not None and p.h is not None:
+                self.shared += 1
+                return p
         numel = t.numel()
         if self.error is not None or self._keep(t, numel):
             self.skipped += 1
             return t
+        saved, version = t, t._version
         # A conjugate or negated view holds its values as a flag over other bytes: the bytes go,
         # the conjugation comes back at unpack, a negation is resolved here (a copy; rare).
         if t.is_neg():
@@ -219,9 +236,16 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         p.h = sc.words[0]
         # The last packs (weak references), which the backward unpacks first.
         recent = self._recent
-        recent.append(weakref.ref(p))
+        ref = weakref.ref(p)
+        recent.append(ref)
         if len(recent) > self._recent_limit:
             self._note_older(recent.popleft()())
+        # Weak references: autograd decides how long either lives; keyed by id, checked by
+        # identity (an id is reused once its object is gone).
+        seen = self._seen
+        seen[id(saved)] = (weakref.ref(saved), version, ref)
+        if len(seen) > _SEEN:
+            del seen[next(iter(seen))]
         if not sc.flag.value:
             # The source stays alive until the copy has read it (the compute stream goes on).
             try:

@@ -158,12 +158,13 @@ class Router(torch.autograd.graph.saved_tensors_hooks):
 class SavedCounter(torch.autograd.graph.saved_tensors_hooks):
     """The profile's count of what each block saves: per block (and None: the rest) the distinct
     storages' bytes, the bytes offloading would move (tensors of min_bytes and more, each as
-    saved_tensors packs it: its span) and the small ones' bytes, and the moved tensors' sizes."""
+    saved_tensors packs it: its span, once for a tensor saved twice) and the small ones' bytes,
+    and the moved tensors' sizes."""
 
     def __init__(self, state, min_bytes):
         self.state, self.min_bytes = state, int(min_bytes)
         self.kept, self.moved, self.small, self.sizes = {}, {}, {}, {}
-        self._seen = {}
+        self._seen, self._saves = {}, {}
         super().__init__(self._pack, lambda t: t)
 
     def _pack(self, t):
@@ -178,12 +179,22 @@ class SavedCounter(torch.autograd.graph.saved_tensors_hooks):
         n = t.numel() * t.element_size()
         if n < self.min_bytes:
             self.small[i] = self.small.get(i, 0) + n
-        else:
+        elif self._first_save(i, t):  # a tensor saved twice is copied once
             span = 1 + sum((d - 1) * st for d, st in zip(t.size(), t.stride()))
             moved = (span if span <= 2 * t.numel() else t.numel()) * t.element_size()
             self.moved[i] = self.moved.get(i, 0) + moved
             self.sizes.setdefault(i, []).append(moved)
         return t
+
+    def _first_save(self, i, t):
+        """False for a save of a tensor this block saved before, unchanged since: packing shares
+        its copy. (The profile keeps every saved tensor alive, so an id is not reused.)"""
+        key = (id(t), t._version)
+        saves = self._saves.setdefault(i, set())
+        if key in saves:
+            return False
+        saves.add(key)
+        return True
 
 
 class FitError(ValueError):
