@@ -46,13 +46,23 @@ check = _check
 
 
 class Scratch:
-    """One thread's out-arguments (a tensor desc, two words and an int32), with their addresses."""
+    """One thread's arguments: a saved tensor's desc (class activation, home DRAM) whose size and
+    name a pack writes through desc_bytes and desc_name (a memoryview over the name's own buffer,
+    which the desc points to: no ctypes attribute is set per call), and the out-arguments (two
+    words and an int32), with their addresses."""
 
-    __slots__ = ("desc", "desc_addr", "words", "out_addr", "ptr_addr", "flag", "flag_addr")
+    __slots__ = ("desc", "desc_addr", "desc_bytes", "desc_name", "_name_buffer", "words",
+                 "out_addr", "ptr_addr", "flag", "flag_addr")
 
     def __init__(self):
-        self.desc = _capi.TensorDesc()
-        self.desc_addr = ctypes.addressof(self.desc)
+        d = self.desc = _capi.TensorDesc()
+        d.cls, d.home_tier = _capi.CLASS_ACTIVATION, _capi.TIER_DRAM
+        # "saved.N\0" with N < 2**64 takes at most 27 bytes.
+        self._name_buffer = ctypes.create_string_buffer(32)
+        d.name = ctypes.cast(self._name_buffer, ctypes.c_char_p)
+        self.desc_name = memoryview(self._name_buffer).cast("B")
+        self.desc_addr = ctypes.addressof(d)
+        self.desc_bytes = _u64.from_address(self.desc_addr + _capi.TensorDesc.bytes.offset)
         self.words = (_u64 * 2)()  # [0]: a tensor handle out, [1]: a pointer out
         self.out_addr = ctypes.addressof(self.words)
         self.ptr_addr = self.out_addr + ctypes.sizeof(_u64)

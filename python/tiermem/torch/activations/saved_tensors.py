@@ -19,8 +19,7 @@ from .._shared.transfers import (_CUDA_STREAM_LEGACY, _check_runtime, _check_tie
                                  _is_cuda_runtime, _size_arg, _stream)
 from ._stash import CopyStash
 
-_HBM, _DRAM = _capi.TIER_HBM, _capi.TIER_DRAM
-_ACTIVATION, _READ = _capi.CLASS_ACTIVATION, _capi.ACCESS_READ
+_HBM, _READ = _capi.TIER_HBM, _capi.ACCESS_READ
 _INVALID_HANDLE = _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE")
 _STRIDED = torch.strided
 _CPU = torch.device("cpu")
@@ -145,10 +144,10 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
             raise self.error from exc
         return False
 
-    def _keep(self, t, numel):
+    def _keep(self, t, numel, itemsize):
         """True when t stays with autograd as it is (the cheapest questions first: most tensors
         kept are small, or parameters)."""
-        if numel == 0 or numel * t.element_size() < self.min_bytes:
+        if numel == 0 or numel * itemsize < self.min_bytes:
             return True
         if t.layout != _STRIDED or t.is_quantized or not (t.is_cuda or t.is_cpu):
             return True
@@ -172,20 +171,23 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
                 self.shared += 1
                 return p
         numel = t.numel()
-        if self.error is not None or self._keep(t, numel):
+        dtype = t.dtype
+        itemsize = dtype.itemsize
+        if self.error is not None or self._keep(t, numel, itemsize):
             self.skipped += 1
             return t
         saved, version = t, t._version
         # A conjugate or negated view holds its values as a flag over other bytes: the bytes go,
-        # the conjugation comes back at unpack, a negation is resolved here (a copy; rare).
+        # the conjugation (complex dtypes only) comes back at unpack, a negation is resolved
+        # here (a copy; rare).
         if t.is_neg():
             t = t.resolve_neg()
         p = _Packed()
         p.h = None
-        p.conj = t.is_conj()
+        p.conj = dtype.is_complex and t.is_conj()
         p.bits = self._rt_bits
         p.rt = self.runtime
-        p.dtype = dtype = t.dtype
+        p.dtype = dtype
         cuda = t.is_cuda
         p.device = t.device if cuda else _CPU
         p.size = size = t.size()
@@ -197,7 +199,7 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
             p.flat = False
             self._layout(p, t, numel)
             src = t if p.dense else self._compact(p, t)
-        nbytes = p.nbytes = p.span * t.element_size()
+        nbytes = p.nbytes = p.span * itemsize
         # A dense CPU tensor views HBM on the emulated device (host memory), a dense CUDA tensor
         # on the CUDA device, as DLPack (layout None: a dtype this PyTorch takes no DLPack of);
         # anything else is copied out.
@@ -222,9 +224,9 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
             counter = names.setdefault("saved", itertools.count())
         p.index = next(counter)
         sc = _hot.scratch()
-        desc = sc.desc
-        desc.bytes, desc.cls, desc.home_tier, desc.name = nbytes, _ACTIVATION, _DRAM, \
-            b"saved.%d" % p.index
+        sc.desc_bytes.value = nbytes
+        name = b"saved.%d\0" % p.index
+        sc.desc_name[:len(name)] = name
         status = _hot.create_copy_in_async(p.bits, sc.desc_addr, src.data_ptr(), stream,
                                            sc.out_addr, sc.flag_addr)
         if status != _hot.OK:
@@ -239,7 +241,9 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         ref = weakref.ref(p)
         recent.append(ref)
         if len(recent) > self._recent_limit:
-            self._note_older(recent.popleft()())
+            older = recent.popleft()
+            if self.tier == "nvme":
+                self._note_older(older())
         # Weak references: autograd decides how long either lives; keyed by id, checked by
         # identity (an id is reused once its object is gone).
         seen = self._seen
@@ -295,10 +299,10 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
                     pass  # acquired already (unpacked): nothing to prefetch
 
     def _note_older(self, older):
-        """A pack left the last ones (twice the prefetch depth). Tier "nvme": it is written down
+        """A pack left the last ones (twice the prefetch depth), tier "nvme": it is written down
         (the last ones stay in DRAM: their write to NVMe and the read back could not be done
         before the backward needs them)."""
-        if self.tier == "nvme" and older is not None and older.h is not None:
+        if older is not None and older.h is not None:
             try:
                 older.tm.offload("nvme")  # queued: written once its copy has landed
             except TiermemError:
