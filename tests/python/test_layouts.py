@@ -237,3 +237,41 @@ def test_a_tensor_changed_in_place_between_saves_is_copied_again(make_runtime):
     with torch.no_grad():
         expected = a.cos() - (a + 1).sin()
     assert torch.equal(a.grad, expected)
+
+
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_views_of_the_same_bytes_share_one_copy(make_runtime, tier):
+    """3-D activations: each Linear saves its input reshaped to 2-D (a new view of the same
+    bytes), so one hidden state feeding q, k and v, and a ReLU's output feeding the next Linear,
+    are saved as different tensors over the same elements: one copy each, viewed in each save's
+    shape. Different elements of one tensor (its halves) are copies of their own. Gradients are
+    plain torch's, bit for bit, and nothing is left."""
+    rt = make_runtime()
+    torch.manual_seed(0)
+    q, k, v = (torch.nn.Linear(64, 64) for _ in range(3))
+    relu, out = torch.nn.ReLU(), torch.nn.Linear(64, 64)
+    x = torch.randn(4, 8, 64, requires_grad=True)
+
+    def loss():
+        h = relu(x * 2)  # saved by the ReLU (3-D) and as q, k and v's input (2-D views)
+        a = q(h) * k(h) + v(h)  # mul saves q(h) and k(h)
+        lo, hi = a.chunk(2, dim=-1)  # different elements of a: copies of their own
+        # out saves a as a 2-D view, square a itself: one copy; then lo and hi, each its own.
+        return out(a).sum() + a.square().sum() + (lo * hi).sum()
+
+    params = [x, *q.parameters(), *k.parameters(), *v.parameters(), *out.parameters()]
+    loss().backward()
+    plain = [t.grad.clone() for t in params]
+    for t in params:
+        t.grad = None
+    hooks = tt.offload_saved_tensors(rt, tier, min_bytes=0)
+    with rt.step():
+        with hooks:
+            y = loss()
+        # Copies: h, q(h), k(h), a, lo, hi; shared: h by q, k and v (2-D views), a by square.
+        assert (hooks.packed, hooks.shared) == (6, 4), (hooks.packed, hooks.shared)
+        y.backward()
+    assert all(torch.equal(t.grad, g) for t, g in zip(params, plain))
+    del y
+    gc.collect()
+    assert rt.stats()["tensors"] == 0

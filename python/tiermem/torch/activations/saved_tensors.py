@@ -24,8 +24,9 @@ _INVALID_HANDLE = _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE")
 _STRIDED = torch.strided
 _CPU = torch.device("cpu")
 _Parameter = torch.nn.Parameter
-# How many of the last packs a save of the same tensor may share: the repeats come within a few
-# saves (one layer's output saved by the next layer and its own backward, or by 3 projections).
+# How many of the last copies a later save of the same bytes may share: the repeats come within
+# a few saves (one layer's output saved by the next layer and its own backward, or by 3
+# projections).
 _SEEN = 16
 
 
@@ -38,12 +39,13 @@ class _Packed:
     object)."""
 
     __slots__ = ("rt", "bits", "h", "index", "nbytes", "dtype", "device", "size", "stride",
-                 "span", "dense", "flat", "compact_size", "viewable", "layout", "conj",
-                 "__weakref__")
+                 "span", "dense", "flat", "compact_size", "viewable", "layout", "conj", "ptr",
+                 "contiguous", "owner", "__weakref__")
 
     def __del__(self):
         h = getattr(self, "h", None)  # None: never filled, or destroyed
-        if h is not None and self.rt._rt is not None:  # a closed runtime took its tensors
+        # A reshaped save of the same bytes (owner: the pack that made the copy) destroys nothing.
+        if h is not None and self.owner is None and self.rt._rt is not None:
             self.h = None
             _hot.destroy(self.bits, h)  # its status: nothing to tell anyone this late
 
@@ -120,7 +122,9 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         # stay in DRAM (their write to NVMe and the read back could not be done before they are
         # needed); each older one is written down.
         self._recent = collections.deque()
-        self._seen = {}  # id(saved tensor) -> (its weakref, its _version then, the pack's weakref)
+        # id(the tensor owning a copied save's bytes: the save, or the view's base) -> (its weak
+        # reference, the save's _version, the pack's weak reference), the newest last
+        self._seen = {}
         depth = getattr(runtime, "_tiermem_prefetch_depth", None)
         if depth is None:
             depth = runtime._tiermem_prefetch_depth = int(runtime.info()["prefetch_depth"])
@@ -162,12 +166,16 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
     # their code and data are cold each time (bench/saved_tensors.py); what they do is inlined
     # and each tensor attribute is asked once.
     def _pack(self, t):
-        # The same tensor saved again, unchanged since (a ReLU's output is the next Linear's
-        # input; one input feeds the q, k and v projections): it shares the first save's copy.
-        seen = self._seen.get(id(t))
-        if seen is not None and seen[0]() is t and seen[1] == t._version:
-            p = seen[2]()
-            if p is not None and p.h is not None:
+        # The same bytes saved again, unchanged since: the same tensor (a ReLU's output is saved
+        # by it and by the next Linear), or a view of the same tensor over the same elements (a
+        # Linear saves its 3-D input reshaped to 2-D; one hidden state feeds q, k and v). Keyed
+        # by the tensor that owns the bytes (a view's base), alive as long as the view is.
+        base = t._base
+        root = t if base is None else base
+        seen = self._seen.get(id(root))
+        if seen is not None and seen[0]() is root and seen[1] == t._version:
+            p = self._share(t, seen[2]())
+            if p is not None:
                 self.shared += 1
                 return p
         numel = t.numel()
@@ -176,14 +184,15 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         if self.error is not None or self._keep(t, numel, itemsize):
             self.skipped += 1
             return t
-        saved, version = t, t._version
+        version = t._version
         # A conjugate or negated view holds its values as a flag over other bytes: the bytes go,
         # the conjugation (complex dtypes only) comes back at unpack, a negation is resolved
-        # here (a copy; rare).
+        # here (a copy; rare, and never shared).
         if t.is_neg():
             t = t.resolve_neg()
+            root = None
         p = _Packed()
-        p.h = None
+        p.h = p.owner = None
         p.conj = dtype.is_complex and t.is_conj()
         p.bits = self._rt_bits
         p.rt = self.runtime
@@ -192,11 +201,13 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         p.device = t.device if cuda else _CPU
         p.size = size = t.size()
         p.stride = stride = t.stride()
+        p.ptr = ptr = t.data_ptr()
         if t.is_contiguous():
-            p.dense, src, p.span = True, t, numel
+            p.dense = p.contiguous = True
+            src, p.span = t, numel
             p.flat = len(size) == 1
         else:
-            p.flat = False
+            p.flat = p.contiguous = False
             self._layout(p, t, numel)
             src = t if p.dense else self._compact(p, t)
         nbytes = p.nbytes = p.span * itemsize
@@ -227,7 +238,8 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         sc.desc_bytes.value = nbytes
         name = b"saved.%d\0" % p.index
         sc.desc_name[:len(name)] = name
-        status = _hot.create_copy_in_async(p.bits, sc.desc_addr, src.data_ptr(), stream,
+        status = _hot.create_copy_in_async(p.bits, sc.desc_addr,
+                                           ptr if src is t else src.data_ptr(), stream,
                                            sc.out_addr, sc.flag_addr)
         if status != _hot.OK:
             try:
@@ -245,11 +257,13 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
             if self.tier == "nvme":
                 self._note_older(older())
         # Weak references: autograd decides how long either lives; keyed by id, checked by
-        # identity (an id is reused once its object is gone).
-        seen = self._seen
-        seen[id(saved)] = (weakref.ref(saved), version, ref)
-        if len(seen) > _SEEN:
-            del seen[next(iter(seen))]
+        # identity (an id is reused once its object is gone); the newest last.
+        if root is not None:
+            seen = self._seen
+            key = id(root)
+            if seen.pop(key, None) is None and len(seen) >= _SEEN:
+                del seen[next(iter(seen))]
+            seen[key] = (weakref.ref(root), version, ref)
         if not sc.flag.value:
             # The source stays alive until the copy has read it (the compute stream goes on).
             try:
@@ -260,6 +274,34 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         self.packed += 1
         self.packed_bytes += nbytes
         return p
+
+    def _share(self, t, p):
+        """The pack that serves saving t, whose bytes' owner p's save had and whose version is
+        unchanged since: p for the same elements in the same layout, a pack of t's shape over
+        p's copy for the same elements contiguous in another shape; None when the elements differ
+        (another part of the owner, another dtype) or p is gone."""
+        if p is None or p.h is None or t.dtype != p.dtype or t.data_ptr() != p.ptr or t.is_neg():
+            return None
+        if p.conj != (p.dtype.is_complex and t.is_conj()):
+            return None
+        size, stride = t.size(), t.stride()
+        if size == p.size and stride == p.stride:
+            return p
+        if not (p.contiguous and t.is_contiguous() and t.numel() == p.span):
+            return None
+        q = _Packed()
+        for name in ("rt", "bits", "h", "index", "nbytes", "dtype", "device", "span", "dense",
+                     "viewable", "conj", "ptr", "contiguous"):
+            setattr(q, name, getattr(p, name))
+        q.owner = p.owner or p  # keeps the copy: p destroys it once q is gone too
+        q.size, q.stride, q.flat = size, stride, len(size) == 1
+        if q.viewable:
+            layout = _views.layouts.get((q.dtype, size, stride))
+            q.layout = (layout if layout is not None else
+                        _views.dlpack_layout(q.dtype, size, stride))
+        else:
+            q.layout = None
+        return q
 
     @staticmethod
     def _layout(p, t, numel):

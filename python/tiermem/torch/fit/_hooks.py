@@ -187,9 +187,13 @@ class SavedCounter(torch.autograd.graph.saved_tensors_hooks):
         return t
 
     def _first_save(self, i, t):
-        """False for a save of a tensor this block saved before, unchanged since: packing shares
-        its copy. (The profile keeps every saved tensor alive, so an id is not reused.)"""
-        key = (id(t), t._version)
+        """False for a save of elements this block saved before, unchanged since (the same
+        tensor, or a view of the same tensor over the same elements, contiguous in another shape):
+        packing shares its copy. (The profile keeps every saved tensor alive, so an id is not
+        reused.)"""
+        root = t if t._base is None else t._base
+        shape = t.numel() if t.is_contiguous() else (tuple(t.size()), t.stride())
+        key = (id(root), t._version, t.data_ptr(), t.dtype, shape)
         saves = self._saves.setdefault(i, set())
         if key in saves:
             return False
