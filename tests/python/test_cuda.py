@@ -180,8 +180,11 @@ def test_saved_views_hit_prefetched_hbm_on_the_gpu(cuda_runtime):
         after = rt.stats()
         acquires = after["acquires"] - before["acquires"]
         hits = after["acquire_hits"] - before["acquire_hits"]
-        assert hooks.unpacked_views == hooks.packed > 0 and hooks.unpacked_copies == 0
-        assert acquires == hooks.packed
+        # A save that shares an earlier copy (log_softmax's output, saved by nll_loss too) is
+        # one more unpack of that copy.
+        saves = hooks.packed + hooks.shared
+        assert hooks.unpacked_views == saves and hooks.packed > 0 and hooks.unpacked_copies == 0
+        assert acquires == saves
         if i >= 1:
             assert hits >= 0.9 * acquires, "step %d: %d of %d hit" % (i + 1, hits, acquires)
         moved = after["bytes_moved"]["dram"]["hbm"] - before["bytes_moved"]["dram"]["hbm"]
