@@ -166,6 +166,10 @@ def test_library_error_surfaces_and_training_state_is_intact(nvme_dir):
                                     torch.nn.Linear(256, 256))
         before = [p.detach().clone() for p in model.parameters()]
         x = torch.randn(1024, 256)  # 1 MiB activations: more than DRAM and NVMe together
+        saves = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saves.append(t.shape) or t,
+                                                      lambda t: t):
+            model(x).sum()
         hooks = tt.offload_saved_tensors(rt, "dram", min_bytes=0)
         with pytest.raises(tiermem.TiermemError) as e:
             with hooks:
@@ -173,6 +177,9 @@ def test_library_error_surfaces_and_training_state_is_intact(nvme_dir):
         assert e.value.status in (tiermem.TM_ERR_OUT_OF_MEMORY, tiermem.TM_ERR_NO_SPACE)
         # The first saved tensor that found no room is named (DRAM too small, NVMe full).
         assert "\"saved." in e.value.message and hooks.error is e.value
+        # Every save is counted: the one whose pack failed, and those after it, as skipped.
+        assert hooks.packed + hooks.shared + hooks.skipped == len(saves), (
+            hooks.packed, hooks.shared, hooks.skipped, len(saves))
         # The error's traceback holds the tensor being packed, hence the graph and the tensors
         # packed before it (saved.0 went to NVMe): let go of it with the graph.
         hooks.error = None
@@ -275,3 +282,64 @@ def test_views_of_the_same_bytes_share_one_copy(make_runtime, tier):
     del y
     gc.collect()
     assert rt.stats()["tensors"] == 0
+
+
+def test_another_save_of_the_same_tensor_in_between_keeps_the_share(make_runtime):
+    """y, then y.t() (its own copy: another layout), then y again: the third save shares the
+    first copy, whichever other views of y were copied in between."""
+    rt = make_runtime()
+    a = torch.randn(64, 64, requires_grad=True)
+
+    def loss():
+        y = a * 2
+        return y.sin().sum() + y.t().cos().sum() + y.square().sum()
+
+    loss().backward()
+    plain, a.grad = a.grad, None
+    hooks = tt.offload_saved_tensors(rt, "dram", min_bytes=0)
+    with hooks:
+        out = loss()
+    assert (hooks.packed, hooks.shared) == (2, 1)
+    out.backward()
+    assert torch.equal(a.grad, plain)
+
+
+@pytest.mark.parametrize("between,shared", [(15, 1), (16, 0)])
+def test_a_save_shares_one_of_the_last_16_copies(make_runtime, between, shared):
+    """The window is counted in copies, whatever their addresses: x saved again after 15 other
+    copies shares its copy, after 16 it is copied again."""
+    rt = make_runtime()
+    x = torch.randn(32, 32, requires_grad=True)
+    others = [torch.randn(32, 32, requires_grad=True) for _ in range(between)]
+    hooks = tt.offload_saved_tensors(rt, "dram", min_bytes=0)
+    with hooks:
+        h = x * 1
+        loss = h.sin().sum()
+        loss = loss + sum((o * 1).sin().sum() for o in others)
+        loss = loss + h.cos().sum()
+    assert (hooks.packed, hooks.shared) == (between + 2 - shared, shared)
+    loss.backward()
+    with torch.no_grad():
+        assert torch.equal(x.grad, x.cos() - x.sin())
+
+
+def test_share_false_copies_a_save_written_behind_its_version(make_runtime):
+    """A write through .data does not move the tensor's version: a later save would share the
+    earlier copy (its bytes from before the write). share=False copies every save."""
+    rt = make_runtime()
+    a = torch.randn(64, 64, dtype=torch.float64, requires_grad=True)
+    for share in (True, False):
+        a.grad = None
+        hooks = tt.offload_saved_tensors(rt, "dram", min_bytes=0, share=share)
+        with hooks:
+            y = a * 1.5
+            u = y.sin()
+            y.data.add_(1)
+            w = y.cos()
+        assert (hooks.packed, hooks.shared) == ((1, 1) if share else (2, 0))
+        (u.sum() + w.sum()).backward()
+        with torch.no_grad():
+            y0 = a * 1.5
+            later = y0 if share else y0 + 1  # the bytes cos's backward reads
+            expected = 1.5 * (y0.cos() - later.sin())
+        assert torch.allclose(a.grad, expected, rtol=0, atol=1e-12)

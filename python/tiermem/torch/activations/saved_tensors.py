@@ -24,10 +24,11 @@ _INVALID_HANDLE = _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE")
 _STRIDED = torch.strided
 _CPU = torch.device("cpu")
 _Parameter = torch.nn.Parameter
-# How many of the last copies a later save of the same bytes may share: the repeats come within
-# a few saves (one layer's output saved by the next layer and its own backward, or by 3
-# projections).
+# How many of the last copies a later save of the same bytes may share (the repeats come within
+# a few saves: one layer's output saved by the next layer and its own backward, or by 3
+# projections), and how many copies of one tensor's parts are kept for it.
 _SEEN = 16
+_SHARED = 4
 
 
 class _Packed:
@@ -102,12 +103,13 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
     backward ran inside the context."""
 
     def __init__(self, runtime, tier="dram", min_bytes=16384, views=True,
-                 stash_bytes=256 << 20):
+                 stash_bytes=256 << 20, share=True):
         _check_runtime(runtime)
         self.runtime = runtime
         self.tier = _check_tier(tier)
         self.min_bytes = _size_arg(min_bytes, "min_bytes")
         self.views = bool(views)
+        self.share = bool(share)
         self.stash = _stash_of(runtime, _size_arg(stash_bytes, "stash_bytes"))
         self._cuda_runtime = _is_cuda_runtime(runtime)
         self._rt_bits = runtime._handle().bits  # packs made after close fail as a bad handle
@@ -123,8 +125,10 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         # needed); each older one is written down.
         self._recent = collections.deque()
         # id(the tensor owning a copied save's bytes: the save, or the view's base) -> (its weak
-        # reference, the save's _version, the pack's weak reference), the newest last
+        # reference, the saves' _version, [(copy number, the pack's weak reference)]), the
+        # newest last
         self._seen = {}
+        self._copies = 0
         depth = getattr(runtime, "_tiermem_prefetch_depth", None)
         if depth is None:
             depth = runtime._tiermem_prefetch_depth = int(runtime.info()["prefetch_depth"])
@@ -172,9 +176,9 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         # by the tensor that owns the bytes (a view's base), alive as long as the view is.
         base = t._base
         root = t if base is None else base
-        seen = self._seen.get(id(root))
+        seen = self._seen.get(id(root)) if self.share else None
         if seen is not None and seen[0]() is root and seen[1] == t._version:
-            p = self._share(t, seen[2]())
+            p = self._share(t, seen[2])
             if p is not None:
                 self.shared += 1
                 return p
@@ -246,8 +250,10 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
                 _hot.check(status, "tm_tensor_create_copy_in_async")
             except TiermemError as e:
                 self.error = e  # no tensor was left; this one stays with autograd
+            self.skipped += 1
             return t
         p.h = sc.words[0]
+        self._copies += 1
         # The last packs (weak references), which the backward unpacks first.
         recent = self._recent
         ref = weakref.ref(p)
@@ -256,39 +262,65 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
             older = recent.popleft()
             if self.tier == "nvme":
                 self._note_older(older())
-        # Weak references: autograd decides how long either lives; keyed by id, checked by
-        # identity (an id is reused once its object is gone); the newest last.
-        if root is not None:
-            seen = self._seen
-            key = id(root)
-            if seen.pop(key, None) is None and len(seen) >= _SEEN:
-                del seen[next(iter(seen))]
-            seen[key] = (weakref.ref(root), version, ref)
+        if root is not None and self.share:
+            self._note_copy(root, version, ref)
         if not sc.flag.value:
             # The source stays alive until the copy has read it (the compute stream goes on).
             try:
                 self.stash.add(p, src, nbytes)
             except TiermemError as e:
                 self.error = e
+                self.skipped += 1
                 return t
         self.packed += 1
         self.packed_bytes += nbytes
         return p
 
-    def _share(self, t, p):
-        """The pack that serves saving t, whose bytes' owner p's save had and whose version is
-        unchanged since: p for the same elements in the same layout, a pack of t's shape over
-        p's copy for the same elements contiguous in another shape; None when the elements differ
-        (another part of the owner, another dtype) or p is gone."""
-        if p is None or p.h is None or t.dtype != p.dtype or t.data_ptr() != p.ptr or t.is_neg():
+    def _note_copy(self, root, version, ref):
+        """Notes the copy (its pack's weak reference) of a save whose bytes root owns at version:
+        weak references (autograd decides how long either lives), keyed by id and checked by
+        identity (an id is reused once its object is gone), the last _SHARED copies of each
+        owner, the owners newest last."""
+        seen, key = self._seen, id(root)
+        entry = seen.pop(key, None)
+        if entry is not None and entry[0]() is root and entry[1] == version:
+            copies = entry[2]
+            copies.append((self._copies, ref))
+            if len(copies) > _SHARED:
+                del copies[0]
+        else:
+            if len(seen) >= _SEEN:
+                del seen[next(iter(seen))]
+            entry = (weakref.ref(root), version, [(self._copies, ref)])
+        seen[key] = entry
+
+    def _share(self, t, copies):
+        """The pack that serves saving t, from the copies of the same owner at the same version
+        (newest first) among the last _SEEN: one for the same elements in the same layout as
+        it is, a pack of t's shape over a copy of the same elements contiguous in another shape;
+        None when no copy holds exactly t's elements (another part of the owner, another dtype),
+        or those that did are gone."""
+        if t.is_neg():
             return None
-        if p.conj != (p.dtype.is_complex and t.is_conj()):
-            return None
+        dtype, ptr = t.dtype, t.data_ptr()
+        conj = dtype.is_complex and t.is_conj()
         size, stride = t.size(), t.stride()
-        if size == p.size and stride == p.stride:
-            return p
-        if not (p.contiguous and t.is_contiguous() and t.numel() == p.span):
-            return None
+        for seq, ref in reversed(copies):
+            if self._copies - seq >= _SEEN:
+                return None
+            p = ref()
+            if p is None or p.h is None or p.dtype != dtype or p.ptr != ptr or p.conj != conj:
+                continue
+            if size == p.size and stride == p.stride:
+                return p
+            if p.contiguous and t.is_contiguous() and t.numel() == p.span:
+                return self._reshaped(p, size, stride)
+        return None
+
+    @staticmethod
+    def _reshaped(p, size, stride):
+        """A pack of another (contiguous) shape over p's copy; p destroys the copy once both
+        are gone."""
         q = _Packed()
         for name in ("rt", "bits", "h", "index", "nbytes", "dtype", "device", "span", "dense",
                      "viewable", "conj", "ptr", "contiguous"):
@@ -433,7 +465,7 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
 
 
 def offload_saved_tensors(runtime, tier="dram", min_bytes=16384, views=True,
-                          stash_bytes=256 << 20):
+                          stash_bytes=256 << 20, share=True):
     """Like torch.autograd.graph.save_on_cpu: inside the context, every tensor autograd saves
     for backward (min_bytes and larger; parameters excepted) is copied into tiermem and read
     back when the backward needs it. tier "dram" keeps it in pinned DRAM (spilling to NVMe when
@@ -443,5 +475,8 @@ def offload_saved_tensors(runtime, tier="dram", min_bytes=16384, views=True,
     host waits for the oldest) until the copy has passed. Names ("saved.N", counted from each
     rt.step()) repeat step after step, so the schedule prefetches the backward's tensors into
     HBM ahead of their unpacks; with views (the default) unpack returns a tensor viewing that
-    HBM copy, released when PyTorch frees it, and views=False copies out instead."""
-    return SavedTensorOffload(runtime, tier, min_bytes, views, stash_bytes)
+    HBM copy, released when PyTorch frees it, and views=False copies out instead. A save of
+    exactly the elements one of the last 16 copies holds, unchanged since (the tensor's
+    _version), shares that copy; share=False copies every save (for code that writes into a
+    saved tensor's memory without its version knowing: through .data, numpy, DLPack)."""
+    return SavedTensorOffload(runtime, tier, min_bytes, views, stash_bytes, share)
