@@ -92,7 +92,7 @@ def _stash_of(runtime, max_bytes):
 
 class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
     """Context manager (see offload_saved_tensors). Counters: .packed, .packed_bytes, .shared
-    (saves that shared an earlier pack of the same tensor), .skipped,
+    (saves that shared an earlier copy of the same elements), .skipped,
     .unpacked_views (served by a view of the HBM copy), .unpacked_copies (copied out); .error:
     the TiermemError that stopped offloading, if any.
 
@@ -327,12 +327,7 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
             setattr(q, name, getattr(p, name))
         q.owner = p.owner or p  # keeps the copy: p destroys it once q is gone too
         q.size, q.stride, q.flat = size, stride, len(size) == 1
-        if q.viewable:
-            layout = _views.layouts.get((q.dtype, size, stride))
-            q.layout = (layout if layout is not None else
-                        _views.dlpack_layout(q.dtype, size, stride))
-        else:
-            q.layout = None
+        q.layout = _views.dlpack_layout(q.dtype, size, stride) if q.viewable else None
         return q
 
     @staticmethod
