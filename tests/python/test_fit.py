@@ -83,6 +83,22 @@ def test_copies_share_the_link():
     assert two.step > one.step + blocks[0].moved / m.d2h * 0.9
 
 
+def test_recompute_factor_pairs_rounds_and_has_a_floor():
+    # Load during the keep steps of rounds 2 and 3 only: the medians of either side alone say the
+    # recompute costs nothing (keep 40 ms against recompute 15); each round's own difference
+    # says 4 ms over a forward of 4 ms.
+    keep, rec = [10e-3, 40e-3, 41e-3], [14e-3, 15e-3, 45e-3]
+    assert sorted(rec)[1] - sorted(keep)[1] < 0
+    r, how = fit_cost.recompute_factor(keep, rec, 4e-3)
+    assert (round(r, 6), how) == (1.0, "measured")
+    # Below half a forward is noise: the floor, and said so.
+    r, how = fit_cost.recompute_factor([10e-3] * 3, [10.5e-3] * 3, 4e-3)
+    assert (r, how) == (fit_cost.RECOMPUTE_FLOOR, "floor") and r == 0.5
+    r, how = fit_cost.recompute_factor([10e-3] * 3, [8e-3] * 3, 4e-3)
+    assert (r, how) == (0.5, "floor")
+    assert fit_cost.recompute_factor([], [], 4e-3) == (1.0, "measured")
+
+
 def test_never_over_budget_and_greedy_is_valid():
     rng = random.Random(7)
     for _ in range(30):

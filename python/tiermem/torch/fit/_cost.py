@@ -21,6 +21,7 @@ backward of block i, the blocks below it, block i's whole activations (unpacked,
 kept) and the next offloaded block's prefetched tensors."""
 
 import itertools
+import statistics
 
 KEEP, DRAM, NVME, RECOMPUTE = "keep", "dram", "nvme", "recompute"
 CHOICES = (KEEP, DRAM, NVME, RECOMPUTE)
@@ -69,6 +70,23 @@ class Machine:
         self.recompute_factor = 1.0  # a recompute's cost / the block's forward
         self.prefetch_depth = int(prefetch_depth)
         self.sources = {}
+
+
+# A recompute runs the blocks' forward again: a calibrated figure below half of it is the
+# machine's noise (another process's load on one step of a pair), not a cheaper forward.
+RECOMPUTE_FLOOR = 0.5
+
+
+def recompute_factor(keep_bwd, recompute_bwd, fwd):
+    """r, a recompute's cost over the blocks' forward time fwd, from the backward times of the
+    all-keep and all-recompute steps of the same profile rounds (the i-th of each in round i):
+    the median of the rounds' differences, so that a load on the machine during one round weighs
+    on both sides of it; (r, how: "measured", or "floor" when it was raised to
+    RECOMPUTE_FLOOR)."""
+    if fwd <= 0 or not keep_bwd:
+        return 1.0, "measured"
+    r = statistics.median(b - k for k, b in zip(keep_bwd, recompute_bwd)) / fwd
+    return (r, "measured") if r >= RECOMPUTE_FLOOR else (RECOMPUTE_FLOOR, "floor")
 
 
 class Prediction:

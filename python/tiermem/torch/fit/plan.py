@@ -182,9 +182,9 @@ class FittedPlan:
         # marks cost a little).
         keep_f, keep_b = (med(x[k] for x in runs[tuple(modes[0])]) for k in (0, 1))
         self._scale(blocks, rest, keep_f, keep_b)
-        rec_b = med(x[1] for x in runs[tuple(modes[1])])
-        fsum = sum(b.fwd for b in blocks)
-        m.recompute_factor = max(0.0, rec_b - keep_b) / fsum if fsum > 0 else 1.0
+        m.recompute_factor, m.sources["recompute"] = _fit_cost.recompute_factor(
+            [x[1] for x in runs[tuple(modes[0])]], [x[1] for x in runs[tuple(modes[1])]],
+            sum(b.fwd for b in blocks))
         if len(modes) == 3 and moved_all > 0:
             off_f, off_b = (med(x[k] for x in runs[tuple(modes[2])]) for k in (0, 1))
             bare = _fit_cost.predict(blocks, rest, modes[2], m)
@@ -282,10 +282,11 @@ class FittedPlan:
         gbps = lambda x: "n/a" if x is None else "%.2f" % (x / 1e9)  # noqa: E731
         lines = ["fitted plan: HBM budget %.2f MiB of saved activations; link D2H %s / H2D %s "
                  "GB/s (%s), NVMe write %s / read %s GB/s (%s); host cost %.3f / %.3f ms per "
-                 "MiB offloaded (fwd / bwd), recompute %.2fx a forward" %
+                 "MiB offloaded (fwd / bwd), recompute %.2fx a forward (%s)" %
                  (self.budget / _MIB, gbps(m.d2h), gbps(m.h2d), m.sources.get("link"),
                   gbps(m.nvme_write), gbps(m.nvme_read), m.sources.get("nvme"),
-                  m.pack_fwd * _MIB * 1e3, m.pack_bwd * _MIB * 1e3, m.recompute_factor),
+                  m.pack_fwd * _MIB * 1e3, m.pack_bwd * _MIB * 1e3, m.recompute_factor,
+                  m.sources.get("recompute", "set")),
                  "%-14s %-10s %10s %10s %9s %9s" % ("block", "choice", "saved MiB", "HBM MiB",
                                                     "fwd ms", "bwd ms")]
         for b, c in zip(self.costs, self.choices):
