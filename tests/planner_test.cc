@@ -270,7 +270,7 @@ TEST(Planner, CApi) {
   // holding about 1 ms of the disk in reads ahead (8 x 6 MB) runs it at the disk's speed.
   EXPECT_DOUBLE_EQ(out.optimizer_state_bytes, 12 * 7e9);
   EXPECT_DOUBLE_EQ(out.optimizer_nvme_seconds, 2 * 12 * 7e9 / m.nvme_bytes_per_s);
-  EXPECT_DOUBLE_EQ(out.optimizer_nvme_least_dram_bytes, 16 << 10);
+  EXPECT_DOUBLE_EQ(out.optimizer_nvme_least_dram_bytes, 8 << 10);
   EXPECT_DOUBLE_EQ(out.optimizer_nvme_full_speed_dram_bytes,
                    std::max(16.0 * (1 << 20), 8e-3 * m.nvme_bytes_per_s));
   // A disk of 1 PB/s: never more DRAM than the state itself.

@@ -78,8 +78,8 @@ absl::Status CheckInput(const PlanInput& in) {
   return absl::OkStatus();
 }
 
-// The CPU step with its state on NVMe. The least DRAM: two slices of the smallest tiermem.torch
-// chooses (4 KiB, the NVMe tier's block) in half the tier, a 16 KiB tier, where
+// The CPU step with its state on NVMe. The least DRAM: a slice of the smallest tiermem.torch
+// chooses (4 KiB, the NVMe tier's block) and its new version, an 8 KiB tier, where
 // tests/python/test_optimizer_budgets.py trains reading the state once a step. The disk's speed:
 // the reads ahead (a quarter of the window, which is half the tier) hold about 1 ms of the disk's
 // bandwidth, so that a slice's read outlasts the per-slice costs; bench/optim_nvme_bound.py
@@ -87,7 +87,7 @@ absl::Status CheckInput(const PlanInput& in) {
 // the state.
 void PriceNvmeOptimizer(const PlanInput& in, double params_per_gpu, Plan* p) {
   p->optimizer_state_bytes = 12 * params_per_gpu;
-  p->optimizer_nvme_least_dram = 16 << 10;
+  p->optimizer_nvme_least_dram = 8 << 10;
   if (in.nvme_bytes_per_s > 0) {
     p->optimizer_nvme_seconds = 2 * p->optimizer_state_bytes / in.nvme_bytes_per_s;
     // Never more than the state: a tier that holds it keeps it there between steps.

@@ -32,8 +32,8 @@ STEPS = 3
 # The runtime's DRAM budgets: the DRAM tier is the budget less its staging pool (128 KiB here).
 # The state is 1.22 MiB (CPUAdam: master and moments) or 834 KiB (AdamW's moments); the largest
 # tensor's state 192 KiB (CPUAdam) or 128 KiB (AdamW): the last budgets leave a DRAM tier of
-# 64, 32 and 16 KiB (the least: two 4 KiB slices in half of it).
-BUDGETS = ["2MiB", "1MiB", "640KiB", "384KiB", "256KiB", "192KiB", "160KiB", "144KiB"]
+# 64, 32, 16 and 8 KiB (the least: a 4 KiB slice and its new version).
+BUDGETS = ["2MiB", "1MiB", "640KiB", "384KiB", "256KiB", "192KiB", "160KiB", "144KiB", "136KiB"]
 
 
 def _train(opt, m, steps=STEPS):
@@ -81,6 +81,22 @@ def test_cpu_adam_trains_at_any_dram_budget(make_runtime, in_dram, budget):
     if tier < state:  # streamed: read once (at the least budget a slice or so again, 0.2%)
         read = after["nvme"]["dram"] - before["nvme"]["dram"]
         assert state <= read <= 1.01 * state, "read %.4fx the state a step" % (read / state)
+
+
+def test_cpu_adam_below_the_least_dram_says_so_and_changes_nothing(make_runtime):
+    """A DRAM tier of 4 KiB (below the least, a slice and its new version): the step raises
+    TM_ERR_OUT_OF_MEMORY naming what it needed, and the parameters are as they were."""
+    rt = make_runtime(dram_bytes="132KiB")
+    m = model()
+    opt = tt.CPUAdam(m.parameters(), lr=LR, runtime=rt, state_tier="nvme", threads=1)
+    x = batch(0)
+    m(input_ids=x, labels=x).loss.backward()
+    before = [p.detach().clone() for p in m.parameters()]
+    with pytest.raises(tiermem.TiermemError, match="needs") as e:
+        opt.step()
+    assert e.value.status_name == "TM_ERR_OUT_OF_MEMORY"
+    assert _same(before, [p.detach() for p in m.parameters()])
+    opt.close()
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
