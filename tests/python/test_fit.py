@@ -4,12 +4,17 @@ GPT with the emulated device: the measured peak within the budget, training bit-
 plain under every choice, and clear errors for bad arguments."""
 
 import itertools
+import math
 import random
+import re
+import warnings
 
 import pytest
 import torch
 
+import tiermem
 import tiermem.torch as tt
+from tiermem.torch.fit import plan as fit_plan
 from tiermem.torch.fit import _cost as fit_cost
 from tiermem.torch.fit._cost import DRAM, KEEP, NVME, RECOMPUTE, BlockCost, Machine, RestCost
 from tinygpt import TinyGPT, batches
@@ -222,6 +227,64 @@ def test_bad_arguments(rt):
     with pytest.raises(RuntimeError, match="removed"):
         with plan:
             pass
+    # A removed plan neither checks (it re-profiled, and raised a FitError) nor measures.
+    for call in (lambda: plan.check(1.0), plan.measure, plan.replan):
+        with pytest.raises(RuntimeError, match="the plan was removed"):
+            call()
+    for what in ("link_gbps", "nvme_gbps"):
+        for bad in (0, -3, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match="%s=.*positive number of GB/s" % what):
+                tt.fit(model, rt, "1GiB", (x, y), **{what: bad})
+        with pytest.raises(TypeError, match=what):
+            tt.fit(model, rt, "1GiB", (x, y), **{what: "fast"})
+    with pytest.raises(ValueError, match="min_bytes"):
+        tt.fit(model, rt, "1GiB", (x, y), min_bytes="lots")
+
+
+def test_the_least_it_names_fits_and_size_strings(rt):
+    model = _model()
+    x, y = _data(1)[0]
+    with pytest.raises(tt.FitError, match="the least this model needs is about") as e:
+        tt.fit(model, rt, 4096, (x, y), min_bytes="1KiB", profile_steps=1, log=lambda s: None)
+    least = float(re.search(r"needs is about ([0-9.]+) MiB", str(e.value)).group(1))
+    # The budget it names (rounded up to the printed digits) fits, and less does not: it is
+    # the least (it had counted the last block's checkpoint too, which a kept block needs not).
+    with pytest.raises(tt.FitError):
+        tt.fit(model, rt, int((least - 0.02) * MIB), (x, y), min_bytes="1KiB", profile_steps=1,
+               log=lambda s: None)
+    budget = int(math.ceil((least + 0.01) * MIB))
+    plan = tt.fit(model, rt, budget, (x, y), min_bytes="1KiB", profile_steps=1, check_steps=0,
+                  log=lambda s: None)
+    assert plan.min_bytes == 1024 and plan.prediction.peak <= budget
+    plan.remove()
+
+
+def test_fit_again_replaces_the_plan_in_place(rt):
+    model = _model()
+    x, y = _data(1)[0]
+    hooks = lambda: sum(len(b._forward_hooks) + len(b._forward_pre_hooks)  # noqa: E731
+                        for b in model.blocks)
+    first = tt.fit(model, rt, 1 << 40, (x, y), profile_steps=1, check_steps=0,
+                   log=lambda s: None)
+    one = hooks()
+    assert one > 0
+    lines = []
+    second = tt.fit(model, rt, 1 << 40, (x, y), profile_steps=1, check_steps=0,
+                    log=lines.append)
+    assert "replaced" in lines[0] and first.choices is None and hooks() == one
+    second.remove()
+    assert hooks() == 0
+
+
+def test_a_plan_still_off_after_its_replans_warns(rt, monkeypatch):
+    model = _model()
+    x, y = _data(1)[0]
+    monkeypatch.setattr(fit_plan.FittedPlan, "measure",
+                        lambda self, steps=3: 2 * self.prediction.step)
+    with pytest.warns(tiermem.TiermemWarning, match=r"still \+100% off its prediction after 0"):
+        plan = tt.fit(model, rt, 1 << 40, (x, y), profile_steps=1, max_replans=0,
+                      log=lambda s: None)
+    plan.remove()
 
 
 def test_check_replans_when_the_step_drifts(rt):
@@ -273,3 +336,18 @@ def test_the_nvme_figure_is_the_drives(make_runtime, inclusive):
     small = make_runtime(dram_bytes="256KiB")
     *_, nw, nr, src = _profile.bandwidths(small, cuda=False)
     assert nw is None and nr is None and src["nvme"].startswith("not measured"), src
+
+
+def test_offload_saved_tensors_inside_the_plan_warns(rt):
+    model = _model()
+    x, y = _data(1)[0]
+    plan = tt.fit(model, rt, 1 << 40, (x, y), profile_steps=1, check_steps=0, log=lambda s: None)
+    with rt.step(), plan:
+        with pytest.warns(tiermem.TiermemWarning, match="inside a fitted plan's context"):
+            with tt.offload_saved_tensors(rt):
+                model(x, y).backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # outside the plan: no warning
+        with rt.step(), tt.offload_saved_tensors(rt), plan:
+            model(x, y).backward()
+    plan.remove()

@@ -2,7 +2,13 @@
 and of fit leave those where they are. And _eager, for hooks that must run as Python under
 torch.compile."""
 
+import threading
+
 import torch
+
+# The fitted plans whose saved-tensor hooks are active on this thread (fit's Router): an
+# offload_saved_tensors entered inside one takes every save from it, which it warns about.
+plans_active = threading.local()
 
 # Hooks that move tensors' data in and out (a unit's parameters, an optimizer's state) run
 # eagerly under torch.compile: dynamo cannot trace them (it fails on them, or recompiles them at

@@ -9,11 +9,13 @@ hold it (or the layout is not dense) it is copied out instead."""
 
 import collections
 import itertools
+import warnings
 import weakref
 
 import torch
 
-from ... import TM_ERR_OUT_OF_MEMORY, Tensor, TiermemError, _capi, _hot
+from ... import TM_ERR_OUT_OF_MEMORY, Tensor, TiermemError, TiermemWarning, _capi, _hot
+from .._shared.tensors import plans_active as _plans_active
 from .._shared import views as _views
 from .._shared.transfers import (_CUDA_STREAM_LEGACY, _check_runtime, _check_tier, _fetch,
                                  _is_cuda_runtime, _size_arg, _stream)
@@ -137,6 +139,12 @@ class SavedTensorOffload(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(self._pack, self._unpack)
 
     def __enter__(self):
+        if getattr(_plans_active, "depth", 0):
+            warnings.warn(
+                "offload_saved_tensors entered inside a fitted plan's context: the innermost "
+                "saved-tensor hooks take every save, so the plan's choices and its meter (.peak) "
+                "no longer apply to this forward; enter it outside the plan (the plan offloads "
+                "the blocks it chose), or remove the plan", TiermemWarning, stacklevel=2)
         self.error = None
         self._seen.clear()
         super().__enter__()

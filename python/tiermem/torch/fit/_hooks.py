@@ -10,6 +10,7 @@ from torch.utils import _pytree
 from torch.utils import checkpoint as _checkpoint
 
 from .._shared.tensors import _eager, _is_parameter
+from .._shared.tensors import plans_active as _plans_active
 from .._shared.transfers import _storage_nbytes
 from ..activations import SavedTensorOffload
 from ._cost import DRAM, NVME
@@ -114,7 +115,13 @@ class Router(torch.autograd.graph.saved_tensors_hooks):
                                                         stash_bytes=stash_bytes)
         super().__init__(_eager(self._pack), _eager(self._unpack))
 
+    def __enter__(self):
+        super().__enter__()
+        _plans_active.depth = getattr(_plans_active, "depth", 0) + 1
+        return self
+
     def __exit__(self, exc_type, exc, tb):
+        _plans_active.depth -= 1
         super().__exit__(exc_type, exc, tb)
         if exc is None:
             for off in self.offload.values():

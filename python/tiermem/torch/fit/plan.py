@@ -2,12 +2,15 @@
 them, offload them to DRAM or NVMe, or recompute the block (torch.utils.checkpoint), from times
 and bandwidths measured on the machine at hand (the cost model: fit_cost; docs/planner.md)."""
 
+import math
 import statistics
+import warnings
+import weakref
 
 import torch
 
-from ... import parse_size
-from .._shared.transfers import _check_runtime
+from ... import TiermemWarning, parse_size
+from .._shared.transfers import _check_runtime, _size_arg
 from .._shared.units import _unit_modules
 from . import _cost as _fit_cost
 from ._cost import CHOICES, DRAM, KEEP, NVME, RECOMPUTE, BlockCost, Machine, RestCost
@@ -17,6 +20,21 @@ from ._profile import BlockTimer, Clock, bandwidths
 
 _MIB = 1 << 20
 _DRIFT = 0.15  # a measured step this far from the prediction re-plans
+# model -> its FittedPlan in place: a model has one plan at a time (fit again replaces it).
+_plans = weakref.WeakKeyDictionary()
+
+
+def _gbps_arg(value, what):
+    """link_gbps= / nvme_gbps=: None (measured) or a positive finite number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError("%s: expected a number of GB/s or None (measured), got %s" %
+                        (what, type(value).__name__))
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("%s=%r: must be a positive number of GB/s (None: measured)" %
+                         (what, value))
+    return float(value)
 
 
 class FittedPlan:
@@ -186,10 +204,15 @@ class FittedPlan:
             [x[1] for x in runs[tuple(modes[0])]], [x[1] for x in runs[tuple(modes[1])]],
             sum(b.fwd for b in blocks))
         if len(modes) == 3 and moved_all > 0:
-            off_f, off_b = (med(x[k] for x in runs[tuple(modes[2])]) for k in (0, 1))
+            # The host's cost per byte offloaded: each round's all-DRAM step against its own
+            # all-keep step (a load during one round weighs on both), less the difference the
+            # model predicts between them without it (the link's time that is not hidden).
             bare = _fit_cost.predict(blocks, rest, modes[2], m)
-            m.pack_fwd = max(0.0, off_f - bare.fwd) / moved_all
-            m.pack_bwd = max(0.0, off_b - bare.bwd) / moved_all
+            kept = _fit_cost.predict(blocks, rest, modes[0], m)
+            pairs = list(zip(runs[tuple(modes[0])], runs[tuple(modes[2])]))
+            m.pack_fwd, m.pack_bwd = (
+                max(0.0, med(o[k] - c[k] for c, o in pairs) - (b - a)) / moved_all
+                for k, a, b in ((0, kept.fwd, bare.fwd), (1, kept.bwd, bare.bwd)))
         self.costs, self.rest, self.machine = blocks, rest, m
         self.baseline = {name: tuple(med(x[k] for x in runs[tuple(c)]) for k in (0, 1))
                          for name, c in zip(("keep", "recompute", "dram"), modes)}
@@ -241,15 +264,18 @@ class FittedPlan:
 
     def _choose(self):
         n = len(self.costs)
-        least = min(_fit_cost.predict(self.costs, self.rest, [c] * n, self.machine).peak
-                    for c in (RECOMPUTE, DRAM))
+        # The least peak: every block checkpointed or offloaded, the last one (the backward's
+        # first, whose activations are whole then anyway) kept or not.
+        least = min(_fit_cost.predict(self.costs, self.rest, [c] * (n - 1) + [last],
+                                      self.machine).peak
+                    for c in (RECOMPUTE, DRAM) for last in (c, KEEP))
         got = _fit_cost.choose(self.costs, self.rest, self.machine, self.budget,
                               self._dram_free, self._nvme_free)
         if got is None:
             raise FitError("hbm_budget=%d bytes (%.2f MiB): no plan fits; the least this model "
                            "needs is about %.2f MiB (the rest of the model's saved tensors, every "
-                           "block checkpointed or offloaded, and one block's activations during "
-                           "its backward)" % (self.budget, self.budget / _MIB, least / _MIB))
+                           "block but the last checkpointed or offloaded, and one block's "
+                           "activations during its backward)" % (self.budget, self.budget / _MIB, least / _MIB))
         self._clear()
         self._set(got[0])
         self.prediction = got[1]
@@ -306,6 +332,7 @@ class FittedPlan:
         """Compares a measured step (seconds) with the prediction and prints the error; beyond
         15% it re-plans (profiles again and applies the new choice; not with replan=False) and
         returns True."""
+        self._check_applied("check")
         self.measured.append(step_seconds)
         err = step_seconds / self.prediction.step - 1
         self.log("fit: measured step %.2f ms, predicted %.2f ms: %+.1f%%" %
@@ -317,11 +344,15 @@ class FittedPlan:
         return True
 
     def replan(self):
+        """Profiles again and applies the new choice (what check() does beyond 15%)."""
+        self._check_applied("replan")
         self._plan()
         self.log(self.table())
 
     def measure(self, steps=3):
-        """Median seconds of steps under the plan (the gradients cleared after each)."""
+        """The median of steps forward-and-backward steps under the plan, in seconds (what
+        check() takes; the gradients cleared after each)."""
+        self._check_applied("measure")
         times = []
         for _ in range(steps):
             f, b = self._run_step()
@@ -329,8 +360,14 @@ class FittedPlan:
             self._zero_grads()
         return statistics.median(times)
 
+    def _check_applied(self, what):
+        if self.choices is None:
+            raise RuntimeError("FittedPlan.%s: the plan was removed (fit the model again)" % what)
+
     def remove(self):
         """Undoes the plan: blocks run as they were, no hooks."""
+        if _plans.get(self.model) is self:
+            del _plans[self.model]
         self._clear()
         for h in self._hooks:
             h.remove()
@@ -374,6 +411,13 @@ def fit(model, runtime, hbm_budget, inputs, loss_fn=None, min_bytes=16384, link_
         where[id(b)] = i
     if int(profile_steps) < 1:
         raise ValueError("profile_steps=%r: at least 1" % (profile_steps,))
+    min_bytes = _size_arg(min_bytes, "min_bytes")
+    link_gbps = _gbps_arg(link_gbps, "link_gbps")
+    nvme_gbps = _gbps_arg(nvme_gbps, "nvme_gbps")
+    old = _plans.get(model)
+    if old is not None:
+        log("fit: the model's plan in place is replaced (its remove() called)")
+        old.remove()
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     devices = [p.device.index for p in model.parameters() if p.is_cuda][:1]
     with torch.random.fork_rng(devices=devices):
@@ -386,6 +430,13 @@ def fit(model, runtime, hbm_budget, inputs, loss_fn=None, min_bytes=16384, link_
             for k in range(replans + 1):
                 if check_steps <= 0 or not plan.check(plan.measure(check_steps), k < replans):
                     break
+            else:  # the last check was off too, with no re-plan left
+                warnings.warn(
+                    "fit: the plan's measured step is still %+.0f%% off its prediction after %d "
+                    "re-plan(s) (another process's load, or a cost the model does not know): "
+                    "its choices may not be the fastest; fit again on a quiet machine, or "
+                    "raise max_replans" % (100 * (plan.measured[-1] / plan.prediction.step - 1),
+                                           replans), TiermemWarning, stacklevel=2)
         except BaseException:
             plan.remove()
             raise
@@ -393,6 +444,7 @@ def fit(model, runtime, hbm_budget, inputs, loss_fn=None, min_bytes=16384, link_
             with torch.no_grad():
                 for b, saved in buffers:
                     b.copy_(saved)
+    _plans[model] = plan
     return plan
 
 
