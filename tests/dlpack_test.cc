@@ -233,16 +233,35 @@ TEST_F(Dlpack, BadLayoutsAreRefusedAndAcquireNothing) {
 
 // A deleter that runs after the runtime is gone frees only its struct, and leaves the calling
 // thread's last error as it was (it runs wherever the consumer frees the tensor).
-TEST_F(Dlpack, ADeleterAfterTheRuntimeIsGoneIsQuiet) {
+// An export kept past tm_runtime_destroy keeps the runtime's memory: it reads the bytes it was
+// handed (not freed memory, nor a tensor of a runtime made since, which had reused it: an outside
+// client read another tensor's bytes), and its deleter, quiet, frees the runtime.
+TEST_F(Dlpack, AnExportOutlivesTheRuntimeAndItsDeleterIsQuiet) {
   DLManagedTensor* m = Export();
   ASSERT_NE(m, nullptr);
   TM_ASSERT_OK(tm_runtime_destroy(rt_));
   rt_ = tm_runtime{0};
   uint64_t bytes = 0;
   EXPECT_EQ(tm_tensor_bytes(tm_runtime{0}, t_, &bytes), TM_ERR_INVALID_HANDLE);
+  tm_config c = testing::SmallConfig(dir_.path());
+  c.device = TM_DEVICE_EMULATED;
+  tm_runtime next{0};
+  TM_ASSERT_OK(tm_runtime_create(&c, &next));
+  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+  d.bytes = kBytes;
+  d.home_tier = TM_TIER_DRAM;
+  tm_tensor other{0};
+  TM_ASSERT_OK(tm_tensor_create(next, &d, &other));
+  const std::vector<uint8_t> zeros(kBytes, 0);
+  TM_ASSERT_OK(tm_tensor_write(next, other, 0, zeros.data(), kBytes));
+  void* p = nullptr;
+  TM_ASSERT_OK(tm_tensor_acquire(next, other, TM_TIER_HBM, TM_ACCESS_READ, nullptr, &p));
+  EXPECT_EQ(std::memcmp(m->dl_tensor.data, bytes_.data(), kBytes), 0);
+  TM_ASSERT_OK(tm_tensor_release(next, other, TM_TIER_HBM));
   const std::string before = tm_last_error();
   m->deleter(m);
   EXPECT_EQ(before, tm_last_error());
+  TM_ASSERT_OK(tm_runtime_destroy(next));
 }
 
 // Deleters run on other threads than the acquire (PyTorch frees where the tensor dies), several

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "io/log.h"
 #include "lib/api/c_boundary.h"
 #include "lib/api/config_overrides.h"
 
@@ -40,7 +41,16 @@ TM_API tm_status tm_runtime_destroy(tm_runtime runtime) {
   bool inherited = false;
   std::shared_ptr<Runtime> r = Registry().Remove(runtime.bits, &inherited);
   if (r == nullptr) return RuntimeRegistry::BadHandle("runtime", runtime.bits);
-  // Freed when the last call using it returns; made before a fork, kept whole (a child's).
+  // Freed when the last call using it returns, or with the last DLPack export of its memory;
+  // made before a fork, kept whole (a child's).
+  if (!inherited) {
+    if (const uint64_t n = r->ExportsOut(); n > 0) {
+      io::Log(io::LogSeverity::kWarn,
+              "tm_runtime_destroy: %llu DLPack export(s) of its tensors are still out: the "
+              "runtime's memory stays until the last of them is deleted",
+              static_cast<unsigned long long>(n));
+    }
+  }
   return TM_OK;
 }
 

@@ -48,26 +48,34 @@ constexpr int32_t kMaxDims = 64;
 // float6 and float4 kinds).
 constexpr unsigned kLastTypeCode = 17;
 
-// One export: the struct the consumer holds, and what its deleter releases.
+// One export: the struct the consumer holds, and what its deleter releases. It keeps the runtime
+// (its memory) alive: a view kept past tm_runtime_destroy reads the bytes it was handed, not
+// freed memory or a later runtime's tensor, and the runtime goes with the last such export.
 struct Export {
   DLManagedTensor managed{};
-  uint64_t runtime = 0;
+  std::shared_ptr<Runtime> keep;
+  uint64_t generation = 0;  // ForkGeneration() when it was made
   uint64_t tensor = 0;
   tm_tier tier = TM_TIER_HBM;
   void* stream = nullptr;
   std::unique_ptr<int64_t[]> dims;  // the shape, then the strides
 };
 
-// The deleter: the acquire released (the runtime gone, or this process a fork()ed child of the
-// one that made it: nothing to release). It never touches the calling thread's last error: it
-// runs wherever the consumer frees the tensor, between another call's failure and its report.
+// The deleter: the acquire released, also after tm_runtime_destroy (the runtime, out of the
+// handle table, is freed with its last export, possibly here). In a fork()ed child of the process
+// that made it nothing is released and the runtime never freed (its threads stayed in the
+// parent: joining them would hang). It never touches the calling thread's last error: it runs
+// wherever the consumer frees the tensor, between another call's failure and its report.
 void DeleteExport(DLManagedTensor* managed) {
   std::unique_ptr<Export> e(static_cast<Export*>(managed->manager_ctx));
-  bool inherited = false;
-  std::shared_ptr<Runtime> rt = Registry().Get(e->runtime, &inherited);
-  if (rt == nullptr || inherited) return;
+  if (e->generation != ForkGeneration()) {
+    // NOLINTNEXTLINE(cppcoreguidelines-owning-memory): kept on purpose, as the registry keeps
+    // a destroyed inherited runtime
+    (void)new std::shared_ptr<Runtime>(std::move(e->keep));
+    return;
+  }
   try {
-    (void)rt->ReleaseExport(e->tensor, e->tier, e->stream);  // a failure is logged there
+    (void)e->keep->ReleaseExport(e->tensor, e->tier, e->stream);  // a failure is logged there
   } catch (...) {  // NOLINT(bugprone-empty-catch): a deleter has no one to tell
   }
 }
@@ -173,7 +181,13 @@ TM_API tm_status tm_tensor_acquire_dlpack(tm_runtime runtime, tm_tensor tensor, 
     DLTensor& t = x.managed.dl_tensor;
     t.data = static_cast<char*>(*p) + layout->byte_offset;
     t.device = device ? DLDevice{kDLCUDA, rt.info().cuda_device} : DLDevice{kDLCPU, 0};
-    x.runtime = runtime.bits;
+    bool inherited = false;
+    x.keep = Registry().Get(runtime.bits, &inherited);
+    if (x.keep == nullptr) {  // destroyed by another thread since this call began
+      (void)rt.ReleaseExport(tensor.bits, tier, nullptr);
+      return Error(TM_ERR_INVALID_HANDLE, "the runtime was destroyed during the call");
+    }
+    x.generation = ForkGeneration();
     x.tensor = tensor.bits;
     x.tier = tier;
     x.stream = stream;

@@ -40,6 +40,15 @@ absl::Status Runtime::ReleaseExport(uint64_t handle, tm_tier tier, void* stream)
   return absl::OkStatus();
 }
 
+uint64_t Runtime::ExportsOut() {
+  CoreLock lock(core_);
+  uint64_t n = 0;
+  core_.ForEachTensor([&](Tensor& t) {
+    for (const TensorCopy& c : t.copies) n += c.exports;
+  });
+  return n;
+}
+
 void Runtime::Orphan(Tensor& t) {
   t.orphaned = true;
   prefetcher_.Forget(t.key, t.handle);  // no prefetch of it; its key is free for a new tensor

@@ -54,6 +54,8 @@ class Runtime {
   // A DLPack export's deleter: its pin released (on `stream`, as ReleaseOnStream); an orphaned
   // tensor (destroyed while exports pinned it) is found too, and freed at its last export.
   absl::Status ReleaseExport(uint64_t handle, tm_tier tier, void* stream);
+  // How many DLPack exports are out (not yet deleted), over every tensor.
+  uint64_t ExportsOut();
   // The caller's host or device memory into / out of the tensor, enqueued and ordered on
   // `stream` (see tm_tensor_copy_in / tm_tensor_copy_out).
   // stream_waits == false: tm_tensor_copy_in_async (the stream's later work does not wait).

@@ -83,3 +83,40 @@ def test_bad_layouts_and_dtypes_are_refused(make_runtime):
     with pytest.raises(ValueError, match="2 strides for 1"):
         t.acquire_dlpack("hbm", "float32", (16,), strides=(1, 1))
     t.destroy()  # none of them acquired anything
+
+
+def test_a_saved_tensor_kept_past_close_keeps_its_bytes(make_runtime):
+    """A view of an HBM copy kept past close() (a custom Function stashing ctx.saved_tensors)
+    keeps the runtime's memory: it reads its own bytes after a new runtime wrote its tensors (it
+    read another tensor's bytes, silently, before: an outside client)."""
+    import tiermem.torch as tt
+
+    kept = []
+
+    class Keep(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            kept.append(ctx.saved_tensors[0])
+            return g * 2
+
+    rt = make_runtime(dram_bytes="16MiB")
+    x = torch.randn(256, 256, requires_grad=True)
+    with rt.step():
+        with tt.offload_saved_tensors(rt, tier="dram") as hooks:
+            y = Keep.apply(x * 1.0).sum()
+        y.backward()
+    assert hooks.unpacked_views >= 1
+    want = kept[0].clone()
+    rt.close()
+    rt2 = make_runtime(dram_bytes="16MiB")
+    for i in range(4):
+        t = rt2.tensor(256 * 256 * 4, cls="activation", home="hbm", name="other.%d" % i)
+        t.write(bytes(256 * 256 * 4))
+    assert torch.equal(kept[0], want)
+    kept.clear()
+    gc.collect()  # the last view: the closed runtime goes with it
