@@ -16,9 +16,7 @@ absl::StatusOr<int> CudaDeviceCount() {
   int count = 0;
   if (cudaError_t e = Cudart().cudaGetDeviceCount(&count); e != cudaSuccess) {
     Cudart().cudaGetLastError();  // a failed call leaves its error behind for the next one to see
-    return absl::UnavailableError(absl::StrFormat("no usable CUDA device: %s (%s)",
-                                                  Cudart().cudaGetErrorString(e),
-                                                  Cudart().cudaGetErrorName(e)));
+    return NoUsableDevice(e);
   }
   if (count <= 0) return absl::UnavailableError("no CUDA device present");
   return count;

@@ -349,9 +349,7 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int device_index) {
   if (auto rt = LoadCudaRuntime(); !rt.ok()) return rt.status();
   int count = 0;
   if (cudaError_t e = Cudart().cudaGetDeviceCount(&count); e != cudaSuccess) {
-    return absl::UnavailableError(absl::StrFormat("no usable CUDA device: %s (%s)",
-                                                  Cudart().cudaGetErrorString(e),
-                                                  Cudart().cudaGetErrorName(e)));
+    return NoUsableDevice(e);
   }
   if (count == 0) return absl::UnavailableError("no CUDA device present");
   if (device_index < 0 || device_index >= count) {

@@ -137,6 +137,23 @@ const CudaRuntime& Cudart() {
   return *loaded;
 }
 
+absl::Status NoUsableDevice(cudaError_t e) {
+  if (e == cudaErrorInsufficientDriver) {
+    // Loaded already (by the runtime's attempt) or loadable: a driver older than the runtime.
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (driver == nullptr) driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (driver == nullptr) {
+      return absl::UnavailableError(
+          "no usable CUDA device: no NVIDIA driver (libcuda.so.1 is not installed, or not on the "
+          "loader's path)");
+    }
+    dlclose(driver);
+  }
+  return absl::UnavailableError(absl::StrFormat("no usable CUDA device: %s (%s)",
+                                                Cudart().cudaGetErrorString(e),
+                                                Cudart().cudaGetErrorName(e)));
+}
+
 }  // namespace tiermem::io
 
 #endif  // TIERMEM_HAVE_CUDA

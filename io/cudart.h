@@ -49,6 +49,11 @@ struct CudaRuntime {
 // Unavailable, naming every place tried, when none loads or one lacks a function.
 absl::StatusOr<const CudaRuntime*> LoadCudaRuntime();
 
+// "no usable CUDA device: ..." for cudaGetDeviceCount's error e, saying so plainly where the
+// driver itself is missing (the runtime reports no libcuda.so.1 as an insufficient driver, which
+// reads as "upgrade the driver").
+absl::Status NoUsableDevice(cudaError_t e);
+
 // The runtime after LoadCudaRuntime succeeded: the CUDA backend's objects exist only then (it
 // aborts if called before, a programming error).
 const CudaRuntime& Cudart();

@@ -3,12 +3,14 @@
 // Pieces of block_size are kept queue_depth deep per ring, every completion's res is checked,
 // short transfers continue from an aligned offset, EAGAIN/EINTR are reissued.
 #include <liburing.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
 #include <future>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -80,10 +82,21 @@ class Ring {
     if (v.empty()) return;
     int rc = io_uring_register_buffers(&ring_, v.data(), static_cast<unsigned>(v.size()));
     if (rc != 0) {
+      uint64_t bytes = 0;
+      for (const iovec& b : v) bytes += b.iov_len;
+      rlimit lim{};
+      std::string limit = "unknown";
+      if (getrlimit(RLIMIT_MEMLOCK, &lim) == 0) {
+        limit =
+            lim.rlim_cur == RLIM_INFINITY
+                ? std::string("unlimited")
+                : absl::StrFormat("%llu KiB", static_cast<unsigned long long>(lim.rlim_cur >> 10));
+      }
       Log(LogSeverity::kWarn,
-          "io_uring: cannot register the DRAM pool as fixed buffers (%s); I/O runs unregistered "
-          "(raise RLIMIT_MEMLOCK to fix)",
-          std::strerror(-rc));
+          "io_uring: cannot register the DRAM pool (%llu MiB) as fixed buffers (%s): I/O runs "
+          "correct but unregistered, a little slower; the locked-memory limit (ulimit -l) is %s: "
+          "raise it above the pool (docs/environment.md, \"Without root\")",
+          static_cast<unsigned long long>(bytes >> 20), std::strerror(-rc), limit.c_str());
       return;
     }
     iovecs_ = std::move(v);

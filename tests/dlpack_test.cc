@@ -111,10 +111,15 @@ TEST_F(Dlpack, ViewsTheAcquiredCopyAndItsDeleterReleasesIt) {
   uint32_t mask = 0;
   TM_ASSERT_OK(tm_tensor_residency(rt_, t_, &mask));
   EXPECT_TRUE(mask & (1u << TM_TIER_HBM));
+  tm_stats s = TM_STATS_INIT;
+  TM_ASSERT_OK(tm_runtime_stats(rt_, &s));
+  EXPECT_EQ(s.dlpack_exports, 1u);
   EXPECT_EQ(tm_tensor_release(rt_, t_, TM_TIER_HBM), TM_ERR_INVALID_ARGUMENT)
       << "a plain release may not take an export's pin";
   EXPECT_NE(std::string(tm_last_error()).find("DLPack"), std::string::npos) << tm_last_error();
   m->deleter(m);
+  TM_ASSERT_OK(tm_runtime_stats(rt_, &s));
+  EXPECT_EQ(s.dlpack_exports, 0u);
   EXPECT_EQ(tm_tensor_release(rt_, t_, TM_TIER_HBM), TM_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(tm_tensor_destroy(rt_, t_), TM_OK) << tm_last_error();
 }

@@ -319,12 +319,15 @@ typedef struct tm_stats {
                                    moves whose source, the last valid copy, failed its
                                    checksum (TM_ERR_CORRUPT); the others left their tensors
                                    valid where they were */
+  /* Appended in 0.10: DLPack exports out. */
+  uint64_t dlpack_exports; /**< tm_tensor_acquire_dlpack exports not yet deleted (each keeps the
+                                runtime's memory past tm_runtime_destroy) */
 } tm_stats;
 
 #define TM_STATS_INIT                                                                              \
   {                                                                                                \
     sizeof(tm_stats), {{0, 0, 0}}, {{0}}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                              \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                           \
   }
 
 /** What a runtime resolved when it was created. Fill with TM_INFO_INIT. */

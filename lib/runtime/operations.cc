@@ -376,6 +376,9 @@ tm_stats Runtime::Stats() {
     sum += *c;
   sum.Fill(s);
   s.tensors = core_.tensor_count();
+  core_.ForEachTensor([&](Tensor& t) {
+    for (const TensorCopy& c : t.copies) s.dlpack_exports += c.exports;
+  });
   prefetcher_.FillStats(s);
   return s;
 }

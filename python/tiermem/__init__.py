@@ -11,6 +11,7 @@ tiermem.torch holds the PyTorch offloads (saved tensors, optimizer state, parame
 
 import contextlib
 import ctypes
+import gc
 import itertools
 import os
 import threading
@@ -178,6 +179,11 @@ class Runtime:
                     "close: %s could not bring its tensors home (%s): the runtime stays open, "
                     "with their bytes" % (type(offload).__name__, e)) from e
             self._homecoming.discard(offload)
+        # A DLPack view still out keeps the runtime's memory past the destroy: views only garbage
+        # (a reference cycle) are collected first, so that the runtime goes now; those alive keep
+        # it until they are freed (tm_runtime_destroy says how many).
+        if self.stats()["dlpack_exports"]:
+            gc.collect()
         rt, self._rt = self._rt, None
         _check(_lib.tm_runtime_destroy(rt), "tm_runtime_destroy")
 

@@ -170,6 +170,7 @@ class Stats(ctypes.Structure):
         ("moves_behind", ctypes.c_uint64),
         ("moves_behind_bytes", ctypes.c_uint64),
         ("moves_failed_lost", ctypes.c_uint64),
+        ("dlpack_exports", ctypes.c_uint64),
     ]
 
     def __init__(self):
@@ -227,7 +228,7 @@ RECOMPUTE_FN = ctypes.CFUNCTYPE(_enum, ctypes.c_void_p, ctypes.c_uint64, _enum, 
 # sizeof on x86-64 and aarch64 Linux (LP64) of the header at API_MAJOR.API_MINOR. A mismatch
 # means this file no longer mirrors the header: checked at import, and field by field against
 # the C compiler's offsets by tests/python/test_abi.py.
-LP64_SIZES = {"Config": 160, "TensorDesc": 32, "Stats": 472, "Info": 232}
+LP64_SIZES = {"Config": 160, "TensorDesc": 32, "Stats": 480, "Info": 232}
 
 
 def _prototypes(lib):

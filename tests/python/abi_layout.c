@@ -102,6 +102,7 @@ int main(void) {
   FIELD(tm_stats, moves_behind);
   FIELD(tm_stats, moves_behind_bytes);
   FIELD(tm_stats, moves_failed_lost);
+  FIELD(tm_stats, dlpack_exports);
   END();
   BEGIN(tm_info);
   FIELD(tm_info, struct_size);

@@ -10,7 +10,7 @@ def flip_swap_files(nvme_dir):
     """Inverts every byte of this process's swap files under nvme_dir; returns what to write
     back to undo it ({} when none could be reached). The files have no name (O_TMPFILE): they
     are reached through this process's descriptors."""
-    saved = {}
+    saved = {}  # path -> (the file's identity, its bytes)
     fds, paths = "/proc/self/fd", []
     for fd in os.listdir(fds) if os.path.isdir(fds) else []:
         try:
@@ -21,7 +21,8 @@ def flip_swap_files(nvme_dir):
     for path in paths:
         with open(path, "r+b") as f:
             data = f.read()
-            saved[path] = data
+            st = os.fstat(f.fileno())
+            saved[path] = ((st.st_dev, st.st_ino), data)
             f.seek(0)
             f.write((numpy.frombuffer(data, dtype=numpy.uint8) ^ 0xFF).tobytes())
             f.flush()
@@ -30,8 +31,17 @@ def flip_swap_files(nvme_dir):
 
 
 def restore(saved):
-    for path, data in saved.items():
-        with open(path, "r+b") as f:
+    """Writes back what flip_swap_files inverted, into the same files: a descriptor closed since
+    (a runtime freed meanwhile, whose number a new file then took) is skipped."""
+    for path, (identity, data) in saved.items():
+        try:
+            f = open(path, "r+b")
+        except OSError:
+            continue  # closed since
+        with f:
+            st = os.fstat(f.fileno())
+            if (st.st_dev, st.st_ino) != identity:
+                continue  # another file has the number now
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

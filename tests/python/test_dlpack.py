@@ -111,6 +111,7 @@ def test_a_saved_tensor_kept_past_close_keeps_its_bytes(make_runtime):
             y = Keep.apply(x * 1.0).sum()
         y.backward()
     assert hooks.unpacked_views >= 1
+    assert rt.stats()["dlpack_exports"] == 1  # the kept one; the others were freed
     want = kept[0].clone()
     rt.close()
     rt2 = make_runtime(dram_bytes="16MiB")
