@@ -151,13 +151,15 @@ class Runtime:
     def closed(self):
         return self._rt is None
 
-    def close(self):
+    def close(self, force=False):
         """Destroys the runtime and every tensor it still holds; its swap files vanish. Offloads
         of tiermem.torch still in place (parameters, optimizer state) are brought home first,
         as their remove() does, so that the model keeps its weights, and so is the state of a
         CPUAdam or FSDPCPUAdam on this runtime (with FSDPCPUAdam's shards and gradients), which
         goes on in torch memory: when one cannot be, close raises (TM_ERR_BUSY, naming it) and
-        the runtime stays open."""
+        the runtime stays open. force=True (a dead NVMe tier, say) closes anyway: what could not
+        come home goes with the runtime (a TiermemWarning names it; those offloads then raise
+        that the runtime was closed), so load a checkpoint to go on."""
         if self._rt is None:
             return
         self._wait_for_the_step()
@@ -168,17 +170,25 @@ class Runtime:
             rt, self._rt = self._rt, None
             _lib.tm_runtime_destroy(rt)
             return
+        abandoned = []
         for offload in list(getattr(self, "_homecoming", ())):
             try:
                 home = getattr(offload, "_runtime_closing", None) or offload.remove
                 home()
             except Exception as e:
-                self._closing = False  # open still: steps may go on
-                raise TiermemError(
-                    _capi.STATUS_NAMES.index("TM_ERR_BUSY"),
-                    "close: %s could not bring its tensors home (%s): the runtime stays open, "
-                    "with their bytes" % (type(offload).__name__, e)) from e
+                if not force:
+                    self._closing = False  # open still: steps may go on
+                    raise TiermemError(
+                        _capi.STATUS_NAMES.index("TM_ERR_BUSY"),
+                        "close: %s could not bring its tensors home (%s): the runtime stays "
+                        "open, with their bytes (close(force=True) closes it without them)" %
+                        (type(offload).__name__, e)) from e
+                abandoned.append("%s (%s)" % (type(offload).__name__, e))
             self._homecoming.discard(offload)
+        if abandoned:
+            warnings.warn("close(force=True): %s could not bring their tensors home; they went "
+                          "with the runtime (load a checkpoint to go on)" % "; ".join(abandoned),
+                          TiermemWarning, stacklevel=2)
         # A DLPack view still out keeps the runtime's memory past the destroy: views only garbage
         # (a reference cycle) are collected first, so that the runtime goes now; those alive keep
         # it until they are freed (tm_runtime_destroy says how many).

@@ -696,3 +696,27 @@ def test_steady_steps_follow_adamw_through_changes(one_group):
             torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-7)
     opt.close()
 
+
+
+def test_close_with_a_dead_nvme_tier_refuses_then_force_closes(make_runtime, nvme_dir):
+    """Every swap file corrupt (TIERMEM_CHECKSUM=xxh3): close() cannot bring the state home and
+    refuses (TM_ERR_BUSY, naming force=True), the runtime open; close(force=True) closes it,
+    warning that the state went with it, and the optimizer then says the runtime was closed."""
+    torch.manual_seed(7)
+    ps = [torch.nn.Parameter(torch.randn(64, 64))]
+    rt = make_runtime(dram_bytes="1MiB", checksum="xxh3", dram_inclusive="off")
+    opt = CPUAdam(ps, runtime=rt, state_tier="nvme", threads=1, **HYPER)
+    ps[0].grad = torch.randn(64, 64)
+    opt.step()
+    for slot in opt._store.values():  # on NVMe only, where the fault strikes
+        [t.offload("nvme") for t in slot.tensors]
+        [t.sync() for t in slot.tensors]
+    _flip_swap_files(str(nvme_dir))
+    with pytest.raises(tiermem.TiermemError, match=r"close\(force=True\)") as e:
+        rt.close()
+    assert e.value.status_name == "TM_ERR_BUSY" and not rt.closed
+    with pytest.warns(tiermem.TiermemWarning, match="CPUAdam .*went with the runtime"):
+        rt.close(force=True)
+    assert rt.closed
+    with pytest.raises(tiermem.TiermemError, match="closed"):
+        opt.step()
