@@ -238,6 +238,38 @@ TEST_F(Dlpack, BadLayoutsAreRefusedAndAcquireNothing) {
 
 // A deleter that runs after the runtime is gone frees only its struct, and leaves the calling
 // thread's last error as it was (it runs wherever the consumer frees the tensor).
+// A host export (kDLCPU) acquired on a stream: its bytes have landed when the call returns (its
+// consumer has no stream to wait on), here an 8 MiB copy the copy engine moves up from DRAM.
+TEST_F(Dlpack, AHostExportOnAStreamHasLanded) {
+  constexpr uint64_t kBig = 8ull << 20;
+  tm_tensor_desc d = TM_TENSOR_DESC_INIT;
+  d.bytes = kBig;
+  d.home_tier = TM_TIER_DRAM;
+  for (int round = 0; round < 4; ++round) {
+    tm_tensor big{0};
+    TM_ASSERT_OK(tm_tensor_create(rt_, &d, &big));
+    const std::vector<uint8_t> want = testing::RandomBytes(kBig, 11 + round);
+    TM_ASSERT_OK(tm_tensor_write(rt_, big, 0, want.data(), kBig));
+    TM_ASSERT_OK(tm_tensor_offload(rt_, big, TM_TIER_DRAM));
+    TM_ASSERT_OK(tm_tensor_sync(rt_, big));
+    tm_dlpack_layout layout = TM_DLPACK_LAYOUT_INIT;
+    layout.dtype_bits = 8;
+    layout.dtype_code = 1;  // kDLUInt
+    layout.ndim = 1;
+    const int64_t n = static_cast<int64_t>(kBig);
+    layout.shape = &n;
+    void* m = nullptr;
+    TM_ASSERT_OK(tm_tensor_acquire_dlpack(rt_, big, TM_TIER_HBM, TM_ACCESS_READ,
+                                          reinterpret_cast<void*>(0x1), &layout, &m));
+    auto* managed = static_cast<DLManagedTensor*>(m);
+    EXPECT_EQ(managed->dl_tensor.device.device_type, kDLCPU);
+    EXPECT_EQ(std::memcmp(managed->dl_tensor.data, want.data(), kBig), 0) << "round " << round;
+    managed->deleter(managed);
+    TM_ASSERT_OK(tm_runtime_sync(rt_));
+    TM_ASSERT_OK(tm_tensor_destroy(rt_, big));
+  }
+}
+
 // An export kept past tm_runtime_destroy keeps the runtime's memory: it reads the bytes it was
 // handed (not freed memory, nor a tensor of a runtime made since, which had reused it: an outside
 // client read another tensor's bytes), and its deleter, quiet, frees the runtime.

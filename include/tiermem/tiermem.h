@@ -403,7 +403,8 @@ TM_API const char* tm_tier_name(tm_tier tier);
  */
 TM_API tm_status tm_runtime_create(const tm_config* config, tm_runtime* out);
 
-/** Destroys a runtime and every tensor it still holds; its swap files vanish. */
+/** Destroys a runtime and every tensor it still holds; its swap files vanish. DLPack exports still
+ * out (tm_tensor_acquire_dlpack) keep its memory until the last one's deleter, which frees it. */
 TM_API tm_status tm_runtime_destroy(tm_runtime runtime);
 
 /** Fills *out with the runtime's counters. out->struct_size must be set. */
@@ -519,13 +520,14 @@ typedef struct tm_dlpack_layout {
  * unversioned struct, the one frameworks take in a "dltensor" capsule: torch.from_dlpack,
  * jax.dlpack, cupy.from_dlpack) viewing the acquired copy with `layout`, on device kDLCUDA (the
  * runtime's GPU) for HBM of a CUDA runtime and kDLCPU otherwise (the emulated device's HBM, and
- * DRAM, are host memory). Its deleter releases the acquire, on `stream` when one was given (as
- * tm_tensor_release_on_stream), from any thread, and never fails the caller (with the runtime
- * destroyed meanwhile it only frees the struct). The tensor lives until then: tm_tensor_destroy
- * while only exports pin it succeeds at once (the handle is invalid from then on) and the
- * tensor's memory goes with the last export's deleter. A consumer that does not take *managed
- * calls its deleter. As with tm_tensor_acquire, tm_runtime_destroy frees the memory whatever
- * exports are out. TM_ERR_INVALID_ARGUMENT, with *managed NULL and nothing acquired, when the
+ * DRAM, are host memory; a kDLCPU export's bytes have landed when this returns, whatever
+ * `stream`). Its deleter releases the acquire, on `stream` when one was given (as
+ * tm_tensor_release_on_stream), from any thread, and never fails the caller. The tensor lives
+ * until then: tm_tensor_destroy while only exports pin it succeeds at once (the handle is invalid
+ * from then on) and the tensor's memory goes with the last export's deleter. A consumer that does
+ * not take *managed calls its deleter. Unlike tm_tensor_acquire's pointer, an export keeps the
+ * runtime's memory past tm_runtime_destroy: the last export's deleter frees the runtime.
+ * TM_ERR_INVALID_ARGUMENT, with *managed NULL and nothing acquired, when the
  * layout reaches outside the tensor's bytes or is not one DLPack can describe.
  */
 TM_API tm_status tm_tensor_acquire_dlpack(tm_runtime runtime, tm_tensor tensor, tm_tier tier,

@@ -174,10 +174,13 @@ TM_API tm_status tm_tensor_acquire_dlpack(tm_runtime runtime, tm_tensor tensor, 
     if (!bytes.ok()) return bytes.status();
     auto e = MakeExport(*layout, *bytes);
     if (!e.ok()) return e.status();
-    auto p = rt.Acquire(tensor.bits, tier, access, stream, /*for_export=*/true);
+    // A host-memory export (kDLCPU: DRAM, or the emulated device's HBM) is read by consumers with
+    // no stream to wait on: its copy lands before this returns (a stream-ordered acquire would
+    // hand out the pointer while the copy still ran). The release stays on `stream`.
+    const bool device = tier == TM_TIER_HBM && rt.info().device_kind == "cuda";
+    auto p = rt.Acquire(tensor.bits, tier, access, device ? stream : nullptr, /*for_export=*/true);
     if (!p.ok()) return p.status();
     Export& x = **e;
-    const bool device = tier == TM_TIER_HBM && rt.info().device_kind == "cuda";
     DLTensor& t = x.managed.dl_tensor;
     t.data = static_cast<char*>(*p) + layout->byte_offset;
     t.device = device ? DLDevice{kDLCUDA, rt.info().cuda_device} : DLDevice{kDLCPU, 0};
