@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import tiermem
+import tiermem.torch as tt
 from tiermem import _optim_capi
 from tiermem.torch import CPUAdam
 from tiermem.torch.cpu_adam import isa, set_isa_limit
@@ -720,3 +721,32 @@ def test_close_with_a_dead_nvme_tier_refuses_then_force_closes(make_runtime, nvm
     assert rt.closed
     with pytest.raises(tiermem.TiermemError, match="closed"):
         opt.step()
+
+
+def test_remove_after_a_forced_close_takes_the_hooks_off(make_runtime, nvme_dir):
+    """offload_optimizer_state and offload_parameters on NVMe whose swap files are all corrupt:
+    close(force=True) closes, and their remove() then takes the hooks off without raising (it
+    raised that the runtime was closed: an outside client)."""
+    torch.manual_seed(8)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="256KiB", checksum="xxh3",
+                      dram_inclusive="off")
+    adamw = torch.optim.AdamW(model.parameters())
+    params = tt.offload_parameters(model, rt, tier="nvme", optimizer=adamw)
+    opt = tt.offload_optimizer_state(adamw, rt, tier="nvme")
+    with rt.step():
+        model(torch.randn(4, 64)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    for s in opt.records.values():
+        for swapped in s.values():
+            swapped.tm.offload("nvme")
+            swapped.tm.sync()
+    _flip_swap_files(str(nvme_dir))
+    with pytest.raises(tiermem.TiermemError, match=r"close\(force=True\)"):
+        rt.close()
+    with pytest.warns(tiermem.TiermemWarning, match="went with the runtime"):
+        rt.close(force=True)
+    opt.remove()
+    params.remove()
+    assert not any(m._forward_pre_hooks for m in model.modules())

@@ -351,3 +351,44 @@ def test_offload_saved_tensors_inside_the_plan_warns(rt):
         with rt.step(), tt.offload_saved_tensors(rt), plan:
             model(x, y).backward()
     plan.remove()
+
+
+class _DataFirst(torch.nn.Module):
+    """Blocks fed the batch itself: the first one's input requires no grad."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Sequential(
+            torch.nn.Linear(128, 512), torch.nn.GELU(), torch.nn.Linear(512, 128))
+            for _ in range(4)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = x + b(x)
+        return x.pow(2).mean()
+
+
+def test_a_block_fed_only_data_is_never_recomputed(rt):
+    """A checkpoint of a block none of whose inputs requires grad has no backward to replay: it
+    runs as it is and keeps its activations. Priced as recomputed, it put the measured peak
+    256 KiB over the prediction and the budget (an outside client); now recompute is not its
+    choice, and the plans' measured peaks are their predictions."""
+    torch.manual_seed(0)
+    model, x = _DataFirst(), torch.randn(64, 128)
+    quiet = lambda s: None  # noqa: E731
+    with pytest.raises(tt.FitError, match="needs is about") as e:
+        tt.fit(model, rt, 1, (x,), profile_steps=1, log=quiet)
+    least = float(re.search(r"needs is about ([0-9.]+) MiB", str(e.value)).group(1))
+    for budget in (int(math.ceil((least + 0.01) * MIB)), 700000, 1000000):
+        plan = tt.fit(model, rt, budget, (x,), profile_steps=1, check_steps=0, log=quiet)
+        assert not plan.costs[0].recomputable and all(c.recomputable for c in plan.costs[1:])
+        assert plan.choices[0] != RECOMPUTE, plan.choices
+        plan.meter.reset()
+        with rt.step(), plan:
+            model(x).backward()
+        assert plan.peak <= plan.prediction.peak <= budget, (plan.choices, plan.peak)
+        plan.remove()
+    plan = tt.fit(model, rt, 1 << 40, (x,), profile_steps=1, check_steps=0, log=quiet)
+    with pytest.raises(ValueError, match=r"Sequential\[0\] cannot be recomputed"):
+        plan.apply([RECOMPUTE] * 4)
+    plan.remove()

@@ -32,14 +32,19 @@ class BlockCost:
     """What one block costs, measured: forward / backward seconds, the bytes its saved tensors
     hold in HBM when kept (distinct storages), the bytes offloading moves (each saved tensor at
     least min_bytes, as packed), the bytes of the small ones that stay, the checkpoint's bytes
-    (its inputs) and the sizes of its largest offloaded tensors (the prefetch window)."""
+    (its inputs) and the sizes of its largest offloaded tensors (the prefetch window).
+    recomputable: some input requires grad (a block fed only data, the model's first one taking
+    the batch itself, has no backward to replay: under a checkpoint it runs as it is and keeps
+    its activations, so recompute is not a choice for it)."""
 
-    __slots__ = ("name", "fwd", "bwd", "kept", "moved", "small", "ckpt", "largest")
+    __slots__ = ("name", "fwd", "bwd", "kept", "moved", "small", "ckpt", "largest",
+                 "recomputable")
 
-    def __init__(self, name, fwd, bwd, kept, moved, small, ckpt, largest=()):
+    def __init__(self, name, fwd, bwd, kept, moved, small, ckpt, largest=(), recomputable=True):
         self.name, self.fwd, self.bwd = name, float(fwd), float(bwd)
         self.kept, self.moved, self.small, self.ckpt = int(kept), int(moved), int(small), int(ckpt)
         self.largest = tuple(sorted((int(x) for x in largest), reverse=True))
+        self.recomputable = bool(recomputable)
 
     def window(self, depth):
         return sum(self.largest[:max(0, depth)])
@@ -185,6 +190,8 @@ def peak_bytes(blocks, rest, choices, m, inflight=0):
 
 
 def _allowed(blocks, choices, dram_free, nvme_free, m):
+    if any(c == RECOMPUTE and not b.recomputable for b, c in zip(blocks, choices)):
+        return False
     dram = sum(b.moved for b, c in zip(blocks, choices) if c == DRAM)
     nvme = sum(b.moved for b, c in zip(blocks, choices) if c == NVME)
     if nvme and (m.nvme_write is None or nvme > nvme_free):

@@ -8,6 +8,7 @@ import warnings
 import weakref
 
 import torch
+from torch.utils import _pytree
 
 from ... import TiermemWarning, parse_size
 from .._shared.transfers import _check_runtime, _size_arg
@@ -146,14 +147,18 @@ class FittedPlan:
         dram-all and recompute-all rotated, medians), the bandwidths and the corrections."""
         n = len(self.blocks)
         counter = SavedCounter(self.state, self.min_bytes)
-        inputs = {}
+        inputs, grads = {}, {}
 
-        def record_input(module, args, i):
+        def record_input(module, args, kwargs, i):
             inputs[i] = sum(a.numel() * a.element_size() for a in args
                             if isinstance(a, torch.Tensor))
+            # What wrap_recompute asks: an input (any tensor in the arguments) requiring grad.
+            grads[i] = any(isinstance(a, torch.Tensor) and a.requires_grad
+                           for a in _pytree.tree_leaves((args, kwargs)))
 
-        hs = [b.register_forward_pre_hook(lambda m, a, i=i: record_input(m, a, i))
-              for i, b in enumerate(self.blocks)]
+        hs = [b.register_forward_pre_hook(
+            lambda m, a, k, i=i: record_input(m, a, k, i), with_kwargs=True)
+            for i, b in enumerate(self.blocks)]
         try:
             with counter:
                 self._loss().backward()
@@ -192,7 +197,8 @@ class FittedPlan:
             blocks.append(BlockCost(
                 "%s[%d]" % (type(b).__name__, i), med(s[1][i] for s in spans),
                 med(s[4][i] for s in spans), counter.kept.get(i, 0), counter.moved.get(i, 0),
-                counter.small.get(i, 0), inputs.get(i, 0), counter.sizes.get(i, ())))
+                counter.small.get(i, 0), inputs.get(i, 0), counter.sizes.get(i, ()),
+                grads.get(i, True)))
         rest = RestCost(med(s[0] for s in spans), med(s[2] for s in spans),
                         med(s[3] for s in spans), med(s[5] for s in spans),
                         counter.kept.get(None, 0))
@@ -202,7 +208,7 @@ class FittedPlan:
         self._scale(blocks, rest, keep_f, keep_b)
         m.recompute_factor, m.sources["recompute"] = _fit_cost.recompute_factor(
             [x[1] for x in runs[tuple(modes[0])]], [x[1] for x in runs[tuple(modes[1])]],
-            sum(b.fwd for b in blocks))
+            sum(b.fwd for b in blocks if b.recomputable))
         if len(modes) == 3 and moved_all > 0:
             # The host's cost per byte offloaded: each round's all-DRAM step against its own
             # all-keep step (a load during one round weighs on both), less the difference the
@@ -266,9 +272,14 @@ class FittedPlan:
         n = len(self.costs)
         # The least peak: every block checkpointed or offloaded, the last one (the backward's
         # first, whose activations are whole then anyway) kept or not.
-        least = min(_fit_cost.predict(self.costs, self.rest, [c] * (n - 1) + [last],
-                                      self.machine).peak
-                    for c in (RECOMPUTE, DRAM) for last in (c, KEEP))
+        # A block that cannot be recomputed is offloaded instead.
+        def way(b, c):
+            return DRAM if c == RECOMPUTE and not b.recomputable else c
+
+        least = min(_fit_cost.predict(
+            self.costs, self.rest, [way(b, c) for b in self.costs[:-1]] +
+            [way(self.costs[-1], last)], self.machine).peak
+            for c in (RECOMPUTE, DRAM) for last in (c, KEEP))
         got = _fit_cost.choose(self.costs, self.rest, self.machine, self.budget,
                               self._dram_free, self._nvme_free)
         if got is None:
@@ -295,6 +306,12 @@ class FittedPlan:
                              (len(self.blocks), "/".join(CHOICES), choices))
         if NVME in choices and self.machine.nvme_write is None:
             raise ValueError("choices: \"nvme\" needs a runtime with an NVMe tier")
+        for b, c in zip(self.costs, choices):
+            if c == RECOMPUTE and not b.recomputable:
+                raise ValueError("choices: %s cannot be recomputed: no input of it requires grad "
+                                 "(the model's first block fed the batch itself?), so a "
+                                 "checkpoint has no backward to replay and it keeps its "
+                                 "activations" % b.name)
         self._clear()
         self._set(choices)
         self.prediction = _fit_cost.predict(self.costs, self.rest, choices, self.machine,

@@ -146,7 +146,10 @@ class OptimizerStateOffload(torch.optim.Optimizer):
         """The state back in ordinary tensors; tiermem's hooks off the optimizer (nothing else
         of it was changed). Once: a second call (or the runtime's close() after it) does
         nothing."""
-        self._release_all()
+        if self.runtime.closed:  # close(force=True): the state went with the runtime
+            self.records.clear()
+        else:
+            self._release_all()
         if self._driver is not None:
             self._driver.state = None
             self._driver._detach_if_unused()

@@ -427,8 +427,11 @@ class ParameterOffload:
         for h in self._hooks + self._grad_hooks:
             h.remove()
         self._hooks, self._grad_hooks = [], []
-        for s in self.records.values():
-            s.restore()
+        # After close(force=True) the bytes went with the runtime: nothing to bring back (the
+        # parameters stay without data; load a checkpoint into them).
+        if not self.runtime.closed:
+            for s in self.records.values():
+                s.restore()
         for p in [p for p, offload in _held.items() if offload is self]:
             del _held[p]
         if _held.get(self.module) is self:
