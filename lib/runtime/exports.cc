@@ -42,6 +42,10 @@ absl::Status Runtime::ReleaseExport(uint64_t handle, tm_tier tier, void* stream)
 
 uint64_t Runtime::ExportsOut() {
   CoreLock lock(core_);
+  return CountExports();
+}
+
+uint64_t Runtime::CountExports() {
   uint64_t n = 0;
   core_.ForEachTensor([&](Tensor& t) {
     for (const TensorCopy& c : t.copies) n += c.exports;

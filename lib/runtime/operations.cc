@@ -376,9 +376,7 @@ tm_stats Runtime::Stats() {
     sum += *c;
   sum.Fill(s);
   s.tensors = core_.tensor_count();
-  core_.ForEachTensor([&](Tensor& t) {
-    for (const TensorCopy& c : t.copies) s.dlpack_exports += c.exports;
-  });
+  s.dlpack_exports = CountExports();
   prefetcher_.FillStats(s);
   return s;
 }

@@ -154,6 +154,8 @@ class Runtime {
   void Orphan(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
   // Every copy of t freed (a landing copy's memory once it has landed) and t taken out.
   void Free(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  // ExportsOut's sum, for a caller holding the lock (Stats).
+  uint64_t CountExports() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
 
   // The core first: the parts refer to it, and are destroyed before it.
   Core core_;
