@@ -4,7 +4,6 @@ GPT with the emulated device: the measured peak within the budget, training bit-
 plain under every choice, and clear errors for bad arguments."""
 
 import itertools
-import math
 import random
 import re
 import warnings
@@ -246,13 +245,16 @@ def test_the_least_it_names_fits_and_size_strings(rt):
     x, y = _data(1)[0]
     with pytest.raises(tt.FitError, match="the least this model needs is about") as e:
         tt.fit(model, rt, 4096, (x, y), min_bytes="1KiB", profile_steps=1, log=lambda s: None)
-    least = float(re.search(r"needs is about ([0-9.]+) MiB", str(e.value)).group(1))
-    # The budget it names (rounded up to the printed digits) fits, and less does not: it is
-    # the least (it had counted the last block's checkpoint too, which a kept block needs not).
-    with pytest.raises(tt.FitError):
-        tt.fit(model, rt, int((least - 0.02) * MIB), (x, y), min_bytes="1KiB", profile_steps=1,
+    # The budget it names, in bytes (the message's, pasted back, and .least), fits, and less
+    # does not: it is the least (it had counted the last block's checkpoint too, which a kept
+    # block needs not).
+    least = int(re.search(r"needs is about ([0-9]+) bytes", str(e.value)).group(1))
+    assert e.value.least == least
+    with pytest.raises(tt.FitError) as less:
+        tt.fit(model, rt, least - int(0.02 * MIB), (x, y), min_bytes="1KiB", profile_steps=1,
                log=lambda s: None)
-    budget = int(math.ceil((least + 0.01) * MIB))
+    assert less.value.least is not None
+    budget = least + int(0.01 * MIB)  # the profile is measured again: room for its noise
     plan = tt.fit(model, rt, budget, (x, y), min_bytes="1KiB", profile_steps=1, check_steps=0,
                   log=lambda s: None)
     assert plan.min_bytes == 1024 and plan.prediction.peak <= budget
@@ -378,8 +380,7 @@ def test_a_block_fed_only_data_is_never_recomputed(rt):
     quiet = lambda s: None  # noqa: E731
     with pytest.raises(tt.FitError, match="needs is about") as e:
         tt.fit(model, rt, 1, (x,), profile_steps=1, log=quiet)
-    least = float(re.search(r"needs is about ([0-9.]+) MiB", str(e.value)).group(1))
-    for budget in (int(math.ceil((least + 0.01) * MIB)), 700000, 1000000):
+    for budget in (e.value.least + int(0.01 * MIB), 700000, 1000000):
         plan = tt.fit(model, rt, budget, (x,), profile_steps=1, check_steps=0, log=quiet)
         assert not plan.costs[0].recomputable and all(c.recomputable for c in plan.costs[1:])
         assert plan.choices[0] != RECOMPUTE, plan.choices

@@ -209,7 +209,12 @@ class SavedCounter(torch.autograd.graph.saved_tensors_hooks):
 
 
 class FitError(ValueError):
-    """No plan fits the budget, or fit was given something it cannot fit."""
+    """No plan fits the budget, or fit was given something it cannot fit. .least: when no plan
+    fits, the least budget that would (bytes, an int to pass as hbm_budget); else None."""
+
+    def __init__(self, message, least=None):
+        super().__init__(message)
+        self.least = least
 
 
 def _is_kv_cache(x):

@@ -283,10 +283,12 @@ class FittedPlan:
         got = _fit_cost.choose(self.costs, self.rest, self.machine, self.budget,
                               self._dram_free, self._nvme_free)
         if got is None:
+            least = int(math.ceil(least))
             raise FitError("hbm_budget=%d bytes (%.2f MiB): no plan fits; the least this model "
-                           "needs is about %.2f MiB (the rest of the model's saved tensors, every "
-                           "block but the last checkpointed or offloaded, and one block's "
-                           "activations during its backward)" % (self.budget, self.budget / _MIB, least / _MIB))
+                           "needs is about %d bytes (%.2f MiB: the rest of the model's saved "
+                           "tensors, every block but the last checkpointed or offloaded, and one "
+                           "block's activations during its backward)" % (
+                               self.budget, self.budget / _MIB, least, least / _MIB), least=least)
         self._clear()
         self._set(got[0])
         self.prediction = got[1]
