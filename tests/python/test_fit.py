@@ -226,8 +226,10 @@ def test_bad_arguments(rt):
     with pytest.raises(RuntimeError, match="removed"):
         with plan:
             pass
-    # A removed plan neither checks (it re-profiled, and raised a FitError) nor measures.
-    for call in (lambda: plan.check(1.0), plan.measure, plan.replan):
+    # A removed plan neither checks (it re-profiled, and raised a FitError) nor measures, nor
+    # applies choices again (it put the blocks' wrappers back without the hooks that feed them).
+    for call in (lambda: plan.check(1.0), plan.measure, plan.replan, plan.table,
+                 lambda: plan.apply(["keep"] * len(plan.blocks)), lambda: plan.refit("1GiB")):
         with pytest.raises(RuntimeError, match="the plan was removed"):
             call()
     for what in ("link_gbps", "nvme_gbps"):

@@ -65,8 +65,7 @@ class FittedPlan:
 
     # --- the step ------------------------------------------------------------------------
     def __enter__(self):
-        if self.choices is None:
-            raise RuntimeError("the plan was removed")
+        self._check_applied("__enter__")
         self._router = Router(self.runtime, self.state, self.choices, self.min_bytes,
                               self._stash_bytes(), self.meter if self.track_peak else None)
         self._router.__enter__()
@@ -255,6 +254,7 @@ class FittedPlan:
     def refit(self, hbm_budget):
         """Chooses and applies the plan for another budget from the costs already measured (no
         profile); FitError when nothing fits it (the plan is then unchanged)."""
+        self._check_applied("refit")
         budget = parse_size(hbm_budget, "hbm_budget")
         if budget <= 0:
             raise FitError("hbm_budget=%r: must be positive" % (hbm_budget,))
@@ -298,6 +298,7 @@ class FittedPlan:
         """Applies choices of your own (one of "keep", "dram", "nvme", "recompute" per block)
         instead of the chosen ones, priced by the same model (its prediction may exceed the
         budget: that is then the caller's choice); .peak starts afresh."""
+        self._check_applied("apply")
         if isinstance(choices, str):  # one word, not a list of its letters
             raise TypeError("choices: a list of %d choices (one per block), each one of %s, "
                             "not the string %r" % (len(self.blocks), "/".join(CHOICES), choices))
@@ -323,6 +324,7 @@ class FittedPlan:
 
     def table(self):
         """The plan as tiermem-plan prints a rung: per block the choice, its bytes and time."""
+        self._check_applied("table")
         m, p = self.machine, self.prediction
         gbps = lambda x: "n/a" if x is None else "%.2f" % (x / 1e9)  # noqa: E731
         lines = ["fitted plan: HBM budget %.2f MiB of saved activations; link D2H %s / H2D %s "
