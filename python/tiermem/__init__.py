@@ -183,11 +183,18 @@ class Runtime:
                         "close: %s could not bring its tensors home (%s): the runtime stays "
                         "open, with their bytes (close(force=True) closes it without them)" %
                         (type(offload).__name__, e)) from e
-                abandoned.append("%s (%s)" % (type(offload).__name__, e))
+                # What can still come home does; the rest is marked lost (a view of the
+                # runtime's memory read after the destroy would crash the process).
+                abandon = getattr(offload, "_abandon", None)
+                lost = abandon() if abandon is not None else None
+                abandoned.append("%s (%s%s)" % (
+                    type(offload).__name__, e, "" if lost is None else
+                    "; %d tensors lost" % lost if lost else "; every tensor came home after all"))
             self._homecoming.discard(offload)
         if abandoned:
-            warnings.warn("close(force=True): %s could not bring their tensors home; they went "
-                          "with the runtime (load a checkpoint to go on)" % "; ".join(abandoned),
+            warnings.warn("close(force=True): %s failed to bring its tensors home; those that "
+                          "could not come home went with the runtime (reading one raises; load a "
+                          "checkpoint to go on)" % "; ".join(abandoned),
                           TiermemWarning, stacklevel=2)
         # A DLPack view still out keeps the runtime's memory past the destroy: views only garbage
         # (a reference cycle) are collected first, so that the runtime goes now; those alive keep

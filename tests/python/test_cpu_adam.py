@@ -738,15 +738,47 @@ def test_remove_after_a_forced_close_takes_the_hooks_off(make_runtime, nvme_dir)
         model(torch.randn(4, 64)).sum().backward()
         opt.step()
         opt.zero_grad()
-    for s in opt.records.values():
-        for swapped in s.values():
-            swapped.tm.offload("nvme")
-            swapped.tm.sync()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(4, 64)
+    for swapped in [*(r for s in opt.records.values() for r in s.values()),
+                    *params.records.values()]:
+        swapped.tm.offload("nvme")
+        swapped.tm.sync()
     _flip_swap_files(str(nvme_dir))
     with pytest.raises(tiermem.TiermemError, match=r"close\(force=True\)"):
         rt.close()
-    with pytest.warns(tiermem.TiermemWarning, match="went with the runtime"):
+    with pytest.warns(tiermem.TiermemWarning, match=r"ParameterOffload .*4 tensors lost"):
         rt.close(force=True)
+    # The lost parameters say so (a forward read freed memory: a crash, for parameters in HBM
+    # views), until a checkpoint is loaded into them.
+    with pytest.raises(RuntimeError, match=r"went with its tiermem runtime.*load_state_dict"):
+        model(x)
     opt.remove()
     params.remove()
     assert not any(m._forward_pre_hooks for m in model.modules())
+    model.load_state_dict(saved)
+    assert all(type(p) is torch.nn.Parameter for p in model.parameters())
+    fresh = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    fresh.load_state_dict(saved)
+    assert torch.equal(model(x), fresh(x))
+
+
+def test_a_forced_close_brings_home_what_it_can(make_runtime):
+    """close(force=True) after offload_parameters' remove() failed: the parameters whose bytes
+    are readable come home (those in view the runtime's HBM: read after the destroy, they
+    crashed the process); none is lost."""
+    torch.manual_seed(9)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    rt = make_runtime(hbm_bytes="1MiB", dram_bytes="1MiB")
+    params = tt.offload_parameters(model, rt)
+    x = torch.randn(4, 64)
+    model(x).sum().backward()  # the first unit stays in (held since its backward)
+    expect = model(x).detach()
+
+    def dead(*_):
+        raise tiermem.TiermemError(tiermem.TM_ERR_IO, "a simulated dead tier")
+    params.remove = dead
+    with pytest.warns(tiermem.TiermemWarning, match=r"ParameterOffload .*came home"):
+        rt.close(force=True)
+    assert torch.equal(model(x), expect)
+    assert all(type(p) is torch.nn.Parameter for p in model.parameters())

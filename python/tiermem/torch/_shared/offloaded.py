@@ -111,6 +111,15 @@ class _Offloaded:
                 result.__class__ = offloaded_class(type(result))
             return result
         what = _name(func)
+        lost = _lost(args)
+        if lost is not None:
+            if func in _REVIVE and args[0] is lost:
+                return _revive(func, args, kwargs)
+            raise RuntimeError(
+                "%s: this tensor's bytes went with its tiermem runtime, closed by "
+                "close(force=True) when they could not come home: load a checkpoint into it "
+                "(load_state_dict: a copy_ into the whole tensor gives it memory again)" %
+                _describe(args, what))
         raise RuntimeError(
             "%s: this tensor's memory is offloaded by tiermem (its bytes are in tiermem and its "
             "own storage is freed), so it cannot be read or changed here. A parameter is in "
@@ -171,6 +180,35 @@ def mark_out(t):
     """t's memory is freed: operations on it raise from now on."""
     if not isinstance(t, _Offloaded):
         t.__class__ = offloaded_class(type(t))
+
+
+def mark_lost(t):
+    """t's bytes went with a runtime closed by close(force=True): operations on it raise saying
+    so, but for a copy_ into the whole of it or a .data set (load_state_dict), which gives it
+    memory again and its own class."""
+    mark_out(t)
+    t.__dict__["_tiermem_lost"] = True
+
+
+def _lost(args):
+    for a in args:
+        if isinstance(a, _Offloaded) and a.__dict__.get("_tiermem_lost"):
+            return a
+    return None
+
+
+_REVIVE = {torch.Tensor.copy_, _DATA_SET}
+
+
+def _revive(func, args, kwargs):
+    t = args[0]
+    with DisableTorchFunction():
+        if func is not _DATA_SET:
+            t.untyped_storage().resize_((t.storage_offset() + t.numel()) * t.element_size())
+        result = func(*args, **kwargs)
+    del t.__dict__["_tiermem_lost"]
+    mark_in(t)
+    return t if result is t else result
 
 
 def mark_in(t):

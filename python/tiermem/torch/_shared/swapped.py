@@ -2,7 +2,7 @@
 state, parameters)."""
 
 from ... import TiermemError
-from .offloaded import mark_in, mark_out
+from .offloaded import mark_in, mark_lost, mark_out
 from .transfers import _TIER_HOME, _destroy_quietly, _fetch, _resize_storage, _send
 
 
@@ -161,3 +161,21 @@ class _Swapped:
     def _restore(self):
         self.bring_in()
         _destroy_quietly(self.tm)
+
+    def home_or_lose(self):
+        """close(force=True): restore() when the bytes can still come home (in, or readable);
+        else the tensor is lost with the runtime (tiermem.torch._shared.offloaded.mark_lost).
+        Either way the record does nothing from then on. True when it came home."""
+        if self.home:
+            return True
+        try:
+            self.restore()
+            return True
+        except Exception:
+            self.lose()
+            return False
+
+    def lose(self):
+        self.resident, self.home = False, True
+        _resize_storage(self.tensor, 0)
+        mark_lost(self.tensor)

@@ -142,6 +142,16 @@ class OptimizerStateOffload(torch.optim.Optimizer):
                 s.restore()
         self.records.clear()
 
+    def _abandon(self):
+        """close(force=True), remove() having failed: the state that can still come home does,
+        the rest is lost with the runtime (reading it raises saying so; load a checkpoint).
+        Returns how many tensors were lost."""
+        lost = sum(not s.home_or_lose() for per_param in self.records.values()
+                   for s in per_param.values())
+        self.records.clear()
+        self._detach()
+        return lost
+
     def remove(self):
         """The state back in ordinary tensors; tiermem's hooks off the optimizer (nothing else
         of it was changed). Once: a second call (or the runtime's close() after it) does
@@ -150,6 +160,9 @@ class OptimizerStateOffload(torch.optim.Optimizer):
             self.records.clear()
         else:
             self._release_all()
+        self._detach()
+
+    def _detach(self):
         if self._driver is not None:
             self._driver.state = None
             self._driver._detach_if_unused()

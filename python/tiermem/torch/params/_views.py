@@ -274,6 +274,12 @@ class _ViewedParam(_Swapped):
         del current  # the view's memory freed: its copy released, so it can be destroyed
         self._destroy()
 
+    def lose(self):
+        if self.view_ptr is not None:  # its memory goes with the runtime
+            self.tensor.data = self.placeholder
+            self.view_ptr = self.address = self.view_state = None
+        super().lose()
+
     def _destroy(self):
         if self.views.live:
             self.views.destroy = True  # by the release of the last view held elsewhere

@@ -432,6 +432,22 @@ class ParameterOffload:
         if not self.runtime.closed:
             for s in self.records.values():
                 s.restore()
+        self._forget()
+
+    def _abandon(self):
+        """close(force=True), remove() having failed: the hooks go, the parameters that can
+        still come home do (those in: a view's bytes copied into the parameter's own memory),
+        the others are lost with the runtime: reading one raises saying so, and loading a
+        checkpoint into it (load_state_dict) gives it memory again. Returns how many were
+        lost."""
+        for h in self._hooks + self._grad_hooks:
+            h.remove()
+        self._hooks, self._grad_hooks = [], []
+        lost = sum(not s.home_or_lose() for s in self.records.values())
+        self._forget()
+        return lost
+
+    def _forget(self):
         for p in [p for p, offload in _held.items() if offload is self]:
             del _held[p]
         if _held.get(self.module) is self:
