@@ -374,7 +374,10 @@ TEST_F(EnvFileTest, MalformedFilesAreRejectedByLine) {
        {Case{"TIERMEM_IO_THREADS 2\n", ":1: expected"},
         Case{"# ok\nIO_THREADS=2\n", ":2: \"IO_THREADS\" is not a TIERMEM_"},
         Case{"exportTIERMEM_IO_THREADS=2\n", ":1: expected"},
-        Case{"TIERMEM_IO_THREADS=$N\n", ":1: quotes, escapes and shell"},
+        Case{"TIERMEM_IO_THREADS=$N\n", ":1: shell expansion ($, `) is not supported"},
+        Case{"TIERMEM_IO_THREADS=\"3\n", ":1: an unmatched quote"},
+        Case{"TIERMEM_IO_THREADS=3\\4\n", ":1: escapes"},
+        Case{"TIERMEM_LIBRARY=/x.so\n", ":1: TIERMEM_LIBRARY is read from the environment only"},
         Case{"TIERMEM_IO_THREADS=1\nTIERMEM_IO_THREADS=2\n", ":2: TIERMEM_IO_THREADS is set twice"},
         Case{"TIERMEM_ENV_FILE=/x\n", ":1: an env file cannot name another"}}) {
     std::string path = Write(k.text);

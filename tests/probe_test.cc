@@ -219,11 +219,21 @@ TEST(Probe, BadFlagsExitTwo) {
        {"--sweep-blocks 3000", "--sweep-depths 0", "--tune-budget -1", "--repeats x",
         "--tune-bytes 1KiB", "--frobnicate",
         // two runs asked for at once: refused, not one of them ignored
-        "--tune --sweep-only", "--sweep-only --no-sweep", "--config --json", "--config --tune"}) {
+        "--tune --sweep-only", "--sweep-only --no-sweep", "--config --json", "--config --tune",
+        "--sweep-only --no-bench",
+        // a value for what the run does not do: refused, not ignored (an outside client ran a
+        // whole probe, exit 0, with --tune-out and no --tune)
+        "--tune-out x.env --no-bench", "--tune-budget 5", "--sweep-blocks 1MiB --no-sweep",
+        "--sweep-depths 4 --no-bench", "--repeats 3 --config", "--bench-bytes 64MiB --tune",
+        "--repeats 2 --sweep-only", "--sweep-full --tune"}) {
     const std::string out =
         Capture(std::string(TIERMEM_PROBE) + " " + flags + " 2>&1; echo \"exit=$?\"");
     EXPECT_NE(out.find("exit=2"), std::string::npos) << flags << ": " << out;
   }
+  // A bad value is quoted.
+  const std::string quoted =
+      Capture(std::string(TIERMEM_PROBE) + " --repeats abc 2>&1; echo \"exit=$?\"");
+  EXPECT_NE(quoted.find("--repeats \"abc\": needs a count"), std::string::npos) << quoted;
   // A value flag given last without its value says so (it was "unknown argument").
   const std::string out =
       Capture(std::string(TIERMEM_PROBE) + " --bench-bytes 2>&1; echo \"exit=$?\"");

@@ -117,12 +117,24 @@ absl::StatusOr<EnvFile> ParseEnvFile(const std::string& path) {
       return line_error(absl::StrCat("\"", name, "\" is not a TIERMEM_ variable name"));
     }
     if (name == "TIERMEM_ENV_FILE") return line_error("an env file cannot name another one");
+    if (name == "TIERMEM_LIBRARY") {
+      return line_error(
+          "TIERMEM_LIBRARY is read from the environment only (the Python package loads the "
+          "library before any env file is read): export it instead");
+    }
     if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') &&
         value.back() == value.front()) {
       value = value.substr(1, value.size() - 2);
     }
-    if (value.find_first_of("$`\\\"'") != absl::string_view::npos) {
-      return line_error("quotes, escapes and shell expansion are not supported in values");
+    if (value.find_first_of("$`") != absl::string_view::npos) {
+      return line_error("shell expansion ($, `) is not supported in values: write the value");
+    }
+    if (value.find('\\') != absl::string_view::npos) {
+      return line_error("escapes (\\) are not supported in values");
+    }
+    if (value.find_first_of("\"'") != absl::string_view::npos) {
+      return line_error(
+          "an unmatched quote, or a quote inside the value: quote the whole value, or none of it");
     }
     auto [it, inserted] =
         out.values.try_emplace(std::string(name), EnvFile::Value{std::string(value), line_no});

@@ -193,8 +193,8 @@ class Runtime:
             self._homecoming.discard(offload)
         if abandoned:
             warnings.warn("close(force=True): %s failed to bring its tensors home; those that "
-                          "could not come home went with the runtime (reading one raises; load a "
-                          "checkpoint to go on)" % "; ".join(abandoned),
+                          "could not come home went with the runtime (reading one raises, an FSDP2 "
+                          "shard holds NaN; load a checkpoint to go on)" % "; ".join(abandoned),
                           TiermemWarning, stacklevel=2)
         # A DLPack view still out keeps the runtime's memory past the destroy: views only garbage
         # (a reference cycle) are collected first, so that the runtime goes now; those alive keep

@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
 import tiermem
 from tiermem import _capi
 from tiermem.torch import FSDPCPUAdam
+from swap_files import flip_swap_files
 
 
 class ShardCases:
@@ -237,6 +238,43 @@ class ShardCases:
         except Exception as e:  # noqa: BLE001 - reported to the test
             out["step_after_close"] = "%s: %s" % (type(e).__name__, e)
         out["vs_plain"] = w.compare(losses, params, *self._plain("nn", lambda: self._run_plain(w)))
+        out["forced"] = self._forced_close(w)
+        return out
+
+    def _forced_close(self, w):
+        """Every swap file corrupt (checksums on): close(force=True) closes, the shards that
+        could not come home lost. The next forward all-gathered their empty storages (a SIGSEGV
+        on every rank); now they hold NaN, and a checkpoint loaded into the model (DCP's
+        set_model_state_dict) gives back the loss it had before."""
+        model = w.build()
+        os.environ["TIERMEM_DRAM_INCLUSIVE"] = "off"  # no clean DRAM copy to come home from
+        try:
+            rt = self.runtime(dram_bytes="1MiB", nvme_paths=self.nvme_dir, nvme_bytes="16MiB",
+                              checksum="xxh3")
+        finally:
+            del os.environ["TIERMEM_DRAM_INCLUSIVE"]
+        opt = FSDPCPUAdam(model, runtime=rt, threads=1, state_tier="nvme", shard_tier="nvme",
+                          **w.HYPER)
+        w.train(model, opt, 2)
+        saved = {k: v.detach().clone() for k, v in get_model_state_dict(model).items()}
+        x = w.batch(2)
+        with torch.no_grad():
+            want = w.loss_of(model, *x).item()
+        for u in opt.shard_offload.units:
+            for r in u.records:
+                r.tm.offload("nvme")
+                r.tm.sync()
+        out = dict(flipped=bool(flip_swap_files(self.nvme_dir)))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rt.close(force=True)
+        out["warned"] = " | ".join(str(c.message) for c in caught)
+        with torch.no_grad():
+            out["loss_after"] = w.loss_of(model, *x).item()  # NaN (no crash)
+        set_model_state_dict(model, saved)
+        with torch.no_grad():
+            out["loaded_as_before"] = w.loss_of(model, *x).item() == want
+        opt.close()
         return out
 
     def shards_overlap(self, w):

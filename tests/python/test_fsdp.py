@@ -15,6 +15,7 @@ and the tests below judge them; the two-node run is a second pair of torchruns."
 
 import glob
 import json
+import math
 import os
 import socket
 import subprocess
@@ -500,3 +501,8 @@ def test_runtime_closed_first_brings_shards_and_state_home(single_node):
         for bad in ("'x'", "2.5", "None", "True"):
             assert depth[bad].startswith("TypeError: FSDPCPUAdam: shard_prefetch_depth="), depth
         assert depth["-1"].startswith("ValueError: FSDPCPUAdam: shard_prefetch_depth=-1"), depth
+        forced = r["forced"]
+        if forced["flipped"]:  # (the swap files reached through /proc/self/fd)
+            assert "FSDPCPUAdam" in forced["warned"] and "tensors lost" in forced["warned"], forced
+            assert math.isnan(forced["loss_after"]), forced
+            assert forced["loaded_as_before"], forced

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -92,6 +93,15 @@ int Usage2(const char* msg) {
   return 2;
 }
 
+// A flag's bad value: quoted, with what the flag takes (a value that is another flag: the
+// flag's own value was left out).
+int Bad(const std::string& flag, const std::string& value, const char* wants) {
+  if (absl::StartsWith(value, "--")) {
+    return Usage2(absl::StrFormat("%s needs a value (%s), before %s", flag, wants, value).c_str());
+  }
+  return Usage2(absl::StrFormat("%s \"%s\": needs %s", flag, value, wants).c_str());
+}
+
 // What the command line asked for.
 struct ProbeOptions {
   bool config_only = false, bench = true, sweep = true, demo = true, json = false, tune = false;
@@ -101,6 +111,7 @@ struct ProbeOptions {
   SweepOptions sweep_options;
   TuneOptions tune_options;
   std::string tune_out = "tiermem.env";
+  std::vector<std::string> given;  // the value flags and --sweep-full, in order
 };
 
 // A flag that takes a value (given last, without one: "needs a value", not "unknown").
@@ -119,6 +130,27 @@ std::optional<int> Contradiction(const ProbeOptions& o) {
   }
   if (o.tune && o.sweep_only) return Usage2("--tune and --sweep-only are two different runs");
   if (o.sweep_only && !o.sweep) return Usage2("--sweep-only and --no-sweep contradict each other");
+  if (o.sweep_only && !o.bench) {
+    return Usage2("--sweep-only and --no-bench contradict each other (the sweep is a bandwidth "
+                  "measurement)");
+  }
+  // A flag setting what this run does not do would be ignored: refused, naming what skips it.
+  const char* skipped_by = o.config_only ? "--config" : o.tune ? "--tune" : nullptr;
+  const bool bench = !o.config_only && !o.tune && o.bench && !o.sweep_only;
+  const bool sweep = !o.config_only && !o.tune && ((o.bench && o.sweep) || o.sweep_only);
+  for (const std::string& f : o.given) {
+    if (absl::StartsWith(f, "--tune-")) {
+      if (!o.tune) return Usage2((f + " is for --tune: add --tune, or leave it out").c_str());
+    } else if (f == "--bench-bytes" || f == "--repeats") {
+      if (!bench) {
+        const char* by = skipped_by ? skipped_by : o.sweep_only ? "--sweep-only" : "--no-bench";
+        return Usage2((f + " sets the bandwidth measurements, which " + by + " skips").c_str());
+      }
+    } else if (!sweep) {  // --sweep-*
+      const char* by = skipped_by ? skipped_by : !o.bench ? "--no-bench" : "--no-sweep";
+      return Usage2((f + " sets the sweep, which " + by + " skips").c_str());
+    }
+  }
   return std::nullopt;
 }
 
@@ -129,6 +161,7 @@ std::optional<int> ParseArgs(int argc, char** argv, ProbeOptions* o) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     const bool has_value = i + 1 < argc;
+    if ((IsValueFlag(a) && has_value) || a == "--sweep-full") o->given.push_back(a);
     if (a == "--config") {
       o->config_only = true;
     } else if (a == "--json") {
@@ -147,9 +180,10 @@ std::optional<int> ParseArgs(int argc, char** argv, ProbeOptions* o) {
     } else if (a == "--tune") {
       o->tune = true;
     } else if ((a == "--bench-bytes" || a == "--sweep-bytes" || a == "--tune-bytes") && has_value) {
-      auto s = ParseSize(a, argv[++i]);
+      const std::string v = argv[++i];
+      auto s = ParseSize(a, v);
       if (!s.ok() || s->percent > 0 || s->bytes < (1u << 20) || s->bytes > (64ull << 30)) {
-        return Usage2((a + " needs a size from 1MiB to 64GiB, such as 256MiB").c_str());
+        return Bad(a, v, "a size from 1MiB to 64GiB, such as 256MiB");
       }
       (a == "--bench-bytes"   ? o->bench_bytes
        : a == "--sweep-bytes" ? so.bytes
@@ -157,21 +191,20 @@ std::optional<int> ParseArgs(int argc, char** argv, ProbeOptions* o) {
     } else if (a == "--sweep-blocks" && has_value) {
       auto l = ParseList("--sweep-blocks", argv[++i], true);
       if (!l.has_value())
-        return Usage2("--sweep-blocks needs powers of two from 4KiB to 64MiB, such as 128KiB,1MiB");
+        return Bad(a, argv[i], "powers of two from 4KiB to 64MiB, such as 128KiB,1MiB");
       so.blocks = *l;
     } else if (a == "--sweep-depths" && has_value) {
       auto l = ParseList("--sweep-depths", argv[++i], false);
-      if (!l.has_value())
-        return Usage2("--sweep-depths needs queue depths from 1 to 4096, such as 1,4,32");
+      if (!l.has_value()) return Bad(a, argv[i], "queue depths from 1 to 4096, such as 1,4,32");
       so.depths = *l;
     } else if (a == "--repeats" && has_value) {
       auto v = ParseUnsigned("--repeats", argv[++i]);
-      if (!v.ok() || *v < 1 || *v > 1000) return Usage2("--repeats needs a count from 1 to 1000");
+      if (!v.ok() || *v < 1 || *v > 1000) return Bad(a, argv[i], "a count from 1 to 1000");
       o->repeats = static_cast<int>(*v);
     } else if (a == "--tune-budget" && has_value) {
       double v = 0;
       if (!absl::SimpleAtod(argv[++i], &v) || !(v >= 1 && v <= 86400)) {
-        return Usage2("--tune-budget needs seconds from 1 to 86400");
+        return Bad(a, argv[i], "seconds from 1 to 86400");
       }
       to.budget_seconds = v;
     } else if (a == "--tune-out" && has_value) {

@@ -102,7 +102,12 @@ void PrintTune(const TuneResult& r, const std::string& file) {
   }
   std::printf("  prefetch  step workload, %.2f ms compute per forward layer:", r.compute_ms);
   for (const auto& [d, sec] : r.depth_tried) std::printf(" depth %u %.1f ms;", d, sec * 1e3);
-  std::printf(" chosen %u (default %u)\n", r.depth_tuned, r.depth_default);
+  if (r.depth_tried.empty()) {  // as the env file says it
+    std::printf(" not measured (the budget ran out first): the setting in effect, %u, kept\n",
+                r.depth_tuned);
+  } else {
+    std::printf(" chosen %u (default %u)\n", r.depth_tuned, r.depth_default);
+  }
   if (r.depth_rejected != 0) {
     std::printf("  prefetch  depth %u looked faster but lost a recheck against %u\n",
                 r.depth_rejected, r.depth_default);

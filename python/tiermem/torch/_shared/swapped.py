@@ -162,20 +162,27 @@ class _Swapped:
         self.bring_in()
         _destroy_quietly(self.tm)
 
-    def home_or_lose(self):
+    def home_or_lose(self, fill=None):
         """close(force=True): restore() when the bytes can still come home (in, or readable);
-        else the tensor is lost with the runtime (tiermem.torch._shared.offloaded.mark_lost).
-        Either way the record does nothing from then on. True when it came home."""
+        else the tensor is lost with the runtime: its storage empty and its reads raising
+        (tiermem.torch._shared.offloaded.mark_lost), or with `fill`, an ordinary tensor of that
+        value (for storages read by code no guard sees: FSDP2's all-gather). Either way the
+        record does nothing from then on. True when it came home."""
         if self.home:
             return True
         try:
             self.restore()
             return True
         except Exception:
-            self.lose()
+            self.lose(fill)
             return False
 
-    def lose(self):
+    def lose(self, fill=None):
         self.resident, self.home = False, True
-        _resize_storage(self.tensor, 0)
-        mark_lost(self.tensor)
+        if fill is None:
+            _resize_storage(self.tensor, 0)
+            mark_lost(self.tensor)
+            return
+        mark_in(self.tensor)
+        _resize_storage(self.tensor, self.nbytes)
+        self.tensor.fill_(fill)

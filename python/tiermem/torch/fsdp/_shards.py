@@ -457,6 +457,31 @@ class _ShardOffload:
                      if u.grads else [])
                 for u in self.units]
 
+    def abandon(self):
+        """close(force=True), close() having failed: the hooks removed, each shard and gradient
+        shard that can still come home does, the others are lost with the runtime: a shard
+        filled with NaN (FSDP2's all-gather reads its storage with no guard to stop it: empty,
+        a SIGSEGV), a gradient dropped (p.grad None). Returns how many storages were lost."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self.grads_ready = self.send_grads
+        lost = 0
+        for u in self.units:
+            self.wait_unit(u)
+            grads_lost = sum(not r.home_or_lose(float("nan")) for r in u.grads)
+            for r in u.records:
+                lost += not r.home_or_lose(float("nan"))
+            for cover in (u.cover, u.grad_cover):
+                if cover is not None:
+                    cover.uncover()
+            if grads_lost:
+                for q in u.params:
+                    q.grad = None
+            lost += grads_lost
+            u.records, u.grads, u.resident, u.cover, u.grad_cover = [], [], True, None, None
+        return lost
+
     def close(self):
         """Every shard back in torch memory for good, the hooks removed."""
         for h in self._handles:

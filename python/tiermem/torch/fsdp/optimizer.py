@@ -217,6 +217,17 @@ class FSDPCPUAdam(torch.optim.Optimizer):
             self._offload = None
         self._adam._runtime_closing()
 
+    def _abandon(self):
+        """close(force=True), _runtime_closing having failed: what can come home does, the rest
+        goes with the runtime (_ShardOffload.abandon); the state stays with the runtime (step()
+        raises that it was closed). Returns how many shard storages were lost."""
+        self._close_behind()
+        lost = 0
+        if self._offload is not None:
+            lost = self._offload.abandon()
+            self._offload = None
+        return lost
+
     def _close_behind(self):
         if self._adam._behind is not None:
             self._adam._behind.close()

@@ -274,11 +274,11 @@ class _ViewedParam(_Swapped):
         del current  # the view's memory freed: its copy released, so it can be destroyed
         self._destroy()
 
-    def lose(self):
+    def lose(self, fill=None):
         if self.view_ptr is not None:  # its memory goes with the runtime
             self.tensor.data = self.placeholder
             self.view_ptr = self.address = self.view_state = None
-        super().lose()
+        super().lose(fill)
 
     def _destroy(self):
         if self.views.live:
