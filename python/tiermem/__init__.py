@@ -106,7 +106,15 @@ class Runtime:
             elif key == "checksum":
                 value = _choice(_capi.CHECKSUMS, value, key)
             elif key == "numa_node":
-                value = {"auto": _capi.NUMA_AUTO, "off": _capi.NUMA_OFF}.get(value, value)
+                if isinstance(value, str):
+                    if value.strip().lower() not in ("auto", "off"):
+                        raise ValueError("numa_node=%r: want \"auto\", \"off\" or a node "
+                                         "number (0 and up)" % (value,))
+                    value = {"auto": _capi.NUMA_AUTO, "off": _capi.NUMA_OFF}[value.strip().lower()]
+                elif isinstance(value, int) and not isinstance(value, bool) and value < 0 and \
+                        value not in (_capi.NUMA_DEFAULT, _capi.NUMA_AUTO, _capi.NUMA_OFF):
+                    raise ValueError("numa_node=%d: want \"auto\", \"off\" or a node number "
+                                     "(0 and up)" % value)
             elif key == "nvme_paths":
                 if isinstance(value, (str, bytes, os.PathLike)):
                     value = os.fsencode(value)

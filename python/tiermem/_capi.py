@@ -317,7 +317,16 @@ def load():
     env = os.environ.get("TIERMEM_LIBRARY")
     if env:
         # Named explicitly: a failure here is an error, not a reason to fall back silently.
-        return ctypes.CDLL(env), env
+        try:
+            lib = ctypes.CDLL(env)
+        except OSError as e:
+            raise OSError("tiermem: TIERMEM_LIBRARY=%s cannot be loaded (%s); unset it to load "
+                          "the wheel's or the build's own library" % (env, e)) from e
+        if not hasattr(lib, "tm_status_string"):
+            raise OSError("tiermem: TIERMEM_LIBRARY=%s is not libtiermem (it has no "
+                          "tm_status_string); unset it to load the wheel's or the build's own "
+                          "library" % env)
+        return lib, env
     candidates = [p for p in (_bundled_path(), _installed_path(), _source_tree_path()) if p]
     candidates.append(SONAME)
     for path in candidates:

@@ -44,9 +44,10 @@ def find(name):
         if _is_program(path):
             return path
     raise FileNotFoundError(
-        "tiermem: no %s program found; tried %s. Install tiermem's wheel (pip install tiermem), "
-        "build this checkout (bash tools/build.sh demo), or cmake --install it" %
-        (name, ", ".join(candidates)))
+        "tiermem: no %s program found; tried %s%s. Install tiermem's wheel (pip install "
+        "tiermem), build this checkout (bash tools/build.sh demo), cmake --install it, or put "
+        "the directory holding it on PATH" %
+        (name, ", ".join(candidates), "" if on_path else " and PATH (none there)"))
 
 
 def run(name, args):

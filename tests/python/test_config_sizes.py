@@ -76,3 +76,15 @@ def test_addresses_outside_uint64_are_refused(make_runtime):
             t.copy_in(2**64 + 4096, 16)
         with pytest.raises(ValueError, match="dst_ptr"):
             t.copy_out(-4096, 16)
+
+
+@pytest.mark.parametrize("value", ["x", "node0", -5])
+def test_numa_node_names_what_it_takes(make_runtime, value):
+    # "x" was a TypeError "expected an int", though "auto" and "off" are strings it takes.
+    with pytest.raises(ValueError, match=r"numa_node=.*\"auto\", \"off\" or a node number"):
+        make_runtime(numa_node=value)
+
+
+def test_numa_node_words(make_runtime):
+    with make_runtime(numa_node="OFF") as rt:
+        assert rt.config_value("TIERMEM_NUMA") == "off"

@@ -1,6 +1,7 @@
 """tiermem.Runtime and tiermem.Tensor: settings, errors, stats, steps, the library's lookup."""
 
 import ctypes
+import ctypes.util
 import json
 import glob
 import os
@@ -455,6 +456,21 @@ def test_source_checkout_finds_its_own_build(tmp_path):
         [sys.executable, "-c", "import sys; sys.path.insert(0, %r); %s" % (package_root, code)],
         cwd=str(tmp_path), env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert out == os.path.join(build_dir, "lib", "libtiermem.so"), out
+
+
+def test_a_bad_tiermem_library_is_named(tmp_path):
+    """TIERMEM_LIBRARY naming a missing file or another library: an OSError naming the variable
+    (it was ctypes' own OSError or AttributeError, which never said where the path came from)."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(tiermem.__file__)))
+    code = "import sys; sys.path.insert(0, %r); import tiermem" % package_root
+    libz = ctypes.util.find_library("z") or "libz.so.1"
+    for bad, says in ((str(tmp_path / "absent.so"), "cannot be loaded"),
+                      (libz, "is not libtiermem")):
+        env = dict(os.environ, TIERMEM_LIBRARY=bad)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, cwd=str(tmp_path))
+        assert r.returncode != 0
+        assert "TIERMEM_LIBRARY=%s %s" % (bad, says) in r.stderr, r.stderr[-2000:]
 
 
 def test_tensor_names_are_checked(make_runtime, tmp_path):
