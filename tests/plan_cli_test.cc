@@ -118,9 +118,10 @@ TEST(PlanCli, ErrorsNameTheFlag) {
            Case{"--hbm 80GiB --tflops 400 --link-gbps 25", "--layers is missing"},
            Case{model + " --hbm 0 --tflops 400 --link-gbps 25", "--hbm 0: must be positive"},
            Case{model + " --hbm lots --tflops 400 --link-gbps 25", "--hbm lots: needs a size"},
-           Case{model + " --hbm 80GiB --tflops 0 --link-gbps 25", "--tflops 0: must be positive"},
+           Case{model + " --hbm 80GiB --tflops 0 --link-gbps 25",
+                "--tflops 0: must be at least 1 GFLOP/s"},
            Case{model + " --hbm 80GiB --tflops 400 --link-gbps 25 --dram-gbps -3",
-                "--dram-gbps -3: must not be negative"},
+                "--dram-gbps -3: must be at least 1 MB/s (0.001 GB/s), or 0"},
            Case{model + " --hbm 80GiB --tflops 400 --link-gbps 25 --optimizer-bytes-per-param 0",
                 "--optimizer-bytes-per-param 0: must be positive"},
            Case{model + " --hbm 80GiB --tflops 400 --link-gbps x", "--link-gbps x: not a number"},
@@ -129,6 +130,17 @@ TEST(PlanCli, ErrorsNameTheFlag) {
            Case{model + " --hbm 80GiB --tflops 400 --link-gbps 25 --frobnicate 1",
                 "unknown argument --frobnicate"},
            Case{model + " --hbm", "--hbm needs a value"},
+           Case{model + " --hbm 80GiB --tflops 400 --link-gbps 1e400",
+                "--link-gbps 1e400: must be finite"},
+           Case{model + " --hbm 80GiB --tflops 400 --link-gbps 25 --nvme-gbps 1e-300",
+                "--nvme-gbps 1e-300: must be at least 1 MB/s"},
+           // Every bad value at once (an outside client fixed nine flags one run at a time).
+           Case{"--layers x --hidden -1 --heads 0 --seq 2048 --micro-batch 1 --params 7B "
+                "--hbm 80GiB --tflops 400 --link-gbps 25 --frobnicate",
+                "--layers x: not a number; unknown argument --frobnicate"},
+           Case{"--layers 32 --hidden -1 --heads 0 --seq 2048 --micro-batch 1 --params 7B "
+                "--hbm 80GiB --tflops 0 --link-gbps 25",
+                "--hidden -1: at least 1; --heads 0: at least 1; --tflops 0: must be at least"},
        }) {
     const PlanRun r = Plan(c.args);
     EXPECT_EQ(r.status, 2) << c.args << "\n" << r.out;

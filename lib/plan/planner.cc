@@ -5,12 +5,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "lib/plan/plan_ladder.h"
 
 namespace tiermem {
 namespace {
+
+// The least bandwidth priced (1 MB/s): below it a step's seconds run to hundreds of digits.
+constexpr double kLeastBandwidth = 1e6;
 
 absl::Status Need(bool ok, const char* field, double value, const char* why) {
   if (ok) return absl::OkStatus();
@@ -29,9 +35,13 @@ const char* RungName(Rung r) {
 
 namespace {
 
-// InvalidArgument naming the first input that is missing, out of range, or not whole where a
-// count must be.
+// InvalidArgument naming every input that is missing, out of range, not finite, or not whole
+// where a count must be ("field=value: why", joined by "; "); then the layout's rules.
 absl::Status CheckInput(const PlanInput& in) {
+  std::vector<std::string> bad;
+  auto note = [&](const absl::Status& st) {
+    if (!st.ok()) bad.emplace_back(st.message());
+  };
   for (auto [ok, field, v, why] :
        {std::tuple{in.layers >= 1, "layers", in.layers, "at least 1"},
         std::tuple{in.hidden >= 1, "hidden", in.hidden, "at least 1"},
@@ -43,16 +53,20 @@ absl::Status CheckInput(const PlanInput& in) {
         std::tuple{in.bytes_per_element > 0, "bytes_per_element", in.bytes_per_element,
                    "must be positive"},
         std::tuple{in.hbm_bytes > 0, "hbm_bytes", in.hbm_bytes, "must be positive"},
-        std::tuple{in.link_bytes_per_s > 0, "link_bytes_per_s", in.link_bytes_per_s,
-                   "must be positive"},
-        std::tuple{in.nvme_bytes_per_s >= 0, "nvme_bytes_per_s", in.nvme_bytes_per_s,
-                   "must not be negative"},
-        std::tuple{in.flops_per_s > 0, "flops_per_s", in.flops_per_s, "must be positive"},
-        std::tuple{in.dram_bytes_per_s >= 0, "dram_bytes_per_s", in.dram_bytes_per_s,
-                   "must not be negative"},
+        std::tuple{in.link_bytes_per_s >= kLeastBandwidth, "link_bytes_per_s", in.link_bytes_per_s,
+                   "must be at least 1 MB/s (0.001 GB/s)"},
+        std::tuple{in.nvme_bytes_per_s == 0 || in.nvme_bytes_per_s >= kLeastBandwidth,
+                   "nvme_bytes_per_s", in.nvme_bytes_per_s,
+                   "must be at least 1 MB/s (0.001 GB/s), or 0: no NVMe"},
+        std::tuple{in.flops_per_s >= 1e9, "flops_per_s", in.flops_per_s,
+                   "must be at least 1 GFLOP/s (0.001 TFLOP/s)"},
+        std::tuple{in.dram_bytes_per_s == 0 || in.dram_bytes_per_s >= kLeastBandwidth,
+                   "dram_bytes_per_s", in.dram_bytes_per_s,
+                   "must be at least 1 MB/s (0.001 GB/s), or 0: the CPU step not priced"},
         std::tuple{in.optimizer_bytes_per_param > 0, "optimizer_bytes_per_param",
                    in.optimizer_bytes_per_param, "must be positive"}}) {
-    if (auto st = Need(ok && std::isfinite(v), field, v, why); !st.ok()) return st;
+    note(Need(std::isfinite(v), field, v, "must be finite"));
+    if (std::isfinite(v)) note(Need(ok, field, v, why));
   }
   // Counts are whole: a layer, a head or a token is not split. The layout is Megatron's: heads
   // divide the hidden size, and tensor parallelism splits whole heads.
@@ -60,10 +74,10 @@ absl::Status CheckInput(const PlanInput& in) {
                           std::pair{"heads", in.heads}, std::pair{"seq", in.seq},
                           std::pair{"micro_batch", in.micro_batch},
                           std::pair{"tensor_parallel", in.tensor_parallel}}) {
-    if (auto st = Need(v == std::floor(v), field, v, "must be a whole number"); !st.ok()) {
-      return st;
-    }
+    if (std::isfinite(v) && v >= 1)
+      note(Need(v == std::floor(v), field, v, "must be a whole number"));
   }
+  if (!bad.empty()) return absl::InvalidArgumentError(absl::StrJoin(bad, "; "));
   if (std::fmod(in.hidden, in.heads) != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "hidden=%g is not a multiple of heads=%g: each head has hidden/heads dimensions", in.hidden,
@@ -114,8 +128,8 @@ absl::Status CheckFinite(const Plan& p) {
   for (const PlanPrice& c : p.combinations) {
     if (!std::isfinite(c.hbm_bytes) || !std::isfinite(c.added_seconds)) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "the inputs give hbm_bytes = %g, added_seconds = %g for rungs 0x%x: too large to price",
-          c.hbm_bytes, c.added_seconds, c.rungs));
+          "the inputs give hbm_bytes = %g, added_seconds = %g for %s: too large to price",
+          c.hbm_bytes, c.added_seconds, RungSetName(c.rungs)));
     }
   }
   return absl::OkStatus();

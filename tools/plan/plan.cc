@@ -8,9 +8,12 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "lib/config/config.h"
 #include "lib/plan/planner.h"
 #include "tools/plan/plan_print.h"
@@ -33,7 +36,8 @@ void Usage(FILE* f) {
       "  without it, and without a probe file that has it, optimizer-state offload is left out.\n"
       "  --optimizer-bytes-per-param is the DRAM traffic of one CPU Adam step (default 28).\n"
       "  --probe FILE takes --link-gbps, --nvme-gbps and --dram-gbps from tiermem-probe --json\n"
-      "  output (given flags win).\n");
+      "  output (given flags win: --nvme-gbps 0 or --dram-gbps 0 leaves those rungs out).\n"
+      "  Bandwidths start at 0.001 GB/s, --tflops at 0.001; every bad value is named at once.\n");
 }
 
 bool Number(const std::string& v, double* out) {
@@ -161,19 +165,26 @@ std::string MissingFlags(const std::map<std::string, std::string>& given, const 
   return missing;
 }
 
-// MakePlan's "field=value: why" as "--flag TEXT: why", in the units the user gave.
-int BadInput(const absl::Status& status, const std::map<std::string, std::string>& given) {
-  const std::string m(status.message());
+// One of MakePlan's "field=value: why" as "--flag TEXT: why", in the units the user gave.
+std::string FlagMessage(const std::string& m, const std::map<std::string, std::string>& given) {
   const std::string field = m.substr(0, m.find('='));
   const std::string why = m.find(": ") == std::string::npos ? m : m.substr(m.find(": ") + 2);
-  if (field == "hbm_bytes") return Bad("--hbm " + given.at("--hbm") + ": " + why);
+  if (field == "hbm_bytes") return "--hbm " + given.at("--hbm") + ": " + why;
   for (const NumberFlag& f : kNumberFlags) {
     if (field != f.field_name) continue;
     const auto it = given.find(f.flag);
-    return Bad(std::string(f.flag) + " " + (it != given.end() ? it->second : "(from --probe)") +
-               ": " + why);
+    return std::string(f.flag) + " " + (it != given.end() ? it->second : "(from --probe)") + ": " +
+           why;
   }
-  return Bad(m);
+  return m;
+}
+
+// MakePlan's refusal: every bad input it names ("; " between them), as flags.
+int BadInput(const absl::Status& status, const std::map<std::string, std::string>& given) {
+  std::vector<std::string> out;
+  for (absl::string_view m : absl::StrSplit(status.message(), "; "))
+    out.push_back(FlagMessage(std::string(m), given));
+  return Bad(absl::StrJoin(out, "; "));
 }
 
 int Main(int argc, char** argv) {
@@ -181,6 +192,7 @@ int Main(int argc, char** argv) {
   bool json = false;
   std::string probe_file;
   std::map<std::string, std::string> given;  // flag -> its text, for messages
+  std::vector<std::string> bad;              // the flags that could not be read
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--json") {
@@ -204,23 +216,38 @@ int Main(int argc, char** argv) {
       if (k == f.flag) number = &f;
     }
     if (number == nullptr && k != "--probe" && k != "--hbm") {
-      return Bad("unknown argument " + k);
+      bad.push_back("unknown argument " + k);
+      continue;
     }
-    if (i + 1 >= argc) return Bad(k + " needs a value");
+    if (i + 1 >= argc) {
+      bad.push_back(k + " needs a value");
+      continue;
+    }
     const std::string v = argv[++i];
     given[k] = v;
     if (k == "--probe") {
       probe_file = v;
     } else if (k == "--hbm") {
       auto size = ParseSize("--hbm", v);
-      if (!size.ok() || size->percent != 0)
-        return Bad("--hbm " + v + ": needs a size, such as 80GiB");
-      in.hbm_bytes = static_cast<double>(size->bytes);
+      if (!size.ok() || size->percent != 0) {
+        bad.push_back("--hbm " + v + ": needs a size, such as 80GiB");
+      } else {
+        in.hbm_bytes = static_cast<double>(size->bytes);
+      }
     } else {
       double d = 0;
-      if (!Number(v, &d)) return Bad(k + " " + v + ": not a number");
-      in.*(number->field) = d * Scale(k);
+      if (!Number(v, &d)) {
+        bad.push_back(k + " " + v + ": not a number");
+      } else {
+        in.*(number->field) = d * Scale(k);
+      }
     }
+  }
+  // Every flag that could not be read, then every missing one, in one message.
+  if (!bad.empty()) {
+    const std::string missing = probe_file.empty() ? MissingFlags(given, in) : "";
+    if (!missing.empty()) bad.push_back(missing);
+    return Bad(absl::StrJoin(bad, "; "));
   }
   PlanSources src;
   if (given.contains("--link-gbps")) src.link = "--link-gbps";

@@ -131,8 +131,9 @@ std::optional<int> Contradiction(const ProbeOptions& o) {
   if (o.tune && o.sweep_only) return Usage2("--tune and --sweep-only are two different runs");
   if (o.sweep_only && !o.sweep) return Usage2("--sweep-only and --no-sweep contradict each other");
   if (o.sweep_only && !o.bench) {
-    return Usage2("--sweep-only and --no-bench contradict each other (the sweep is a bandwidth "
-                  "measurement)");
+    return Usage2(
+        "--sweep-only and --no-bench contradict each other (the sweep is a bandwidth "
+        "measurement)");
   }
   // A flag setting what this run does not do would be ignored: refused, naming what skips it.
   const char* skipped_by = o.config_only ? "--config" : o.tune ? "--tune" : nullptr;
