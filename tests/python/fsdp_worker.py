@@ -317,6 +317,9 @@ class Cases(ShardCases, GuardCases):
         refused("not_sharded", lambda: FSDPCPUAdam(Net()))
         refused("shard_tier_without_runtime", lambda: FSDPCPUAdam(build(), shard_tier="nvme"))
         refused("grad_tier_without_shard_tier", lambda: FSDPCPUAdam(build(), grad_tier="dram"))
+        refused("threads_negative", lambda: FSDPCPUAdam(build(), threads=-1))
+        refused("state_tier_tape", lambda: FSDPCPUAdam(build(), state_tier="tape"))
+        refused("state_tier_upper", lambda: FSDPCPUAdam(build(), state_tier="DRAM").close())
         return out
 
     def hooks(self):

@@ -194,6 +194,15 @@ def test_bad_arguments():
         CPUAdam([p], state_tier="disk")
     with pytest.raises(ValueError, match="nvme"):
         CPUAdam([p], state_tier="nvme")
+    assert CPUAdam([p], state_tier="DRAM").state_tier == "dram"  # any case, as tier= takes it
+    # threads out of range: a ValueError as for the other arguments (it was tm_adam_create's
+    # TiermemError naming a C field); not an int: a TypeError.
+    for bad in (-1, 1025):
+        with pytest.raises(ValueError, match=r"CPUAdam: threads=%d; want 0" % bad):
+            CPUAdam([p], threads=bad)
+    for bad in (1.5, "2", True):
+        with pytest.raises(TypeError, match="CPUAdam: threads="):
+            CPUAdam([p], threads=bad)
     p.grad = torch.ones(4)
     opt = CPUAdam([p])
     opt.param_groups[0]["betas"] = (0.9, 1.0)  # changed after construction: the step checks

@@ -308,8 +308,12 @@ def test_refusals_name_what_is_refused(single_node):
         "not_sharded": ["not sharded by torch.distributed.fsdp.fully_shard"],
         "shard_tier_without_runtime": ["shard_tier needs a runtime="],
         "grad_tier_without_shard_tier": ["grad_tier=", "needs a shard_tier"],
+        # A ValueError too (it was tm_adam_create's TiermemError); the tiers in any case.
+        "threads_negative": ["threads=-1; want 0"],
+        "state_tier_tape": ["state_tier='tape'; want \"dram\" or \"nvme\""],
     }
     for rank, got in results(single_node, "refusals").items():
+        assert got.pop("state_tier_upper") == "accepted", rank
         assert sorted(got) == sorted(want)
         for case, words in want.items():
             assert got[case].startswith("ValueError: FSDPCPUAdam: "), (case, got[case])

@@ -59,3 +59,27 @@ def _closed_error(what):
         _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE"),
         "%s: the optimizer was closed (close() freed its state): make a new one, and load a "
         "state_dict() taken before close() into it" % what)
+
+
+def _tier_word(value, what, who, optional=False):
+    """A tier argument of the CPU optimizers ("dram" or "nvme", any case, as the offloads' tier=
+    takes it; None too when optional), as the lower-case word."""
+    if value is None and optional:
+        return None
+    word = value.lower() if isinstance(value, str) else value
+    if word not in ("dram", "nvme"):
+        raise ValueError("%s: %s=%r; want \"dram\" or \"nvme\"%s" % (
+            who, what, value, " or None" if optional else ""))
+    return word
+
+
+def _check_threads(threads, who):
+    """threads: an int from 0 (the library's choice) to 1024, refused here as a ValueError as the
+    other arguments are (tm_adam_create's TiermemError named a C field)."""
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise TypeError("%s: threads=%r; want an int, 0 (the cores of the DRAM tier's NUMA node) "
+                        "to 1024" % (who, threads))
+    if not 0 <= threads <= 1024:
+        raise ValueError("%s: threads=%d; want 0 (the cores of the DRAM tier's NUMA node) to 1024"
+                         % (who, threads))
+    return threads

@@ -17,6 +17,8 @@ class _ShardAdam(CPUAdam):
     """The CPUAdam stepping the local shards; only the clipping coefficient differs: the norm is
     the whole gradient's, across the ranks of the mesh."""
 
+    _who = "FSDPCPUAdam"
+
     def __init__(self, params, group, every, device, **kwargs):
         # group: the ranks holding different shards (the norm's); every: all the mesh's ranks,
         # which agree on each step's outcome (None: the default group).
@@ -46,8 +48,8 @@ class _ShardAdam(CPUAdam):
         if not failed:
             return
         rank, status, why = failed[0]
-        others = "" if len(failed) == 1 else " (and %d more ranks: %s)" % (
-            len(failed) - 1, ", ".join(str(r) for r, _, _ in failed[1:]))
+        others = "" if len(failed) == 1 else " (and %d more rank%s: %s)" % (
+            len(failed) - 1, "" if len(failed) == 2 else "s", ", ".join(str(r) for r, _, _ in failed[1:]))
         raise tiermem.TiermemError(
             status, "FSDPCPUAdam: rank %d failed its step%s: %s; the step was taken on no rank: "
             "every rank's shards and state are as before, and step() again, once the cause is "

@@ -43,7 +43,8 @@ from collections import defaultdict
 
 import torch
 
-from tiermem.torch._shared.adam import _adamw_defaults, _check_hyper, _closed_error
+from tiermem.torch._shared.adam import (_adamw_defaults, _check_hyper, _check_threads,
+                                        _closed_error, _tier_word)
 from tiermem.torch._shared.transfers import _check_runtime
 from tiermem.torch.fsdp._guard import local
 from tiermem.torch.fsdp._mesh import _check_module, _check_param, _fsdp2, _shard_dim
@@ -116,16 +117,14 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         if shard_prefetch_depth < 0:
             raise ValueError("FSDPCPUAdam: shard_prefetch_depth=%d; want 0 or more (0: no "
                              "prefetch)" % shard_prefetch_depth)
+        state_tier = _tier_word(state_tier, "state_tier", "FSDPCPUAdam")
+        shard_tier = _tier_word(shard_tier, "shard_tier", "FSDPCPUAdam", optional=True)
+        grad_tier = _tier_word(grad_tier, "grad_tier", "FSDPCPUAdam", optional=True)
+        _check_threads(threads, "FSDPCPUAdam")
         if shard_tier is not None:
-            if shard_tier not in ("dram", "nvme"):
-                raise ValueError("FSDPCPUAdam: shard_tier=%r; want \"dram\", \"nvme\" or None" %
-                                 (shard_tier,))
             if runtime is None:
                 raise ValueError("FSDPCPUAdam: shard_tier needs a runtime= sized for the shards "
                                  "and the state")
-        if grad_tier is not None and grad_tier not in ("dram", "nvme"):
-            raise ValueError("FSDPCPUAdam: grad_tier=%r; want \"dram\", \"nvme\" or None" %
-                             (grad_tier,))
         if grad_tier is not None and shard_tier is None:
             raise ValueError("FSDPCPUAdam: grad_tier=%r needs a shard_tier (the gradient shards "
                              "are held with the parameter shards); pass shard_tier=\"dram\" or "

@@ -20,7 +20,8 @@ import torch
 
 import tiermem
 from tiermem import _capi, _optim_capi
-from tiermem.torch._shared.adam import _adamw_defaults, _check_hyper, _closed_error
+from tiermem.torch._shared.adam import (_adamw_defaults, _check_hyper, _check_threads,
+                                        _closed_error, _tier_word)
 from tiermem.torch._shared.transfers import _check_runtime, _size_arg
 from tiermem.torch.optim._state_store import (SLICE_ALIGN, StateStore, in_place_ok,
                                                words_per_element)
@@ -94,13 +95,16 @@ class CPUAdam(torch.optim.Optimizer):
     state_dict() and load_state_dict() raise.
     """
 
+    _who = "CPUAdam"  # in messages (FSDPCPUAdam's own CPUAdam says FSDPCPUAdam)
+
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, adamw=True, max_grad_norm=None, runtime=None,
                  state_tier="dram", threads=0, overlap=None, slice_bytes=None):
         self._closed = False  # close() called
-        _check_hyper(lr, betas, eps, weight_decay, amsgrad, max_grad_norm, "CPUAdam")
-        if state_tier not in ("dram", "nvme"):
-            raise ValueError("CPUAdam: state_tier=%r, want 'dram' or 'nvme'" % (state_tier,))
+        who = self._who
+        _check_hyper(lr, betas, eps, weight_decay, amsgrad, max_grad_norm, who)
+        state_tier = _tier_word(state_tier, "state_tier", who)
+        threads = _check_threads(threads, who)
         if runtime is not None:
             _check_runtime(runtime)
         # AdamW's keys (foreach, maximize, capturable, differentiable, fused, ...), so that a
@@ -110,18 +114,18 @@ class CPUAdam(torch.optim.Optimizer):
         super().__init__(params, defaults)
         for p in self._params():
             if p.dtype not in _DTYPES:
-                raise TypeError("CPUAdam: a parameter is %s; fp32, bf16 and fp16 are supported" %
-                                p.dtype)
+                raise TypeError("%s: a parameter is %s; fp32, bf16 and fp16 are supported" %
+                                (who, p.dtype))
         self.adamw, self.max_grad_norm, self.state_tier = bool(adamw), max_grad_norm, state_tier
         if slice_bytes is not None:
-            slice_bytes = _size_arg(slice_bytes, "CPUAdam: slice_bytes")
+            slice_bytes = _size_arg(slice_bytes, "%s: slice_bytes" % who)
             if slice_bytes < 16 * SLICE_ALIGN:
-                raise ValueError("CPUAdam: slice_bytes=%r, want at least %d (the smallest slice: "
+                raise ValueError("%s: slice_bytes=%r, want at least %d (the smallest slice: "
                                  "%d parameters of up to 16 bytes of state) or None" %
-                                 (slice_bytes, 16 * SLICE_ALIGN, SLICE_ALIGN))
+                                 (who, slice_bytes, 16 * SLICE_ALIGN, SLICE_ALIGN))
         if runtime is None:
             if state_tier == "nvme":
-                raise ValueError("CPUAdam: state_tier='nvme' needs a runtime with nvme_paths")
+                raise ValueError("%s: state_tier='nvme' needs a runtime with nvme_paths" % who)
             # The state as _slot lays it out (8 bytes a parameter stepped in place, 12 with a
             # master, 4 more with amsgrad), and room for the largest to get a master later.
             need = sum(words_per_element(g["amsgrad"], in_place_ok(p, state_tier)) * 4 * p.numel()
