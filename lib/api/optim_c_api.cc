@@ -145,10 +145,16 @@ class HandleStateTensors : public StateTensors {
     return FromC(tm_tensor_prefetch(rt_, {t}, tier));
   }
   absl::StatusOr<void*> Acquire(uint64_t t, tm_tier tier, tm_access access) override {
+    // As tm_tensor_acquire, but a use the schedule does not learn: the pipeline reads ahead
+    // itself (Runtime::Acquire).
     void* p = nullptr;
-    if (tm_status s = tm_tensor_acquire(rt_, {t}, tier, access, nullptr, &p); s != TM_OK) {
-      return FromC(s);
-    }
+    const tm_status s = WithRuntime(rt_, [&](Runtime& r) -> absl::Status {
+      auto got = r.Acquire(t, tier, access, nullptr, false, /*scheduled=*/false);
+      if (!got.ok()) return got.status();
+      p = *got;
+      return absl::OkStatus();
+    });
+    if (s != TM_OK) return FromC(s);
     return p;
   }
   absl::Status Release(uint64_t t, tm_tier tier) override {

@@ -19,7 +19,7 @@ class RuntimeStateTensors : public StateTensors {
   absl::StatusOr<uint32_t> Residency(uint64_t t) override { return rt_.Residency(t); }
   absl::Status Prefetch(uint64_t t, tm_tier tier) override { return rt_.Prefetch(t, tier); }
   absl::StatusOr<void*> Acquire(uint64_t t, tm_tier tier, tm_access access) override {
-    return rt_.Acquire(t, tier, access, nullptr);
+    return rt_.Acquire(t, tier, access, nullptr, false, /*scheduled=*/false);
   }
   absl::Status Release(uint64_t t, tm_tier tier) override { return rt_.Release(t, tier); }
   absl::Status Hold(uint64_t t) override { return rt_.HoldForStep(t); }

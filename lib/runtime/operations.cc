@@ -162,7 +162,7 @@ absl::StatusOr<Tensor*> ClaimForAcquire(Core& core, uint64_t handle, tm_tier tie
 }  // namespace
 
 absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access access,
-                                       void* stream, bool for_export) {
+                                       void* stream, bool for_export, bool scheduled) {
   if (auto s = CheckAcquireArguments(tier, access); !s.ok()) return s;
   // Recorded before anything else: the move below is ordered after the caller's work so far.
   CallerStream caller{stream, nullptr};
@@ -230,7 +230,11 @@ absl::StatusOr<void*> Runtime::Acquire(uint64_t handle, tm_tier tier, tm_access 
   }
   room.reset();
   void* address = core_.tiers()->Address(tier, t.copy(tier).extent);
-  NoteUseAndStart(t, tier, access != TM_ACCESS_WRITE);
+  if (scheduled) {
+    NoteUseAndStart(t, tier, access != TM_ACCESS_WRITE);
+  } else {
+    prefetcher_.NoteUnscheduledUse(t);
+  }
   return address;
 }
 

@@ -46,6 +46,10 @@ class Prefetcher {
   // the caller may start go to `starts`, when given: see IssuePrefetches).
   void NoteUse(Tensor& t, tm_tier tier, bool fill, std::vector<Start>* starts = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock);
+  // A use for the LRU order only (Runtime::Acquire with scheduled == false).
+  void NoteUnscheduledUse(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime_lock) {
+    t.last_use = ++tick_;
+  }
   tm_tier HomeOf(tm_tensor_class cls) const;
   // The schedule key of a new tensor (see Schedule), which names it from now on (the newest
   // tensor of a key is the one the schedule's uses of that key name).

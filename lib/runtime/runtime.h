@@ -42,8 +42,11 @@ class Runtime {
   absl::Status Read(uint64_t handle, uint64_t offset, void* dst, uint64_t bytes);
   // for_export: the pin is a DLPack export's (tm_tensor_acquire_dlpack), released by
   // ReleaseExport only.
+  // scheduled == false: a use the schedule does not learn (nor prefetch for when it replays):
+  // the CPU Adam's pipeline, which reads its state ahead itself (the schedule's prefetches of it,
+  // inside rt.step(), were evicted before use and read 7.6% of the state again a step).
   absl::StatusOr<void*> Acquire(uint64_t handle, tm_tier tier, tm_access access, void* stream,
-                                bool for_export = false);
+                                bool for_export = false, bool scheduled = true);
   absl::Status Release(uint64_t handle, tm_tier tier);
   // Release once the work queued on `stream` so far has passed (an event; the host does not wait).
   absl::Status ReleaseOnStream(uint64_t handle, tm_tier tier, void* stream);

@@ -9,6 +9,7 @@ plain loop with torch.save, and transformers' Trainer with resume_from_checkpoin
 the bits of the run that was not interrupted. FSDPCPUAdam's sweep and DCP resume are in
 test_fsdp.py (tight, resume_save, resume_load)."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -81,6 +82,36 @@ def test_cpu_adam_trains_at_any_dram_budget(make_runtime, in_dram, budget):
     if tier < state:  # streamed: read once (at the least budget a slice or so again, 0.2%)
         read = after["nvme"]["dram"] - before["nvme"]["dram"]
         assert state <= read <= 1.01 * state, "read %.4fx the state a step" % (read / state)
+
+
+def test_cpu_adam_inside_runtime_steps_reads_the_state_once(make_runtime):
+    """The loop the docs show, each step inside rt.step() (as offload_parameters and
+    offload_saved_tensors need): the schedule learned the pipeline's reads of the state and
+    prefetched them again when it replayed, evicted before use, so each step read 7.6% of the
+    state twice and the DRAM peak went over the half of the tier the pipeline keeps to (an
+    outside client). The pipeline's reads are its own: the same bytes as without steps."""
+    moved = {}
+    for stepped in (False, True):
+        rt = make_runtime(dram_bytes="640KiB")
+        m = model()
+        opt = tt.CPUAdam(m.parameters(), lr=LR, runtime=rt, state_tier="nvme", threads=1)
+        state = 12 * sum(p.numel() for p in m.parameters())
+        reads = []
+        for i in range(4):
+            x = batch(i)
+            before = rt.stats()["bytes_moved"]["nvme"]["dram"]
+            with (rt.step() if stepped else contextlib.nullcontext()):
+                m(input_ids=x, labels=x).loss.backward()
+                opt.step()
+                opt.zero_grad()
+            reads.append(rt.stats()["bytes_moved"]["nvme"]["dram"] - before)
+        tier = rt.stats()["tiers"]["dram"]
+        opt.close()
+        assert tier["capacity"] < state, "the state must stream through DRAM"
+        assert all(state <= r <= 1.01 * state for r in reads[1:]), (stepped, reads, state)
+        moved[stepped] = (reads, tier["peak"], [p.detach().clone() for p in m.parameters()])
+    assert moved[True][0] == moved[False][0] and moved[True][1] == moved[False][1]
+    assert _same(moved[True][2], moved[False][2])
 
 
 def test_cpu_adam_below_the_least_dram_says_so_and_changes_nothing(make_runtime):
