@@ -373,6 +373,14 @@ TEST_F(ApiArgs, HandlesOfOneKindNeverNameTheOther) {
   EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_bytes(rt_, tm_tensor{rt_.bits}, &bytes));
   EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_write(rt_, tm_tensor{rt_.bits}, 0, buf_, 1));
   EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_tensor_destroy(rt_, tm_tensor{rt_.bits}));
+  // ... and the message says what it is (it was "zero, destroyed or of another runtime").
+  EXPECT_NE(std::string(tm_last_error()).find("is a runtime handle, passed where a tensor handle"),
+            std::string::npos)
+      << tm_last_error();
+  EXPECT_STATUS(TM_ERR_INVALID_HANDLE, tm_runtime_sync(tm_runtime{t_.bits}));
+  EXPECT_NE(std::string(tm_last_error()).find("is a tensor handle, passed where a runtime handle"),
+            std::string::npos)
+      << tm_last_error();
   // (Run alone, this process's first runtime and first tensor have the same generation and
   // slot: with one numbering space their handles were equal, and the line above reached t_.)
   // Each tensor's handle, as a runtime.

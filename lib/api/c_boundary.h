@@ -91,7 +91,8 @@ class HandleRegistry {
 
   static tm_status BadHandle(const char* what, uint64_t bits) {
     return Fail(TM_ERR_INVALID_HANDLE,
-                absl::StrFormat("%s handle 0x%016x is zero, destroyed or invalid", what, bits));
+                absl::StrFormat("%s handle 0x%016x is %s", what, bits,
+                                HandleMismatch(bits, kKind, "zero, destroyed or invalid").c_str()));
   }
   static tm_status Inherited(const char* what, uint64_t bits) {
     return Fail(TM_ERR_INVALID_HANDLE,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace tiermem {
 
@@ -24,6 +25,31 @@ inline uint32_t HandleGeneration(uint64_t handle) {
   return static_cast<uint32_t>(handle >> 32) & kHandleGenerationMask;
 }
 inline uint32_t HandleIndex(uint64_t handle) { return static_cast<uint32_t>(handle); }
+
+inline const char* HandleKindName(HandleKind kind) {
+  switch (kind) {
+    case HandleKind::kRuntime:
+      return "a runtime";
+    case HandleKind::kTensor:
+      return "a tensor";
+    case HandleKind::kAdam:
+      return "a CPU Adam";
+  }
+  return "an unknown";
+}
+
+// Why a handle expected to be of `kind` was not found, for its TM_ERR_INVALID_HANDLE message: a
+// handle of another kind is named as such (a runtime handle passed as a tensor), else `otherwise`.
+inline std::string HandleMismatch(uint64_t handle, HandleKind kind, const char* otherwise) {
+  if (handle == 0 || HandleIsKind(handle, kind)) return otherwise;
+  for (HandleKind k : {HandleKind::kRuntime, HandleKind::kTensor, HandleKind::kAdam}) {
+    if (HandleIsKind(handle, k)) {
+      return std::string(HandleKindName(k)) + " handle, passed where " + HandleKindName(kind) +
+             " handle goes";
+    }
+  }
+  return "not a handle tiermem returned";
+}
 
 // The next generation of a counter: 28 bits, skipping 0 (0 marks a free slot).
 inline uint32_t NextHandleGeneration(uint32_t previous) {

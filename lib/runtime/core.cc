@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "lib/base/handle.h"
 #include "lib/base/status.h"
 #include "lib/runtime/runtime_internal.h"
 
@@ -14,9 +15,11 @@ namespace tiermem {
 absl::StatusOr<Tensor*> Core::Find(uint64_t handle) {
   Tensor* t = tensors_.Find(handle);
   if (t == nullptr || t->orphaned) {  // orphaned: destroyed, its DLPack exports still out
-    return Error(
-        TM_ERR_INVALID_HANDLE,
-        absl::StrFormat("tensor handle 0x%016x is zero, destroyed or of another runtime", handle));
+    return Error(TM_ERR_INVALID_HANDLE,
+                 absl::StrFormat("tensor handle 0x%016x is %s", handle,
+                                 HandleMismatch(handle, HandleKind::kTensor,
+                                                "zero, destroyed or of another runtime")
+                                     .c_str()));
   }
   return t;
 }
