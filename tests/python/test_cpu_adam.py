@@ -195,6 +195,13 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="nvme"):
         CPUAdam([p], state_tier="nvme")
     assert CPUAdam([p], state_tier="DRAM").state_tier == "dram"  # any case, as tier= takes it
+    # State in DRAM larger than the whole tier: refused when made (it failed at the first step).
+    with tiermem.Runtime(device="emulated", hbm_bytes="16MiB", dram_bytes="1MiB",
+                         log_level="error") as small:
+        big = torch.nn.Parameter(torch.zeros(256, 1024))
+        with pytest.raises(ValueError, match=r"CPUAdam: state_tier=\"dram\" holds the state "
+                           r"\(2097152 bytes.*whole DRAM tier"):
+            CPUAdam([big], runtime=small)
     # threads out of range: a ValueError as for the other arguments (it was tm_adam_create's
     # TiermemError naming a C field); not an int: a TypeError.
     for bad in (-1, 1025):

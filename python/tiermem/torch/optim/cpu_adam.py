@@ -137,6 +137,18 @@ class CPUAdam(torch.optim.Optimizer):
         else:
             self._own_runtime = None
         self.runtime = runtime
+        if state_tier == "dram" and self._own_runtime is None:
+            # State in DRAM is stepped pinned whole: more than the tier can ever hold fails every
+            # step; said now rather than at the first step.
+            need = sum(words_per_element(g["amsgrad"], in_place_ok(p, "dram")) * 4 * p.numel()
+                       for g in self.param_groups for p in g["params"])
+            tier = runtime.stats()["tiers"]["dram"]["capacity"]
+            if need > tier:
+                raise ValueError(
+                    "%s: state_tier=\"dram\" holds the state (%d bytes, %.2f MiB) in DRAM whole, "
+                    "more than this runtime's whole DRAM tier (%d bytes, %.2f MiB): give "
+                    "state_tier=\"nvme\" (the state streams through DRAM) or a runtime with "
+                    "more dram_bytes" % (who, need, need / 2**20, tier, tier / 2**20))
         self._store = StateStore(runtime, state_tier, slice_bytes)
         self.slice_bytes = self._store.slice_bytes
         cfg = _optim_capi.AdamConfig()
