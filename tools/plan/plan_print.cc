@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -14,7 +15,16 @@
 namespace tiermem {
 namespace {
 
-double GiB(double b) { return b / (1ull << 30); }
+// The table's unit of size: GiB, or MiB under a budget below 1 GiB (a small model's sizes all
+// read 0.03 GiB otherwise). Set by PrintPlanText; JSON gives bytes.
+struct SizeUnit {
+  double bytes;
+  const char* name;
+};
+SizeUnit unit{static_cast<double>(1ull << 30), "GiB"};
+
+double Sz(double b) { return b / unit.bytes; }
+std::string Hbm() { return std::string("HBM ") + unit.name; }
 
 // Indices of p.combinations ordered as the planner ranks them: least added time, fewer rungs.
 std::vector<int> Ranked(const Plan& p) {
@@ -44,15 +54,15 @@ std::string Missing(const PlanPrice& c, const PlanInput& in) {
 void PrintNvmeOptimizerStep(const PlanInput& in, const Plan& p) {
   if (in.nvme_bytes_per_s <= 0) {
     std::printf(
-        "  with its state on NVMe (%.2f GiB): not priced (no NVMe bandwidth); any DRAM budget of\n"
+        "  with its state on NVMe (%.2f %s): not priced (no NVMe bandwidth); any DRAM budget of\n"
         "  %.0f KiB and up runs it (the DRAM tier, beside tiermem's staging pool)\n",
-        GiB(p.optimizer_state_bytes), p.optimizer_nvme_least_dram / 1024);
+        Sz(p.optimizer_state_bytes), unit.name, p.optimizer_nvme_least_dram / 1024);
     return;
   }
   std::printf(
-      "  with its state on NVMe (%.2f GiB, read and written once a step): %.3f s at %.2f GB/s;\n"
+      "  with its state on NVMe (%.2f %s, read and written once a step): %.3f s at %.2f GB/s;\n"
       "  DRAM tier: %.0f KiB at the least, about %.0f MiB for the disk's speed\n",
-      GiB(p.optimizer_state_bytes), p.optimizer_nvme_seconds, in.nvme_bytes_per_s / 1e9,
+      Sz(p.optimizer_state_bytes), unit.name, p.optimizer_nvme_seconds, in.nvme_bytes_per_s / 1e9,
       p.optimizer_nvme_least_dram / 1024, p.optimizer_nvme_full_speed_dram / (1 << 20));
 }
 
@@ -99,7 +109,7 @@ void PrintFitting(const Plan& p, const std::vector<int>& order, const PlanPrice*
   for (const PlanPrice& c : p.combinations) fitting += c.fits ? 1 : 0;
   std::printf("\ncombinations that fit, cheapest first (%d of %zu):\n", fitting,
               p.combinations.size());
-  std::printf("%8s %9s %9s %9s %9s %9s  %s\n", "HBM GiB", "added s", "recompute", "transfer",
+  std::printf("%8s %9s %9s %9s %9s %9s  %s\n", Hbm().c_str(), "added s", "recompute", "transfer",
               "optimizer", "vs best", "combination");
   for (int i : order) {
     const PlanPrice& c = p.combinations[i];
@@ -108,7 +118,7 @@ void PrintFitting(const Plan& p, const std::vector<int>& order, const PlanPrice*
                            : c.added_seconds == best->added_seconds
                                ? "tie"
                                : absl::StrFormat("+%.4f", c.added_seconds - best->added_seconds);
-    std::printf("%8.2f %9.4f %9.4f %9.4f %9.4f %9s  %s\n", GiB(c.hbm_bytes), c.added_seconds,
+    std::printf("%8.2f %9.4f %9.4f %9.4f %9.4f %9s  %s\n", Sz(c.hbm_bytes), c.added_seconds,
                 c.recompute_seconds, c.transfer_exposed_seconds, c.optimizer_exposed_seconds,
                 vs.c_str(), RungSetName(c.rungs).c_str());
   }
@@ -124,11 +134,11 @@ void PrintLosers(const PlanInput& in, const Plan& p, const std::vector<int>& ord
     if (&c == best) break;
     if (c.fits || !c.available) continue;
     if (!header) {
-      std::printf("\nas cheap or cheaper, but over the budget:\n%8s %9s  %s\n", "HBM GiB",
+      std::printf("\nas cheap or cheaper, but over the budget:\n%8s %9s  %s\n", Hbm().c_str(),
                   "added s", "combination");
       header = true;
     }
-    std::printf("%8.2f %9.4f  %s\n", GiB(c.hbm_bytes), c.added_seconds,
+    std::printf("%8.2f %9.4f  %s\n", Sz(c.hbm_bytes), c.added_seconds,
                 RungSetName(c.rungs).c_str());
   }
   int unavailable = 0, would_fit = 0;
@@ -149,23 +159,27 @@ void PrintLosers(const PlanInput& in, const Plan& p, const std::vector<int>& ord
 }  // namespace
 
 int PrintPlanText(const PlanInput& in, const Plan& p, const PlanSources& src) {
+  unit = in.hbm_bytes < static_cast<double>(1ull << 30)
+             ? SizeUnit{static_cast<double>(1ull << 20), "MiB"}
+             : SizeUnit{static_cast<double>(1ull << 30), "GiB"};
   std::printf(
-      "activations per layer per GPU: %.3f GiB kept, %.3f GiB selective, %.3f GiB checkpointed\n",
-      GiB(p.activation_full), GiB(p.activation_selective), GiB(p.activation_checkpoint));
+      "activations per layer per GPU: %.3f %s kept, %.3f %s selective, %.3f %s checkpointed\n",
+      Sz(p.activation_full), unit.name, Sz(p.activation_selective), unit.name,
+      Sz(p.activation_checkpoint), unit.name);
   std::printf(
-      "model state per GPU: %.2f GiB (16 B/param); compute %.3f s/step (forward %.4g FLOPs)\n",
-      GiB(p.model_state), p.step_compute_seconds, p.forward_flops);
+      "model state per GPU: %.2f %s (16 B/param); compute %.3f s/step (forward %.4g FLOPs)\n",
+      Sz(p.model_state), unit.name, p.step_compute_seconds, p.forward_flops);
   std::printf("bandwidths: link %.2f GB/s (%s), nvme %.2f GB/s (%s), dram %.2f GB/s (%s)\n",
               in.link_bytes_per_s / 1e9, src.link.c_str(), in.nvme_bytes_per_s / 1e9,
               src.nvme.empty() ? "none" : src.nvme.c_str(), in.dram_bytes_per_s / 1e9,
               src.dram.empty() ? "none" : src.dram.c_str());
   PrintOptimizerStep(in, p);
-  std::printf("HBM budget: %.2f GiB\n", GiB(in.hbm_bytes));
+  std::printf("HBM budget: %.2f %s\n", Sz(in.hbm_bytes), unit.name);
 
   std::printf("\nthe ladder, each rung on top of those before it:\n%-30s %12s %14s %s\n", "rung",
-              "HBM GiB", "added s/step", "fits");
+              Hbm().c_str(), "added s/step", "fits");
   for (const RungResult& r : p.rungs) {
-    std::printf("%-30s %12.2f %14.4f %s\n", RungName(r.rung), GiB(r.hbm_bytes), r.added_seconds,
+    std::printf("%-30s %12.2f %14.4f %s\n", RungName(r.rung), Sz(r.hbm_bytes), r.added_seconds,
                 !r.available ? "n/a"
                 : r.fits     ? "yes"
                              : "no");
@@ -182,8 +196,8 @@ int PrintPlanText(const PlanInput& in, const Plan& p, const PlanSources& src) {
         "micro-batch\n");
     return 1;
   }
-  std::printf("\nrecommended: %s (%.2f GiB, +%.4f s/step, +%.1f%%)\n",
-              RungSetName(best->rungs).c_str(), GiB(best->hbm_bytes), best->added_seconds,
+  std::printf("\nrecommended: %s (%.2f %s, +%.4f s/step, +%.1f%%)\n",
+              RungSetName(best->rungs).c_str(), Sz(best->hbm_bytes), unit.name, best->added_seconds,
               100 * best->added_seconds / p.step_compute_seconds);
   PrintWhy(*best);
   return 0;
