@@ -225,7 +225,8 @@ TEST(Probe, BadFlagsExitTwo) {
         // whole probe, exit 0, with --tune-out and no --tune)
         "--tune-out x.env --no-bench", "--tune-budget 5", "--sweep-blocks 1MiB --no-sweep",
         "--sweep-depths 4 --no-bench", "--repeats 3 --config", "--bench-bytes 64MiB --tune",
-        "--repeats 2 --sweep-only", "--sweep-full --tune"}) {
+        "--repeats 2 --sweep-only", "--sweep-full --tune", "--config --no-bench",
+        "--config --sweep-only", "--tune --no-demo", "--tune --no-sweep"}) {
     const std::string out =
         Capture(std::string(TIERMEM_PROBE) + " " + flags + " 2>&1; echo \"exit=$?\"");
     EXPECT_NE(out.find("exit=2"), std::string::npos) << flags << ": " << out;

@@ -196,7 +196,7 @@ class Runtime:
                 abandon = getattr(offload, "_abandon", None)
                 lost = abandon() if abandon is not None else None
                 abandoned.append("%s (%s%s)" % (
-                    type(offload).__name__, e, "" if lost is None else
+                    getattr(offload, "_display", type(offload).__name__), e, "" if lost is None else
                     "; %d tensors lost" % lost if lost else "; every tensor came home after all"))
             self._homecoming.discard(offload)
         if abandoned:

@@ -4,6 +4,7 @@ parameters are the fp32 master rounded to nearest even, each kernel gives the sa
 step whose NVMe state cannot be read changes nothing."""
 
 import ctypes
+import io
 import json
 import os
 import subprocess
@@ -732,10 +733,15 @@ def test_close_with_a_dead_nvme_tier_refuses_then_force_closes(make_runtime, nvm
     with pytest.raises(tiermem.TiermemError, match=r"close\(force=True\)") as e:
         rt.close()
     assert e.value.status_name == "TM_ERR_BUSY" and not rt.closed
-    with pytest.warns(tiermem.TiermemWarning, match="CPUAdam .*went with the runtime"):
+    with pytest.warns(tiermem.TiermemWarning, match=r"CPUAdam .*1 tensors lost.*went with the "
+                      r"runtime"):
         rt.close(force=True)
     assert rt.closed
-    with pytest.raises(tiermem.TiermemError, match="closed"):
+    with pytest.raises(tiermem.TiermemError, match=r"close\(force=True\) before the state of 1 "
+                       r"parameters could come home.*load a checkpoint"):
+        opt.step()
+    ps[0].grad = None  # says so with no gradient too (it returned quietly)
+    with pytest.raises(tiermem.TiermemError, match="went with the runtime"):
         opt.step()
 
 
@@ -769,6 +775,16 @@ def test_remove_after_a_forced_close_takes_the_hooks_off(make_runtime, nvme_dir)
     # views), until a checkpoint is loaded into them.
     with pytest.raises(RuntimeError, match=r"went with its tiermem runtime.*load_state_dict"):
         model(x)
+    # ... and so does a read through .data, detach() or state_dict(), and a copy into .data
+    # (they said the bytes were in tiermem, for remove() to bring back).
+    lost = model[0].weight
+    for read in (lambda: lost.data.sum(), lambda: lost.detach() + 1,
+                 lambda: torch.save(model.state_dict(), io.BytesIO()),
+                 lambda: lost.data.copy_(saved["0.weight"])):
+        with pytest.raises(RuntimeError, match=r"went with its tiermem runtime"):
+            read()
+    with pytest.raises(tiermem.TiermemError, match=r"4 parameters went with it"):
+        params.step()
     opt.remove()
     params.remove()
     assert not any(m._forward_pre_hooks for m in model.modules())

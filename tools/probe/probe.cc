@@ -140,6 +140,16 @@ std::optional<int> Contradiction(const ProbeOptions& o) {
   const bool bench = !o.config_only && !o.tune && o.bench && !o.sweep_only;
   const bool sweep = !o.config_only && !o.tune && ((o.bench && o.sweep) || o.sweep_only);
   for (const std::string& f : o.given) {
+    const bool skip = f == "--no-bench" || f == "--no-sweep" || f == "--no-demo";
+    if (o.config_only && (skip || f == "--sweep-only")) {
+      return Usage2(("--config prints the settings and runs nothing: not with " + f).c_str());
+    }
+    if (o.tune && skip) {
+      return Usage2(("--tune runs only its search (no bandwidth table, sweep or demo): not with " +
+                     f)
+                        .c_str());
+    }
+    if (skip || f == "--sweep-only") continue;
     if (absl::StartsWith(f, "--tune-")) {
       if (!o.tune) return Usage2((f + " is for --tune: add --tune, or leave it out").c_str());
     } else if (f == "--bench-bytes" || f == "--repeats") {
@@ -162,7 +172,10 @@ std::optional<int> ParseArgs(int argc, char** argv, ProbeOptions* o) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     const bool has_value = i + 1 < argc;
-    if ((IsValueFlag(a) && has_value) || a == "--sweep-full") o->given.push_back(a);
+    if ((IsValueFlag(a) && has_value) || a == "--sweep-full" || a == "--no-bench" ||
+        a == "--no-sweep" || a == "--no-demo" || a == "--sweep-only") {
+      o->given.push_back(a);
+    }
     if (a == "--config") {
       o->config_only = true;
     } else if (a == "--json") {

@@ -109,16 +109,19 @@ class _Offloaded:
                 result = func(*args, **kwargs)
             if func in _SHELL and isinstance(result, torch.Tensor):
                 result.__class__ = offloaded_class(type(result))
+                if _lost(args) is not None:  # p.data / p.detach() of a lost p: lost too
+                    result.__dict__["_tiermem_lost"] = "view"
             return result
         what = _name(func)
         lost = _lost(args)
         if lost is not None:
-            if func in _REVIVE and args[0] is lost:
+            if func in _REVIVE and args[0] is lost and lost.__dict__["_tiermem_lost"] is True:
                 return _revive(func, args, kwargs)
             raise RuntimeError(
                 "%s: this tensor's bytes went with its tiermem runtime, closed by "
                 "close(force=True) when they could not come home: load a checkpoint into it "
-                "(load_state_dict: a copy_ into the whole tensor gives it memory again)" %
+                "(model.load_state_dict, or p.copy_(value) under torch.no_grad() on the "
+                "parameter itself, not on its .data, gives it memory again)" %
                 _describe(args, what))
         raise RuntimeError(
             "%s: this tensor's memory is offloaded by tiermem (its bytes are in tiermem and its "

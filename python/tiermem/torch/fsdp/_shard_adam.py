@@ -18,6 +18,7 @@ class _ShardAdam(CPUAdam):
     the whole gradient's, across the ranks of the mesh."""
 
     _who = "FSDPCPUAdam"
+    _display = "FSDPCPUAdam's state"  # in Runtime.close(force=True)'s warning
 
     def __init__(self, params, group, every, device, **kwargs):
         # group: the ranks holding different shards (the norm's); every: all the mesh's ranks,

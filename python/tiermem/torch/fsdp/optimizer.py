@@ -278,6 +278,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     def _check_open(self, what):
         if self._closed:
             raise _closed_error("FSDPCPUAdam." + what)
+        self._adam._check_open(what)  # its state lost with a runtime closed by force
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -184,9 +184,21 @@ class CPUAdam(torch.optim.Optimizer):
         with self._lock:
             self._store.bring_home()
 
+    def _abandon(self):
+        """close(force=True), _runtime_closing having failed: the state went with the runtime
+        (bring_home is all or nothing). Returns how many parameters' states were lost."""
+        self._lost = len(list(self._store.values()))
+        return self._lost
+
     def _check_open(self, what):
         if self._closed:
-            raise _closed_error("%s.%s" % (type(self).__name__, what))
+            raise _closed_error("%s.%s" % (self._who, what))
+        if getattr(self, "_lost", 0) and not self._store.home:
+            raise tiermem.TiermemError(
+                _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE"),
+                "%s.%s: the runtime was closed by close(force=True) before the state of %d "
+                "parameters could come home, and it went with the runtime: make a new optimizer "
+                "and load a checkpoint's state into it" % (self._who, what, self._lost))
 
     def _params(self):
         return chain.from_iterable(g["params"] for g in self.param_groups)

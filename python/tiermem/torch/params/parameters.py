@@ -372,6 +372,11 @@ class ParameterOffload:
         are prefetched, and let go after. The optimizer's own step() also works, bringing all
         of them in at once. The same step as OptimizerStateOffload.step()."""
         if self._driver is None:
+            if self.runtime.closed and getattr(self, "_lost", 0):
+                raise TiermemError(_INVALID_HANDLE, "ParameterOffload.step: the runtime was "
+                                   "closed by close(force=True) and %d parameters went with it: "
+                                   "load a checkpoint into the model (load_state_dict), then "
+                                   "step the optimizer itself" % self._lost)
             if self.runtime.closed:  # close() brought the parameters home, as remove() does
                 raise TiermemError(_INVALID_HANDLE, "ParameterOffload.step: the runtime was "
                                    "closed, which brought the parameters home into ordinary "
@@ -443,7 +448,7 @@ class ParameterOffload:
         for h in self._hooks + self._grad_hooks:
             h.remove()
         self._hooks, self._grad_hooks = [], []
-        lost = sum(not s.home_or_lose() for s in self.records.values())
+        lost = self._lost = sum(not s.home_or_lose() for s in self.records.values())
         self._forget()
         return lost
 
