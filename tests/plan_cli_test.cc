@@ -141,6 +141,12 @@ TEST(PlanCli, ErrorsNameTheFlag) {
            Case{"--layers 32 --hidden -1 --heads 0 --seq 2048 --micro-batch 1 --params 7B "
                 "--hbm 80GiB --tflops 0 --link-gbps 25",
                 "--hidden -1: at least 1; --heads 0: at least 1; --tflops 0: must be at least"},
+           // ... each pass hid the next: unreadable, out of range and across fields at once.
+           Case{"--layers 2.5 --tp 3 --hidden 4096 --heads 32 --seq 2048 --micro-batch 1 "
+                "--params 7B --hbm 80GiB --tflops 400 --link-gbps 0 --dram-gbps abc",
+                "--dram-gbps abc: not a number; --link-gbps 0: must be at least 1 MB/s (0.001 "
+                "GB/s); --layers 2.5: must be a whole number; heads=32 is not a multiple of "
+                "tensor_parallel=3"},
        }) {
     const PlanRun r = Plan(c.args);
     EXPECT_EQ(r.status, 2) << c.args << "\n" << r.out;

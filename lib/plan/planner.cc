@@ -77,18 +77,21 @@ absl::Status CheckInput(const PlanInput& in) {
     if (std::isfinite(v) && v >= 1)
       note(Need(v == std::floor(v), field, v, "must be a whole number"));
   }
-  if (!bad.empty()) return absl::InvalidArgumentError(absl::StrJoin(bad, "; "));
-  if (std::fmod(in.hidden, in.heads) != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
+  // The layout's rules, between counts that are each valid (whole, at least 1).
+  auto count = [](double v) { return std::isfinite(v) && v >= 1 && v == std::floor(v); };
+  if (count(in.hidden) && count(in.heads) && std::fmod(in.hidden, in.heads) != 0) {
+    bad.push_back(absl::StrFormat(
         "hidden=%g is not a multiple of heads=%g: each head has hidden/heads dimensions", in.hidden,
         in.heads));
   }
-  if (std::fmod(in.heads, in.tensor_parallel) != 0) {
-    return absl::InvalidArgumentError(
+  if (count(in.heads) && count(in.tensor_parallel) &&
+      std::fmod(in.heads, in.tensor_parallel) != 0) {
+    bad.push_back(
         absl::StrFormat("heads=%g is not a multiple of tensor_parallel=%g: tensor parallelism "
                         "splits whole heads",
                         in.heads, in.tensor_parallel));
   }
+  if (!bad.empty()) return absl::InvalidArgumentError(absl::StrJoin(bad, "; "));
   return absl::OkStatus();
 }
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -120,15 +121,15 @@ std::string ReadFile(const std::string& path, bool* ok) {
   return text;
 }
 
-// Fills the bandwidths the flags left out from tiermem-probe's JSON; 0 on success, else the exit
-// status after saying why.
-int ApplyProbe(const std::string& file, const std::map<std::string, std::string>& given,
-               PlanInput* in, PlanSources* src) {
+// Fills the bandwidths the flags left out from tiermem-probe's JSON; empty on success, else why
+// not.
+std::string ApplyProbe(const std::string& file, const std::map<std::string, std::string>& given,
+                       PlanInput* in, PlanSources* src) {
   bool ok = false;
   const std::string text = ReadFile(file, &ok);
-  if (!ok) return Bad("--probe " + file + ": " + text);
+  if (!ok) return "--probe " + file + ": " + text;
   auto probe = ReadProbeJson(text);
-  if (!probe.ok()) return Bad("--probe " + file + ": " + std::string(probe.status().message()));
+  if (!probe.ok()) return "--probe " + file + ": " + std::string(probe.status().message());
   if (!given.contains("--link-gbps") && probe->link_bytes_per_s > 0) {
     in->link_bytes_per_s = probe->link_bytes_per_s;
     src->link = probe->link_source;
@@ -147,14 +148,16 @@ int ApplyProbe(const std::string& file, const std::map<std::string, std::string>
     in->dram_bytes_per_s = probe->dram_bytes_per_s;
     src->dram = probe->dram_source;
   }
-  return 0;
+  return "";
 }
 
 // Every required flag that was not given, in one message; empty when none is missing.
-std::string MissingFlags(const std::map<std::string, std::string>& given, const PlanInput& in) {
+std::string MissingFlags(const std::map<std::string, std::string>& given, const PlanInput& in,
+                         std::set<std::string>* flags) {
   std::string missing;
   auto need = [&](const char* flag, const char* what) {
     missing += absl::StrCat(missing.empty() ? "" : "; ", flag, " is missing (", what, ")");
+    flags->insert(flag);
   };
   for (const NumberFlag& f : kNumberFlags) {
     if (f.required == nullptr || given.contains(f.flag)) continue;
@@ -165,8 +168,17 @@ std::string MissingFlags(const std::map<std::string, std::string>& given, const 
   return missing;
 }
 
+// Whether one of MakePlan's messages is a rule across fields ("hidden=4000 is not a multiple of
+// heads=3: ..."), said as it is, not as one flag's.
+bool AcrossFields(const std::string& m) {
+  const size_t eq = m.find('='), colon = m.find(": ");
+  return eq == std::string::npos || colon == std::string::npos || colon < eq ||
+         m.substr(eq, colon - eq).find(' ') != std::string::npos;
+}
+
 // One of MakePlan's "field=value: why" as "--flag TEXT: why", in the units the user gave.
 std::string FlagMessage(const std::string& m, const std::map<std::string, std::string>& given) {
+  if (AcrossFields(m)) return m;
   const std::string field = m.substr(0, m.find('='));
   const std::string why = m.find(": ") == std::string::npos ? m : m.substr(m.find(": ") + 2);
   if (field == "hbm_bytes") return "--hbm " + given.at("--hbm") + ": " + why;
@@ -179,12 +191,15 @@ std::string FlagMessage(const std::string& m, const std::map<std::string, std::s
   return m;
 }
 
-// MakePlan's refusal: every bad input it names ("; " between them), as flags.
-int BadInput(const absl::Status& status, const std::map<std::string, std::string>& given) {
-  std::vector<std::string> out;
-  for (absl::string_view m : absl::StrSplit(status.message(), "; "))
-    out.push_back(FlagMessage(std::string(m), given));
-  return Bad(absl::StrJoin(out, "; "));
+// The flag of one of MakePlan's "field=value: why" (empty: a rule across fields).
+std::string FlagOf(const std::string& m) {
+  if (AcrossFields(m)) return "";
+  const std::string field = m.substr(0, m.find('='));
+  if (field == "hbm_bytes") return "--hbm";
+  for (const NumberFlag& f : kNumberFlags) {
+    if (field == f.field_name) return f.flag;
+  }
+  return "";
 }
 
 int Main(int argc, char** argv) {
@@ -243,22 +258,34 @@ int Main(int argc, char** argv) {
       }
     }
   }
-  // Every flag that could not be read, then every missing one, in one message.
-  if (!bad.empty()) {
-    const std::string missing = probe_file.empty() ? MissingFlags(given, in) : "";
-    if (!missing.empty()) bad.push_back(missing);
-    return Bad(absl::StrJoin(bad, "; "));
-  }
+  // Every flag that could not be read, then the probe file, every missing flag and every value
+  // out of range, in one message (each pass hid the next).
+  std::set<std::string> unreadable;
+  for (const std::string& b : bad) unreadable.insert(b.substr(0, b.find(' ')));
   PlanSources src;
   if (given.contains("--link-gbps")) src.link = "--link-gbps";
   if (given.contains("--nvme-gbps")) src.nvme = "--nvme-gbps";
   if (given.contains("--dram-gbps")) src.dram = "--dram-gbps";
   if (!probe_file.empty()) {
-    if (int rc = ApplyProbe(probe_file, given, &in, &src); rc != 0) return rc;
+    if (std::string why = ApplyProbe(probe_file, given, &in, &src); !why.empty()) {
+      bad.push_back(why);
+    }
   }
-  if (const std::string missing = MissingFlags(given, in); !missing.empty()) return Bad(missing);
+  std::set<std::string> missing_flags;
+  if (const std::string missing = MissingFlags(given, in, &missing_flags); !missing.empty()) {
+    bad.push_back(missing);
+  }
   auto plan = MakePlan(in);
-  if (!plan.ok()) return BadInput(plan.status(), given);
+  if (!plan.ok()) {
+    // A value out of range, of a flag that was given and read (a missing or unreadable one has
+    // its message already).
+    for (absl::string_view m : absl::StrSplit(plan.status().message(), "; ")) {
+      const std::string flag = FlagOf(std::string(m));
+      if (unreadable.contains(flag) || missing_flags.contains(flag)) continue;
+      bad.push_back(FlagMessage(std::string(m), given));
+    }
+  }
+  if (!bad.empty()) return Bad(absl::StrJoin(bad, "; "));
   return json ? PrintPlanJson(in, *plan, src) : PrintPlanText(in, *plan, src);
 }
 

@@ -24,6 +24,12 @@ struct SizeUnit {
 SizeUnit unit{static_cast<double>(1ull << 30), "GiB"};
 
 double Sz(double b) { return b / unit.bytes; }
+
+// GB/s with two decimals, or three significant digits below 0.1 (0.001 read as 0.00, "none").
+std::string Gbps(double bytes_per_s) {
+  const double g = bytes_per_s / 1e9;
+  return g > 0 && g < 0.1 ? absl::StrFormat("%.3g", g) : absl::StrFormat("%.2f", g);
+}
 std::string Hbm() { return std::string("HBM ") + unit.name; }
 
 // Indices of p.combinations ordered as the planner ranks them: least added time, fewer rungs.
@@ -169,10 +175,10 @@ int PrintPlanText(const PlanInput& in, const Plan& p, const PlanSources& src) {
   std::printf(
       "model state per GPU: %.2f %s (16 B/param); compute %.3f s/step (forward %.4g FLOPs)\n",
       Sz(p.model_state), unit.name, p.step_compute_seconds, p.forward_flops);
-  std::printf("bandwidths: link %.2f GB/s (%s), nvme %.2f GB/s (%s), dram %.2f GB/s (%s)\n",
-              in.link_bytes_per_s / 1e9, src.link.c_str(), in.nvme_bytes_per_s / 1e9,
-              src.nvme.empty() ? "none" : src.nvme.c_str(), in.dram_bytes_per_s / 1e9,
-              src.dram.empty() ? "none" : src.dram.c_str());
+  std::printf("bandwidths: link %s GB/s (%s), nvme %s GB/s (%s), dram %s GB/s (%s)\n",
+              Gbps(in.link_bytes_per_s).c_str(), src.link.c_str(),
+              Gbps(in.nvme_bytes_per_s).c_str(), src.nvme.empty() ? "none" : src.nvme.c_str(),
+              Gbps(in.dram_bytes_per_s).c_str(), src.dram.empty() ? "none" : src.dram.c_str());
   PrintOptimizerStep(in, p);
   std::printf("HBM budget: %.2f %s\n", Sz(in.hbm_bytes), unit.name);
 

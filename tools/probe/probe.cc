@@ -145,9 +145,9 @@ std::optional<int> Contradiction(const ProbeOptions& o) {
       return Usage2(("--config prints the settings and runs nothing: not with " + f).c_str());
     }
     if (o.tune && skip) {
-      return Usage2(("--tune runs only its search (no bandwidth table, sweep or demo): not with " +
-                     f)
-                        .c_str());
+      return Usage2(
+          ("--tune runs only its search (no bandwidth table, sweep or demo): not with " + f)
+              .c_str());
     }
     if (skip || f == "--sweep-only") continue;
     if (absl::StartsWith(f, "--tune-")) {
