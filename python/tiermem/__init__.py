@@ -106,6 +106,8 @@ class Runtime:
             elif key == "checksum":
                 value = _choice(_capi.CHECKSUMS, value, key)
             elif key == "numa_node":
+                if isinstance(value, str) and value.strip().isdigit():
+                    value = int(value)  # "0", as TIERMEM_NUMA takes it
                 if isinstance(value, str):
                     if value.strip().lower() not in ("auto", "off"):
                         raise ValueError("numa_node=%r: want \"auto\", \"off\" or a node "

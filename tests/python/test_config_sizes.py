@@ -88,3 +88,5 @@ def test_numa_node_names_what_it_takes(make_runtime, value):
 def test_numa_node_words(make_runtime):
     with make_runtime(numa_node="OFF") as rt:
         assert rt.config_value("TIERMEM_NUMA") == "off"
+    with make_runtime(numa_node="0") as rt:  # a node number as a string, as the variable takes
+        assert rt.config_value("TIERMEM_NUMA") == "0"
