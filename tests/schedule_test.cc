@@ -127,6 +127,12 @@ TEST_F(Scheduled, DepartedStepIsRelearnedAndStaysCorrect) {
   Pass(rt, true);  // the new order is the schedule now
   Pass(rt, true);
   EXPECT_EQ(Stats(rt).schedule_relearned, 1u);
+  // A step with no uses keeps the schedule: nothing relearned (it counted one).
+  ASSERT_EQ(tm_step_begin(rt), TM_OK);
+  ASSERT_EQ(tm_step_end(rt), TM_OK);
+  EXPECT_EQ(Stats(rt).schedule_relearned, 1u);
+  Pass(rt, true);
+  EXPECT_EQ(Stats(rt).schedule_relearned, 1u);
   ASSERT_EQ(tm_runtime_sync(rt), TM_OK) << tm_last_error();
   for (size_t i = 0; i < tensors_.size(); ++i) {
     std::vector<uint8_t> back(8 * kMiB);

@@ -28,7 +28,9 @@ void Schedule::EndStep() {
   const uint64_t len = uses_.size();
   bool recorded = !uses_.empty() && !departed_ && pos_ == uses_.size();  // followed it
   if (!recorded) {
-    if (!uses_.empty()) ++relearned_;
+    // A step with no uses at all (a CPU Adam step alone: its pipeline's reads are its own) keeps
+    // the schedule: it neither departed from it nor replaced it.
+    if (!uses_.empty() && !recording_.empty()) ++relearned_;
     recorded = !recording_.empty();
     if (recorded) Adopt(std::move(recording_));
   }

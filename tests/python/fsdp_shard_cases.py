@@ -271,6 +271,11 @@ class ShardCases:
         out["warned"] = " | ".join(str(c.message) for c in caught)
         with torch.no_grad():
             out["loss_after"] = w.loss_of(model, *x).item()  # NaN (no crash)
+        try:  # the state went with the runtime: step() says so (with no gradient it returned)
+            opt.step()
+            out["step_after"] = "returned"
+        except tiermem.TiermemError as e:
+            out["step_after"] = str(e)
         set_model_state_dict(model, saved)
         with torch.no_grad():
             out["loaded_as_before"] = w.loss_of(model, *x).item() == want

@@ -510,3 +510,4 @@ def test_runtime_closed_first_brings_shards_and_state_home(single_node):
             assert "FSDPCPUAdam" in forced["warned"] and "tensors lost" in forced["warned"], forced
             assert math.isnan(forced["loss_after"]), forced
             assert forced["loaded_as_before"], forced
+            assert "went with the runtime" in forced["step_after"], forced
