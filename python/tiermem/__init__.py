@@ -167,9 +167,11 @@ class Runtime:
         as their remove() does, so that the model keeps its weights, and so is the state of a
         CPUAdam or FSDPCPUAdam on this runtime (with FSDPCPUAdam's shards and gradients), which
         goes on in torch memory: when one cannot be, close raises (TM_ERR_BUSY, naming it) and
-        the runtime stays open. force=True (a dead NVMe tier, say) closes anyway: what could not
-        come home goes with the runtime (a TiermemWarning names it; those offloads then raise
-        that the runtime was closed), so load a checkpoint to go on."""
+        the runtime stays open. force=True (a dead NVMe tier, say) closes anyway: each tensor
+        that can still come home does, the rest go with the runtime (a TiermemWarning names the
+        offloads and how many tensors were lost; reading a lost one raises saying so, a lost
+        FSDP2 shard holds NaN, and those offloads and optimizers raise that the runtime was
+        closed), so load a checkpoint to go on."""
         if self._rt is None:
             return
         self._wait_for_the_step()

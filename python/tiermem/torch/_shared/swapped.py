@@ -1,6 +1,8 @@
 """One torch tensor whose memory is freed between uses while tiermem holds its bytes (optimizer
 state, parameters)."""
 
+import torch
+
 from ... import TiermemError
 from .offloaded import mark_in, mark_lost, mark_out
 from .transfers import _TIER_HOME, _destroy_quietly, _fetch, _resize_storage, _send
@@ -10,9 +12,9 @@ class _Swapped:
     """One torch tensor whose bytes live in tiermem between uses."""
 
     __slots__ = ("tensor", "tm", "nbytes", "tier", "resident", "version", "refs", "name", "kind",
-                 "home", "cls", "new", "flip")
+                 "home", "cls", "new", "flip", "replaceable")
 
-    def __init__(self, runtime, tensor, cls, name, tier):
+    def __init__(self, runtime, tensor, cls, name, tier, replaceable=True):
         self.tensor = tensor
         self.name = name
         self.kind = (tensor.dtype, tensor.device, tensor.shape)
@@ -24,6 +26,9 @@ class _Swapped:
         self.tm = runtime.tensor(self.nbytes, cls, _TIER_HOME[tier], name)
         self.refs = 0
         self.home = False  # restored for good: the tensor is ordinary again, this record inert
+        # Whether the tensor may take a new storage when its own cannot be freed (_free): not
+        # for storages others read by themselves (FSDP2's shards).
+        self.replaceable = replaceable
         try:
             self.send()
         except BaseException:
@@ -33,7 +38,7 @@ class _Swapped:
     def send(self):
         """Copies the tensor's bytes to tiermem and frees its memory."""
         _send(self.tm, self.tensor, self.nbytes, self.tier)
-        _resize_storage(self.tensor, 0)
+        self._free()
         self.resident = False
         mark_out(self.tensor)
 
@@ -98,7 +103,7 @@ class _Swapped:
             _destroy_quietly(new)
             raise
         self.new = new
-        _resize_storage(self.tensor, 0)
+        self._free()
         self.resident = False
         mark_out(self.tensor)
 
@@ -145,9 +150,30 @@ class _Swapped:
         if dirty:
             self.send()
         else:
-            _resize_storage(self.tensor, 0)
+            self._free()
             self.resident = False
             mark_out(self.tensor)
+
+    def _free(self):
+        """Frees the tensor's memory, keeping the tensor object. A storage made fixed-size while
+        in (a NumPy array of it: .numpy() pins the pointer) cannot shrink: the tensor then takes
+        a new, empty storage, and the old memory stays with what holds it (the array keeps the
+        bytes it saw). Storages others read by themselves are not replaced: that raises."""
+        try:
+            _resize_storage(self.tensor, 0)
+        except RuntimeError as e:
+            if not self.replaceable:
+                raise RuntimeError(
+                    "%s: tiermem cannot free its memory to hold it between uses: its storage was "
+                    "made fixed-size (%s: a NumPy array of it, from .numpy()?); read it with "
+                    ".clone() or .tolist() instead" % (self.name, e)) from e
+            fresh = torch.empty_like(self.tensor, memory_format=torch.contiguous_format)
+            _resize_storage(fresh, 0)
+            self.tensor.data = fresh
+            self._replaced()
+
+    def _replaced(self):
+        """The tensor took a new storage (_free): what shares the old one is updated."""
 
     def restore(self):
         """Back to an ordinary tensor: resident, and tiermem's copy destroyed. From then on the

@@ -290,7 +290,9 @@ class _ShardOffload:
             seen.add(storage.data_ptr())
             flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(
                 storage, 0, (storage.nbytes() // t.element_size(),))
-            yield _Swapped(self.runtime, flat, cls, self.runtime.next_name(prefix), tier)
+            # (not replaceable: FSDP2 reads this storage itself)
+            yield _Swapped(self.runtime, flat, cls, self.runtime.next_name(prefix), tier,
+                           replaceable=False)
 
     def bring_in(self, u, dirty=False):
         self.wait_unit(u)

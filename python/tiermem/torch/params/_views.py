@@ -274,6 +274,10 @@ class _ViewedParam(_Swapped):
         del current  # the view's memory freed: its copy released, so it can be destroyed
         self._destroy()
 
+    def _replaced(self):
+        with DisableTorchFunction():
+            self.placeholder = self.tensor.data  # the new storage, refilled by copies
+
     def lose(self, fill=None):
         if self.view_ptr is not None:  # its memory goes with the runtime
             self.tensor.data = self.placeholder
