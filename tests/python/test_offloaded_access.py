@@ -290,8 +290,22 @@ def test_any_error_part_way_through_the_bucketed_step_notes_which_parameters_it_
     notes = getattr(e.value, "__notes__", None)
     if hasattr(e.value, "add_note"):  # Python 3.11 and later
         assert notes == ["tiermem: the step is taken in part: parameters 0-1 of 4 (their index "
-                         "in param_groups, in order) updated, the others not; the state of "
-                         "those updated is as the step left it"], notes
+                         "in param_groups, in order) updated, the others not; parameter 2 (the "
+                         "bucket being stepped when the optimizer raised) may be updated in "
+                         "part; the state of those updated is as the step left it"], notes
+    state.remove()
+    # One bucket (the default bucket_bytes on a small model), failing: it had no note, though
+    # torch's step had updated some of its parameters before it raised (an outside client).
+    Failing.calls = 2
+    opt = Failing(m.parameters(), lr=0.01)
+    state = tt.offload_optimizer_state(opt, rt, "dram", min_bytes=0)
+    m(torch.randn(4, 32)).sum().backward()
+    with pytest.raises(KeyboardInterrupt) as e:
+        state.step()
+    if hasattr(e.value, "add_note"):
+        assert e.value.__notes__ == [
+            "tiermem: the step is taken in part: no bucket's update finished; parameters 0-3 "
+            "(the bucket being stepped when the optimizer raised) may be updated in part"]
     state.remove()
 
 

@@ -29,12 +29,8 @@ def _all_params(optimizer):
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-def _which_stepped(optimizer, stepped):
-    """Which of the optimizer's parameters (by their index in its param_groups, in order) a step
-    that failed part way updated, as ranges: "parameters 0-14 of 24 updated, the others not"."""
-    done = {id(p) for p in stepped}
-    params = _all_params(optimizer)
-    marks = [id(p) in done for p in params]
+def _ranges(marks):
+    """"0-14, 20" of the True positions."""
     ranges, i = [], 0
     while i < len(marks):
         if marks[i]:
@@ -45,6 +41,25 @@ def _which_stepped(optimizer, stepped):
             i = j + 1
         else:
             i += 1
+    return ", ".join(ranges)
+
+
+def _which_stepped(optimizer, stepped, failing=()):
+    """Which of the optimizer's parameters (by their index in its param_groups, in order) a step
+    that failed part way updated, as ranges: "parameters 0-14 of 24 updated, the others not";
+    failing: those of the bucket whose own optimizer step raised, which it may have updated in
+    part (torch's step goes parameter by parameter)."""
+    done = {id(p) for p in stepped}
+    params = _all_params(optimizer)
+    marks = [id(p) in done for p in params]
+    partly = {id(p) for p in failing}
+    maybe = [id(p) in partly for p in params]
+    tail = ("; %s %s (the bucket being stepped when the optimizer raised) may be updated in part"
+            % ("parameter" if sum(maybe) == 1 else "parameters", _ranges(maybe))
+            if any(maybe) else "")
+    if not any(marks):
+        return ("the step is taken in part: no bucket's update finished%s%s" % (
+            tail, "" if all(maybe) else "; the others are untouched"))
     if all(marks):
         # It failed after the last bucket's update (sending its state back): the step is
         # whole, and a step() again would update every parameter twice.
@@ -53,8 +68,8 @@ def _which_stepped(optimizer, stepped):
                 "memory" % len(params))
     one = sum(marks) == 1
     return ("the step is taken in part: %s %s of %d (their index in param_groups, in order) "
-            "updated, the others not; the state of %s is as the step left it" % (
-                "parameter" if one else "parameters", ", ".join(ranges), len(params),
+            "updated, the others not%s; the state of %s is as the step left it" % (
+                "parameter" if one else "parameters", _ranges(marks), len(params), tail,
                 "that one" if one else "those updated"))
 
 
@@ -193,6 +208,7 @@ class _StepDriver:
             s.prefetch()
         self._bucketing = True
         stepped = []  # the parameters whose update this step made, bucket by bucket
+        failing = ()  # the bucket whose optimizer step raised
         try:
             for i, (group, ps) in enumerate(pieces):
                 if i + 1 < len(pieces):
@@ -207,6 +223,7 @@ class _StepDriver:
                     groups[:] = [group]
                     opt.step()
                 except BaseException:
+                    failing = ps
                     self._let_go_quietly(swapped[i])
                     raise
                 finally:
@@ -217,15 +234,15 @@ class _StepDriver:
                     self.state._adopt(ps)
                 self._let_go(swapped[i])
         except tiermem.TiermemError as e:
-            if not stepped:
+            if not stepped and not failing:
                 raise
             raise tiermem.TiermemError(e.status, "%s (%s)" % (
-                e.message, _which_stepped(opt, stepped)), e.call) from e
+                e.message, _which_stepped(opt, stepped, failing)), e.call) from e
         except BaseException as e:
             # Anything else (the optimizer's own error, a KeyboardInterrupt) says it in a note,
             # as tracebacks show them: a step repeated would update those parameters twice.
-            if stepped and hasattr(e, "add_note"):  # Python 3.11 and later
-                e.add_note("tiermem: %s" % _which_stepped(opt, stepped))
+            if (stepped or failing) and hasattr(e, "add_note"):  # Python 3.11 and later
+                e.add_note("tiermem: %s" % _which_stepped(opt, stepped, failing))
             raise
         finally:
             self._bucketing = False
