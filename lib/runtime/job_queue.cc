@@ -44,8 +44,13 @@ absl::Status Movers::Enqueue(uint64_t handle, tm_tier tier, JobKind kind) {
 
 absl::Status Runtime::Prefetch(uint64_t handle, tm_tier tier) {
   if (tier != TM_TIER_HBM && tier != TM_TIER_DRAM) {
-    return Error(TM_ERR_INVALID_ARGUMENT, absl::StrFormat("prefetch needs tier hbm or dram, not %d",
-                                                          static_cast<int>(tier)));
+    // Named as acquire names it ("not nvme"; a value that is no tier by its number).
+    return Error(
+        TM_ERR_INVALID_ARGUMENT,
+        tier == TM_TIER_NVME
+            ? std::string("prefetch needs tier hbm or dram, not nvme: a prefetch brings "
+                          "a tensor up (offload sends it down)")
+            : absl::StrFormat("prefetch needs tier hbm or dram, not %d", static_cast<int>(tier)));
   }
   return movers_.Enqueue(handle, tier, JobKind::kHint);
 }

@@ -419,3 +419,14 @@ def test_a_step_that_fills_nvme_part_way_says_which_parameters_it_updated(make_r
     filler.destroy()
     rt.sync()
     state.remove()
+
+
+def test_an_optimizer_of_another_model_is_refused(make_runtime):
+    """offload_parameters(optimizer=) holding none of the module's parameters: refused (its
+    step() through the handle never trained the model, silently: an outside client)."""
+    m, other = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    rt = make_runtime()
+    with pytest.raises(ValueError, match="steps none of this Linear's parameters"):
+        tt.offload_parameters(m, rt, optimizer=torch.optim.SGD(other.parameters(), lr=0.1))
+    assert type(m.weight) is torch.nn.Parameter  # nothing offloaded
+    tt.offload_parameters(m, rt, optimizer=torch.optim.SGD(m.parameters(), lr=0.1)).remove()
