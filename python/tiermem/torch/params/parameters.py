@@ -73,17 +73,17 @@ def _refuse_held(module, optimizer):
                              "earlier offload_parameters of a module holding it; its handle's "
                              "remove() undoes it)" % name)
     if optimizer is not None:
+        driver = _StepDriver._existing(optimizer)
+        if driver is not None and driver.params is not None:
+            raise ValueError("offload_parameters: this optimizer steps parameters offloaded "
+                             "already (one offload_parameters per optimizer: give it the module "
+                             "holding all of them, or remove() the first)")
         owned = {id(p) for p in module.parameters()}
         theirs = [p for g in optimizer.param_groups for p in g["params"]]
         if theirs and not any(id(p) in owned for p in theirs):
             raise ValueError("offload_parameters: optimizer= steps none of this %s's parameters "
                              "(an optimizer of another model?): its step() through this handle "
                              "would never train the module" % type(module).__name__)
-        driver = _StepDriver._existing(optimizer)
-        if driver is not None and driver.params is not None:
-            raise ValueError("offload_parameters: this optimizer steps parameters offloaded "
-                             "already (one offload_parameters per optimizer: give it the module "
-                             "holding all of them, or remove() the first)")
 
 
 def _storages(module):
