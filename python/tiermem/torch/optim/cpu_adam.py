@@ -101,6 +101,7 @@ class CPUAdam(torch.optim.Optimizer):
                  amsgrad=False, *, adamw=True, max_grad_norm=None, runtime=None,
                  state_tier="dram", threads=0, overlap=None, slice_bytes=None):
         self._closed = False  # close() called
+        self._lost = 0  # parameters whose state went with a runtime closed by force
         who = self._who
         _check_hyper(lr, betas, eps, weight_decay, amsgrad, max_grad_norm, who)
         state_tier = _tier_word(state_tier, "state_tier", who)
@@ -193,7 +194,7 @@ class CPUAdam(torch.optim.Optimizer):
     def _check_open(self, what):
         if self._closed:
             raise _closed_error("%s.%s" % (self._who, what))
-        if getattr(self, "_lost", 0) and not self._store.home:
+        if self._lost and not self._store.home:
             raise tiermem.TiermemError(
                 _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE"),
                 "%s.%s: the runtime was closed by close(force=True) before the state of %d "

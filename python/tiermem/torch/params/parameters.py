@@ -126,6 +126,7 @@ class ParameterOffload:
         self.module = module
         self.runtime = runtime
         self.tier = tier
+        self._lost = 0  # parameters that went with a runtime closed by force (_abandon)
         self.use_views = bool(views)
         self.views = 0
         self.copies = 0
@@ -378,7 +379,7 @@ class ParameterOffload:
         are prefetched, and let go after. The optimizer's own step() also works, bringing all
         of them in at once. The same step as OptimizerStateOffload.step()."""
         if self._driver is None:
-            if self.runtime.closed and getattr(self, "_lost", 0):
+            if self.runtime.closed and self._lost:
                 raise TiermemError(_INVALID_HANDLE, "ParameterOffload.step: the runtime was "
                                    "closed by close(force=True) and %d parameters went with it: "
                                    "load a checkpoint into the model (load_state_dict), then "
