@@ -110,7 +110,10 @@ def test_cpu_adam_inside_runtime_steps_reads_the_state_once(make_runtime):
         assert tier["capacity"] < state, "the state must stream through DRAM"
         assert all(state <= r <= 1.01 * state for r in reads[1:]), (stepped, reads, state)
         moved[stepped] = (reads, tier["peak"], [p.detach().clone() for p in m.parameters()])
-    assert moved[True][0] == moved[False][0] and moved[True][1] == moved[False][1]
+    assert moved[True][0] == moved[False][0]
+    # The peak moves by a page or two with when the disk finishes each write (CI saw 4 KiB
+    # between two runs of one loop); the replayed prefetches put it 24 KiB over.
+    assert abs(moved[True][1] - moved[False][1]) <= 8192, (moved[True][1], moved[False][1])
     assert _same(moved[True][2], moved[False][2])
 
 
