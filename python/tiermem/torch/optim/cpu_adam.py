@@ -10,7 +10,6 @@ state_dict() / load_state_dict() have torch.optim.AdamW's layout: checkpoints mo
 two. See docs/pytorch.md ("CPUAdam") for clipping, mixed precision and the overlap with backward.
 """
 
-import array
 import ctypes
 import threading
 from collections import defaultdict
@@ -19,49 +18,18 @@ from itertools import chain
 import torch
 
 import tiermem
-from tiermem import _capi, _optim_capi
+from tiermem import _capi
 from tiermem.torch._shared.adam import (_adamw_defaults, _check_hyper, _check_threads,
                                         _closed_error, _tier_word)
 from tiermem.torch._shared.transfers import _check_runtime, _size_arg
+from tiermem.torch.optim._adam_kernel import DTYPES, AdamKernel, isa, set_isa_limit
 from tiermem.torch.optim._state_store import (SLICE_ALIGN, StateStore, in_place_ok,
                                                words_per_element)
 
 __all__ = ["CPUAdam", "isa", "set_isa_limit"]
 
 _lib = tiermem._lib
-_optim_capi.bind(_lib)
 _check = tiermem._check
-
-_DTYPES = {torch.float32: _optim_capi.DTYPE_F32, torch.bfloat16: _optim_capi.DTYPE_BF16,
-           torch.float16: _optim_capi.DTYPE_F16}
-
-# tm_adam_span as 8-byte words (LP64; the enums are the low half of theirs, zero above), filled
-# without a ctypes attribute per field: the word of each field.
-_SPAN_WORDS = ctypes.sizeof(_optim_capi.AdamSpan) // 8
-(_SPAN_PARAM, _SPAN_M, _SPAN_V, _SPAN_VMAX, _SPAN_GRAD, _SPAN_GRAD_DTYPE, _SPAN_OUT,
- _SPAN_OUT_DTYPE, _SPAN_COUNT) = (getattr(_optim_capi.AdamSpan, name).offset // 8
-                                  for name, _ in _optim_capi.AdamSpan._fields_)
-assert ctypes.sizeof(_optim_capi.AdamSpan) == 8 * _SPAN_WORDS == 72, "tm_adam_span is LP64's"
-
-
-def isa():
-    """(best instruction set this CPU runs, the one the kernel uses now): "avx512", "avx2" or
-    "baseline"."""
-    detected, active = ctypes.c_int32(), ctypes.c_int32()
-    _check(_lib.tm_optim_isa_get(ctypes.byref(detected), ctypes.byref(active)),
-           "tm_optim_isa_get")
-    return _optim_capi.ISA_NAMES[detected.value], _optim_capi.ISA_NAMES[active.value]
-
-
-def set_isa_limit(name):
-    """Caps the kernel's instruction set process-wide ("baseline", "avx2", "avx512"); returns
-    the one now in use (a cap above the CPU's is lowered to it)."""
-    if name not in _optim_capi.ISAS:
-        raise ValueError("set_isa_limit: %r is not one of %s" % (name, sorted(_optim_capi.ISAS)))
-    active = ctypes.c_int32()
-    _check(_lib.tm_optim_set_isa_limit(_optim_capi.ISAS[name], ctypes.byref(active)),
-           "tm_optim_set_isa_limit")
-    return _optim_capi.ISA_NAMES[active.value]
 
 
 def _on_nvme(rt, handle):
@@ -114,7 +82,7 @@ class CPUAdam(torch.optim.Optimizer):
         defaults.update(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
         super().__init__(params, defaults)
         for p in self._params():
-            if p.dtype not in _DTYPES:
+            if p.dtype not in DTYPES:
                 raise TypeError("%s: a parameter is %s; fp32, bf16 and fp16 are supported" %
                                 (who, p.dtype))
         self.adamw, self.max_grad_norm, self.state_tier = bool(adamw), max_grad_norm, state_tier
@@ -152,11 +120,7 @@ class CPUAdam(torch.optim.Optimizer):
                     "more dram_bytes" % (who, need, need / 2**20, tier, tier / 2**20))
         self._store = StateStore(runtime, state_tier, slice_bytes)
         self.slice_bytes = self._store.slice_bytes
-        cfg = _optim_capi.AdamConfig()
-        cfg.threads = int(threads)
-        self._adam = _optim_capi.Adam()
-        _check(_lib.tm_adam_create(runtime._handle(), ctypes.byref(cfg), ctypes.byref(self._adam)),
-               "tm_adam_create")
+        self._kernel = AdamKernel(runtime, threads, adamw)
         self._counters = {}  # param -> (its step tensor, a ctypes view of its float)
         self._stepped, self._unfinished = set(), None
         # One C step at a time (the overlap's worker, FSDPCPUAdam's, and step()); reentrant for
@@ -206,13 +170,6 @@ class CPUAdam(torch.optim.Optimizer):
 
     # ---- the step ----
 
-    def _config(self, group):
-        cfg = _optim_capi.AdamConfig()
-        cfg.lr, (cfg.beta1, cfg.beta2) = float(group["lr"]), group["betas"]
-        cfg.eps, cfg.weight_decay = float(group["eps"]), float(group["weight_decay"])
-        cfg.adamw, cfg.amsgrad = int(self.adamw), int(bool(group["amsgrad"]))
-        return cfg
-
     def _grad_scale(self, grads):
         """The clipping coefficient, computed as torch.nn.utils.clip_grad_norm_ computes it."""
         if self.max_grad_norm is None or not grads:
@@ -227,29 +184,9 @@ class CPUAdam(torch.optim.Optimizer):
             raise RuntimeError("CPUAdam does not support sparse gradients")
         if grad.is_cuda:
             grad = self._download(slot, grad.detach())
-        if grad.dtype not in _DTYPES:
+        if grad.dtype not in DTYPES:
             grad = grad.float()
         return grad.contiguous()
-
-    def _buckets(self, p, slot, g):
-        """One bucket a slice: its elements of the gradient and of the updated parameter."""
-        if p.is_cuda or not p.is_contiguous():
-            if slot.out_host is None:
-                slot.out_host = torch.empty(slot.count, dtype=p.dtype,
-                                            pin_memory=p.is_cuda)
-            out = slot.out_host
-        else:  # the parameter itself receives the updated value in the same pass
-            out = p
-        grad, grad_size, grad_dtype = g.data_ptr(), g.element_size(), _DTYPES[g.dtype]
-        out_ptr, out_size, out_dtype = out.data_ptr(), out.element_size(), _DTYPES[p.dtype]
-        buckets = []
-        for _, h, first, n in slot.slices():
-            b = _optim_capi.AdamBucket()
-            b.state, b.count = h, n
-            b.grad, b.grad_dtype = grad + first * grad_size, grad_dtype
-            b.param_out, b.param_out_dtype = out_ptr + first * out_size, out_dtype
-            buckets.append(b)
-        return buckets
 
     def _download(self, slot, g):
         if slot.grad_host is None or slot.grad_host.dtype != g.dtype:
@@ -356,11 +293,12 @@ class CPUAdam(torch.optim.Optimizer):
         acquired, the hyperparameters checked, the groups' step prepared (it changes nothing
         when it fails); then _agree decides (across ranks, for FSDPCPUAdam) and the prepared
         step is committed, or aborted; the in-place steps after it cannot fail."""
-        keep = []  # the gradients, arrays and configs the C calls read
+        kernel = self._kernel
+        grads = []  # the gradients the in-place steps read
+        began = False  # a step prepared here, not yet committed: aborted on the way out
         bucket_runs, in_place_runs = [], []
         acquired = []
         rt = None if self._store.home else self.runtime._handle()
-        prepared = False  # a prepared step not yet committed: aborted on the way out
         try:
             failure = None
             try:
@@ -369,89 +307,40 @@ class CPUAdam(torch.optim.Optimizer):
                     for p, grad, c in pairs:
                         slot = self._store.slot(p, group["amsgrad"])
                         g = self._grad(slot, grad)
-                        keep.append(g)
                         (here if slot.in_place or slot.home is not None else there).append(
                             (p, slot, g, c))
                     if here:
+                        grads += [g for _, _, g, _ in here]
                         in_place_runs.append((group, step, here))
                     if there:
                         bucket_runs.append((group, step, there))
-                spans = [self._acquire_spans(rt, here, acquired) for _, _, here in in_place_runs]
-                cfgs = [self._config(group) for group, _, _ in in_place_runs]
+                spans = [kernel.spans(rt, here, acquired) for _, _, here in in_place_runs]
+                cfgs = [kernel.config(group) for group, _, _ in in_place_runs]
                 for cfg in cfgs:  # checked now; set again before each run's step when several
-                    _check(_lib.tm_adam_set_hyper(self._adam, ctypes.byref(cfg)),
-                           "tm_adam_set_hyper")
+                    kernel.set_config(cfg)
                 if bucket_runs:
-                    # Set before the call: a KeyboardInterrupt taken as it returns still aborts
-                    # the step it prepared (left prepared, every later step was refused).
-                    prepared = True
-                    try:
-                        self._prepare_buckets(bucket_runs, grad_scale, keep)
-                    except tiermem.TiermemError:
-                        prepared = False  # it prepared nothing
-                        raise
+                    began = True  # (begin() aborts nothing when it fails)
+                    kernel.begin(grad_scale, bucket_runs)
             except Exception as e:  # noqa: BLE001: every failure goes through _agree
                 failure = e
             self._agree(failure)
             if bucket_runs:
-                prepared = False
+                began = False
                 self._commit_buckets(bucket_runs)
             for (_, step, here), arr, cfg in zip(in_place_runs, spans, cfgs):
                 if len(cfgs) > 1:
-                    _check(_lib.tm_adam_set_hyper(self._adam, ctypes.byref(cfg)),
-                           "tm_adam_set_hyper")
-                _check(_lib.tm_adam_step(self._adam, step, grad_scale, arr, len(here)),
-                       "tm_adam_step")
+                    kernel.set_config(cfg)
+                kernel.step_in_place(step, grad_scale, arr, len(here))
                 self._count([(p, c) for p, _, _, c in here])
                 for p, slot, _, _ in here:
                     if slot.out_host is not None and slot.home is not None:
                         p.data.copy_(slot.out_host.view(p.shape), non_blocking=True)
         finally:
-            if prepared:  # the ranks did not agree (or an interrupt): every state as before
-                _lib.tm_adam_step_abort(self._adam)
+            if began:  # the ranks did not agree (or an interrupt): every state as before
+                kernel.abort()
             release = _lib.tm_tensor_release
             for slot in acquired:
                 release(rt, slot.handles[0], _capi.TIER_DRAM)
-
-    def _acquire_spans(self, rt, here, acquired):
-        """The tm_adam_span array of parameters stepped in place, their state acquired in DRAM
-        for writing (appended to `acquired` as it goes, for the caller to release), or at home
-        in torch memory (a master there too, but for a parameter that is its own)."""
-        words = array.array("Q", bytes(8 * _SPAN_WORDS * len(here)))
-        ptr = ctypes.c_void_p()
-        out = ctypes.byref(ptr)
-        acquire = _lib.tm_tensor_acquire
-        for i, (p, slot, g, _) in enumerate(here):
-            if slot.home is not None:
-                base = slot.home.data_ptr()
-            else:  # state in DRAM: one slice
-                status = acquire(rt, slot.handles[0], _capi.TIER_DRAM, _capi.ACCESS_READ_WRITE,
-                                 None, out)
-                if status != _capi.OK:
-                    _check(status, "tm_tensor_acquire")
-                acquired.append(slot)
-                base = ptr.value
-            n, w = slot.count, i * _SPAN_WORDS
-            if slot.in_place:
-                words[w + _SPAN_PARAM] = p.data_ptr()
-            else:  # the master first; the updated parameter written as its dtype
-                words[w + _SPAN_PARAM] = base
-                base += 4 * n
-                if p.is_cuda or not p.is_contiguous():
-                    if slot.out_host is None:
-                        slot.out_host = torch.empty(n, dtype=p.dtype, pin_memory=p.is_cuda)
-                    words[w + _SPAN_OUT] = slot.out_host.data_ptr()
-                else:
-                    words[w + _SPAN_OUT] = p.data_ptr()
-                words[w + _SPAN_OUT_DTYPE] = _DTYPES[p.dtype]
-            words[w + _SPAN_M] = base
-            words[w + _SPAN_V] = base + 4 * n
-            if slot.amsgrad:
-                words[w + _SPAN_VMAX] = base + 8 * n
-            words[w + _SPAN_GRAD] = g.data_ptr()
-            words[w + _SPAN_GRAD_DTYPE] = _DTYPES[g.dtype]
-            words[w + _SPAN_COUNT] = n
-        return (_optim_capi.AdamSpan * len(here)).from_buffer(words)
 
     def _count(self, counted):
         """(param, counter) pairs: each parameter's step counted (see _counter)."""
@@ -474,34 +363,12 @@ class CPUAdam(torch.optim.Optimizer):
         if failure is not None:
             raise failure
 
-    def _prepare_buckets(self, runs, grad_scale, keep, extend=False, scratch=False):
-        """The first half of the step of the buckets (tm_adam_step_groups_prepare, or with
-        extend _extend, adding them to the step prepared): raises, nothing of them changed, or
-        leaves them prepared for _commit_buckets (or an abort)."""
-        groups = (_optim_capi.AdamGroup * len(runs))()
-        for i, (group, step, pairs) in enumerate(runs):
-            buckets = [b for p, slot, g, _ in pairs for b in self._buckets(p, slot, g)]
-            arr = (_optim_capi.AdamBucket * len(buckets))(*buckets)
-            cfg = self._config(group)
-            keep += [arr, cfg]
-            groups[i].config = ctypes.pointer(cfg)
-            groups[i].step, groups[i].count = step, len(buckets)
-            groups[i].buckets = ctypes.cast(arr, ctypes.POINTER(_optim_capi.AdamBucket))
-        keep.append(groups)
-        if extend:
-            flags = _optim_capi.ADAM_OUT_SCRATCH if scratch else 0
-            _check(_lib.tm_adam_step_groups_extend(self._adam, grad_scale, groups, len(runs),
-                                                   flags), "tm_adam_step_groups_extend")
-        else:
-            _check(_lib.tm_adam_step_groups_prepare(self._adam, grad_scale, groups, len(runs)),
-                   "tm_adam_step_groups")
-
     def _commit_buckets(self, runs, copy_out=True):
-        done = ctypes.c_size_t(0)
-        status = _lib.tm_adam_step_commit(self._adam, ctypes.byref(done))
-        # All or nothing across every group: done is 0 (nothing changed, not even the CPU
-        # parameters that receive the update in place) or every bucket, counted and uploaded.
-        if done.value:
+        """Commits the step prepared of runs: all or nothing across every group (the kernel
+        says whether nothing changed, not even the CPU parameters that receive the update in
+        place, or every bucket did), each parameter stepped counted and uploaded."""
+        done, status = self._kernel.commit()
+        if done:
             for _, _, pairs in runs:
                 self._count([(p, c) for p, _, _, c in pairs])
                 for p, slot, _, _ in pairs:
@@ -617,9 +484,8 @@ class CPUAdam(torch.optim.Optimizer):
         if self._overlap is not None:
             self._overlap.close()
             self._overlap = None
-        if getattr(self, "_adam", None) is not None and self._adam.bits:
-            _lib.tm_adam_destroy(self._adam)
-            self._adam = _optim_capi.Adam()
+        if getattr(self, "_kernel", None) is not None:
+            self._kernel.close()
         if getattr(self, "_store", None) is not None:
             self._store.close()
         self._counters = {}
@@ -636,17 +502,16 @@ class CPUAdam(torch.optim.Optimizer):
 
 class _PartStep:
     """One all-or-nothing step of a CPUAdam prepared part by part (a sharded model's units):
-    begun empty (tm_adam_step_groups_prepare with no groups) at the first add(), each part's
-    buckets added (tm_adam_step_groups_extend: its state read, stepped into new versions and
-    written down beside the old; nothing changes yet), then commit(): the outcome agreed
-    (CPUAdam._agree: across FSDPCPUAdam's ranks) and the new versions taken, or abort(): every
-    state as before. It holds what the C step reads until then (the gradients, the bucket
-    arrays, the configs) and which parameters it steps."""
+    begun empty (AdamKernel.begin with no runs) at the first add(), each part's buckets added
+    (AdamKernel.extend: its state read, stepped into new versions and written down beside the
+    old; nothing changes yet), then commit(): the outcome agreed (CPUAdam._agree: across
+    FSDPCPUAdam's ranks) and the new versions taken, or abort(): every state as before. The
+    kernel keeps what the C step reads until then; this keeps which parameters it steps."""
 
     def __init__(self, adam, grad_scale):
         self._adam, self._scale = adam, grad_scale
-        self._keep, self._empties, self._runs = [], [], []
-        self._begun = False  # a C step prepared and not yet committed or aborted
+        self._empties, self._runs = [], []
+        self._begun = False  # a step begun here, not yet committed or aborted
 
     def add(self, items, scratch=False):
         """items: (param, group, grad) in order, added to the step (raises: the step is
@@ -657,12 +522,7 @@ class _PartStep:
         with adam._lock:
             if not self._begun:
                 self._begun = True  # before the call, as in CPUAdam._step_groups
-                try:
-                    _check(_lib.tm_adam_step_groups_prepare(adam._adam, self._scale, None, 0),
-                           "tm_adam_step_groups_prepare")
-                except tiermem.TiermemError:
-                    self._begun = False
-                    raise
+                adam._kernel.begin(self._scale)
             return self._prepare_part(items, scratch)
 
     def commit(self, failure=None, copy_out=True):
@@ -683,12 +543,12 @@ class _PartStep:
         if self._begun:
             self._begun = False
             with self._adam._lock:
-                _lib.tm_adam_step_abort(self._adam._adam)
+                self._adam._kernel.abort()
 
     def _prepare_part(self, items, scratch):
         """The part's buckets added to the step begun; returns whether its gradients are read
         at the commit (state only in DRAM)."""
-        adam, rt, keep = self._adam, self._adam.runtime._handle(), self._keep
+        adam, rt = self._adam, self._adam.runtime._handle()
         runs, empty = adam._runs(items)
         self._empties += empty
         bucket_runs = []
@@ -708,12 +568,10 @@ class _PartStep:
                             break
                         t.offload("nvme")
                         t.sync()
-                g = adam._grad(slot, grad)
-                keep.append(g)
-                there.append((p, slot, g, c))
+                there.append((p, slot, adam._grad(slot, grad), c))
             bucket_runs.append((group, step, there))
         if bucket_runs:
-            adam._prepare_buckets(bucket_runs, self._scale, keep, extend=True, scratch=scratch)
+            adam._kernel.extend(self._scale, bucket_runs, scratch=scratch)
             self._runs += bucket_runs
             if scratch:  # the updated values where the caller's leave() takes them from
                 for _, _, pairs in bucket_runs:
