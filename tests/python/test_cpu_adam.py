@@ -275,6 +275,41 @@ def test_a_closed_optimizer_says_so():
         assert "0x0000000000000000" not in str(e.value)
 
 
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_a_checkpoint_of_other_shapes_is_refused_and_changes_nothing(make_runtime, tier):
+    """A checkpoint of another model (other widths), or of the same one's parameters in another
+    order: AdamW fails at its next step; CPUAdam loaded it, cut or padded to each parameter's
+    size, and trained on state that was not that parameter's (an outside client). Refused,
+    naming the entry and both shapes, before anything changes."""
+    rt = make_runtime(dram_bytes="4MiB")
+    m = _small(torch.float32)
+    opt = CPUAdam(m.parameters(), runtime=rt, state_tier=tier, **HYPER)
+    _train(m, opt, 2)
+    before = opt.state_dict()
+    wide = torch.nn.Sequential(torch.nn.Linear(16, 48), torch.nn.Tanh(), torch.nn.Linear(48, 4))
+    other = torch.optim.AdamW(wide.parameters(), **HYPER)
+    _train(wide, other, 1)
+    theirs = other.state_dict()
+    theirs["param_groups"][0]["lr"] = 0.5
+    with pytest.raises(ValueError, match=r"'exp_avg' of state 0 is a torch.float32 tensor of "
+                                         r"shape \(48, 16\), its parameter's shape is \(32, 16\)"):
+        opt.load_state_dict(theirs)
+    mine = opt.state_dict()
+    mine["state"] = {3 - k: v for k, v in mine["state"].items()}  # the parameters reversed
+    with pytest.raises(ValueError,
+                       match=r"of state 3 is .* shape \(32, 16\), its parameter's shape is \(4,\)"):
+        opt.load_state_dict(mine)
+    mine["state"] = {7: before["state"][0]}
+    with pytest.raises(ValueError, match="state 7 names no parameter of this optimizer"):
+        opt.load_state_dict(mine)
+    after = opt.state_dict()
+    assert after["param_groups"] == before["param_groups"]
+    for k, entry in before["state"].items():
+        for name, t in entry.items():
+            assert torch.equal(after["state"][k][name], t), (k, name)
+    opt.close()
+
+
 def _train(m, opt, steps, start=0):
     for i in range(start, start + steps):
         g = torch.Generator().manual_seed(i)

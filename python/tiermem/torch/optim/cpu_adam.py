@@ -460,6 +460,7 @@ class CPUAdam(torch.optim.Optimizer):
                              "match this optimizer's")
         ids = {old: p for old, p in zip(chain.from_iterable(g["params"] for g in saved),
                                         self._params())}
+        self._check_checkpoint(state_dict["state"], ids)  # before anything changes
         for group, s in zip(groups, saved):
             for k, v in s.items():
                 if k != "params":
@@ -476,6 +477,32 @@ class CPUAdam(torch.optim.Optimizer):
                 continue  # no state in tiermem: nothing to hold (or, never stepped, nothing yet)
             self._store.load(p, group["amsgrad"], entry.get("master_param"), entry["exp_avg"],
                              entry["exp_avg_sq"], entry.get("max_exp_avg_sq"))
+
+    def _check_checkpoint(self, state, ids):
+        """Raises ValueError naming the first entry of a checkpoint's state that cannot be this
+        optimizer's: one that names no parameter, or whose moments (or master) are not tensors
+        of its parameter's shape (a checkpoint of another model, or of the parameters in
+        another order: AdamW fails at its next step; this would step the wrong state)."""
+        who = "%s.load_state_dict" % self._who
+        for old, entry in state.items():
+            p = ids.get(old)
+            if p is None:
+                raise ValueError("%s: state %r names no parameter of this optimizer (it has %d)"
+                                 % (who, old, len(ids)))
+            if "exp_avg" in entry and "exp_avg_sq" not in entry:
+                raise ValueError("%s: state %r has exp_avg but no exp_avg_sq" % (who, old))
+            for k in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master_param"):
+                v = entry.get(k)
+                if v is None:
+                    continue
+                if not torch.is_tensor(v) or not (v.is_floating_point() and v.numel() == p.numel()
+                                                  and v.shape == p.shape):
+                    got = ("a %s tensor of shape %s" % (v.dtype, tuple(v.shape))
+                           if torch.is_tensor(v) else "a %s" % type(v).__name__)
+                    raise ValueError("%s: %r of state %r is %s, its parameter's shape is %s (a "
+                                     "checkpoint of another model, or of its parameters in "
+                                     "another order?); nothing was loaded" %
+                                     (who, k, old, got, tuple(p.shape)))
 
     def close(self):
         """Frees the state in tiermem (or brought home by the runtime's close) and the workers
