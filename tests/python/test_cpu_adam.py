@@ -310,6 +310,43 @@ def test_a_checkpoint_of_other_shapes_is_refused_and_changes_nothing(make_runtim
     opt.close()
 
 
+def test_group_keys_the_kernel_cannot_honour_are_refused_at_the_step(make_runtime):
+    """maximize=True set in param_groups, or loaded from an AdamW(maximize=True) checkpoint, was
+    kept and ignored: the optimizer minimized (an outside client). The step refuses it, nothing
+    changed; a loaded torch.optim.Adam checkpoint's decoupled_weight_decay says what steps."""
+    m = _small(torch.float32)
+    opt = CPUAdam(m.parameters(), runtime=make_runtime(dram_bytes="4MiB"), **HYPER)
+    _train(m, opt, 1)
+    for steps, key in enumerate(("maximize", "differentiable"), 1):
+        before = [p.detach().clone() for p in m.parameters()]
+        opt.param_groups[0][key] = True
+        m(torch.ones(2, 16)).sum().backward()
+        with pytest.raises(tiermem.TiermemError, match="a parameter group has %s=True, which "
+                           "this optimizer cannot honour: .*the step was not taken" % key):
+            opt.step()
+        assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
+        assert opt.state_dict()["state"][0]["step"].item() == steps
+        opt.param_groups[0][key] = False
+        opt.step()
+        opt.zero_grad()
+    adam = torch.optim.Adam(_small(torch.float32).parameters(), **HYPER)
+    sd = adam.state_dict()
+    if "decoupled_weight_decay" in sd["param_groups"][0]:
+        opt.load_state_dict(sd)
+        assert opt.param_groups[0]["decoupled_weight_decay"] is True
+    opt.close()
+
+
+@pytest.mark.parametrize("overlap", [True, "yes", 1])
+def test_overlap_asked_where_it_cannot_be_is_refused_by_name(overlap):
+    """overlap=True with CPU parameters failed in torch.cuda.Stream() with a CUDA error; a
+    value that is not a bool went the same way."""
+    m = _small(torch.float32)
+    error = ValueError if overlap is True else TypeError
+    with pytest.raises(error, match="CPUAdam: overlap="):
+        CPUAdam(m.parameters(), overlap=overlap, **HYPER)
+
+
 def _train(m, opt, steps, start=0):
     for i in range(start, start + steps):
         g = torch.Generator().manual_seed(i)

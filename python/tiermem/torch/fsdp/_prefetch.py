@@ -354,7 +354,8 @@ class _BehindBackward:
         held = self._held()
         for a, (g, dt, m) in self.prepared.items():
             if a in grads and (grads[a] is not g or (a not in held and _mark(g, dt) != m)):
-                return "a gradient changed (clip_grad_norm_? clip with max_grad_norm)"
+                return ("a gradient changed (clip_grad_norm_, clip with max_grad_norm instead; "
+                        "or GradScaler.unscale_)")
         if self.offload is not None:
             for u in self.offload.units:  # a unit is prepared whole, or not at all
                 mine = [self.shards.get(p) for p in u.params]

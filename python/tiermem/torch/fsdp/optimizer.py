@@ -170,7 +170,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                                 amsgrad=amsgrad, adamw=adamw, max_grad_norm=max_grad_norm,
                                 runtime=runtime, state_tier=state_tier, threads=threads,
                                 overlap=False, slice_bytes=slice_bytes)
-        if overlap not in (None, True, False):
+        if overlap is not None and not isinstance(overlap, bool):
             raise TypeError("FSDPCPUAdam: overlap=%r; want None (auto), True or False" %
                             (overlap,))
         early = state_tier == "nvme" and device.type == "cpu"

@@ -64,7 +64,8 @@ class AdamKernel:
     """One tm_adam optimizer of a runtime, with `threads` CPU threads (0: the cores of the
     DRAM tier's node). Not thread-safe: CPUAdam calls it under its lock."""
 
-    def __init__(self, runtime, threads, adamw):
+    def __init__(self, runtime, threads, adamw, who="CPUAdam"):
+        self._who = who  # in messages
         cfg = _optim_capi.AdamConfig()
         cfg.threads = int(threads)
         self._adamw = int(bool(adamw))
@@ -80,7 +81,16 @@ class AdamKernel:
         return self._prepared
 
     def config(self, group):
-        """The tm_adam_config of a parameter group."""
+        """The tm_adam_config of a parameter group; a TiermemError (TM_ERR_INVALID_ARGUMENT) for
+        a group asking what the kernel does not do, set in param_groups or loaded from an AdamW
+        checkpoint (it stepped as if not asked)."""
+        for key, why in (("maximize", "it steps to minimize the loss only (negate the loss)"),
+                         ("differentiable", "its step is not differentiable")):
+            if group.get(key):
+                raise tiermem.TiermemError(
+                    _capi.STATUS_NAMES.index("TM_ERR_INVALID_ARGUMENT"),
+                    "%s: a parameter group has %s=%r, which this optimizer cannot honour: %s; "
+                    "the step was not taken" % (self._who, key, group[key], why))
         cfg = _optim_capi.AdamConfig()
         cfg.lr, (cfg.beta1, cfg.beta2) = float(group["lr"]), group["betas"]
         cfg.eps, cfg.weight_decay = float(group["eps"]), float(group["weight_decay"])

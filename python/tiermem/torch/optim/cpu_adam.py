@@ -120,7 +120,7 @@ class CPUAdam(torch.optim.Optimizer):
                     "more dram_bytes" % (who, need, need / 2**20, tier, tier / 2**20))
         self._store = StateStore(runtime, state_tier, slice_bytes)
         self.slice_bytes = self._store.slice_bytes
-        self._kernel = AdamKernel(runtime, threads, adamw)
+        self._kernel = AdamKernel(runtime, threads, adamw, who)
         self._counters = {}  # param -> (its step tensor, a ctypes view of its float)
         self._stepped, self._unfinished = set(), None
         # One C step at a time (the overlap's worker, FSDPCPUAdam's, and step()); reentrant for
@@ -128,8 +128,16 @@ class CPUAdam(torch.optim.Optimizer):
         self._lock = threading.RLock()
         self._overlap = None
         cuda = any(p.is_cuda for p in self._params())
+        hooks = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+        if overlap is not None and not isinstance(overlap, bool):
+            raise TypeError("%s: overlap=%r; want None (on for GPU parameters), True or False" %
+                            (who, overlap))
+        if overlap and not (cuda and hooks):
+            raise ValueError("%s: overlap=True copies each gradient down on a CUDA side stream as "
+                             "backward makes it, which needs parameters on a GPU%s; give None "
+                             "or False" % (who, "" if hooks else " and torch >= 2.1"))
         if overlap is None:
-            overlap = cuda and hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+            overlap = cuda and hooks
         if overlap:
             from tiermem.torch.optim.cpu_adam_overlap import Overlap  # CUDA only
             self._overlap = Overlap(self)
@@ -466,6 +474,8 @@ class CPUAdam(torch.optim.Optimizer):
                 if k != "params":
                     group[k] = v
             group.setdefault("amsgrad", False)
+            if "decoupled_weight_decay" in group:  # what this optimizer steps, as AdamW sets it
+                group["decoupled_weight_decay"] = self.adamw
         self.state = defaultdict(dict)
         for old, entry in state_dict["state"].items():
             p = ids[old]
