@@ -228,6 +228,33 @@ class Cases(ShardCases, GuardCases):
                    local_rank=info["local_rank"], local_world_size=info["local_world_size"])
         return out
 
+    def pretrained(self):
+        """A fine-tune as a DCP checkpointer starts it: the optimizer's state dict made first
+        (get_optimizer_state_dict steps FSDPCPUAdam once with zero gradients: its masters are
+        the initial weights), then pretrained weights loaded with set_model_state_dict. The
+        masters were the initial weights still, and the first step put them back (an outside
+        client): the run must follow AdamW's from the pretrained weights, state on NVMe."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+        torch.manual_seed(7)
+        pretrained = {n: t + 0.05 * torch.randn_like(t)
+                      for n, t in Net().state_dict().items()}
+        options = StateDictOptions(full_state_dict=True)
+
+        def run(make):
+            model = build()
+            opt = make(model)
+            get_optimizer_state_dict(model, opt)
+            set_model_state_dict(model, pretrained, options=options)
+            return model, opt, train(model, opt, 5)
+
+        ref, _, ref_losses = run(adamw)
+        with self.runtime(dram_bytes=384 << 10, nvme_paths=self.nvme_dir,
+                          nvme_bytes="16MiB") as rt:
+            model, opt, losses = run(lambda m: FSDPCPUAdam(m, runtime=rt, state_tier="nvme",
+                                                           threads=1, **HYPER))
+            opt.close()
+        return compare(losses, full(model), ref_losses, full(ref))
+
     def clip(self):
         model = build()
         opt = FSDPCPUAdam(model, max_grad_norm=CLIP, threads=1, **HYPER)

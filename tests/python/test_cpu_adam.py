@@ -310,6 +310,57 @@ def test_a_checkpoint_of_other_shapes_is_refused_and_changes_nothing(make_runtim
     opt.close()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_parameter_written_between_steps_is_what_the_master_steps(make_runtime, dtype):
+    """With a master beside the parameter (state on NVMe, or a bf16 parameter), the master's
+    value won over a write to the parameter: a resume that loaded the optimizer before the model
+    went on from the fresh model's initial weights, and a clamp_ between steps was undone (an
+    outside client). A write moves the parameter's _version; the step takes the written
+    elements into the master and keeps the master's precision in the others."""
+    def run(order=None, clamp=False):
+        rt = make_runtime(dram_bytes="256KiB")
+        m = _small(dtype)
+        opt = CPUAdam(m.parameters(), runtime=rt, state_tier="nvme", **HYPER)
+        _train(m, opt, 3)
+        if order is not None:  # a resume: a fresh model and optimizer load the checkpoint
+            sd_m, sd_o = m.state_dict(), opt.state_dict()
+            opt.close()
+            m = _small(dtype)
+            for p in m.parameters():  # initial weights unlike the trained ones
+                p.data.add_(1)
+            opt = CPUAdam(m.parameters(), runtime=rt, state_tier="nvme", **HYPER)
+            for what in order:
+                (m.load_state_dict(sd_m) if what == "model" else opt.load_state_dict(sd_o))
+        for i in range(3, 6):
+            if clamp:
+                with torch.no_grad():
+                    for p in m.parameters():
+                        p.clamp_(-0.05, 0.05)
+            _train(m, opt, 1, start=i)
+        out = [p.detach().clone() for p in m.parameters()]
+        opt.close()
+        return out
+
+    straight = run()
+    for order in (("model", "optimizer"), ("optimizer", "model")):
+        assert all(torch.equal(a, b) for a, b in zip(run(order), straight)), order
+    # The clamp is what each next step starts from (an Adam step moves a weight by about lr;
+    # the first layer's initial weights reach 0.25): as AdamW, whose parameter is its master.
+    clamped = run(clamp=True)
+    assert all(p.float().abs().max() <= 0.05 + 2 * HYPER["lr"] for p in clamped)
+    m = _small(dtype)
+    ref = torch.optim.AdamW(m.parameters(), foreach=False, **HYPER)
+    _train(m, ref, 3)
+    for i in range(3, 6):
+        with torch.no_grad():
+            for p in m.parameters():
+                p.clamp_(-0.05, 0.05)
+        _train(m, ref, 1, start=i)
+    if dtype == torch.float32:
+        for a, b in zip(clamped, m.parameters()):
+            torch.testing.assert_close(a, b.detach(), rtol=1e-4, atol=1e-6)
+
+
 def test_group_keys_the_kernel_cannot_honour_are_refused_at_the_step(make_runtime):
     """maximize=True set in param_groups, or loaded from an AdamW(maximize=True) checkpoint, was
     kept and ignored: the optimizer minimized (an outside client). The step refuses it, nothing

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fsdp_worker.py")
-CASES = ("dram,nvme,clip,mixed,refusals,dcp,llama,budget,hooks,tight,resume_save,fault,"
+CASES = ("dram,nvme,pretrained,clip,mixed,refusals,dcp,llama,budget,hooks,tight,resume_save,fault,"
          "fault_shards,overlap,"
          "shards_nvme,shards_llama,shards_dcp,shards_accumulate,shards_prefetch,shards_guard,"
          "shards_hostile,shards_rt_close,shards_overlap")
@@ -116,6 +116,14 @@ def test_state_on_nvme_below_the_dram_budget(single_node):
         assert r["from_nvme"] > 20 * r["state_bytes"] // 2, r
         assert r["to_nvme"] > 20 * r["state_bytes"] // 2, r
         assert (r["local_rank"], r["local_world_size"]) == (rank, 2)
+
+
+def test_pretrained_weights_loaded_after_the_optimizer_are_what_it_steps(single_node):
+    """get_optimizer_state_dict (a zero step: masters of the initial weights), then
+    set_model_state_dict of pretrained weights, then training: as AdamW from the pretrained
+    weights (the masters had put the initial weights back at the first step)."""
+    for rank, r in results(single_node, "pretrained").items():
+        assert_follows(r, "rank %d" % rank, steps=5)
 
 
 def test_clipping_follows_clip_grad_norm(single_node):

@@ -49,7 +49,7 @@ class _BehindBackward:
     """The hooks on the parameters, the order their gradients came in since the last step, and
     with step_early the parts prepared."""
 
-    def __init__(self, adam, shards, capacity, step_early, sync_hyper):
+    def __init__(self, adam, shards, capacity, step_early, sync):
         # adam: the CPUAdam stepping the shards; shards: {parameter: its local shard's alias,
         # the CPUAdam's parameter}; capacity: the DRAM tier's bytes.
         self.adam, self.shards = adam, shards
@@ -62,7 +62,7 @@ class _BehindBackward:
         # unscaled), which step() checks: the last step's coefficient below 1 (clipped) makes
         # this backward read ahead instead, as overlap=False does.
         self.clipped = False
-        self.sync_hyper = sync_hyper  # the user's hyperparameters (a scheduler's) into adam's
+        self.sync = sync  # what the user changed (a scheduler's lr, the parameters) into adam's
         self.order = {}  # alias -> None, in the order the gradients were set (a dict: ordered)
         self.started = 0  # state bytes started up this step
         self.full = False
@@ -233,7 +233,7 @@ class _BehindBackward:
         """take [(alias, local gradient, DTensor gradient)] added to the step prepared; with a
         unit (by_unit), made into its shards' memory and written down as their new versions."""
         adam = self.adam
-        self.sync_hyper()  # as the user left them after the last step (a scheduler's lr)
+        self.sync()  # as the user left them after the last step (a scheduler's lr)
         group_of = {id(a): g for g in adam.param_groups for a in g["params"]}
         take = [(a, g, dt) for a, g, dt in take if id(a) in group_of]
         items = [(a, group_of[id(a)], g) for a, g, _ in take]

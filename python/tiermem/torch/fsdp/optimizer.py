@@ -150,6 +150,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         # is set for the step only, so that no attribute of FSDP2's own tensors changes.
         with torch.no_grad():
             self._shards = {p: local(p).detach() for p in self._params()}
+        self._versions = {p: p._version for p in self._params()}  # see _sync_user
         # FSDP2 sets the sharded gradients itself at the end of backward (no accumulate-grad
         # hook fires), so CPUAdam's overlap with backward does not apply.
         device = next(iter(self._shards.values())).device
@@ -182,7 +183,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         if state_tier == "nvme":  # read behind backward (hooks on the parameters)
             self._adam._behind = _BehindBackward(
                 self._adam, self._shards, self.runtime.stats()["tiers"]["dram"]["capacity"],
-                step_early=early and overlap is not False, sync_hyper=self._sync_hyper)
+                step_early=early and overlap is not False, sync=self._sync_user)
         if shard_tier is not None:
             if grad_tier is not None and device.type != "cpu":
                 raise ValueError("FSDPCPUAdam: grad_tier is supported on a CPU mesh only, not %s"
@@ -247,6 +248,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
                 _check_param(p, self._names.get(p))
                 with torch.no_grad():
                     self._shards[p] = local(p).detach()
+                self._versions[p] = p._version
             self._adam.add_param_group(self._inner_groups([group])[0])
 
     @property
@@ -257,10 +259,24 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     def _sync(self):
         """The hyperparameters as the user (or a scheduler) left them in param_groups, and the
         aliases on the shards as FSDP2 holds them now (a load_state_dict may re-pad them)."""
-        self._sync_hyper()
+        self._sync_user()
         with torch.no_grad():
             for p, a in self._shards.items():
                 a.data = local(p)
+
+    def _sync_user(self):
+        """What the user changed since the last step, into the CPUAdam stepping the shards: the
+        hyperparameters (a scheduler's) and which parameters were written (DCP's
+        set_model_state_dict after get_optimizer_state_dict stepped this optimizer, a
+        load_state_dict, a clamp_): a write through the DTensor moves its _version, not the
+        alias's, and the step then takes the written values into the masters."""
+        self._sync_hyper()
+        store = self._adam._store
+        for p, a in self._shards.items():
+            version = p._version
+            if self._versions.get(p) != version:
+                self._versions[p] = version
+                store.written(a)
 
     def _sync_hyper(self):
         for outer, inner in zip(self.param_groups, self._adam.param_groups):

@@ -63,7 +63,7 @@ class Slot:
     keeps its own buffers here (grad_host, out_host)."""
 
     __slots__ = ("tensors", "handles", "bounds", "count", "amsgrad", "in_place", "grad_host",
-                 "out_host", "ready", "home", "seed")
+                 "out_host", "ready", "home", "seed", "version")
 
     def __init__(self, tensors, bounds, count, amsgrad, in_place, home=None):
         self.count, self.amsgrad, self.in_place = count, amsgrad, in_place
@@ -75,6 +75,9 @@ class Slot:
         # The master is to be the parameter's value, taken when the parameter is next in (a
         # checkpoint without masters loaded while offload_parameters held the parameters).
         self.seed = False
+        # The parameter's _version when the master was last known to be its value (None: not
+        # known); a write to the parameter since (a load_state_dict, a clamp_) moves it.
+        self.version = None
 
     @property
     def parts(self):
@@ -134,6 +137,7 @@ class StateStore:
                 zeros = torch.zeros(n, dtype=torch.float32)
                 self._written(slot, p.detach().reshape(-1), zeros, zeros,
                               zeros if amsgrad else None, p)
+                slot.version = p._version
             self._slots[p] = slot  # only once its state is whole
         elif slot.in_place and not in_place_ok(p, self.state_tier):
             self._add_master(p, slot)
@@ -159,6 +163,47 @@ class StateStore:
             self._written(slot, master, m, v, vmax, p)
             self._slots[p] = slot
         slot.seed = seed and not slot.in_place
+        slot.version = None if slot.seed else p._version
+
+    def written(self, p):
+        """p was written in a way its own _version does not show (FSDPCPUAdam's alias of a
+        shard, written through its DTensor): take_writes looks at it."""
+        slot = self._slots.get(p)
+        if slot is not None:
+            slot.version = None
+
+    def take_writes(self, slot, p):
+        """Where p has a master and was written since the master was last its value (its
+        _version moved: a model.load_state_dict() after the optimizer's, DCP's
+        set_model_state_dict() after get_optimizer_state_dict() stepped the optimizer, a clamp_
+        between steps), each element of the master whose value rounded to p's dtype is not p's
+        takes p's; the others keep the master's precision. Without it the master, unchanged,
+        overwrote the parameter at the next step. A parameter held out by offload_parameters is
+        looked at once it is in. Writes through p.data move no _version, as for autograd."""
+        if slot.in_place or slot.seed or slot.version == p._version or isinstance(p, _Offloaded):
+            return
+        # (The version is None once written() said so, or for a master not yet known.)
+        value = p.detach().to("cpu").reshape(-1)
+        master = self._read_master(slot)
+        changed = master.to(p.dtype) != value
+        if bool(changed.any()):
+            master = torch.where(changed, value.to(torch.float32), master)
+            if slot.home is not None:
+                slot.home[:slot.count] = master
+            else:  # the master is the first part of each slice's layout
+                self._write_slices(slot, lambda first, n: master[first:first + n].contiguous())
+        slot.version = p._version
+
+    def _read_master(self, slot):
+        """The master as a flat fp32 tensor (a copy): the first part of each slice's layout."""
+        if slot.home is not None:
+            return slot.home[:slot.count].clone()
+        rt = self.runtime._handle()
+        master = torch.empty(slot.count, dtype=torch.float32)
+        for _, h, first, n in slot.slices():
+            piece = master[first:first + n]
+            _check(_lib.tm_tensor_read(rt, h, 0, piece.data_ptr(), n * 4), "tm_tensor_read")
+        return master
 
     def write(self, slot, master, m, v, vmax, p):
         """The slot's state set to these (flat or shaped, any dtype and device); a parameter
@@ -269,6 +314,7 @@ class StateStore:
         else:  # the master is the first part of each slice's layout
             self._write_slices(slot, lambda first, n: value[first:first + n].contiguous())
         slot.seed = False
+        slot.version = p._version
 
     def _add_master(self, p, slot):
         """A parameter stepped in place that no longer can be (made bf16, moved, made a strided
@@ -279,6 +325,7 @@ class StateStore:
         old = slot.tensors
         slot.tensors, slot.handles, slot.bounds = new.tensors, new.handles, new.bounds
         slot.home, slot.in_place = new.home, False
+        slot.version = p._version
         for t in old:
             t.destroy()
 

@@ -314,6 +314,7 @@ class CPUAdam(torch.optim.Optimizer):
                     here, there = [], []
                     for p, grad, c in pairs:
                         slot = self._store.slot(p, group["amsgrad"])
+                        self._store.take_writes(slot, p)
                         g = self._grad(slot, grad)
                         (here if slot.in_place or slot.home is not None else there).append(
                             (p, slot, g, c))
@@ -444,6 +445,7 @@ class CPUAdam(torch.optim.Optimizer):
                 if any(p is q and g["amsgrad"] for g in self.param_groups for q in g["params"]):
                     entry["max_exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32)
             if slot is not None:
+                self._store.take_writes(slot, p)  # the master as the parameter is now
                 # The master weights are more than the parameter only when it is not fp32 (and
                 # known once taken from it: see Slot.seed). The parameter itself is not read:
                 # offload_parameters may hold it.
@@ -594,6 +596,7 @@ class _PartStep:
             there = []
             for p, grad, c in pairs:
                 slot = adam._store.slot(p, group["amsgrad"])
+                adam._store.take_writes(slot, p)
                 if slot.in_place or slot.home is not None:
                     raise RuntimeError("CPUAdam: a step in parts is for state stepped through "
                                        "tiermem, not in place (a %d-element parameter)" %
