@@ -388,6 +388,26 @@ def test_group_keys_the_kernel_cannot_honour_are_refused_at_the_step(make_runtim
     opt.close()
 
 
+def test_adamws_keyword_flags_are_taken_as_adamw_takes_them():
+    """A configuration written for AdamW passed on as it is (transformers'
+    optimizer_cls_and_kwargs): its flags were a TypeError. foreach / fused / capturable are
+    carried and change nothing; maximize / differentiable only as False;
+    decoupled_weight_decay only as adamw says."""
+    m = _small(torch.float32)
+    opt = CPUAdam(m.parameters(), foreach=False, fused=None, capturable=False, maximize=False,
+                  differentiable=False, decoupled_weight_decay=True, **HYPER)
+    assert opt.param_groups[0]["foreach"] is False and opt.param_groups[0]["fused"] is None
+    _train(m, opt, 1)
+    opt.close()
+    for kw, error, words in ((dict(maximize=True), ValueError, "maximize=True cannot be"),
+                             (dict(differentiable=True), ValueError, "differentiable=True"),
+                             (dict(decoupled_weight_decay=False), ValueError, "give adamw=False"),
+                             (dict(foreach="no"), TypeError, "foreach='no'"),
+                             (dict(momentum=0.9), TypeError, "unexpected keyword argument")):
+        with pytest.raises(error, match=words):
+            CPUAdam(m.parameters(), **kw)
+
+
 @pytest.mark.parametrize("overlap", [True, "yes", 1])
 def test_overlap_asked_where_it_cannot_be_is_refused_by_name(overlap):
     """overlap=True with CPU parameters failed in torch.cuda.Stream() with a CUDA error; a

@@ -18,6 +18,33 @@ def _adamw_defaults(adamw=True):
     return defaults
 
 
+def _adamw_flags(given, adamw, who):
+    """torch.optim.AdamW's keyword flags given to a CPU optimizer (a configuration written for
+    AdamW, passed on as it is): foreach, fused and capturable choose how torch steps and are
+    carried in the groups, changing nothing here; maximize and differentiable only as False (the
+    kernel minimizes, and its step is not differentiable); decoupled_weight_decay only as adamw
+    says. Returns them for the groups' defaults; a TypeError for a keyword AdamW does not take."""
+    known = ("foreach", "fused", "capturable", "maximize", "differentiable",
+             "decoupled_weight_decay")
+    for key, value in given.items():
+        if key not in known:
+            raise TypeError("%s got an unexpected keyword argument %r" % (who, key))
+        if key in ("foreach", "fused") and value is not None and not isinstance(value, bool):
+            raise TypeError("%s: %s=%r; want None, True or False" % (who, key, value))
+        if key in ("capturable", "maximize", "differentiable") and not isinstance(value, bool):
+            raise TypeError("%s: %s=%r; want True or False" % (who, key, value))
+    for key, why in (("maximize", "it steps to minimize the loss only (negate the loss)"),
+                     ("differentiable", "its step is not differentiable")):
+        if given.get(key):
+            raise ValueError("%s: %s=True cannot be honoured: %s" % (who, key, why))
+    decoupled = given.get("decoupled_weight_decay")
+    if decoupled is not None and decoupled != bool(adamw):
+        raise ValueError("%s: decoupled_weight_decay=%r, but adamw=%r steps %s; give adamw=%r" % (
+            who, decoupled, adamw, "AdamW (decoupled)" if adamw else "Adam (L2)",
+            bool(decoupled)))
+    return {k: v for k, v in given.items() if k != "decoupled_weight_decay"}
+
+
 def _check_hyper(lr, betas, eps, weight_decay, amsgrad=False, max_grad_norm=None, who=None):
     """torch.optim.AdamW's checks of the hyperparameters, made when the optimizer is (the C step
     checks them again each step, as a scheduler or the user may change param_groups); and

@@ -43,8 +43,8 @@ from collections import defaultdict
 
 import torch
 
-from tiermem.torch._shared.adam import (_adamw_defaults, _check_hyper, _check_threads,
-                                        _closed_error, _tier_word)
+from tiermem.torch._shared.adam import (_adamw_defaults, _adamw_flags, _check_hyper,
+                                        _check_threads, _closed_error, _tier_word)
 from tiermem.torch._shared.transfers import _check_runtime
 from tiermem.torch.fsdp._guard import local
 from tiermem.torch.fsdp._mesh import _check_module, _check_param, _fsdp2, _shard_dim
@@ -102,11 +102,13 @@ class FSDPCPUAdam(torch.optim.Optimizer):
     def __init__(self, module, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=1e-2, amsgrad=False, *, adamw=True, max_grad_norm=None,
                  runtime=None, state_tier="dram", threads=0, shard_tier=None,
-                 shard_prefetch_depth=1, grad_tier=None, slice_bytes=None, overlap=None):
+                 shard_prefetch_depth=1, grad_tier=None, slice_bytes=None, overlap=None,
+                 **adamw_flags):
         self._closed = False
         self._names = names = _check_module(module)
         self._offload = None
         _check_hyper(lr, betas, eps, weight_decay, amsgrad, max_grad_norm, "FSDPCPUAdam")
+        flags = _adamw_flags(adamw_flags, adamw, "FSDPCPUAdam")
         try:  # an int, numpy's too; not a bool, a float or None
             if isinstance(shard_prefetch_depth, bool):
                 raise TypeError
@@ -134,6 +136,7 @@ class FSDPCPUAdam(torch.optim.Optimizer):
         if params is None:
             params = [p for p in module.parameters() if p.requires_grad]
         defaults = _adamw_defaults(adamw)
+        defaults.update(flags)  # (the inner optimizer's groups are these groups' keys)
         defaults.update(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
         super().__init__(params, defaults)  # refuses an empty list
         meshes = set()

@@ -19,8 +19,8 @@ import torch
 
 import tiermem
 from tiermem import _capi
-from tiermem.torch._shared.adam import (_adamw_defaults, _check_hyper, _check_threads,
-                                        _closed_error, _tier_word)
+from tiermem.torch._shared.adam import (_adamw_defaults, _adamw_flags, _check_hyper,
+                                        _check_threads, _closed_error, _tier_word)
 from tiermem.torch._shared.transfers import _check_runtime, _size_arg
 from tiermem.torch.optim._adam_kernel import DTYPES, AdamKernel, isa, set_isa_limit
 from tiermem.torch.optim._state_store import (SLICE_ALIGN, StateStore, in_place_ok,
@@ -67,11 +67,12 @@ class CPUAdam(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, adamw=True, max_grad_norm=None, runtime=None,
-                 state_tier="dram", threads=0, overlap=None, slice_bytes=None):
+                 state_tier="dram", threads=0, overlap=None, slice_bytes=None, **adamw_flags):
         self._closed = False  # close() called
         self._lost = 0  # parameters whose state went with a runtime closed by force
         who = self._who
         _check_hyper(lr, betas, eps, weight_decay, amsgrad, max_grad_norm, who)
+        flags = _adamw_flags(adamw_flags, adamw, who)
         state_tier = _tier_word(state_tier, "state_tier", who)
         threads = _check_threads(threads, who)
         if runtime is not None:
@@ -79,6 +80,7 @@ class CPUAdam(torch.optim.Optimizer):
         # AdamW's keys (foreach, maximize, capturable, differentiable, fused, ...), so that a
         # checkpoint of either loads into the other through DCP, which wants every key.
         defaults = _adamw_defaults(adamw)
+        defaults.update(flags)
         defaults.update(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
         super().__init__(params, defaults)
         for p in self._params():
