@@ -3,6 +3,7 @@ and on NVMe, with and without clipping), checkpoints move between the two optimi
 parameters are the fp32 master rounded to nearest even, each kernel gives the same curve, and a
 step whose NVMe state cannot be read changes nothing."""
 
+import copy
 import ctypes
 import io
 import json
@@ -302,6 +303,22 @@ def test_a_checkpoint_of_other_shapes_is_refused_and_changes_nothing(make_runtim
     mine["state"] = {7: before["state"][0]}
     with pytest.raises(ValueError, match="state 7 names no parameter of this optimizer"):
         opt.load_state_dict(mine)
+    # Malformed entries, the last one bad (the entries before it were loaded already, and a
+    # two-element step raised torch's own error from .item()).
+    for k, bad, words in ((3, dict(step=torch.tensor([1.0, 2.0])), "the step of state 3 is"),
+                          (3, dict(step=-1.0), "the step of state 3 is -1.0"),
+                          (3, dict(step=None), "state 3 has no step"),
+                          (3, dict(exp_avg_sq=None), "state 3 has exp_avg but not exp_avg_sq"),
+                          (1, dict(exp_avg=before["state"][1]["exp_avg"].long()),
+                           "'exp_avg' of state 1 is a torch.int64 tensor; want a floating")):
+        mine = opt.state_dict()
+        for key, value in bad.items():
+            if value is None:
+                del mine["state"][k][key]
+            else:
+                mine["state"][k][key] = value
+        with pytest.raises(ValueError, match=words):
+            opt.load_state_dict(mine)
     after = opt.state_dict()
     assert after["param_groups"] == before["param_groups"]
     for k, entry in before["state"].items():
@@ -361,6 +378,30 @@ def test_a_parameter_written_between_steps_is_what_the_master_steps(make_runtime
             torch.testing.assert_close(a, b.detach(), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_a_checkpoint_without_a_parameters_entry_restarts_its_moments(make_runtime, tier):
+    """AdamW replaces its whole state at a load, so a parameter the checkpoint has no entry for
+    starts afresh; CPUAdam restarted its step but kept its old moments (an outside client)."""
+    def run(opt_of):
+        m = _small(torch.float32)
+        opt = opt_of(m)
+        _train(m, opt, 3)
+        sd = opt.state_dict()
+        del sd["state"][2]
+        opt.load_state_dict(copy.deepcopy(sd))
+        _train(m, opt, 2, start=3)
+        out = [p.detach().clone() for p in m.parameters()]
+        return out, opt
+
+    rt = make_runtime(dram_bytes="4MiB" if tier == "dram" else "256KiB")
+    got, opt = run(lambda m: CPUAdam(m.parameters(), runtime=rt, state_tier=tier, **HYPER))
+    assert 2 in opt.state_dict()["state"]  # stepped again since, from zeros
+    opt.close()
+    want, _ = run(lambda m: torch.optim.AdamW(m.parameters(), foreach=False, **HYPER))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_group_keys_the_kernel_cannot_honour_are_refused_at_the_step(make_runtime):
     """maximize=True set in param_groups, or loaded from an AdamW(maximize=True) checkpoint, was
     kept and ignored: the optimizer minimized (an outside client). The step refuses it, nothing
@@ -379,6 +420,18 @@ def test_group_keys_the_kernel_cannot_honour_are_refused_at_the_step(make_runtim
         assert opt.state_dict()["state"][0]["step"].item() == steps
         opt.param_groups[0][key] = False
         opt.step()
+        opt.zero_grad()
+    for key, value, words in (("decoupled_weight_decay", False,
+                               "decoupled_weight_decay=False, but this optimizer steps AdamW"),
+                              ("betas", (0.9,), r"betas=\(0.9,\); want a pair")):
+        if key not in opt.param_groups[0]:
+            continue
+        kept = opt.param_groups[0][key]
+        opt.param_groups[0][key] = value
+        m(torch.ones(2, 16)).sum().backward()
+        with pytest.raises(tiermem.TiermemError, match=words):
+            opt.step()
+        opt.param_groups[0][key] = kept
         opt.zero_grad()
     adam = torch.optim.Adam(_small(torch.float32).parameters(), **HYPER)
     sd = adam.state_dict()

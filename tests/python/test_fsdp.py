@@ -121,9 +121,14 @@ def test_state_on_nvme_below_the_dram_budget(single_node):
 def test_pretrained_weights_loaded_after_the_optimizer_are_what_it_steps(single_node):
     """get_optimizer_state_dict (a zero step: masters of the initial weights), then
     set_model_state_dict of pretrained weights, then training: as AdamW from the pretrained
-    weights (the masters had put the initial weights back at the first step)."""
+    weights (the masters had put the initial weights back at the first step); then a clamp_
+    between backward and step() (the step prepared behind backward had lost it)."""
     for rank, r in results(single_node, "pretrained").items():
         assert_follows(r, "rank %d" % rank, steps=5)
+        # Then a clamp_ between backward and step() is in the next step, as with AdamW (the
+        # parameters compared above are after those steps too).
+        assert r["clamped"] <= 0.05 + 2 * 1e-3, "rank %d: the clamp was lost" % rank
+        assert len(r["warned"]) == 1, r["warned"]
 
 
 def test_clipping_follows_clip_grad_norm(single_node):

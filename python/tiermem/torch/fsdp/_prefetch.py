@@ -351,6 +351,10 @@ class _BehindBackward:
         """Why the parts prepared would not be the step now ("" when they would)."""
         if self.again:
             return "a gradient was set twice (accumulation over micro-batches)"
+        store = self.adam._store
+        if any(store.was_written(a) for a in self.prepared):
+            # Its masters are the parameters' values before that write (FSDPCPUAdam._sync_user)
+            return "a parameter was written (a clamp_, a load_state_dict)"
         held = self._held()
         for a, (g, dt, m) in self.prepared.items():
             if a in grads and (grads[a] is not g or (a not in held and _mark(g, dt) != m)):

@@ -84,15 +84,26 @@ class AdamKernel:
         """The tm_adam_config of a parameter group; a TiermemError (TM_ERR_INVALID_ARGUMENT) for
         a group asking what the kernel does not do, set in param_groups or loaded from an AdamW
         checkpoint (it stepped as if not asked)."""
-        for key, why in (("maximize", "it steps to minimize the loss only (negate the loss)"),
-                         ("differentiable", "its step is not differentiable")):
+        why = None
+        for key, reason in (("maximize", "it steps to minimize the loss only (negate the loss)"),
+                            ("differentiable", "its step is not differentiable")):
             if group.get(key):
-                raise tiermem.TiermemError(
-                    _capi.STATUS_NAMES.index("TM_ERR_INVALID_ARGUMENT"),
-                    "%s: a parameter group has %s=%r, which this optimizer cannot honour: %s; "
-                    "the step was not taken" % (self._who, key, group[key], why))
+                why = "%s=%r, which this optimizer cannot honour: %s" % (key, group[key], reason)
+        decoupled = group.get("decoupled_weight_decay")
+        if decoupled is not None and bool(decoupled) != bool(self._adamw):
+            why = ("decoupled_weight_decay=%r, but this optimizer steps %s (adamw=%r, set when "
+                   "it was made)" % (decoupled, "AdamW" if self._adamw else "Adam",
+                                     bool(self._adamw)))
+        try:
+            beta1, beta2 = group["betas"]
+        except (TypeError, ValueError):
+            why = "betas=%r; want a pair (beta1, beta2)" % (group["betas"],)
+        if why is not None:
+            raise tiermem.TiermemError(
+                _capi.STATUS_NAMES.index("TM_ERR_INVALID_ARGUMENT"),
+                "%s: a parameter group has %s; the step was not taken" % (self._who, why))
         cfg = _optim_capi.AdamConfig()
-        cfg.lr, (cfg.beta1, cfg.beta2) = float(group["lr"]), group["betas"]
+        cfg.lr, cfg.beta1, cfg.beta2 = float(group["lr"]), beta1, beta2
         cfg.eps, cfg.weight_decay = float(group["eps"]), float(group["weight_decay"])
         cfg.adamw, cfg.amsgrad = self._adamw, int(bool(group["amsgrad"]))
         return cfg

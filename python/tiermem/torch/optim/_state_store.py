@@ -165,6 +165,17 @@ class StateStore:
         slot.seed = seed and not slot.in_place
         slot.version = None if slot.seed else p._version
 
+    def forget(self, p):
+        """p's state goes (a checkpoint loaded without it): its next step starts afresh."""
+        slot = self._slots.pop(p, None)
+        if slot is not None and not self.runtime.closed:
+            _destroy_all(slot.tensors)
+
+    def was_written(self, p):
+        """written() said so since take_writes last looked at p."""
+        slot = self._slots.get(p)
+        return slot is not None and slot.version is None and not slot.seed
+
     def written(self, p):
         """p was written in a way its own _version does not show (FSDPCPUAdam's alias of a
         shard, written through its DTensor): take_writes looks at it."""

@@ -480,6 +480,12 @@ class CPUAdam(torch.optim.Optimizer):
             group.setdefault("amsgrad", False)
             if "decoupled_weight_decay" in group:  # what this optimizer steps, as AdamW sets it
                 group["decoupled_weight_decay"] = self.adamw
+        # A parameter with no moments in the checkpoint starts afresh, as in AdamW (which
+        # replaces its whole state): its state here goes.
+        kept = {id(ids[old]) for old, entry in state_dict["state"].items() if "exp_avg" in entry}
+        for p in self._params():
+            if id(p) not in kept:
+                self._store.forget(p)
         self.state = defaultdict(dict)
         for old, entry in state_dict["state"].items():
             p = ids[old]
@@ -503,20 +509,40 @@ class CPUAdam(torch.optim.Optimizer):
             if p is None:
                 raise ValueError("%s: state %r names no parameter of this optimizer (it has %d)"
                                  % (who, old, len(ids)))
-            if "exp_avg" in entry and "exp_avg_sq" not in entry:
-                raise ValueError("%s: state %r has exp_avg but no exp_avg_sq" % (who, old))
+            if not isinstance(entry, dict):
+                raise ValueError("%s: state %r is a %s, not a dict of tensors; nothing was "
+                                 "loaded" % (who, old, type(entry).__name__))
+            if ("exp_avg" in entry) != ("exp_avg_sq" in entry):
+                raise ValueError("%s: state %r has %s but not %s; nothing was loaded" % (
+                    (who, old) + (("exp_avg", "exp_avg_sq") if "exp_avg" in entry
+                                  else ("exp_avg_sq", "exp_avg"))))
+            if "step" not in entry:
+                raise ValueError("%s: state %r has no step; nothing was loaded" % (who, old))
+            step = entry["step"]
+            try:
+                if torch.is_tensor(step) and step.numel() != 1:
+                    raise TypeError
+                count = float(step.item() if torch.is_tensor(step) else step)
+            except (TypeError, ValueError, RuntimeError):
+                count = None
+            if count is None or isinstance(step, (bool, str)) or not 0 <= count < float("inf"):
+                raise ValueError("%s: the step of state %r is %r; want a number of steps taken, "
+                                 "0 or more; nothing was loaded" % (who, old, step))
             for k in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master_param"):
                 v = entry.get(k)
                 if v is None:
                     continue
-                if not torch.is_tensor(v) or not (v.is_floating_point() and v.numel() == p.numel()
-                                                  and v.shape == p.shape):
-                    got = ("a %s tensor of shape %s" % (v.dtype, tuple(v.shape))
-                           if torch.is_tensor(v) else "a %s" % type(v).__name__)
-                    raise ValueError("%s: %r of state %r is %s, its parameter's shape is %s (a "
-                                     "checkpoint of another model, or of its parameters in "
-                                     "another order?); nothing was loaded" %
-                                     (who, k, old, got, tuple(p.shape)))
+                if not torch.is_tensor(v):
+                    raise ValueError("%s: %r of state %r is a %s, not a tensor; nothing was "
+                                     "loaded" % (who, k, old, type(v).__name__))
+                if not v.is_floating_point():
+                    raise ValueError("%s: %r of state %r is a %s tensor; want a floating-point "
+                                     "one; nothing was loaded" % (who, k, old, v.dtype))
+                if v.shape != p.shape:
+                    raise ValueError("%s: %r of state %r is a %s tensor of shape %s, its "
+                                     "parameter's shape is %s (a checkpoint of another model, or "
+                                     "of its parameters in another order?); nothing was loaded" %
+                                     (who, k, old, v.dtype, tuple(v.shape), tuple(p.shape)))
 
     def close(self):
         """Frees the state in tiermem (or brought home by the runtime's close) and the workers
