@@ -402,6 +402,34 @@ def test_a_checkpoint_without_a_parameters_entry_restarts_its_moments(make_runti
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("tier", ["dram", "nvme"])
+def test_offload_parameters_without_the_optimizer_keeps_its_updates(make_runtime, tier):
+    """offload_parameters without optimizer=, its units copied in (views=False): CPUAdam writes
+    the updated parameters through their addresses, which moved no _version, so a unit going
+    out dropped the update as unchanged, and the run went on from stale parameters (an outside
+    client). The step moves the versions of what it wrote."""
+    def run(offload):
+        rt = make_runtime(dram_bytes="4MiB")
+        m = _small(torch.float32)
+        opt = CPUAdam(m.parameters(), runtime=rt, state_tier=tier, **HYPER)
+        params = tt.offload_parameters(m, rt, tier="dram", views=False) if offload else None
+        for i in range(5):
+            with rt.step():
+                g = torch.Generator().manual_seed(i)
+                m(torch.randn(8, 16, generator=g)).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+        if params is not None:
+            assert params.copies > 0, "the units were copied in"
+            params.remove()
+        out = [p.detach().clone() for p in m.parameters()]
+        opt.close()
+        return out
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)
+
+
 def test_group_keys_the_kernel_cannot_honour_are_refused_at_the_step(make_runtime):
     """maximize=True set in param_groups, or loaded from an AdamW(maximize=True) checkpoint, was
     kept and ignored: the optimizer minimized (an outside client). The step refuses it, nothing

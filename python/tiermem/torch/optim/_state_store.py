@@ -171,6 +171,12 @@ class StateStore:
         if slot is not None and not self.runtime.closed:
             _destroy_all(slot.tensors)
 
+    def own_write(self, p):
+        """The optimizer wrote p's value from the master and moved p's _version for it."""
+        slot = self._slots.get(p)
+        if slot is not None and slot.version is not None:
+            slot.version = p._version
+
     def was_written(self, p):
         """written() said so since take_writes last looked at p."""
         slot = self._slots.get(p)

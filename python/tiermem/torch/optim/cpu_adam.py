@@ -415,8 +415,24 @@ class CPUAdam(torch.optim.Optimizer):
         except tiermem.TiermemError:
             self._unfinished = ({p for p, _, _ in items if p not in self._stepped}, scale)
             raise
+        finally:
+            self._wrote([p for p, _, _ in items if p in self._stepped])
         self._unfinished = None
         return loss
+
+    def _wrote(self, params):
+        """The parameters a step updated, through their addresses (a write torch does not
+        see): their _version moves, as a torch op's in-place write moves it, so that what keeps
+        a copy of a parameter sees the write (offload_parameters without optimizer=, a unit
+        copied in: the update was dropped when the unit went out); the store knows the version
+        as its own (take_writes reads nothing for it)."""
+        bump = getattr(torch.autograd.graph, "increment_version", None)
+        if bump is None or not params:
+            return
+        with torch.no_grad():
+            bump(params)
+        for p in params:
+            self._store.own_write(p)
 
     # ---- checkpoints, in torch.optim.AdamW's layout ----
 
