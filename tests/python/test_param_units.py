@@ -188,3 +188,32 @@ def test_explicit_modules_and_bad_policies(make_runtime):
         tt.offload_parameters(model, rt, units=[3])
     gc.collect()
     assert rt.stats()["tensors"] == 0
+
+
+def test_offloads_never_removed_free_their_runtime_when_dropped(tmp_path):
+    """A sweep that drops the model, the optimizer and the runtime without remove() or close():
+    a table of what offload_parameters holds, and one of each optimizer's step driver, kept
+    their keys alive through their values, and with them the runtime (its DRAM tier, threads
+    and swap file) for the life of the process (an outside client). Both hold them weakly."""
+    import weakref
+
+    import tiermem
+
+    def run():
+        rt = tiermem.Runtime(device="emulated", hbm_bytes="4MiB", dram_bytes="4MiB",
+                             nvme_paths=str(tmp_path), nvme_bytes="16MiB", log_level="error")
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        state = tt.offload_optimizer_state(opt, rt, "nvme")
+        params = tt.offload_parameters(m, rt, tier="dram", optimizer=state)
+        for i in range(2):
+            with rt.step():
+                m(torch.randn(8, 16)).sum().backward()
+                params.step()
+                params.zero_grad()
+        return weakref.ref(rt), weakref.ref(m), weakref.ref(opt)
+
+    refs = run()
+    gc.collect()
+    assert [r() is None for r in refs] == [True, True, True]

@@ -73,9 +73,15 @@ def _which_stepped(optimizer, stepped, failing=()):
                 "that one" if one else "those updated"))
 
 
-# optimizer -> its _StepDriver. The driver holds the optimizer weakly, so that this table keeps
-# nothing alive; the optimizer keeps its driver through the hooks it holds.
+# optimizer -> a weak reference to its _StepDriver: the driver's offloads hold the optimizer, so
+# a strong value kept every key alive (and the offloads' runtime); the optimizer keeps its
+# driver through the hooks it holds.
 _drivers = weakref.WeakKeyDictionary()
+
+
+def _driver_of(optimizer):
+    ref = _drivers.get(optimizer)
+    return None if ref is None else ref()
 
 
 class _StepDriver:
@@ -117,10 +123,10 @@ class _StepDriver:
         from .. import OptimizerStateOffload  # here: optim's module imports this one
         if isinstance(optimizer, OptimizerStateOffload):
             optimizer = optimizer.optimizer  # the wrapper handed on as the optimizer
-        driver = _drivers.get(optimizer)
+        driver = _driver_of(optimizer)
         if driver is None:
             driver = _StepDriver(optimizer, bucket_bytes)
-            _drivers[optimizer] = driver
+            _drivers[optimizer] = weakref.ref(driver)
         else:  # shared by both offloads: the smaller bucket, the bound one of them asked for
             driver.bucket_bytes = min(driver.bucket_bytes, bucket_bytes)
         return driver
@@ -131,7 +137,7 @@ class _StepDriver:
         from .. import OptimizerStateOffload  # here: optim's module imports this one
         if isinstance(optimizer, OptimizerStateOffload):
             optimizer = optimizer.optimizer
-        return _drivers.get(optimizer)
+        return _driver_of(optimizer)
 
     def _detach_if_unused(self):
         if self.state is None and self.params is None:
@@ -139,7 +145,7 @@ class _StepDriver:
                 h.remove()
             self._hooks = []
             opt = self._optimizer()
-            if opt is not None and _drivers.get(opt) is self:
+            if opt is not None and _driver_of(opt) is self:
                 del _drivers[opt]
 
     def _swapped(self, ps):

@@ -4,6 +4,8 @@ parameter of a unit is in before the unit's forward and backward, so that a modu
 child's parameter directly (nn.MultiheadAttention reads out_proj.weight) finds it in. The next
 units' parameters are prefetched into HBM while a unit runs, in forward and in backward order."""
 
+import weakref
+
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -16,8 +18,17 @@ from . import _state_dict as _param_state_dict
 from ._views import SavedAliases, _eager, _outer_hooks, _ViewedParam, settle
 
 # Modules and parameters held by a ParameterOffload (until its remove()): a second
-# offload_parameters of them is refused.
+# offload_parameters of them is refused. The values are weak references: the offload holds its
+# module, so a strong one kept every key alive, and a runtime whose offload was never removed
+# was never freed (its DRAM tier, threads and swap files: an outside client's sweep). The
+# module keeps its offload alive through the hooks it holds.
 _held = WeakIdKeyDictionary()
+
+
+def _holder(key):
+    """The ParameterOffload holding a module or parameter, or None."""
+    ref = _held.get(key)
+    return None if ref is None else ref()
 _INVALID_HANDLE = _capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE")
 
 
@@ -63,12 +74,12 @@ def _order_hooks(unit):
 def _refuse_held(module, optimizer):
     """Raises when module, one of its parameters or the optimizer's parameters are offloaded
     already: a second offload would free what the first one holds, and steps would fail."""
-    if module in _held:
+    if _holder(module) is not None:
         raise ValueError("offload_parameters: this %s's parameters are offloaded already (by an "
                          "earlier offload_parameters; its handle's remove() undoes it)" %
                          type(module).__name__)
     for name, p in module.named_parameters():
-        if p in _held:
+        if _holder(p) is not None:
             raise ValueError("offload_parameters: parameter %s is offloaded already (by an "
                              "earlier offload_parameters of a module holding it; its handle's "
                              "remove() undoes it)" % name)
@@ -149,7 +160,7 @@ class ParameterOffload:
         runtime._bring_home_at_close(self)  # close() brings them home first
 
     def _offload(self, module, runtime, tier, optimizer, bucket_bytes, blocks):
-        _held[module] = self
+        _held[module] = weakref.ref(self)
         on = _storages(module)  # storage -> the parameters and buffers on it
         for name, p in module.named_parameters():
             if id(p) in self.records or not _owns_storage(p.data):
@@ -160,7 +171,7 @@ class ParameterOffload:
                 continue
             # The Parameter itself: its version counter tells whether a step changed it.
             self.records[id(p)] = _ViewedParam(runtime, p, "param", "param." + name, tier)
-            _held[p] = self
+            _held[p] = weakref.ref(self)
         self.units = []
         in_block = set()
         for b in blocks:
@@ -460,9 +471,9 @@ class ParameterOffload:
         return lost
 
     def _forget(self):
-        for p in [p for p, offload in _held.items() if offload is self]:
+        for p in [p for p, ref in _held.items() if ref() is self]:
             del _held[p]
-        if _held.get(self.module) is self:
+        if _holder(self.module) is self:
             del _held[self.module]
         self.records.clear()
         if self._driver is not None:
