@@ -140,6 +140,7 @@ class Runtime:
         self._in_step = False
         self._step_thread = None  # the thread that began the step in progress
         self._closing = False
+        self._closer = None  # the thread of the close() in progress
         self._names = {}
         # Offloads whose tensors hold a framework's only copy (tiermem.torch's parameters and
         # optimizer state): close() brings them home first.
@@ -175,6 +176,16 @@ class Runtime:
         if self._rt is None:
             return
         self._wait_for_the_step()
+        try:
+            self._close(force)
+        finally:
+            with self._lock:  # steps waiting for this close (step_begin) go on, or raise
+                self._closer = None
+                if self._rt is not None:
+                    self._closing = False  # open still: steps may go on
+                self._lock.notify_all()
+
+    def _close(self, force):
         if os.getpid() != self._pid:
             # A fork()ed child's copy: the library refuses it here and its destroy frees
             # nothing (the parent's threads, files and tensors are the parent's); nothing to
@@ -189,7 +200,6 @@ class Runtime:
                 home()
             except Exception as e:
                 if not force:
-                    self._closing = False  # open still: steps may go on
                     raise TiermemError(
                         _capi.STATUS_NAMES.index("TM_ERR_BUSY"),
                         "close: %s could not bring its tensors home (%s): the runtime stays "
@@ -233,6 +243,7 @@ class Runtime:
             # Before waiting: the step in progress is the last (a loop stepping on would
             # otherwise begin the next one before this wait saw the end of this one).
             self._closing = True
+            self._closer = me
             while self._in_step and self._step_thread not in (None, me):
                 if not any(t.ident == self._step_thread for t in threading.enumerate()):
                     break  # its thread ended without ending it (step_begin alone)
@@ -306,7 +317,14 @@ class Runtime:
 
     def step_begin(self):
         with self._lock:
-            if self._closing:
+            # A close() in progress on another thread (a watchdog's): its offloads are coming
+            # home, so the training thread waits for it to end, then raises that the runtime is
+            # closed (or, when the close failed, steps on: the runtime is open still). Raising
+            # at once let the loop go on without tiermem while the close still moved its tensors.
+            me = threading.get_ident()
+            while self._closing and self._closer not in (None, me):
+                self._lock.wait(0.1)
+            if self._closing or self._rt is None:
                 raise TiermemError(_capi.STATUS_NAMES.index("TM_ERR_INVALID_HANDLE"),
                                    "step: the runtime was closed (or is closing)")
             _check(_lib.tm_step_begin(self._handle()), "tm_step_begin")

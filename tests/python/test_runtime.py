@@ -314,6 +314,59 @@ def test_close_from_another_thread_stops_a_loop_that_steps_on(make_runtime):
     assert sum(begun) <= 1, "%d steps ran after close() began" % sum(begun)
 
 
+def test_a_step_begun_while_another_thread_closes_waits_for_the_close(make_runtime):
+    """A watchdog's close() brings the offloads home outside the runtime's lock: the training
+    thread's next step raised "closed" at once, and the loop, going on without tiermem, ran
+    beside the close (an outside client: parameters read while offloaded, a step raising that
+    a tensor was destroyed, half the trials). The step now waits for the close to end, then
+    raises; a close that fails lets it step on."""
+    import threading
+    import time
+    rt = make_runtime()
+    home = threading.Event()
+    calls = []
+
+    class SlowHome:  # an offload that takes its time coming home
+        def _runtime_closing(self):
+            calls.append("home")
+            time.sleep(0.3)
+            home.set()
+
+    slow = SlowHome()
+    rt._bring_home_at_close(slow)
+    closer = threading.Thread(target=rt.close)
+    closer.start()
+    while not rt._closing:
+        time.sleep(0.001)
+    with pytest.raises(tiermem.TiermemError, match="closed"):
+        with rt.step():
+            pass
+    assert home.is_set(), "the step was refused before the close had brought its offloads home"
+    closer.join(10)
+    assert rt.closed and calls == ["home"]
+
+    rt = make_runtime()
+
+    class Refuses:
+        def _runtime_closing(self):
+            time.sleep(0.3)
+            raise RuntimeError("not now")
+
+    refuses = Refuses()
+    rt._bring_home_at_close(refuses)
+    failed = []
+    closer = threading.Thread(target=lambda: failed.append(pytest.raises(
+        tiermem.TiermemError, rt.close)))
+    closer.start()
+    while not rt._closing:
+        time.sleep(0.001)
+    with rt.step():  # the close failed: the runtime is open, and the step goes on
+        pass
+    closer.join(10)
+    assert failed and not rt.closed
+    rt._homecoming.discard(refuses)  # (the fixture closes it)
+
+
 def test_close_inside_a_step_on_its_thread_is_refused(make_runtime):
     """close() inside a step on the same thread (a signal handler's) raises TM_ERR_BUSY and
     changes nothing: the step goes on, and close() after it works."""
