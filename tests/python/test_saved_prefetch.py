@@ -318,3 +318,38 @@ def test_last_packs_start_into_hbm_when_the_forward_ends(make_runtime):
     assert after["acquires"] - before["acquires"] == 6
     assert after["acquire_hits"] - before["acquire_hits"] == 4  # the last 4 packs, not the rest
     assert [float(s[0, 0]) for s in seen] == [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]
+
+
+def test_a_ctrl_c_in_a_saved_tensors_finalizer_reaches_the_main_thread(make_runtime, monkeypatch):
+    """Python passes an exception raised in a finalizer to sys.unraisablehook, which printed
+    "Exception ignored" and dropped it: a third of an outside client's Ctrl-Cs with
+    offload_saved_tensors did nothing (the interrupt landed in a saved tensor's finalizer).
+    tiermem.torch's hook hands a KeyboardInterrupt from one of its finalizers on to the main
+    thread; anything else goes to the hook that was there."""
+    import sys
+    import time
+
+    from tiermem import _hot
+    from tiermem.torch.activations import saved_tensors as st
+
+    rt = make_runtime(dram_bytes="1MiB")
+    x = torch.randn(64, 64, requires_grad=True)
+    with tt.offload_saved_tensors(rt, "dram", min_bytes=0) as hooks:
+        y = (x * x).sum()
+    assert hooks.packed > 0
+    destroy = _hot.destroy
+
+    def interrupted(bits, h):
+        destroy(bits, h)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_hot, "destroy", interrupted)
+    seen = []
+    monkeypatch.setattr(sys, "__unraisablehook__", lambda u: seen.append(u.exc_type))
+    with pytest.raises(KeyboardInterrupt):
+        del y  # frees the graph, and with it the saved copies
+        for _ in range(5000):  # it comes 10 ms later, at an instruction of the main thread
+            time.sleep(0.001)
+    assert seen == [], "handed to the default hook, which drops it"
+    monkeypatch.setattr(_hot, "destroy", destroy)
+    assert st._Packed.__module__.startswith("tiermem.")

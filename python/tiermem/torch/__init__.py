@@ -33,6 +33,9 @@ from . import cpu_adam, optimizer_state, parameters, saved_tensors  # noqa: F401
 
 FitError.__module__ = __name__  # tiermem.torch.FitError, where users catch it
 
+from ._shared import interrupts as _interrupts  # noqa: E402
+_interrupts.install()  # a Ctrl-C in one of tiermem's finalizers goes on to the main thread
+
 __all__ = ["CPUAdam", "offload_saved_tensors", "offload_optimizer_state", "offload_parameters",
            "SavedTensorOffload", "OptimizerStateOffload", "ParameterOffload", "runtime",
            "caching_allocator", "fit", "FittedPlan", "FitError", "FSDPCPUAdam"]
